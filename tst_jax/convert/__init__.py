@@ -1,0 +1,1 @@
+"""Conversion between tst_jax models and Hugging Face checkpoints."""

@@ -1,0 +1,187 @@
+"""The multi-hot cross-entropy (MCE) loss family, optax-style functions of (logits, targets).
+
+Semantics follow the paper's appendix A listing: with bag targets [..., S], each bag
+column i contributes the ordinary mean CE over its valid (non-ignored) entries, and the
+columns are combined with weights w_i normalised over the columns that have any valid
+entry. Written per target, that is one coefficient per (row, column):
+
+    c[r, i] = w_i * valid[r, i] / (n_i * W),   n_i = sum_r valid[r, i],  W = sum_{i: n_i > 0} w_i
+    loss    = sum_{r, i} c[r, i] * (logsumexp(z_r) - z_r[y_ri])
+
+which is what the fused kernels compute too (`mce_coefficients`). S = 1 is plain CE.
+MCE-alt is -log of the total probability on the distinct tokens of the bag.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tst_jax.superposition import IGNORE_INDEX
+
+WEIGHTINGS = ("uniform", "power", "exponential", "first")
+VARIANTS = ("mce", "alt")
+
+
+def bag_weights(weighting, bag_size: int) -> np.ndarray:
+  """Per-position weights [S] (float32) for a bag of `bag_size` targets.
+
+  weighting: "uniform" (1), "power" (1/i), "exponential" (exp(-i)), "first" (delta_1),
+  a length-S sequence of non-negative weights, or "fitted:F.json" (the output of
+  `tst_jax.analysis.mutual_info`, holding either "weights" or a fit {"C0", "a", "k"},
+  evaluated as C0 + a * d^k at distances d = 1..S).
+  """
+  positions = np.arange(1, bag_size + 1, dtype=np.float64)
+  if isinstance(weighting, str) and weighting.startswith("fitted:"):
+    weighting = _fitted_weights(weighting[len("fitted:"):], positions)
+  if isinstance(weighting, str):
+    table = {
+        "uniform": np.ones_like(positions),
+        "power": 1.0 / positions,
+        "exponential": np.exp(-positions),
+        "first": (positions == 1).astype(np.float64),
+    }
+    if weighting not in table:
+      raise ValueError(f"unknown weighting {weighting!r}: expected one of {WEIGHTINGS}, "
+                       "a list of S weights, or 'fitted:<file.json>'")
+    return table[weighting].astype(np.float32)
+  weights = np.asarray(weighting, dtype=np.float64).reshape(-1)
+  if weights.shape != (bag_size,):
+    raise ValueError(f"weighting has {weights.size} weights but the bag size is {bag_size}")
+  if not np.all(np.isfinite(weights)) or np.any(weights < 0) or not np.any(weights > 0):
+    raise ValueError(f"weights must be finite, >= 0 and not all zero, got {weights.tolist()}")
+  return weights.astype(np.float32)
+
+
+def _fitted_weights(path: str, positions: np.ndarray) -> np.ndarray:
+  try:
+    with open(path) as f:
+      fit = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"cannot read fitted weighting file {path!r}: {e}") from e
+  if "weights" in fit and len(fit["weights"]) >= len(positions):
+    return np.asarray(fit["weights"][:len(positions)], dtype=np.float64)
+  params = fit.get("fit", fit)
+  try:
+    return params["C0"] + params["a"] * positions ** params["k"]
+  except KeyError as e:
+    raise ValueError(f"{path!r} has neither 'weights' for {len(positions)} positions "
+                     "nor a fit with keys C0, a, k") from e
+
+
+def mce_coefficients(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
+  """Per-target coefficients c [N, S] (float32) of the MCE reduction (module docstring)."""
+  valid = (targets_NxS != ignore_index).astype(jnp.float32)
+  count_S = valid.sum(axis=0)
+  present_S = (count_S > 0).astype(jnp.float32)
+  w_S = jnp.asarray(weights_S, jnp.float32) * present_S
+  total = w_S.sum()
+  col_S = jnp.where(count_S > 0, w_S / jnp.maximum(count_S, 1.0), 0.0)
+  col_S = jnp.where(total > 0, col_S / jnp.where(total > 0, total, 1.0), 0.0)
+  return valid * col_S
+
+
+def alt_mask(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
+  """[N, S] mask of the targets MCE-alt sums over: valid, weight > 0, first occurrence.
+
+  A token repeated inside a bag is counted once, so the total probability is <= 1.
+  """
+  valid = (targets_NxS != ignore_index) & (jnp.asarray(weights_S) > 0)
+  s = targets_NxS.shape[-1]
+  same = targets_NxS[:, :, None] == targets_NxS[:, None, :]        # [N, S, S]
+  earlier = jnp.tril(jnp.ones((s, s), bool), k=-1)                 # j < i
+  repeated = jnp.any(same & earlier[None] & valid[:, None, :], axis=-1)
+  return valid & ~repeated
+
+
+def _flatten(logits, targets):
+  if logits.shape[:-1] != targets.shape[:-1]:
+    raise ValueError(f"logits {logits.shape} and targets {targets.shape} disagree on the "
+                     "leading (position) dimensions")
+  return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, targets.shape[-1])
+
+
+def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform",
+                   variant="mce", ignore_index=IGNORE_INDEX):
+  """The loss from per-row logsumexp [N] and the gathered target logits [N, S].
+
+  Shared by the naive loss and the chunked/fused implementations, which produce these
+  two pieces without materialising [N, V] logits.
+  """
+  weights_S = bag_weights(weighting, targets_NxS.shape[-1])
+  if variant == "mce":
+    c_NxS = mce_coefficients(targets_NxS, weights_S, ignore_index)
+    return jnp.sum(c_NxS * (lse_N[:, None] - target_logits_NxS))
+  if variant == "alt":
+    mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
+    has_N = mask_NxS.any(axis=-1)
+    bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, target_logits_NxS, -jnp.inf), axis=-1)
+    per_row = jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0)
+    return per_row.sum() / jnp.maximum(has_N.sum(), 1)
+  raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+
+
+def _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index):
+  logits_NxV = logits_NxV.astype(jnp.float32)
+  safe_NxS = jnp.where(targets_NxS == ignore_index, 0, targets_NxS)
+  return (jax.nn.logsumexp(logits_NxV, axis=-1),
+          jnp.take_along_axis(logits_NxV, safe_NxS, axis=-1))
+
+
+def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
+             ignore_index: int = IGNORE_INDEX, kl: bool = False):
+  """Multi-hot cross-entropy: logits [..., V], bag targets [..., S] -> scalar (float32).
+
+  kl=True subtracts the target distribution's entropy (log S for uniform weights), the
+  paper's KL-normalised L_MCE that is 0 at the optimum; off by default, as in the paper.
+  """
+  logits_NxV, targets_NxS = _flatten(logits, targets)
+  lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
+  loss = mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
+                        ignore_index=ignore_index)
+  if kl and variant == "mce":
+    loss = loss - target_entropy(weighting, targets_NxS.shape[-1])
+  return loss
+
+
+def target_entropy(weighting, bag_size: int) -> float:
+  """Entropy of the MCE target distribution over a bag of distinct tokens (log S if uniform)."""
+  p = bag_weights(weighting, bag_size).astype(np.float64)
+  p = p[p > 0] / p.sum()
+  return float(-(p * np.log(p)).sum())
+
+
+def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce",
+                          ignore_index: int = IGNORE_INDEX):
+  """Per-position losses [...] and a validity mask [...] for masking and reporting.
+
+  mce: the weighted mean CE over the position's valid targets; alt: -log P(bag).
+  A position with no valid target has loss 0 and mask False. Note that the mean of these
+  over valid positions equals `mce_loss` only when no target is ignored (the paper's
+  reduction averages each bag column over its own valid entries).
+  """
+  lead = logits.shape[:-1]
+  logits_NxV, targets_NxS = _flatten(logits, targets)
+  lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
+  weights_S = bag_weights(weighting, targets_NxS.shape[-1])
+  if variant == "mce":
+    w_NxS = (targets_NxS != ignore_index) * jnp.asarray(weights_S)
+    total_N = w_NxS.sum(-1)
+    per = (w_NxS * (lse_N[:, None] - z_NxS)).sum(-1) / jnp.where(total_N > 0, total_N, 1.0)
+    return per.reshape(lead), (total_N > 0).reshape(lead)
+  if variant == "alt":
+    mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
+    has_N = mask_NxS.any(-1)
+    bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, z_NxS, -jnp.inf), axis=-1)
+    per = jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0)
+    return per.reshape(lead), has_N.reshape(lead)
+  raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+
+
+def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
+  """Standard next-token CE: logits [..., V], labels [...] -> mean over valid labels."""
+  return mce_loss(logits, labels[..., None], ignore_index=ignore_index)
+

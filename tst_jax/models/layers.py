@@ -1,0 +1,194 @@
+"""Blocks shared by every model family: embedding, RMSNorm, RoPE, GQA attention, SwiGLU, decoder.
+
+Letters: B batch, L length, S bag size, D model dim, H heads, K kv heads, G head dim,
+F ffw dim, V vocab. Parameters are float32 (`param_dtype`), matmuls run in `dtype`.
+Every parameter carries logical axis names (`sharding_names`) for the mesh rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tst_jax.parallel.logical import constrain
+from tst_jax.superposition import superpose
+
+REMAT_POLICIES = ("none", "full", "save_dots")
+
+
+def param(rngs: nnx.Rngs, shape, names, *, std=None, init=None, dtype=jnp.float32):
+  """A parameter with logical axis names; truncated-normal(std) or a constant init."""
+  if init is not None:
+    value = jnp.full(shape, init, dtype)
+  else:
+    value = std * jax.random.truncated_normal(rngs.params(), -3.0, 3.0, shape, dtype)
+  return nnx.Param(value, sharding_names=tuple(names), eager_sharding=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  dim: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  rope_theta: float = 500_000.0
+  rope_scaling: tuple | None = None  # Llama-3.1: (factor, low_freq, high_freq, original_len)
+  qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
+  norm_eps: float = 1e-5
+  attention_impl: str | None = None  # jax.nn.dot_product_attention: None (auto) | xla | cudnn
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, rngs: nnx.Rngs, names=("norm",)):
+    self.eps = eps
+    self.scale = param(rngs, (dim,), names, init=1.0)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...]).astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+  """Inverse frequencies [G/2], with Llama-3.1 frequency scaling if given."""
+  inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  if scaling is None:
+    return inv.astype(np.float32)
+  factor, low_freq_factor, high_freq_factor, original_len = scaling
+  wavelen = 2 * math.pi / inv
+  low_wavelen, high_wavelen = original_len / low_freq_factor, original_len / high_freq_factor
+  smooth = (original_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+  mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+  scaled = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+  return scaled.astype(np.float32)
+
+
+def apply_rope(x_BxLxHxG, positions_BxL, inv_freq):
+  """Rotary embedding in the Hugging Face (rotate-half) layout."""
+  angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq      # [B, L, G/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x_BxLxHxG.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxLxHxG.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query causal self-attention through jax.nn.dot_product_attention."""
+
+  def __init__(self, cfg: AttentionConfig, *, dtype, rngs: nnx.Rngs, std: float = 0.02):
+    d, h, k, g = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    if h % k:
+      raise ValueError(f"n_heads {h} must be a multiple of n_kv_heads {k}")
+    self.cfg, self.dtype = cfg, dtype
+    self.q_proj = param(rngs, (d, h, g), ("embed", "heads", "head_dim"), std=std)
+    self.k_proj = param(rngs, (d, k, g), ("embed", "kv_heads", "head_dim"), std=std)
+    self.v_proj = param(rngs, (d, k, g), ("embed", "kv_heads", "head_dim"), std=std)
+    self.o_proj = param(rngs, (h, g, d), ("heads", "head_dim", "embed"), std=std)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
+      self.k_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
+    self.inv_freq = rope_inv_freq(g, cfg.rope_theta, cfg.rope_scaling)
+
+  def __call__(self, x_BxLxD, positions_BxL):
+    dt = self.dtype
+    q = jnp.einsum("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt))
+    k = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt))
+    v = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt))
+    if self.cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions_BxL, self.inv_freq)
+    k = apply_rope(k, positions_BxL, self.inv_freq)
+    q = constrain(q, ("batch", "length", "heads", "head_dim"))
+    out_BxLxHxG = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation=self.cfg.attention_impl)
+    return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt))
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, dim: int, ffw_dim: int, *, dtype, rngs: nnx.Rngs, std: float = 0.02):
+    self.dtype = dtype
+    self.gate_proj = param(rngs, (dim, ffw_dim), ("embed", "mlp"), std=std)
+    self.up_proj = param(rngs, (dim, ffw_dim), ("embed", "mlp"), std=std)
+    self.down_proj = param(rngs, (ffw_dim, dim), ("mlp", "embed"), std=std)
+
+  def __call__(self, x_BxLxD):
+    dt = self.dtype
+    gate = jnp.einsum("bld,df->blf", x_BxLxD, self.gate_proj[...].astype(dt))
+    up = jnp.einsum("bld,df->blf", x_BxLxD, self.up_proj[...].astype(dt))
+    h_BxLxF = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return jnp.einsum("blf,fd->bld", h_BxLxF, self.down_proj[...].astype(dt))
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + ffw(norm(x))."""
+
+  def __init__(self, attn_cfg: AttentionConfig, make_ffw: Callable[[nnx.Rngs], nnx.Module],
+               *, dtype, rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(attn_cfg.dim, attn_cfg.norm_eps, rngs)
+    self.attn = Attention(attn_cfg, dtype=dtype, rngs=rngs)
+    self.post_attn_norm = RMSNorm(attn_cfg.dim, attn_cfg.norm_eps, rngs)
+    self.ffw = make_ffw(rngs)
+
+  def __call__(self, x_BxLxD, positions_BxL):
+    x_BxLxD = x_BxLxD + self.attn(self.input_norm(x_BxLxD), positions_BxL)
+    out = self.ffw(self.post_attn_norm(x_BxLxD))
+    aux = {}
+    if isinstance(out, tuple):   # MoE layers also return auxiliary losses/statistics
+      out, aux = out
+    return constrain(x_BxLxD + out, ("batch", "length", "embed")), aux
+
+
+def stacked(n: int, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
+  """`n` blocks with parameters stacked on a leading 'layers' axis (scanned in `run_stack`)."""
+  @nnx.split_rngs(splits=n)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(r):
+    return make_block(r)
+  return make(rngs)
+
+
+def _remat(fn, policy: str):
+  if policy == "none":
+    return fn
+  if policy == "full":
+    return jax.checkpoint(fn)
+  if policy == "save_dots":
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  raise ValueError(f"model.remat must be one of {REMAT_POLICIES}, got {policy!r}")
+
+
+def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none"):
+  """Apply stacked blocks with lax.scan: compile time stays flat in depth.
+
+  Returns the output and the per-layer auxiliary outputs stacked on axis 0.
+  """
+  graphdef, state = nnx.split(blocks)
+
+  def body(h, layer_state):
+    return nnx.merge(graphdef, layer_state)(h, positions_BxL)
+
+  return jax.lax.scan(_remat(body, remat), x_BxLxD, state)
+
+
+class Embedding(nnx.Module):
+  """Token embedding table [V, D]; bags [B, l, S] are superposed (mean, summed in float32)."""
+
+  def __init__(self, vocab_size: int, dim: int, rngs: nnx.Rngs, std: float = 0.02):
+    self.table = param(rngs, (vocab_size, dim), ("vocab", "embed"), std=std)
+
+  def __call__(self, tokens):
+    table = self.table[...]
+    if tokens.ndim == 3:
+      return superpose(table, tokens)
+    return jnp.take(table, tokens, axis=0)

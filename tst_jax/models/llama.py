@@ -1,0 +1,150 @@
+"""Llama-3 decoder in Flax NNX, with the paper's model presets (270M, 600M, 3B) and tiny shapes.
+
+Calling the model on tokens [B, L] gives logits [B, L, V]; on bags [B, l, S] it superposes
+them at the embedding and runs the same network over l positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tst_jax.models import layers
+from tst_jax.parallel.logical import constrain
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  vocab_size: int
+  dim: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  ffw_dim: int
+  head_dim: int = 0                # 0: dim // n_heads
+  rope_theta: float = 500_000.0
+  rope_scaling: tuple | None = None  # (factor, low_freq_factor, high_freq_factor, original_len)
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = False
+  dtype: str = "float32"           # compute dtype; parameters stay float32
+  attention_impl: str | None = None
+  remat: str = "none"              # none | full | save_dots
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffw_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+    if not self.head_dim:
+      if self.dim % self.n_heads:
+        raise ValueError(f"model.dim {self.dim} is not divisible by n_heads {self.n_heads}; "
+                         "set model.head_dim")
+      object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+    if self.head_dim % 2:
+      raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f"model.n_heads {self.n_heads} must be a multiple of n_kv_heads "
+                       f"{self.n_kv_heads}")
+    if self.dtype not in DTYPES:
+      raise ValueError(f"model.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+    if self.remat not in layers.REMAT_POLICIES:
+      raise ValueError(f"model.remat must be one of {layers.REMAT_POLICIES}, got {self.remat!r}")
+    if self.rope_scaling is not None:
+      object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
+
+  def attention(self, qk_norm: bool = False) -> layers.AttentionConfig:
+    return layers.AttentionConfig(
+        dim=self.dim, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+        head_dim=self.head_dim, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+        qk_norm=qk_norm, norm_eps=self.norm_eps, attention_impl=self.attention_impl)
+
+
+LLAMA3_VOCAB = 128_256
+# The paper's section 4: SmolLM2/SmolLM3 shapes in the Llama-3 code, Llama-3 vocabulary, untied.
+PRESETS = {
+    "tiny": dict(vocab_size=4096, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffw_dim=384,
+                 rope_theta=10_000.0),
+    "270m": dict(vocab_size=LLAMA3_VOCAB, dim=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                 ffw_dim=1536, rope_theta=100_000.0),     # SmolLM2-135M shape
+    "600m": dict(vocab_size=LLAMA3_VOCAB, dim=960, n_layers=32, n_heads=15, n_kv_heads=5,
+                 ffw_dim=2560, rope_theta=100_000.0),     # SmolLM2-360M shape
+    "3b": dict(vocab_size=LLAMA3_VOCAB, dim=2048, n_layers=36, n_heads=16, n_kv_heads=4,
+               ffw_dim=11008, rope_theta=5_000_000.0),    # SmolLM3-3B shape
+}
+
+
+class Llama(nnx.Module):
+  """Llama-3: embedding (superposed for bags) -> scanned decoder blocks -> norm -> head."""
+
+  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.dtype = DTYPES[cfg.dtype]
+    self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)
+    self.blocks = layers.stacked(cfg.n_layers, self.make_block, rngs)
+    self.final_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = layers.param(rngs, (cfg.dim, cfg.vocab_size), ("embed", "vocab"),
+                                  std=cfg.init_std)
+
+  def make_block(self, rngs: nnx.Rngs) -> layers.Block:
+    cfg = self.cfg
+    return layers.Block(
+        cfg.attention(),
+        lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=self.dtype, rngs=r, std=cfg.init_std),
+        dtype=self.dtype, rngs=rngs)
+
+  def forward(self, tokens):
+    """tokens [B, L] or bags [B, l, S] -> (final hidden states [B, L, D], per-layer aux)."""
+    h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
+    batch, length = h_BxLxD.shape[:2]
+    positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    h_BxLxD, aux = layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat)
+    return self.final_norm(h_BxLxD), aux
+
+  def aux_loss(self, aux):
+    """Auxiliary training loss and metrics from `forward`'s per-layer aux (none for dense)."""
+    del aux
+    return jnp.zeros((), jnp.float32), {}
+
+  def head_kernel(self):
+    """The LM head as a [D, V] kernel (the embedding's transpose when tied)."""
+    if self.cfg.tie_embeddings:
+      return self.embed.table[...].T
+    return self.lm_head[...]
+
+  def logits(self, h_BxLxD):
+    head_DxV = self.head_kernel().astype(self.dtype)
+    logits = jnp.einsum("bld,dv->blv", h_BxLxD, head_DxV, preferred_element_type=jnp.float32)
+    return constrain(logits, ("batch", "length", "vocab"))
+
+  def __call__(self, tokens, *, return_hidden: bool = False):
+    h_BxLxD, _ = self.forward(tokens)
+    return h_BxLxD if return_hidden else self.logits(h_BxLxD)
+
+
+def param_count(model_cls, cfg) -> int:
+  """Exact number of parameters, from shapes only (nothing is allocated)."""
+  abstract = nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def matmul_params(cfg: LlamaConfig) -> int:
+  """Parameters that cost 2 FLOPs per token in the forward pass (everything but the
+  embedding lookup and the norms): the 'N' of the 6N rule."""
+  d, g = cfg.dim, cfg.head_dim
+  attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+  mlp = 3 * d * cfg.ffw_dim
+  return cfg.n_layers * (attn + mlp) + d * cfg.vocab_size
+
+
+def flops_per_token(cfg: LlamaConfig, seq_len: int, active_matmul_params: int | None = None):
+  """Training FLOPs per model position: 6N + 12 * layers * heads * head_dim * seq_len
+  (the PaLM/Chinchilla formula: forward + backward, attention scores counted in full)."""
+  n = matmul_params(cfg) if active_matmul_params is None else active_matmul_params
+  return 6.0 * n + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len

@@ -1,0 +1,1 @@
+"""Sharding as data: logical axis names, rules mapping them to mesh axes, and the mesh."""

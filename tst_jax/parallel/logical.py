@@ -1,0 +1,53 @@
+"""Logical axis names on activations, resolved against the active mesh and rules."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+_CONTEXT = threading.local()
+
+
+@contextlib.contextmanager
+def axis_rules(mesh, rules):
+  """Within this block, `constrain` maps logical names to `mesh` axes through `rules`."""
+  previous = getattr(_CONTEXT, "value", None)
+  _CONTEXT.value = (mesh, tuple((k, v) for k, v in rules))
+  try:
+    yield
+  finally:
+    _CONTEXT.value = previous
+
+
+def logical_to_spec(names, rules) -> PartitionSpec:
+  """Logical axis names -> PartitionSpec: the first rule for a name wins, None = replicated.
+
+  A mesh axis is used at most once per array; a later name that maps to a used axis
+  is left replicated.
+  """
+  table = {}
+  for name, mesh_axes in rules:
+    table.setdefault(name, mesh_axes)
+  used, spec = set(), []
+  for name in names:
+    axes = table.get(name)
+    if axes is None:
+      spec.append(None)
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = tuple(a for a in axes if a not in used)
+    used.update(axes)
+    spec.append(axes[0] if len(axes) == 1 else (axes or None))
+  return PartitionSpec(*spec)
+
+
+def constrain(x, names):
+  """Sharding constraint on an activation by logical names; a no-op without a mesh."""
+  context = getattr(_CONTEXT, "value", None)
+  if context is None:
+    return x
+  mesh, rules = context
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(names, rules)))

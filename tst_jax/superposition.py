@@ -1,0 +1,90 @@
+"""Token superposition: fold tokens into bags, shift targets causally, average embeddings.
+
+Shapes: B batch, L data length, l = L // S latent length, S bag size, D model dim, V vocab.
+Everything here is a pure array transformation; the trainer picks one by `tst.mode`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+IGNORE_INDEX = -100
+MODES = ("full", "input_only", "output_only")
+
+
+def _check_bag_size(bag_size: int) -> None:
+  if not isinstance(bag_size, int) or bag_size < 1:
+    raise ValueError(f"bag_size must be an integer >= 1, got {bag_size!r}")
+
+
+def fold(tokens_BxL, bag_size: int):
+  """[B, L] tokens -> [B, L // S, S] non-overlapping bags (the paper's input folding)."""
+  _check_bag_size(bag_size)
+  *lead, length = tokens_BxL.shape
+  if length % bag_size:
+    raise ValueError(
+        f"sequence length {length} is not a multiple of bag_size {bag_size}")
+  return tokens_BxL.reshape(*lead, length // bag_size, bag_size)
+
+
+def bag_targets(labels_BxL, bag_size: int, ignore_index: int = IGNORE_INDEX):
+  """Next-token labels [B, L] -> next-bag targets [B, L // S, S].
+
+  Labels are shifted left by S - 1 (padding the end with `ignore_index`) before
+  folding, so the bag of inputs at [t, t+S-1] predicts the tokens at [t+S, t+2S-1].
+  """
+  _check_bag_size(bag_size)
+  pad = [(0, 0)] * (labels_BxL.ndim - 1) + [(0, bag_size - 1)]
+  shifted = jnp.pad(labels_BxL, pad, constant_values=ignore_index)[..., bag_size - 1:]
+  return fold(shifted, bag_size)
+
+
+def window_targets(labels_BxL, bag_size: int, ignore_index: int = IGNORE_INDEX):
+  """Next-token labels [B, L] -> the next S tokens of every position [B, L, S].
+
+  The output-only ablation: position t (a single token) predicts [t+1, t+S].
+  """
+  _check_bag_size(bag_size)
+  length = labels_BxL.shape[-1]
+  pad = [(0, 0)] * (labels_BxL.ndim - 1) + [(0, bag_size - 1)]
+  padded = jnp.pad(labels_BxL, pad, constant_values=ignore_index)
+  return jnp.stack([padded[..., i:i + length] for i in range(bag_size)], axis=-1)
+
+
+def superpose(table_VxD, bags_BxlxS):
+  """Mean of the S embeddings of every bag, summed in float32: [B, l, S] -> [B, l, D].
+
+  Cast back to the table's dtype, as in the paper's listing. S = 1 is the plain lookup.
+  """
+  bag_size = bags_BxlxS.shape[-1]
+  if bag_size == 1:
+    return jnp.take(table_VxD, bags_BxlxS[..., 0], axis=0)
+  # A running float32 sum keeps only one [B, l, D] float32 buffer alive.
+  h_BxlxD = jnp.take(table_VxD, bags_BxlxS[..., 0], axis=0).astype(jnp.float32)
+  for i in range(1, bag_size):
+    h_BxlxD = h_BxlxD + jnp.take(table_VxD, bags_BxlxS[..., i], axis=0).astype(jnp.float32)
+  return (h_BxlxD / bag_size).astype(table_VxD.dtype)
+
+
+def ntp_view(window_BxT):
+  """A packed window of data_len + 1 tokens -> plain next-token (inputs, targets)."""
+  return window_BxT[:, :-1], window_BxT[:, 1:]
+
+
+def tst_view(window_BxT, bag_size: int, mode: str = "full",
+             ignore_index: int = IGNORE_INDEX):
+  """A packed window of data_len + 1 tokens -> phase-1 (inputs, targets).
+
+  full:        inputs bags [B, l, S],  targets next bag [B, l, S]
+  input_only:  inputs bags [B, l, S],  targets the single next token [B, l, 1]
+  output_only: inputs tokens [B, L],   targets the next S tokens [B, L, S]
+  """
+  inputs_BxL, labels_BxL = ntp_view(window_BxT)
+  if mode == "full":
+    return fold(inputs_BxL, bag_size), bag_targets(labels_BxL, bag_size, ignore_index)
+  if mode == "input_only":
+    return (fold(inputs_BxL, bag_size),
+            bag_targets(labels_BxL, bag_size, ignore_index)[..., :1])
+  if mode == "output_only":
+    return inputs_BxL, window_targets(labels_BxL, bag_size, ignore_index)
+  raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
