@@ -1,0 +1,262 @@
+"""Tests for tst_jax.data: sources, tokenizers, the token stream and its lane windows."""
+
+import collections
+import math
+import os
+import sysconfig
+
+import numpy as np
+import pytest
+
+from tst_jax.data import (
+    TokenStream, WindowSource, eval_windows, get_tokenizer, lane_position, load_documents,
+    make_batches, split_documents, unigram_entropy)
+
+CORPUS = [
+    "def add(a, b):\n  return a + b\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import numpy as np\nx = np.zeros((3, 4))\nprint(x.shape)\n",
+    "Grüße aus Köln — ünïcödé ✓ and 日本語のテキスト 😀\n",
+    "for i in range(10):\n    print(i * i)\n" * 2,
+    "class Foo:\n  def __init__(self):\n    self.x = 1\n",
+] * 4
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("bpe"))
+  get_tokenizer("bpe", workdir=workdir, vocab_size=300, train_docs=CORPUS)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def tok(bpe_dir):
+  return get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=None)
+
+
+def slow_lanes(tokens, batch_size):
+  """Lanes as plain Python lists, cut the obvious way."""
+  tokens = [int(t) for t in tokens]
+  p = len(tokens) // batch_size
+  return [tokens[b * p:(b + 1) * p] for b in range(batch_size)]
+
+
+def slow_window(lanes, pos, window):
+  """Rows of lanes[b][pos : pos + window], wrapping around each lane."""
+  return np.array([[lane[(pos + i) % len(lane)] for i in range(window)] for lane in lanes])
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def stdlib_py_files():
+  root = sysconfig.get_paths()["stdlib"]
+  found = []
+  for d, dirs, files in os.walk(root):
+    dirs[:] = [x for x in dirs if x not in ("site-packages", "dist-packages")]
+    found += [os.path.join(d, f) for f in files if f.endswith(".py")]
+  return sorted(found)
+
+
+def test_pystdlib_reads_sorted_stdlib_files_up_to_max_bytes():
+  paths = stdlib_py_files()
+  docs = load_documents("builtin:pystdlib", max_bytes=300_000)
+  assert len(docs) > 10
+  assert sum(len(d.encode()) for d in docs) <= 300_000 + 3 * len(docs)  # U+FFFD is 3 bytes.
+  texts = []
+  for p in paths[:len(docs) + 20]:
+    with open(p, "rb") as f:
+      texts.append(f.read().decode("utf-8", errors="replace"))
+  texts = [t for t in texts if t.strip()]
+  assert docs[:-1] == texts[:len(docs) - 1] and texts[len(docs) - 1].startswith(docs[-1])
+  assert len(paths) > 500 and "os.py" in {os.path.basename(p) for p in paths}
+
+
+def test_text_glob_recursive_sorted_replaces_bad_bytes_and_skips_blank(tmp_path):
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "b.txt").write_text("second")
+  (tmp_path / "a.txt").write_bytes(b"first \xff\xfe end")
+  (tmp_path / "sub" / "c.txt").write_text("third")
+  (tmp_path / "blank.txt").write_text("  \n\t ")
+  docs = load_documents(f"text:{tmp_path}/**/*.txt")
+  assert docs == ["first \ufffd\ufffd end", "second", "third"]
+  assert load_documents(f"text:{tmp_path}/**/*.txt", max_bytes=7) == ["first \ufffd"]
+
+
+def test_source_errors(tmp_path):
+  with pytest.raises(ValueError, match="unknown data.source"):
+    load_documents("hf:wikitext")
+  with pytest.raises(ValueError, match="matched no files"):
+    load_documents(f"text:{tmp_path}/*.nothing")
+  (tmp_path / "blank.txt").write_text("   \n")
+  with pytest.raises(ValueError, match="empty corpus"):
+    load_documents(f"text:{tmp_path}/*.txt")
+
+
+def test_tfds_missing_extra_is_a_clear_error():
+  try:
+    import tensorflow_datasets  # noqa: F401
+    pytest.skip("tensorflow_datasets is installed")
+  except ImportError:
+    pass
+  with pytest.raises(ValueError, match=r"tst-jax\[tfds\]"):
+    load_documents("tfds:lm1b")
+
+
+def test_split_is_deterministic_disjoint_and_complete():
+  docs = [f"document number {i}\n" for i in range(200)]
+  train, val = split_documents(docs, 0.1, seed=3)
+  assert (train, val) == split_documents(docs, 0.1, seed=3)
+  assert set(train).isdisjoint(val) and sorted(train + val) == sorted(docs)
+  assert 5 <= len(val) <= 40
+  assert split_documents(docs, 0.1, seed=4) != (train, val)
+  # The decision is per document: a shuffled corpus splits the same documents off.
+  train2, val2 = split_documents(docs[::-1], 0.1, seed=3)
+  assert set(val2) == set(val)
+  # Tiny corpora still get one document on each side.
+  assert [len(x) for x in split_documents(["a", "b"], 0.01, seed=0)] == [1, 1]
+  assert split_documents(docs, 0.0, seed=0) == (docs, [])
+  for bad in (1.0, -0.1):
+    with pytest.raises(ValueError, match="val_fraction"):
+      split_documents(docs, bad, seed=0)
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+
+def test_bpe_round_trips_any_text(tok):
+  rng = np.random.default_rng(0)
+  texts = ["", "hello world", "  leading and trailing  \n", "日本語 😀 Grüße\r\n\t",
+           "<|endoftext|> is text here",
+           bytes(rng.integers(0, 256, 500, dtype=np.uint8)).decode("latin1"),
+           "".join(chr(c) for c in rng.integers(0x20, 0x2FFFF, 200) if not 0xD800 <= c < 0xE000)]
+  for t in texts:
+    ids = tok.encode(t)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == t
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+  assert tok.eos_id not in tok.encode("a <|endoftext|> b")  # documents never fake an EOS.
+  assert tok.decode([tok.eos_id]) == "<|endoftext|>"
+  assert tok.vocab_size == 300
+
+
+def test_bpe_is_cached_and_checks_vocab(bpe_dir, tok):
+  path = os.path.join(bpe_dir, "tokenizer.json")
+  assert tok.path == path
+  mtime = os.stat(path).st_mtime_ns
+  again = get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=["other text"] * 9)
+  assert os.stat(path).st_mtime_ns == mtime
+  assert again.encode("def add(a, b)") == tok.encode("def add(a, b)")
+  with pytest.raises(ValueError, match="another config"):
+    get_tokenizer("bpe", workdir=bpe_dir, vocab_size=512, train_docs=CORPUS)
+
+
+def test_tokenizer_json_file_is_loaded_and_copied(bpe_dir, tmp_path):
+  src = os.path.join(bpe_dir, "tokenizer.json")
+  loaded = get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0)
+  assert loaded.path == str(tmp_path / "run" / "tokenizer.json") and os.path.isfile(loaded.path)
+  assert loaded.decode([loaded.eos_id]) == "<|endoftext|>"
+  assert get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0).path == loaded.path
+  loaded.save(str(tmp_path / "saved.json"))
+  resaved = get_tokenizer(str(tmp_path / "saved.json"), workdir=None, vocab_size=0)
+  assert resaved.encode("x = 1  # 😀") == loaded.encode("x = 1  # 😀")
+  with pytest.raises(ValueError, match="does not exist"):
+    get_tokenizer(str(tmp_path / "nope.json"), workdir=None, vocab_size=0)
+  other = get_tokenizer("bpe", workdir=str(tmp_path / "other"), vocab_size=280, train_docs=CORPUS)
+  with pytest.raises(ValueError, match="differs"):
+    get_tokenizer(other.path, workdir=str(tmp_path / "run"), vocab_size=0)
+
+
+# --- token stream ----------------------------------------------------------------------------
+
+
+def test_token_stream_holds_every_document_once_and_caches(tok, tmp_path):
+  docs = CORPUS[:6]
+  cache = str(tmp_path / "train.npy")
+  stream = TokenStream.build(docs, tok, seed=1, cache_path=cache)
+  assert stream.tokens.dtype == np.int32 and len(stream) == len(stream.tokens)
+  # Split at EOS: the pieces are exactly the documents' encodings, in some order.
+  cuts = np.flatnonzero(stream.tokens == tok.eos_id)
+  assert cuts[-1] == len(stream) - 1 and len(cuts) == len(docs)
+  pieces = [p.tolist() for p in np.split(stream.tokens, cuts + 1)[:-1]]
+  assert sorted(p[:-1] for p in pieces) == sorted(tok.encode(d) for d in docs)
+  mtime = os.stat(cache).st_mtime_ns
+  again = TokenStream.build(docs, tok, seed=1, cache_path=cache)
+  assert os.stat(cache).st_mtime_ns == mtime and np.array_equal(again.tokens, stream.tokens)
+  reseeded = TokenStream.build(docs, tok, seed=2, cache_path=cache)
+  assert os.stat(cache).st_mtime_ns != mtime
+  assert sorted(reseeded.tokens.tolist()) == sorted(stream.tokens.tolist())
+
+
+def test_unigram_entropy_matches_direct_count():
+  tokens = np.random.default_rng(0).zipf(1.5, 5000).astype(np.int32) % 97
+  counts = collections.Counter(tokens.tolist())
+  expected = -sum(c / 5000 * math.log(c / 5000) for c in counts.values())
+  assert unigram_entropy(tokens) == pytest.approx(expected, rel=1e-12)
+  assert unigram_entropy(np.zeros(10, np.int32)) == 0.0
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+TOKENS = np.random.default_rng(0).integers(0, 1000, 1003).astype(np.int32)  # lanes of 250 at B=4
+
+
+def test_windows_match_slow_slicing_and_overlap_by_one():
+  lanes = slow_lanes(TOKENS, 4)
+  src = WindowSource(TOKENS, 4, 33, start_pos=5)
+  for k in [0, 1, 2, 6, 7, 8, 20]:  # 7 and 8 cross the end of the lanes (epoch 1).
+    window_BxW = src[k]
+    assert window_BxW.dtype == np.int32 and window_BxW.shape == (4, 33)
+    np.testing.assert_array_equal(window_BxW, slow_window(lanes, 5 + 32 * k, 33))
+    np.testing.assert_array_equal(src[k][:, -1], src[k + 1][:, 0])
+  assert [src.epoch_of(k) for k in (6, 7, 8)] == [0, 1, 1]
+  assert src.fresh_batches() == 7
+
+
+def test_phase_switch_continues_the_lanes():
+  """k1 windows of W1 then windows of W2 from lane_position: the targets tile each lane."""
+  lanes = slow_lanes(TOKENS, 4)
+  k1, w1, k2, w2 = 3, 17, 9, 9
+  phase1 = [WindowSource(TOKENS, 4, w1)[k] for k in range(k1)]
+  phase2_src = WindowSource(TOKENS, 4, w2, start_pos=lane_position(0, k1, w1))
+  phase2 = [phase2_src[k] for k in range(k2)]
+  seen_BxT = np.concatenate([phase1[0][:, :1]] + [w[:, 1:] for w in phase1 + phase2], axis=1)
+  total = 1 + k1 * (w1 - 1) + k2 * (w2 - 1)
+  np.testing.assert_array_equal(seen_BxT, np.array([lane[:total] for lane in lanes]))
+
+
+def test_process_slices_concatenate_to_the_global_batch():
+  full = WindowSource(TOKENS, 4, 20, start_pos=3)
+  for k in range(3):
+    parts = [WindowSource(TOKENS, 4, 20, 3, process_index=i, process_count=2)[k] for i in range(2)]
+    np.testing.assert_array_equal(np.concatenate(parts), full[k])
+  with pytest.raises(ValueError, match="not divisible"):
+    make_batches(TOKENS, batch_size=4, window=20, start_pos=0, process_count=3)
+
+
+def test_iterator_matches_source_and_resumes_exactly():
+  src = WindowSource(TOKENS, 4, 40, start_pos=11)
+  it = make_batches(TOKENS, batch_size=4, window=40, start_pos=11)
+  first = [next(it) for _ in range(3)]
+  state = it.get_state()
+  rest = [next(it) for _ in range(8)]  # runs past the end of the lanes.
+  for k, b in enumerate(first + rest):
+    np.testing.assert_array_equal(b, src[k])
+  fresh = make_batches(TOKENS, batch_size=4, window=40, start_pos=11)
+  fresh.set_state(state)
+  for b in rest:
+    np.testing.assert_array_equal(next(fresh), b)
+
+
+def test_eval_windows_are_fixed_and_never_repeat_tokens():
+  a = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
+  b = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
+  assert len(a) == 5  # (250 - 50) // 49 + 1 windows fit without wrapping.
+  for x, y, k in zip(a, b, range(5)):
+    np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(x, slow_window(slow_lanes(TOKENS, 4), 49 * k, 50))
+
+
+def test_corpus_too_small_is_a_clear_error():
+  with pytest.raises(ValueError, match=r"corpus too small for batch_size x window: 1003 tokens"):
+    WindowSource(TOKENS, 8, 126)

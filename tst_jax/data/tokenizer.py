@@ -1,0 +1,191 @@
+"""Tokenizers: a byte-level BPE trained on the corpus, or a tokenizer.json / SentencePiece file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
+BPE_EOS = "<|endoftext|>"
+_MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
+
+
+class Tokenizer:
+  """A HF `tokenizers.Tokenizer` (or a SentencePiece model) with its EOS id and file.
+
+  Text is encoded literally: a special-token string inside a document (e.g. "<|endoftext|>")
+  is tokenized as ordinary text, so EOS appears in the token stream only where the
+  pipeline puts it. `decode` keeps special tokens, so EOS shows up in decoded text.
+  """
+
+  def __init__(self, hf: tokenizers.Tokenizer | None = None, *, sp=None, eos_id: int,
+               path: str | None = None):
+    assert (hf is None) != (sp is None), "exactly one of hf / sp"
+    self._hf, self._sp = hf, sp
+    if hf is not None:
+      hf.encode_special_tokens = True
+      self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+    else:
+      self.vocab_size = sp.get_piece_size()
+    self.eos_id = int(eos_id)
+    self.path = path
+
+  def encode(self, text: str) -> list[int]:
+    if self._hf is not None:
+      return self._hf.encode(text, add_special_tokens=False).ids
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Encodes many texts at once (in parallel threads for HF tokenizers)."""
+    if self._hf is not None:
+      encs = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+      return [e.ids for e in encs]
+    return self._sp.encode(list(texts))
+
+  def decode(self, ids: Sequence[int]) -> str:
+    ids = [int(i) for i in ids]
+    if self._hf is not None:
+      return self._hf.decode(ids, skip_special_tokens=False)
+    return self._sp.decode(ids)
+
+  def save(self, path: str) -> None:
+    """Writes the tokenizer file (tokenizer.json, or the .model for SentencePiece) to `path`."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if self._hf is not None:
+      self._hf.save(path)
+    else:
+      with open(path, "wb") as f:
+        f.write(self._sp.serialized_model_proto())
+
+  def fingerprint(self) -> str:
+    """A string that changes whenever the id mapping could change (for caches)."""
+    blob = self._hf.to_str().encode() if self._hf is not None else self._sp.serialized_model_proto()
+    return hashlib.sha256(blob).hexdigest()
+
+  def __repr__(self):
+    return f"Tokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, path={self.path!r})"
+
+
+def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
+                  train_docs: list[str] | None = None) -> Tokenizer:
+  """Returns the tokenizer named by `spec`, cached in / copied to `workdir` when given.
+
+  spec:
+    "bpe"          a byte-level BPE with exactly `vocab_size` ids (EOS "<|endoftext|>"), trained
+                   on `train_docs` only (never on validation text) and saved to
+                   <workdir>/tokenizer.json; later calls load that file instead of retraining.
+    "*.json"       a HF tokenizer.json (e.g. Llama-3's); `vocab_size` is not used.
+    "*.model"      a SentencePiece model (the `sentencepiece` extra); `vocab_size` is not used.
+  """
+  if spec == "bpe":
+    return _get_bpe(workdir, vocab_size, train_docs)
+  if not (spec.endswith(".json") or spec.endswith(".model")):
+    raise ValueError(
+        f"unknown tokenizer {spec!r}: expected 'bpe', a tokenizer.json or a .model file")
+  if not os.path.isfile(spec):
+    raise ValueError(f"tokenizer file {spec!r} does not exist")
+  if spec.endswith(".json"):
+    hf = tokenizers.Tokenizer.from_file(spec)
+    path = _copy_into_workdir(spec, workdir, "tokenizer.json", _same_json)
+    return Tokenizer(hf, eos_id=_find_eos(hf, spec), path=path)
+  return _load_sentencepiece(spec, workdir)
+
+
+def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
+  cached = os.path.join(workdir, "tokenizer.json") if workdir else None
+  if cached and os.path.isfile(cached):
+    hf = tokenizers.Tokenizer.from_file(cached)
+    tok = Tokenizer(hf, eos_id=_find_eos(hf, cached), path=cached)
+    if tok.vocab_size != vocab_size:
+      raise ValueError(
+          f"{cached} has vocab size {tok.vocab_size} but data.vocab_size={vocab_size}: this "
+          "workdir belongs to another config; use a fresh workdir or the matching vocab size")
+    return tok
+  if not train_docs:
+    raise ValueError("tokenizer 'bpe' needs train_docs to train on")
+  hf = train_bpe(train_docs, vocab_size)
+  if cached:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = cached + ".tmp"
+    hf.save(tmp)
+    os.replace(tmp, cached)
+  return Tokenizer(hf, eos_id=hf.token_to_id(BPE_EOS), path=cached)
+
+
+def train_bpe(docs: list[str], vocab_size: int) -> tokenizers.Tokenizer:
+  """Trains a byte-level BPE (GPT-2 style) with exactly `vocab_size` ids; id 0 is EOS.
+
+  Every byte is in the initial alphabet, so any text encodes and decodes back exactly. If the
+  corpus is too small to learn enough merges, the vocab is padded with never-produced
+  "<|reserved_i|>" special tokens, so the vocab size always equals the requested one.
+  """
+  if vocab_size < _MIN_BPE_VOCAB:
+    raise ValueError(f"vocab_size must be >= {_MIN_BPE_VOCAB} for byte-level BPE, got {vocab_size}")
+  hf = tokenizers.Tokenizer(models.BPE())
+  hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  hf.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=[BPE_EOS], show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  hf.train_from_iterator(docs, trainer, length=len(docs))
+  missing = vocab_size - hf.get_vocab_size(with_added_tokens=True)
+  if missing > 0:
+    hf.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
+  assert hf.get_vocab_size(with_added_tokens=True) == vocab_size
+  return hf
+
+
+def _find_eos(hf: tokenizers.Tokenizer, path: str) -> int:
+  for t in EOS_CANDIDATES:
+    i = hf.token_to_id(t)
+    if i is not None:
+      return i
+  raise ValueError(f"tokenizer {path!r} has no EOS token (looked for {', '.join(EOS_CANDIDATES)})")
+
+
+def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
+  try:
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(
+        f"tokenizer {spec!r} needs sentencepiece: pip install 'tst-jax[sentencepiece]'") from e
+  sp = sentencepiece.SentencePieceProcessor(model_file=spec)
+  if sp.eos_id() < 0:
+    raise ValueError(f"tokenizer {spec!r} has no EOS token")
+  path = _copy_into_workdir(spec, workdir, "tokenizer.model", _same_bytes)
+  return Tokenizer(sp=sp, eos_id=sp.eos_id(), path=path)
+
+
+def _copy_into_workdir(src: str, workdir: str | None, name: str, same) -> str:
+  """Copies `src` to <workdir>/<name> (for export); refuses to replace a different file."""
+  if not workdir:
+    return src
+  dst = os.path.join(workdir, name)
+  if os.path.isfile(dst):
+    if not same(src, dst):
+      raise ValueError(
+          f"{dst} exists and differs from tokenizer {src!r}: this workdir belongs to another "
+          "config; use a fresh workdir or the tokenizer it was made with")
+    return dst
+  os.makedirs(workdir, exist_ok=True)
+  shutil.copyfile(src, dst + ".tmp")
+  os.replace(dst + ".tmp", dst)
+  return dst
+
+
+def _same_bytes(a: str, b: str) -> bool:
+  with open(a, "rb") as fa, open(b, "rb") as fb:
+    return fa.read() == fb.read()
+
+
+def _same_json(a: str, b: str) -> bool:
+  if _same_bytes(a, b):
+    return True
+  with open(a, encoding="utf-8") as fa, open(b, encoding="utf-8") as fb:
+    return json.load(fa) == json.load(fb)
