@@ -81,7 +81,7 @@ def mce_coefficients(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
   total = w_S.sum()
   col_S = jnp.where(count_S > 0, w_S / jnp.maximum(count_S, 1.0), 0.0)
   col_S = jnp.where(total > 0, col_S / jnp.where(total > 0, total, 1.0), 0.0)
-  return valid * col_S
+  return valid * col_S[None, :]
 
 
 def alt_mask(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
@@ -89,7 +89,7 @@ def alt_mask(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
 
   A token repeated inside a bag is counted once, so the total probability is <= 1.
   """
-  valid = (targets_NxS != ignore_index) & (jnp.asarray(weights_S) > 0)
+  valid = (targets_NxS != ignore_index) & (jnp.asarray(weights_S) > 0)[None, :]
   s = targets_NxS.shape[-1]
   same = targets_NxS[:, :, None] == targets_NxS[:, None, :]        # [N, S, S]
   earlier = jnp.tril(jnp.ones((s, s), bool), k=-1)                 # j < i
@@ -168,7 +168,7 @@ def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce"
   lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
   weights_S = bag_weights(weighting, targets_NxS.shape[-1])
   if variant == "mce":
-    w_NxS = (targets_NxS != ignore_index) * jnp.asarray(weights_S)
+    w_NxS = (targets_NxS != ignore_index) * jnp.asarray(weights_S)[None, :]
     total_N = w_NxS.sum(-1)
     per = (w_NxS * (lse_N[:, None] - z_NxS)).sum(-1) / jnp.where(total_N > 0, total_N, 1.0)
     return per.reshape(lead), (total_N > 0).reshape(lead)
@@ -185,3 +185,41 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
   """Standard next-token CE: logits [..., V], labels [...] -> mean over valid labels."""
   return mce_loss(logits, labels[..., None], ignore_index=ignore_index)
 
+
+IMPLS = ("naive", "xla", "pallas", "auto")
+
+
+def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", variant="mce",
+                    ignore_index: int = IGNORE_INDEX, impl: str = "auto", **chunk_kwargs):
+  """`mce_loss(hidden @ head, targets)` without materialising the [N, V] logits.
+
+  hidden [..., D], head [D, V], targets [..., S] -> scalar (float32), differentiable in
+  hidden and head. impl: "naive" (float32 logits, the reference), "xla" (chunked, pure
+  XLA), "pallas" (fused kernel), "auto" ("pallas" on GPU/TPU, "xla" on CPU).
+  chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`).
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+  if hidden_NxD.shape[:-1] != targets_NxS.shape[:-1]:
+    raise ValueError(f"hidden {hidden_NxD.shape} and targets {targets_NxS.shape} disagree on "
+                     "the leading (position) dimensions")
+  hidden_NxD = hidden_NxD.reshape(-1, hidden_NxD.shape[-1])
+  targets_NxS = targets_NxS.reshape(-1, targets_NxS.shape[-1])
+  if impl == "auto":
+    impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+  if impl == "naive":
+    if chunk_kwargs:
+      raise TypeError(f"impl='naive' takes no chunk arguments, got {sorted(chunk_kwargs)}")
+    logits_NxV = jnp.dot(hidden_NxD, head_DxV, preferred_element_type=jnp.float32)
+    return mce_loss(logits_NxV, targets_NxS, weighting=weighting, variant=variant,
+                    ignore_index=ignore_index)
+  if impl == "xla":  # imported here: the kernels pull in Pallas, which mce_loss users never need
+    from tst_jax.kernels import linear_mce_xla as kernel
+  else:
+    from tst_jax.kernels import linear_mce_pallas as kernel
+  lse_N, z_NxS = kernel.lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS,
+                                              ignore_index=ignore_index, **chunk_kwargs)
+  return mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
+                        ignore_index=ignore_index)

@@ -28,7 +28,7 @@ def param(rngs: nnx.Rngs, shape, names, *, std=None, init=None, dtype=jnp.float3
     value = jnp.full(shape, init, dtype)
   else:
     value = std * jax.random.truncated_normal(rngs.params(), -3.0, 3.0, shape, dtype)
-  return nnx.Param(value, sharding_names=tuple(names), eager_sharding=False)
+  return nnx.Param(value, out_sharding=tuple(names), eager_sharding=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ class RMSNorm(nnx.Module):
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...]).astype(x.dtype)
+    scale = self.scale[...].reshape((1,) * (x.ndim - 1) + (-1,))
+    return (y * scale).astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
@@ -73,7 +74,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
 
 def apply_rope(x_BxLxHxG, positions_BxL, inv_freq):
   """Rotary embedding in the Hugging Face (rotate-half) layout."""
-  angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq      # [B, L, G/2]
+  angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq[None, None, :]  # [B, L, G/2]
   cos = jnp.cos(angles)[:, :, None, :]
   sin = jnp.sin(angles)[:, :, None, :]
   x1, x2 = jnp.split(x_BxLxHxG.astype(jnp.float32), 2, axis=-1)
@@ -96,7 +97,6 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       self.q_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
       self.k_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
-    self.inv_freq = rope_inv_freq(g, cfg.rope_theta, cfg.rope_scaling)
 
   def __call__(self, x_BxLxD, positions_BxL):
     dt = self.dtype
@@ -105,8 +105,9 @@ class Attention(nnx.Module):
     v = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt))
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions_BxL, self.inv_freq)
-    k = apply_rope(k, positions_BxL, self.inv_freq)
+    inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+    q = apply_rope(q, positions_BxL, inv_freq)
+    k = apply_rope(k, positions_BxL, inv_freq)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
     out_BxLxHxG = jax.nn.dot_product_attention(
         q, k, v, is_causal=True, implementation=self.cfg.attention_impl)

@@ -1,0 +1,227 @@
+"""Hugging Face checkpoints (config.json + safetensors) <-> tst_jax models, per model family.
+
+`from_hf(path)` reads `config.json`, picks the family module by `model_type` from `FAMILIES`
+and loads `model.safetensors` (or the shards of `model.safetensors.index.json`); `to_hf(model,
+path)` writes `config.json` and one float32 `model.safetensors`. Parameters are always float32;
+`dtype` is the compute dtype of the tst_jax model.
+
+A family module (imported lazily by its path in `FAMILIES`) provides:
+
+  MODEL_CLS                           the tst_jax model class; `MODEL_CLS(cfg, rngs=...)`, and
+                                      its instances keep their config as `.cfg`.
+  config_from_hf(hf: dict, **overrides) -> cfg
+                                      HF config.json dict -> the family's frozen config; the
+                                      overrides are config field names (`make_config` checks
+                                      them). Raises ValueError on features it cannot represent.
+  config_to_hf(cfg) -> dict           cfg -> config.json dict, with `architectures`,
+                                      `model_type` and `tie_word_embeddings`.
+  params_from_hf(tensors, cfg) -> dict
+                                      checkpoint tensors -> a nested dict of numpy arrays shaped
+                                      like `nnx.to_pure_dict(nnx.state(model, nnx.Param))`.
+                                      `tensors` is a read-only Mapping name -> np.ndarray, read
+                                      on access; fetch them with `read(tensors, name, shape)`.
+  params_to_hf(pure: dict, cfg) -> dict[str, np.ndarray]
+                                      the inverse: float32 pure dict -> HF tensor names.
+  IGNORED (optional)                  regexes of checkpoint tensors that may be left unread
+                                      (e.g. old `rotary_emb.inv_freq` buffers); any other
+                                      unread tensor is an error, so no weight is dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from flax import traverse_util
+from safetensors.numpy import save_file
+
+FAMILIES = {"llama": "tst_jax.convert.llama_hf"}
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# safetensors dtype names -> numpy; bfloat16/float8 come from ml_dtypes (numpy has none).
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+# ----------------------------------------------------------------------------- families
+
+
+def family_module(model_type: str):
+  if model_type not in FAMILIES:
+    raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; tst_jax converts "
+                     f"{tuple(FAMILIES)}")
+  return importlib.import_module(FAMILIES[model_type])
+
+
+def _family_of(model):
+  for model_type in FAMILIES:
+    module = family_module(model_type)
+    if type(model) is module.MODEL_CLS:
+      return module
+  raise TypeError(f"no Hugging Face family converts {type(model).__name__}")
+
+
+def make_config(cls, fields: dict, overrides: dict):
+  """`cls(**fields, **overrides)`, naming any override that is not a field of `cls`."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(overrides) - names)
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} overrides {unknown}; fields are {sorted(names)}")
+  return cls(**{**fields, **overrides})
+
+
+def read(tensors: Mapping, name: str, shape) -> np.ndarray:
+  """Checkpoint tensor `name` as float32, checked against the expected `shape`."""
+  shape = tuple(int(s) for s in shape)
+  if name not in tensors:
+    raise ValueError(f"checkpoint is missing tensor {name!r} (expected shape {shape})")
+  x = tensors[name]
+  if tuple(x.shape) != shape:
+    raise ValueError(f"tensor {name!r} has shape {tuple(x.shape)}, expected {shape}")
+  return np.asarray(x, np.float32)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _read_config(path) -> dict:
+  path = Path(path)
+  file = path / CONFIG_FILE if path.is_dir() else path
+  if not file.is_file():
+    raise FileNotFoundError(f"no {CONFIG_FILE} at {path}: not a Hugging Face checkpoint")
+  hf = json.loads(file.read_text())
+  if "model_type" not in hf:
+    raise ValueError(f"{file} has no 'model_type'")
+  return hf
+
+
+class _Tensors(Mapping):
+  """Tensors of safetensors files by name, memory-mapped and read on access.
+
+  A small reader rather than `safetensors.safe_open(framework="numpy")`, which cannot
+  return bfloat16, the usual dtype of released checkpoints. Records what was read.
+  """
+
+  def __init__(self, files):
+    self._entries, self.read_names = {}, set()
+    for file in files:
+      with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+      header.pop("__metadata__", None)
+      data = np.memmap(file, dtype=np.uint8, mode="r")
+      for name, info in header.items():
+        if info["dtype"] not in _ST_DTYPES:
+          raise ValueError(f"tensor {name!r} in {file} has unsupported dtype {info['dtype']}")
+        self._entries[name] = (data, 8 + n, info)
+
+  def __getitem__(self, name):
+    data, base, info = self._entries[name]
+    start, end = info["data_offsets"]
+    self.read_names.add(name)
+    return data[base + start:base + end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+  def __iter__(self):
+    return iter(self._entries)
+
+  def __len__(self):
+    return len(self._entries)
+
+
+def _open_tensors(path: Path) -> _Tensors:
+  if (path / WEIGHTS_FILE).is_file():
+    return _Tensors([path / WEIGHTS_FILE])
+  if (path / INDEX_FILE).is_file():
+    weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+    return _Tensors([path / f for f in sorted(set(weight_map.values()))])
+  raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {path} (only safetensors "
+                          "checkpoints are supported)")
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def config_from_hf(path_or_dict, **overrides):
+  """The tst_jax config of a Hugging Face config (a dict, config.json or its folder)."""
+  hf = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else _read_config(path_or_dict)
+  return family_module(hf.get("model_type")).config_from_hf(hf, **overrides)
+
+
+def from_hf(path, *, dtype: str = "float32", **overrides):
+  """A tst_jax model with the weights of a Hugging Face safetensors checkpoint folder."""
+  path = Path(path)
+  hf = _read_config(path)
+  family = family_module(hf["model_type"])
+  cfg = family.config_from_hf(hf, dtype=dtype, **overrides)
+  tensors = _open_tensors(path)
+  pure = family.params_from_hf(tensors, cfg)
+  ignored = [re.compile(p) for p in getattr(family, "IGNORED", ())]
+  unread = sorted(n for n in set(tensors) - tensors.read_names
+                  if not any(p.search(n) for p in ignored))
+  if unread:
+    raise ValueError(f"{path} has tensors the {hf['model_type']} converter does not map "
+                     f"(unsupported features?): {unread[:8]}{' ...' if len(unread) > 8 else ''}")
+  return _build(family.MODEL_CLS, cfg, pure)
+
+
+def _build(model_cls, cfg, pure: dict):
+  """`model_cls(cfg)` holding the parameters `pure`, without a random init in memory."""
+  make = lambda: model_cls(cfg, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+  if jax.tree.leaves(rest):
+    # Non-parameter arrays (e.g. constant tables): a jitted constructor computes them and
+    # XLA drops the random parameters nobody returns.
+    rest = jax.jit(lambda: nnx.state(make(), nnx.Not(nnx.Param)))()
+  expected = traverse_util.flatten_dict(nnx.to_pure_dict(params))
+  given = traverse_util.flatten_dict(pure)
+  missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+  if missing or extra:
+    raise ValueError(f"converted parameters do not match {model_cls.__name__}: "
+                     f"missing {missing}, unexpected {extra}")
+  arrays = {}
+  for key, want in expected.items():
+    if tuple(given[key].shape) != tuple(want.shape):
+      raise ValueError(f"converted parameter {'.'.join(map(str, key))} has shape "
+                       f"{tuple(given[key].shape)}, the model expects {tuple(want.shape)}")
+    arrays[key] = jnp.asarray(given[key], want.dtype)
+  nnx.replace_by_pure_dict(params, traverse_util.unflatten_dict(arrays))
+  return nnx.merge(graphdef, params, rest)
+
+
+def to_hf(model, path, *, overwrite: bool = False) -> Path:
+  """Write `model` as a Hugging Face checkpoint: config.json and float32 model.safetensors.
+
+  Refuses a non-empty folder unless `overwrite`, which replaces only those two files.
+  """
+  path = Path(path)
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"{path} exists and is not a folder")
+  if path.exists() and any(path.iterdir()) and not overwrite:
+    raise ValueError(f"{path} is not empty; pass overwrite=True to write into it")
+  family = _family_of(model)
+  hf = family.config_to_hf(model.cfg)
+  hf.update(torch_dtype="float32", dtype="float32")   # old and new transformers spellings
+  pure = jax.tree.map(lambda x: np.asarray(x, np.float32),
+                      nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  tensors = {k: np.ascontiguousarray(v, np.float32)
+             for k, v in family.params_to_hf(pure, model.cfg).items()}
+  path.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+  (path / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+  return path
