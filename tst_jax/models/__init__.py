@@ -1,1 +1,61 @@
-"""Model families: Llama (dense) and Qwen3-style MoE, sharing one set of blocks."""
+"""Model families behind one small registry: config dataclass, module class, counts, FLOPs."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import ml_collections
+
+# family -> module; each module defines CONFIG_CLS, MODEL_CLS, PRESETS, param_counts(cfg)
+# (total, active) and flops_per_token(cfg, seq_len).
+FAMILIES = {"llama": "tst_jax.models.llama", "qwen3_moe": "tst_jax.models.moe"}
+
+
+def family_module(family: str):
+  if family not in FAMILIES:
+    raise ValueError(f"model.family must be one of {tuple(FAMILIES)}, got {family!r}")
+  return importlib.import_module(FAMILIES[family])
+
+
+def preset_config(family: str, preset: str, **overrides) -> ml_collections.ConfigDict:
+  """A ConfigDict holding every field of the family's config dataclass, from a preset."""
+  module = family_module(family)
+  if preset not in module.PRESETS:
+    raise ValueError(f"unknown {family} preset {preset!r}: choose from {tuple(module.PRESETS)}")
+  fields = {f.name: f.default for f in dataclasses.fields(module.CONFIG_CLS)
+            if f.default is not dataclasses.MISSING}
+  fields.update(module.PRESETS[preset], **overrides)
+  # None defaults become typed placeholders so `--config.model.attention_impl=cudnn` works.
+  kinds = {f.name: f.type for f in dataclasses.fields(module.CONFIG_CLS)}
+  for name, value in fields.items():
+    if value is None:
+      kind = str(kinds[name]).split("|")[0].strip()
+      fields[name] = ml_collections.config_dict.placeholder(_PLACEHOLDER_TYPES[kind])
+  return ml_collections.ConfigDict(dict(family=family, **fields))
+
+
+_PLACEHOLDER_TYPES = {"str": str, "tuple": tuple, "int": int, "float": float}
+
+
+def model_config(model_cfg):
+  """The model section of a run config -> the family's frozen config dataclass (once)."""
+  fields = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
+  module = family_module(fields.pop("family"))
+  known = {f.name for f in dataclasses.fields(module.CONFIG_CLS)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f"unknown model fields {unknown} for {module.CONFIG_CLS.__name__}")
+  return module.CONFIG_CLS(**fields)
+
+
+def module_for(cfg):
+  for family in FAMILIES:
+    module = family_module(family)
+    if type(cfg) is module.CONFIG_CLS:
+      return module
+  raise TypeError(f"not a model config: {type(cfg).__name__}")
+
+
+def build(cfg, rngs):
+  return module_for(cfg).MODEL_CLS(cfg, rngs=rngs)

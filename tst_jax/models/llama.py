@@ -148,3 +148,12 @@ def flops_per_token(cfg: LlamaConfig, seq_len: int, active_matmul_params: int | 
   (the PaLM/Chinchilla formula: forward + backward, attention scores counted in full)."""
   n = matmul_params(cfg) if active_matmul_params is None else active_matmul_params
   return 6.0 * n + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+CONFIG_CLS, MODEL_CLS = LlamaConfig, Llama
+
+
+def param_counts(cfg: LlamaConfig) -> tuple[int, int]:
+  """(total, active) parameters; equal for a dense model."""
+  total = param_count(Llama, cfg)
+  return total, total

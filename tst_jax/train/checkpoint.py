@@ -1,0 +1,65 @@
+"""Orbax checkpoints of the train state plus a JSON record of the phase and data position."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+
+class Checkpoints:
+  """Periodic saves, keep the latest N plus the phase handoffs, restore latest (or a step).
+
+  Each step directory holds the TrainState ("state") and a small JSON ("meta"): the phase
+  and the data iterator state, so a restart continues with the very next batch.
+  """
+
+  def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0):
+    self.directory = os.path.abspath(directory)
+    self.every = every
+    preserve = policies.AnyPreservationPolicy(
+        [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
+    """Save unless a checkpoint of this step exists; `force` ignores the cadence."""
+    if step in self.manager.all_steps():
+      return False
+    if not force and not (self.every and step % self.every == 0):
+      return False
+    return self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore(self, step: int, abstract_state):
+    """(state, meta) of `step`; `abstract_state` carries shapes, dtypes and shardings."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored.state, restored.meta
+
+  def read_meta(self, step: int) -> dict:
+    return self.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_with_shardings(abstract_state, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      abstract_state, shardings)
+
+

@@ -1,0 +1,77 @@
+"""The base run config every configs/*.py file starts from, one comment per field."""
+
+import ml_collections
+
+from tst_jax import models
+
+# Logical axis -> mesh axes. The first matching rule wins; a mesh axis is used once per array.
+LOGICAL_AXIS_RULES = (
+    ("batch", ("data", "fsdp", "expert")),  # [B, ...] batches and activations: data parallel
+    ("layers", None),                       # stacked-layer axis of scanned blocks: never split
+    ("vocab", "tensor"),                    # V of the [V, D] embedding and [D, V] head
+    ("embed", "fsdp"),                      # D of every weight: FSDP shards it
+    ("heads", "tensor"),                    # H of q/o projections: tensor parallel
+    ("kv_heads", "tensor"),                 # K of k/v projections
+    ("mlp", "tensor"),                      # F of the SwiGLU weights
+    ("expert", "expert"),                   # E of the MoE expert weights: expert parallel
+    ("length", None),                       # sequence positions: not split
+    ("head_dim", None),                     # G: not split
+    ("norm", None),                         # norm scales: replicated
+)
+
+
+def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                        # model init and document shuffling
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "builtin:pystdlib"  # builtin:pystdlib | text:<glob> | tfds:<name> | seqio:<task>
+  c.data.max_bytes = 0              # read at most this many bytes of text (0: all)
+  c.data.tokenizer = "bpe"          # bpe (trained once, cached in the workdir) | tokenizer.json | .model
+  c.data.val_fraction = 0.02        # fraction of documents held out for eval (never trained on)
+  c.data.seq_len = 128              # L: positions the model sees (latent length in phase 1)
+  c.data.batch_size = 16            # B: rows per step (global, across all devices)
+  c.data.eval_batches = 4           # held-out batches of B x (L + 1) tokens per eval
+
+  c.model = models.preset_config(family, preset)  # every field of the model dataclass
+
+  c.tst = ml_collections.ConfigDict()
+  c.tst.bag_size = 4                # S: tokens superposed per bag (1: baseline)
+  c.tst.ratio = 0.3                 # r: fraction of steps in phase 1 (0: baseline)
+  c.tst.mode = "full"               # full | input_only | output_only (section 5.2 ablation)
+  c.tst.weighting = "uniform"       # uniform | power | exponential | first | fitted:<F.json>
+  c.tst.variant = "mce"             # mce (the paper's) | alt (-log of the bag's probability)
+  c.tst.equal_flops = "seq"         # seq: data length S*L (paper) | batch: S x the rows
+  c.tst.reinit_at_switch = False    # re-initialise embedding and head at the switch (ablation)
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.impl = "naive"             # naive (logits) | xla (chunked) | pallas | auto
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.lr = 3e-3             # peak learning rate
+  c.optimizer.b1 = 0.9              # AdamW betas, the paper's
+  c.optimizer.b2 = 0.95
+  c.optimizer.eps = 1e-8
+  c.optimizer.weight_decay = 0.1    # decoupled, not applied to norm scales
+  c.optimizer.grad_clip = 1.0       # global-norm clipping
+  c.optimizer.warmup_steps = 20     # WSD: linear warmup steps
+  c.optimizer.decay_fraction = 0.1  # WSD: linear decay over the last 10% of all steps
+  c.optimizer.final_lr_fraction = 0.0  # lr at the end, as a fraction of the peak
+  c.optimizer.grad_accum = 1        # micro-batches per optimizer step
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 300               # T: total optimizer steps, both phases
+  c.train.log_every = 10            # metrics.jsonl cadence (steps)
+  c.train.eval_every = 50           # held-out eval cadence (and at each phase end)
+  c.train.checkpoint_every = 100    # periodic checkpoints (plus each phase end)
+  c.train.keep_checkpoints = 2      # latest N kept, plus the phase-switch checkpoint
+  c.train.progress_bar = True       # tqdm bar with the phase and ETA
+  c.train.force_resume = False      # resume a workdir whose config differs
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1                  # -1: all remaining devices
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.mesh.expert = 1
+  c.logical_axis_rules = LOGICAL_AXIS_RULES
+  return c

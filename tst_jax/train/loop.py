@@ -1,0 +1,299 @@
+"""The two-phase run: phase 1 (tst) for round(r*T) steps, handoff checkpoint, phase 2 (ntp).
+
+Runs resume from their workdir: the latest checkpoint holds the train state and the data
+position, and the global step alone decides the phase.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+import tqdm
+
+from tst_jax import data as data_lib
+from tst_jax import models
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.parallel.logical import axis_rules
+from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import optim, step as step_lib
+from tst_jax.train.plan import ConfigError, Plan, format_plan, make_plan
+
+log = logging.getLogger("tst_jax")
+# Config sections that must match to resume a workdir (logging cadences may change).
+RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
+
+
+def run(config, workdir: str, mode: str = "train") -> dict:
+  """Entry point of `main.py`: mode is train (default), plan or eval."""
+  plan = make_plan(config)
+  if mode == "plan":
+    print(format_plan(plan))
+    return plan.to_json()
+  if mode not in ("train", "eval"):
+    raise ConfigError(f"--mode must be train, plan or eval, got {mode!r}")
+  if not workdir:
+    raise ConfigError("--workdir is required for train and eval")
+  run = Run(config, workdir, plan)
+  return run.evaluate_latest() if mode == "eval" else run.train()
+
+
+class Run:
+  """Everything one training run holds: data, mesh, model graph, optimizer, checkpoints."""
+
+  def __init__(self, config, workdir: str, plan: Plan):
+    self.config, self.workdir, self.plan = config, os.path.abspath(workdir), plan
+    self.model_cfg = models.model_config(config.model)
+    os.makedirs(self.workdir, exist_ok=True)
+    _check_workdir_config(config, self.workdir)
+    self.data = prepare_data(config, self.workdir, self.model_cfg.vocab_size)
+    self.mesh = mesh_lib.make_mesh(config.mesh)
+    self.rules = tuple((k, v) for k, v in config.logical_axis_rules)
+    self.tx, self.schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+    self.graphdef, _ = step_lib.abstract_model(self.model_cfg)
+    abstract, self.shardings = step_lib.state_shardings(self.model_cfg, self.tx, self.mesh,
+                                                        self.rules)
+    self.abstract_state = ckpt_lib.abstract_with_shardings(abstract, self.shardings)
+    handoffs = [p.first_step for p in plan.phases[1:]]
+    self.checkpoints = ckpt_lib.Checkpoints(
+        os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints,
+        keep_steps=handoffs, every=config.train.checkpoint_every)
+    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, 2)
+    eval_step = step_lib.make_eval_step(self.graphdef)
+    self._eval_step = jax.jit(eval_step, in_shardings=(self.shardings.params,
+                                                       self.batch_sharding))
+
+  # -- state -------------------------------------------------------------------------------
+  def restore_or_init(self):
+    """(state, step): the latest checkpoint, or a fresh sharded init at step 0."""
+    latest = self.checkpoints.latest_step()
+    if latest is None:
+      return step_lib.init_state(self.model_cfg, self.tx, self.config.seed, self.mesh,
+                                 self.rules), 0
+    state, _ = self.checkpoints.restore(latest, self.abstract_state)
+    return state, latest
+
+  def save(self, state, step: int, *, force: bool = False):
+    phase = self.plan.phase_at(max(step - 1, 0))
+    meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
+                data_start_pos=self.data_start(phase), window=phase.window,
+                batches_read=step - phase.first_step)
+    self.checkpoints.save(step, state, meta, force=force)
+
+  # -- data --------------------------------------------------------------------------------
+  def data_start(self, phase) -> int:
+    """Lane position where `phase` starts: right where the previous phases stopped."""
+    pos = 0
+    for p in self.plan.phases:
+      if p is phase:
+        return pos
+      pos = data_lib.lane_position(pos, p.steps, p.window)
+    raise ValueError(phase)
+
+  def batches(self, phase, first_step: int):
+    """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
+    iterator = data_lib.make_batches(
+        self.data.train, batch_size=phase.batch_size, window=phase.window,
+        start_pos=self.data_start(phase), process_index=jax.process_index(),
+        process_count=jax.process_count())
+    if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
+      iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
+    for local in iterator:
+      yield jax.make_array_from_process_local_data(self.batch_sharding, local)
+
+  # -- evaluation --------------------------------------------------------------------------
+  def evaluate(self, params) -> float:
+    """Held-out next-token loss (nats/token) on the same validation windows every time."""
+    total, count = 0.0, 0.0
+    for window in self.data.eval_windows:
+      batch = jax.make_array_from_process_local_data(self.batch_sharding, window)
+      with axis_rules(self.mesh, self.rules):
+        s, n = self._eval_step(params, batch)
+      total, count = total + float(s), count + float(n)
+    return total / max(count, 1.0)
+
+  def evaluate_latest(self) -> dict:
+    state, step = self.restore_or_init()
+    result = dict(step=step, eval_loss=self.evaluate(state.params))
+    print(json.dumps(result))
+    return result
+
+  # -- training ----------------------------------------------------------------------------
+  def train(self) -> dict:
+    cfg = self.config.train
+    state, start = self.restore_or_init()
+    writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start if start else None)
+    if start == 0:
+      log.info("%s", format_plan(self.plan))
+    bar = tqdm.tqdm(total=self.plan.total_steps, initial=start, unit="step",
+                    disable=not cfg.progress_bar, mininterval=1.0)
+    t_start = time.time()
+    for phase in self.plan.phases:
+      if start >= phase.last_step:
+        continue
+      if phase.first_step > 0 and start == phase.first_step:
+        state = self.handoff(state, phase)
+      state = self.train_phase(state, phase, max(start, phase.first_step), writer, bar)
+      start = phase.last_step
+    bar.close()
+    self.checkpoints.wait()
+    final = self.evaluate(state.params)
+    summary = self.summarize(final, time.time() - t_start)
+    writer.close()
+    self.checkpoints.close()
+    return summary
+
+  def handoff(self, state, phase):
+    """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
+    data position) and continue with the plain next-token step."""
+    self.save(state, phase.first_step, force=True)
+    self.checkpoints.wait()
+    state, meta = self.checkpoints.restore(phase.first_step, self.abstract_state)
+    log.info("phase switch at step %d: restored the %s checkpoint, starting %s",
+             phase.first_step, meta["phase"], phase.name)
+    if self.config.tst.reinit_at_switch:
+      state = self.reinit_embedding_and_head(state)
+    return state
+
+  def reinit_embedding_and_head(self, state):
+    """The paper's randomisation ablation: fresh embedding and LM head (and their Adam
+    moments) at the start of phase 2."""
+    fresh = step_lib.init_state(self.model_cfg, self.tx, self.config.seed + 1, self.mesh,
+                                self.rules)
+
+    def is_io(path):
+      return any(str(getattr(k, "key", "")) in ("embed", "lm_head") for k in path)
+
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, old, new: new if is_io(path) else old, state.params, fresh.params)
+    opt_state = jax.tree_util.tree_map_with_path(
+        lambda path, old, new: new if is_io(path) else old, state.opt_state, fresh.opt_state)
+    return state.replace(params=params, opt_state=opt_state)
+
+  def train_phase(self, state, phase, first: int, writer, bar):
+    cfg, tst = self.config.train, self.config.tst
+    loss_fn = (step_lib.tst_loss_fn(tst, self.config.loss) if phase.name == "tst"
+               else step_lib.ntp_loss_fn(self.config.loss))
+    train_step = step_lib.jit_step(
+        step_lib.make_train_step(self.graphdef, loss_fn, self.tx, self.schedule,
+                                 self.config.optimizer.grad_accum),
+        self.shardings, self.batch_sharding, self.mesh, self.rules)
+    bar.set_description(f"phase {phase.name}" + (f" S={phase.bag_size}" if phase.bag_size > 1
+                                                 else ""))
+    pending, t_last, step = None, time.time(), first
+    batches = self.batches(phase, first)
+    for step in range(first, phase.last_step):
+      state, metrics = train_step(state, next(batches))
+      if pending is not None:          # metrics are fetched one step late (async dispatch)
+        t_last = self.log_step(*pending, writer, bar, t_last)
+      pending = (step + 1, phase, metrics)
+      done = step + 1
+      if done % cfg.eval_every == 0 or done == phase.last_step:
+        t_last = self.log_step(*pending, writer, bar, t_last)
+        pending = None
+        writer.write(dict(step=done, phase=phase.name, eval_loss=self.evaluate(state.params),
+                          **self.tokens_at(done)))
+      self.save(state, done, force=done == phase.last_step)
+    if pending is not None:
+      self.log_step(*pending, writer, bar, t_last)
+    return state
+
+  def log_step(self, step, phase, metrics, writer, bar, t_last):
+    metrics = {k: float(np.asarray(v).mean()) if np.ndim(v) else float(v)
+               for k, v in jax.device_get(metrics).items()}
+    if not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"]):
+      raise FloatingPointError(
+          f"non-finite {'loss' if not np.isfinite(metrics['loss']) else 'grad_norm'} at step "
+          f"{step} ({metrics}); last good checkpoint: step {self.checkpoints.latest_step()} in "
+          f"{self.checkpoints.directory}")
+    now = time.time()
+    bar.update(step - bar.n)
+    bar.set_postfix(loss=f"{metrics['loss']:.3f}", refresh=False)
+    if step % self.config.train.log_every and step != phase.last_step:
+      return t_last
+    elapsed = now - t_last
+    steps_done = min(self.config.train.log_every, step - phase.first_step) or 1
+    record = dict(step=step, phase=phase.name, bag_size=phase.bag_size, **metrics,
+                  **self.tokens_at(step),
+                  data_tokens_per_s=phase.data_tokens_per_step * steps_done / max(elapsed, 1e-9))
+    writer.write(record)
+    return now
+
+  def tokens_at(self, step: int) -> dict:
+    data = equivalent = 0
+    for p in self.plan.phases:
+      n = min(max(step - p.first_step, 0), p.steps)
+      data += n * p.data_tokens_per_step
+      equivalent += n * p.equivalent_tokens_per_step
+    return dict(data_tokens=data, equivalent_tokens=equivalent)
+
+  def summarize(self, final_eval: float, seconds: float) -> dict:
+    records = metrics_lib.read(os.path.join(self.workdir, "metrics.jsonl"))
+    evals = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
+    switch = self.plan.phases[0].last_step if len(self.plan.phases) > 1 else None
+    summary = dict(final_eval_loss=final_eval, steps=self.plan.total_steps,
+                   unigram_entropy=self.data.unigram_entropy, seconds_this_session=seconds,
+                   phase1_end_eval_loss=evals.get(switch), **self.tokens_at(
+                       self.plan.total_steps))
+    with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+    if jax.process_index() == 0:
+      metrics_lib.plot_losses(os.path.join(self.workdir, "metrics.jsonl"),
+                              os.path.join(self.workdir, "loss.png"), switch_step=switch)
+    print(json.dumps(summary))
+    return summary
+
+
+class Data:
+  def __init__(self, tokenizer, train, val, eval_windows, unigram_entropy):
+    self.tokenizer, self.train, self.val = tokenizer, train, val
+    self.eval_windows, self.unigram_entropy = eval_windows, unigram_entropy
+
+
+def prepare_data(config, workdir: str, model_vocab: int) -> Data:
+  """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams."""
+  d = config.data
+  docs = data_lib.load_documents(d.source, d.max_bytes or None)
+  train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, config.seed)
+  tokenizer = data_lib.get_tokenizer(d.tokenizer, workdir=workdir, vocab_size=model_vocab,
+                                     train_docs=train_docs)
+  if tokenizer.vocab_size > model_vocab:
+    raise ConfigError(f"config.model.vocab_size: the tokenizer {d.tokenizer!r} has "
+                      f"{tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
+  cache = os.path.join(workdir, "data")
+  os.makedirs(cache, exist_ok=True)
+  train = data_lib.TokenStream.build(train_docs, tokenizer, config.seed,
+                                     cache_path=os.path.join(cache, "train.npy"))
+  val = data_lib.TokenStream.build(val_docs, tokenizer, config.seed,
+                                   cache_path=os.path.join(cache, "val.npy"))
+  windows = data_lib.eval_windows(val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                  num_batches=d.eval_batches,
+                                  process_index=jax.process_index(),
+                                  process_count=jax.process_count())
+  if not windows:
+    raise ConfigError(f"config.data.val_fraction: the held-out split has {len(val)} tokens, "
+                      f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
+  return Data(tokenizer, train, val, windows, data_lib.unigram_entropy(train))
+
+
+def _check_workdir_config(config, workdir: str):
+  """Write config.json on the first run; refuse to resume a workdir of another config."""
+  path = os.path.join(workdir, "config.json")
+  current = json.loads(config.to_json_best_effort())
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
+    if diff and not config.train.force_resume:
+      raise ConfigError(
+          f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
+          "use another --workdir, or --config.train.force_resume=True to resume anyway")
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(current, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,84 @@
+"""Metrics sinks: metrics.jsonl, TensorBoard events, and the end-of-run loss plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+class MetricsWriter:
+  """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
+  TensorBoard. On resume, lines past the restored step are dropped first, so the file
+  reads as one uninterrupted run."""
+
+  def __init__(self, workdir: str, resume_step: int | None):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    if resume_step is not None and os.path.exists(self.path):
+      truncate_after(self.path, resume_step)
+    self.file = open(self.path, "a")
+    try:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    except ImportError:   # TensorBoard output is optional
+      self.tb = None
+
+  def write(self, record: dict):
+    self.file.write(json.dumps(record) + "\n")
+    self.file.flush()
+    if self.tb is not None:
+      for key, value in record.items():
+        if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
+          self.tb.add_scalar(key, value, record["step"])
+
+  def close(self):
+    self.file.close()
+    if self.tb is not None:
+      self.tb.close()
+
+
+def read(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_after(path: str, step: int):
+  """Drop lines with step > `step` (written after the checkpoint we resume from)."""
+  kept = [r for r in read(path) if r.get("step", 0) <= step]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in kept)
+  os.replace(tmp, path)
+
+
+def plot_losses(metrics_path: str, out_path: str, switch_step: int | None = None):
+  """Train and eval loss vs step and vs data tokens, the phase switch marked."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = read(metrics_path)
+  train = [r for r in records if "loss" in r]
+  evals = [r for r in records if "eval_loss" in r]
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  for ax, x_key, label in ((axes[0], "step", "step"), (axes[1], "data_tokens", "data tokens")):
+    for phase, color in (("tst", "tab:orange"), ("ntp", "tab:blue")):
+      rows = [r for r in train if r["phase"] == phase]
+      if rows:
+        ax.plot([r[x_key] for r in rows], [r["loss"] for r in rows], color=color, alpha=0.6,
+                label=f"train loss ({'MCE, bags' if phase == 'tst' else 'next-token CE'})")
+    if evals:
+      ax.plot([r[x_key] for r in evals], [r["eval_loss"] for r in evals], "k.-",
+              label="held-out next-token loss")
+    if switch_step is not None:
+      switch = [r[x_key] for r in train if r["step"] == switch_step]
+      if switch:
+        ax.axvline(switch[0], color="gray", ls="--", label="phase switch")
+    ax.set_xlabel(label)
+    ax.set_ylabel("loss (nats)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle("Token-Superposition Training: phase 1 (tst) then phase 2 (ntp)")
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,148 @@
+"""Train state, sharded init, and the pure jitted train/eval steps of each phase.
+
+A batch is a packed window of tokens [B, data_len + 1]. The phase decides the view:
+the tst step folds it into bags (`superposition.tst_view`) and uses the MCE loss; the
+ntp step is the ordinary language-model step (shift by one, cross-entropy).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from tst_jax import losses, models
+from tst_jax import superposition as sp
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.parallel.logical import axis_rules
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array            # optimizer steps done (global across phases)
+  params: nnx.State
+  opt_state: optax.OptState
+
+
+def abstract_model(model_cfg):
+  """The model's graph and parameter shapes, without allocating anything."""
+  abstract = nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(0)))
+  return nnx.split(abstract, nnx.Param)
+
+
+def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
+  def init(key):
+    model = models.build(model_cfg, nnx.Rngs(params=key))
+    _, params = nnx.split(model, nnx.Param)
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  return init
+
+
+def state_shardings(model_cfg, tx, mesh, rules):
+  """(abstract TrainState, its NamedShardings) from the parameters' logical axis names."""
+  abstract = jax.eval_shape(init_fn(model_cfg, tx), jax.random.key(0))
+  return abstract, mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
+
+
+def init_state(model_cfg, tx, seed: int, mesh, rules) -> TrainState:
+  """Initialise directly into its shardings: eval_shape -> shardings -> jitted init."""
+  _, shardings = state_shardings(model_cfg, tx, mesh, rules)
+  with axis_rules(mesh, rules):
+    return jax.jit(init_fn(model_cfg, tx), out_shardings=shardings)(jax.random.key(seed))
+
+
+def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
+            variant="mce"):
+  """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE."""
+  if loss_cfg.impl == "naive":
+    return losses.mce_loss(model.logits(hidden_BxLxD), targets_BxLxS, weighting=weighting,
+                           variant=variant)
+  d, s = hidden_BxLxD.shape[-1], targets_BxLxS.shape[-1]
+  return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), model.head_kernel(),
+                                targets_BxLxS.reshape(-1, s), weighting=weighting,
+                                variant=variant, impl=loss_cfg.impl)
+
+
+def ntp_loss_fn(loss_cfg):
+  """The ordinary next-token loss of a window; no superposition code on this path."""
+  def loss_of_window(model, window_BxT):
+    inputs_BxL, labels_BxL = sp.ntp_view(window_BxT)
+    hidden_BxLxD, aux = model.forward(inputs_BxL)
+    return lm_loss(model, hidden_BxLxD, labels_BxL[..., None], loss_cfg), aux
+  return loss_of_window
+
+
+def tst_loss_fn(tst_cfg, loss_cfg):
+  """Phase 1: superposed inputs and the next-bag MCE loss (or an ablation mode)."""
+  def loss_of_window(model, window_BxT):
+    inputs, targets_BxlxS = sp.tst_view(window_BxT, tst_cfg.bag_size, tst_cfg.mode)
+    hidden_BxlxD, aux = model.forward(inputs)
+    return lm_loss(model, hidden_BxlxD, targets_BxlxS, loss_cfg, weighting=tst_cfg.weighting,
+                   variant=tst_cfg.variant), aux
+  return loss_of_window
+
+
+def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1):
+  """train_step(state, window) -> (state, metrics); grads accumulated over micro-batches."""
+
+  def loss_and_aux(params, window):
+    model = nnx.merge(graphdef, params)
+    loss, aux = loss_of_window(model, window)
+    aux_loss, aux_metrics = model.aux_loss(aux)
+    return loss + aux_loss, (loss, aux_metrics)
+
+  grad_fn = jax.value_and_grad(loss_and_aux, has_aux=True)
+
+  def train_step(state: TrainState, window_BxT):
+    if grad_accum == 1:
+      (_, (loss, aux_metrics)), grads = grad_fn(state.params, window_BxT)
+    else:
+      micro = window_BxT.reshape(grad_accum, -1, window_BxT.shape[-1])
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+
+      def accumulate(carry, window):
+        (_, (loss, aux_metrics)), grads = grad_fn(state.params, window)
+        return jax.tree.map(jnp.add, carry, grads), (loss, aux_metrics)
+
+      grads, (loss, aux_metrics) = jax.lax.scan(accumulate, zeros, micro)
+      grads = jax.tree.map(lambda g: g / grad_accum, grads)
+      loss, aux_metrics = jnp.mean(loss), jax.tree.map(lambda x: jnp.mean(x, 0), aux_metrics)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=optax.global_norm(grads),
+                   param_norm=optax.global_norm(params), update_norm=optax.global_norm(updates),
+                   **aux_metrics)
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return train_step
+
+
+def make_eval_step(graphdef):
+  """eval_step(params, window) -> (sum of next-token NLL, number of tokens), in nats."""
+  def eval_step(params, window_BxT):
+    model = nnx.merge(graphdef, params)
+    inputs_BxL, labels_BxL = sp.ntp_view(window_BxT)
+    per_token, mask = losses.mce_loss_per_position(model(inputs_BxL), labels_BxL[..., None])
+    return jnp.sum(per_token * mask), jnp.sum(mask)
+  return eval_step
+
+
+def jit_step(fn, state_sharding: Any, batch_sharding, mesh, rules, *, donate=True):
+  """jit with explicit shardings (state donated) under the mesh's logical axis rules."""
+  jitted = jax.jit(fn, in_shardings=(state_sharding, batch_sharding),
+                   out_shardings=(state_sharding, None), donate_argnums=(0,) if donate else ())
+
+  def run(*args):
+    with axis_rules(mesh, rules):
+      return jitted(*args)
+  run.lower = lambda *args: _lower(jitted, mesh, rules, *args)
+  return run
+
+
+def _lower(jitted, mesh, rules, *args):
+  with axis_rules(mesh, rules):
+    return jitted.lower(*args)
