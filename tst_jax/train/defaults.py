@@ -75,3 +75,38 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.mesh.expert = 1
   c.logical_axis_rules = LOGICAL_AXIS_RULES
   return c
+
+
+def paper_config(family: str, preset: str, arg: str, *, lr: float, steps: int, seq_len: int,
+                 batch_size: int, bag_size: int, tst_steps: int) -> ml_collections.ConfigDict:
+  """The paper's section-4 recipe at scale; `arg` is a comma list of '<N>k' (total steps)
+  and 'baseline' (r = 0, the equal-FLOPs next-token run)."""
+  c = base_config(family, preset)
+  c.data.source = ""                # required: the paper used DCLM; e.g. text:/data/dclm/**/*.txt
+  c.data.tokenizer = ""             # required: the Llama-3 tokenizer.json (128,256 tokens)
+  c.data.seq_len = seq_len
+  c.data.batch_size = batch_size
+  c.data.eval_batches = 16
+  c.data.val_fraction = 0.001
+  c.model.dtype = "bfloat16"        # bf16 compute, float32 master weights
+  c.model.remat = "save_dots"
+  c.loss.impl = "auto"              # fused linear + MCE: no [N, V] logits
+  c.optimizer.lr = lr
+  c.optimizer.warmup_steps = 2000   # the paper: 2000 warmup steps, decay over the last 10%
+  c.optimizer.decay_fraction = 0.1
+  c.tst.bag_size = bag_size
+  c.mesh.data, c.mesh.fsdp = 1, -1  # FSDP over every device, as in the paper
+  c.train.log_every = 50
+  c.train.eval_every = 1000
+  c.train.checkpoint_every = 1000
+  c.train.steps = steps
+  for part in filter(None, (arg or "").split(",")):
+    if part == "baseline":
+      c.tst.ratio = 0.0
+    elif part.endswith("k") and part[:-1].isdigit():
+      c.train.steps = int(part[:-1]) * 1000
+    else:
+      raise ValueError(f"config arg {part!r}: expected '<N>k' (total steps) or 'baseline'")
+  if c.tst.ratio:
+    c.tst.ratio = tst_steps / steps   # the paper's TST steps, scaled with the total
+  return c

@@ -258,6 +258,11 @@ class Data:
 def prepare_data(config, workdir: str, model_vocab: int) -> Data:
   """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams."""
   d = config.data
+  for field in ("source", "tokenizer"):
+    if not d[field]:
+      raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
+                        "copy of the data and the Llama-3 tokenizer.json; see the config's "
+                        "docstring)")
   docs = data_lib.load_documents(d.source, d.max_bytes or None)
   train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, config.seed)
   tokenizer = data_lib.get_tokenizer(d.tokenizer, workdir=workdir, vocab_size=model_vocab,

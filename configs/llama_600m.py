@@ -1,0 +1,22 @@
+"""The paper's 600M dense model: SmolLM2-360M shape in Llama-3 code, Llama-3 vocabulary, untied.
+
+TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 2048),
+AdamW lr 2e-3, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
+Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
+
+  python main.py --config configs/llama_600m.py --mode plan
+  python main.py --config configs/llama_600m.py:20k \
+      --config.data.source='text:/data/dclm/**/*.txt' \
+      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir gs://bucket/llama_600m_tst
+  baseline arm (same FLOPs, r = 0): --config configs/llama_600m.py:20k,baseline
+
+Expected final loss (paper, DCLM): baseline 3.019; TST 2.943.
+Table 1 data tokens at 20k steps: TST 75B (phase 1) + 30B = 105B; baseline 42B.
+"""
+
+from tst_jax.train.defaults import paper_config
+
+
+def get_config(arg: str = "20k"):
+  return paper_config("llama", "600m", arg, lr=2e-3, steps=20_000, seq_len=2048,
+                      batch_size=1024, bag_size=6, tst_steps=6_000)

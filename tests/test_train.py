@@ -1,0 +1,154 @@
+"""The two-phase trainer end to end on CPU: phases, handoff, resume, FLOPs, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax.train import loop, plan as plan_lib, step as step_lib
+from tst_jax.train import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _train_losses(workdir):
+  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+          if "loss" in r}
+
+
+def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
+  summary = loop.run(tiny_config(), str(tmp_path))
+  records = metrics_lib.read(str(tmp_path / "metrics.jsonl"))
+  phases = [r["phase"] for r in records if "loss" in r]
+  assert phases == ["tst"] * 6 + ["ntp"] * 6
+  assert [r["bag_size"] for r in records if "loss" in r] == [2] * 6 + [1] * 6
+  # Data tokens: phase 1 reads S*L per row, phase 2 L per row.
+  last = [r for r in records if "loss" in r][-1]
+  assert last["data_tokens"] == 6 * 4 * 32 + 6 * 4 * 16
+  assert last["equivalent_tokens"] == 12 * 4 * 16
+  assert any("eval_loss" in r and r["step"] == 6 for r in records)  # end of phase 1
+  steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+  assert 6 in steps and 12 in steps                    # the handoff and the final one
+  assert os.path.exists(tmp_path / "loss.png")
+  assert np.isfinite(summary["final_eval_loss"])
+
+
+def test_resume_after_kill_continues_identically(tmp_path):
+  """SIGKILL mid-run (after a checkpoint), restart: the metrics continue, and the losses
+  equal an uninterrupted run bit for bit."""
+  config_args = ["--config", os.path.join(ROOT, "tests", "tiny_config.py")]
+  full, killed = tmp_path / "full", tmp_path / "killed"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  cmd = [sys.executable, os.path.join(ROOT, "main.py"), *config_args]
+  subprocess.run(cmd + ["--workdir", str(full)], check=True, env=env, capture_output=True)
+
+  proc = subprocess.Popen(cmd + ["--workdir", str(killed)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpt = killed / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if ckpt.exists() and any(d.isdigit() and int(d) >= 8 for d in os.listdir(ckpt)):
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  subprocess.run(cmd + ["--workdir", str(killed)], check=True, env=env, capture_output=True)
+  assert _train_losses(killed) == _train_losses(full)
+  steps = [r["step"] for r in metrics_lib.read(str(killed / "metrics.jsonl")) if "loss" in r]
+  assert steps == list(range(1, 13))
+
+
+def test_phase_flops_equal_in_compiled_cost_analysis():
+  config = tiny_config()
+  plan = plan_lib.make_plan(config)
+  tst_phase, ntp_phase = plan.phases
+  assert tst_phase.flops_per_step == ntp_phase.flops_per_step
+  model_cfg = loop.models.model_config(config.model)
+  from tst_jax.train import optim
+  tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+  graphdef, _ = step_lib.abstract_model(model_cfg)
+  state = jax.eval_shape(step_lib.init_fn(model_cfg, tx), jax.random.key(0))
+
+  def flops(phase, loss_fn):
+    step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule)
+    window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), np.int32)
+    return jax.jit(step).lower(state, window).compile().cost_analysis()["flops"]
+
+  tst = flops(tst_phase, step_lib.tst_loss_fn(config.tst, config.loss))
+  ntp = flops(ntp_phase, step_lib.ntp_loss_fn(config.loss))
+  assert abs(tst - ntp) / ntp < 0.02, (tst, ntp)
+
+
+def test_plan_of_paper_configs():
+  """270M/600M/3B sizes and Table 1's data tokens (20k steps, 2M-token batches)."""
+  from ml_collections import config_flags  # noqa: F401  (configs are plain modules)
+  import importlib.util
+
+  def load(name, arg):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs",
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return plan_lib.make_plan(module.get_config(arg)).to_json()
+
+  for name, size in (("llama_270m", 270e6), ("llama_600m", 600e6), ("llama_3b", 3e9)):
+    tst = load(name, "20k")
+    base = load(name, "20k,baseline")
+    assert abs(tst["params_total"] - size) / size < 0.1, (name, tst["params_total"])
+    assert [p["steps"] for p in tst["phases"]] == [6000, 14000]
+    assert round(tst["phases"][0]["data_tokens"] / 1e9) == 75
+    assert round(tst["data_tokens_total"] / 1e9) == 105
+    assert round(base["data_tokens_total"] / 1e9) == 42
+    assert tst["phases"][0]["flops_per_step"] == tst["phases"][1]["flops_per_step"]
+  assert [p["steps"] for p in load("llama_270m", "100k")["phases"]] == [30000, 70000]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("tst.bag_size", 0, "config.tst.bag_size: must be an integer >= 1"),
+    ("tst.ratio", 1.5, r"config.tst.ratio: must be in \[0, 1\]"),
+    ("tst.weighting", "cubic", "config.tst.weighting: unknown weighting 'cubic'"),
+    ("tst.mode", "both", "config.tst.mode"),
+    ("data.source", "text:/nonexistent/*.txt", "matched no files"),
+    ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
+])
+def test_bad_config_fails_before_training(tmp_path, field, value, message):
+  config = tiny_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    loop.run(config, str(workdir))
+  assert not (workdir / "checkpoints").exists() and not (workdir / "metrics.jsonl").exists()
+
+
+def test_indivisible_length_and_vocab_too_small(tmp_path):
+  config = tiny_config(tst=dict(equal_flops="batch", bag_size=3))
+  with pytest.raises(ValueError, match="config.data.seq_len: 16 must be divisible by "
+                                       "tst.bag_size 3"):
+    loop.run(config, str(tmp_path / "a"))
+  # A tokenizer file with more tokens than the model's vocabulary.
+  big = tiny_config(data=dict(tokenizer="bpe"))
+  loop.run(big, str(tmp_path / "b"), mode="plan")
+  from tst_jax.data import get_tokenizer, load_documents
+  tok = get_tokenizer("bpe", workdir=str(tmp_path / "tok"), vocab_size=600,
+                      train_docs=load_documents("builtin:pystdlib", 100_000))
+  small = tiny_config(data=dict(tokenizer=tok.path))
+  with pytest.raises(ValueError, match="config.model.vocab_size: the tokenizer .* has 600 "
+                                       "tokens, more than the model's 512"):
+    loop.run(small, str(tmp_path / "c"))
+  assert not (tmp_path / "c" / "checkpoints").exists()
+
+
+def test_workdir_of_another_config_refuses_to_resume(tmp_path):
+  loop.run(tiny_config(steps=4), str(tmp_path))
+  before = (tmp_path / "metrics.jsonl").read_text()
+  with pytest.raises(ValueError, match="holds a run of a different config"):
+    loop.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
+  assert (tmp_path / "metrics.jsonl").read_text() == before
