@@ -15,6 +15,7 @@ def tiny_config(steps=12, ratio=0.5, bag_size=2, **sections):
   c.model.update(vocab_size=512, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffw_dim=64)
   c.tst.update(bag_size=bag_size, ratio=ratio)
   c.optimizer.warmup_steps = 2
+  c.mesh.data = 1                   # one device (tests/conftest.py forces 8 host devices)
   c.train.update(steps=steps, log_every=1, eval_every=4, checkpoint_every=2,
                  keep_checkpoints=3, progress_bar=False)
   for name, fields in sections.items():

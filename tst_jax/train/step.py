@@ -18,7 +18,7 @@ from flax import nnx
 from tst_jax import losses, models
 from tst_jax import superposition as sp
 from tst_jax.parallel import mesh as mesh_lib
-from tst_jax.parallel.logical import axis_rules
+from tst_jax.parallel.logical import axis_rules, constrain
 
 
 @flax.struct.dataclass
@@ -101,7 +101,9 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
     if grad_accum == 1:
       (_, (loss, aux_metrics)), grads = grad_fn(state.params, window_BxT)
     else:
-      micro = window_BxT.reshape(grad_accum, -1, window_BxT.shape[-1])
+      # Row r goes to micro-batch r % grad_accum, so each keeps the batch sharding.
+      micro = window_BxT.reshape(-1, grad_accum, window_BxT.shape[-1]).swapaxes(0, 1)
+      micro = constrain(micro, (None, "batch", None))
       zeros = jax.tree.map(jnp.zeros_like, state.params)
 
       def accumulate(carry, window):
@@ -113,8 +115,8 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
       loss, aux_metrics = jnp.mean(loss), jax.tree.map(lambda x: jnp.mean(x, 0), aux_metrics)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=optax.global_norm(grads),
-                   param_norm=optax.global_norm(params), update_norm=optax.global_norm(updates),
+    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=optax.tree.norm(grads),
+                   param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates),
                    **aux_metrics)
     return TrainState(state.step + 1, params, opt_state), metrics
 
@@ -134,7 +136,8 @@ def make_eval_step(graphdef):
 def jit_step(fn, state_sharding: Any, batch_sharding, mesh, rules, *, donate=True):
   """jit with explicit shardings (state donated) under the mesh's logical axis rules."""
   jitted = jax.jit(fn, in_shardings=(state_sharding, batch_sharding),
-                   out_shardings=(state_sharding, None), donate_argnums=(0,) if donate else ())
+                   out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
+                   donate_argnums=(0,) if donate else ())
 
   def run(*args):
     with axis_rules(mesh, rules):
