@@ -159,3 +159,22 @@ def test_workdir_of_another_config_refuses_to_resume(tmp_path):
   with pytest.raises(ValueError, match="holds a run of a different config"):
     loop.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
   assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path):
+  from tst_jax.train.defaults import base_config
+  config = tiny_config(steps=16, ratio=0.25)
+  moe = base_config("qwen3_moe", "tiny_moe").model
+  moe.update(vocab_size=512, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffw_dim=64,
+             n_experts=4, n_experts_per_token=2, moe_ffw_dim=32)
+  with config.unlocked():
+    config.model = moe
+  config.optimizer.lr = 1e-2
+  loop.run(config, str(tmp_path))
+  train = [r for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert [r["phase"] for r in train] == ["tst"] * 4 + ["ntp"] * 12
+  loads = [[r[f"moe/expert_load/{e}"] for e in range(4)] for r in train]
+  np.testing.assert_allclose(np.sum(loads, axis=1), 1.0, rtol=1e-5)
+  assert all(r["moe/lb_loss"] > 0 for r in train)
+  ntp = [r["loss"] for r in train if r["phase"] == "ntp"]
+  assert np.mean(ntp[-3:]) < np.mean(ntp[:3])

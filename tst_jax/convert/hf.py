@@ -44,7 +44,7 @@ from flax import nnx
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-FAMILIES = {"llama": "tst_jax.convert.llama_hf"}
+FAMILIES = {"llama": "tst_jax.convert.llama_hf", "qwen3_moe": "tst_jax.convert.qwen3_moe_hf"}
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -149,7 +149,7 @@ def make_plan(config) -> Plan:
 def format_plan(plan: Plan) -> str:
   """A readable table followed by the plan as JSON on the last line."""
   def human(x):
-    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6),
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
                         ("K", 1e3)):
       if abs(x) >= scale:
         return f"{x / scale:.3g}{unit}"

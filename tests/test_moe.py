@@ -1,0 +1,308 @@
+"""Qwen3-MoE: ragged vs dense experts, HF parity and conversion, FLOPs, causality, sizes."""
+
+import dataclasses
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tst_jax.convert import qwen3_moe_hf
+from tst_jax.models import llama, moe
+
+# Shapes: B batch, L length, l bags, S bag size, D 32, E experts, K top-k, F expert width.
+SMALL = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffw_dim=48,
+             n_experts=8, n_experts_per_token=2, moe_ffw_dim=16, rope_theta=10_000.0)
+
+
+def _close(a, b, tol=1e-5):
+  """|a - b| <= tol * (|b| + max|b|, at least 1): float32 agreement relative to the scale."""
+  scale = max(1.0, float(np.max(np.abs(b)))) if np.size(b) else 1.0
+  np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
+
+
+def _random(make, seed=0, std=0.3):
+  """`make()`'s module with numpy-random parameters (norm scales near 1): no jitted init."""
+  graphdef, state = nnx.split(nnx.eval_shape(make))
+  rng = np.random.default_rng(seed)
+  def fill(path, leaf):
+    is_norm = any("norm" in str(k) for k in path)
+    value = 1.0 + rng.uniform(-0.5, 0.5, leaf.shape) if is_norm else rng.normal(0, std, leaf.shape)
+    return jnp.asarray(value, leaf.dtype)
+  return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, state))
+
+
+def _split_call(layer):
+  """A pure f(state, x) -> (out, aux) for an nnx layer."""
+  graphdef, state = nnx.split(layer)
+  return (lambda st, x: nnx.merge(graphdef, st)(x)), state
+
+
+def _twin_layers(starve: bool, norm_topk_prob: bool):
+  """The same SparseMoE parameters behind the ragged and the dense expert paths."""
+  cfg = moe.MoEConfig(**SMALL, norm_topk_prob=norm_topk_prob)
+  ragged = _random(lambda: moe.SparseMoE(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+  x_BxLxD = jax.random.normal(jax.random.key(1), (2, 12, cfg.dim))
+  if starve:   # feature 0 is a constant 3 and experts 4..7 score -150 on it: never picked
+    x_BxLxD = x_BxLxD.at[..., 0].set(3.0)
+    ragged.router[...] = ragged.router[...].at[0, 4:].set(-50.0)
+  dense_cfg = dataclasses.replace(cfg, expert_impl="dense")
+  dense = nnx.merge(nnx.graphdef(nnx.eval_shape(
+      lambda: moe.SparseMoE(dense_cfg, dtype=jnp.float32, rngs=nnx.Rngs(0)))), nnx.state(ragged))
+  return cfg, ragged, dense, x_BxLxD
+
+
+@pytest.mark.parametrize("starve,norm_topk_prob", [(False, True), (True, True), (False, False)])
+def test_ragged_matches_dense_values_and_grads(starve, norm_topk_prob):
+  cfg, ragged, dense, x_BxLxD = _twin_layers(starve, norm_topk_prob)
+  f_ragged, state = _split_call(ragged)
+  f_dense, _ = _split_call(dense)
+  cotangent = jax.random.normal(jax.random.key(2), x_BxLxD.shape)
+
+  def value_and_grads(f):   # output, aux, and grads of <out, ct> + lb wrt params and input
+    def loss(st, x):
+      out, aux = f(st, x)
+      return jnp.sum(out * cotangent) + aux["lb_loss"], (out, aux)
+    (_, (out, aux)), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        state, x_BxLxD)
+    return out, aux, grads
+
+  out_r, aux_r, g_r = jax.jit(value_and_grads, static_argnums=0)(f_ragged)
+  out_d, aux_d, g_d = jax.jit(value_and_grads, static_argnums=0)(f_dense)
+  _close(out_r, out_d)
+  assert float(jnp.max(jnp.abs(out_r))) > 0.1             # not trivially small
+  jax.tree.map(_close, aux_r, aux_d)
+  jax.tree.map(_close, g_r, g_d)
+  assert float(jnp.max(jnp.abs(g_r[0]["router"][...]))) > 0
+  if starve:   # experts 4..7 get no rows and no gradient; and eager (no jit) agrees
+    _close(f_ragged(state, x_BxLxD)[0], out_r)
+    np.testing.assert_array_equal(aux_r["expert_frac"][4:], 0.0)
+    assert float(jnp.min(aux_r["expert_frac"][:4])) > 0
+    np.testing.assert_array_equal(g_r[0]["gate_proj"][...][4:], 0.0)
+
+  # z-loss and load balancing from their definitions
+  logits_NxE = x_BxLxD.reshape(-1, cfg.dim) @ ragged.router[...]
+  np.testing.assert_allclose(
+      aux_r["z_loss"], jnp.mean(jax.nn.logsumexp(logits_NxE, axis=-1) ** 2), rtol=1e-5)
+  np.testing.assert_allclose(jnp.sum(aux_r["expert_frac"]), cfg.n_experts_per_token, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ Hugging Face parity
+
+HF_CASES = {   # first layer dense, then sparse; and every second layer sparse
+    "mlp_only_layers": dict(num_hidden_layers=3, mlp_only_layers=[0]),
+    "sparse_step": dict(num_hidden_layers=4, decoder_sparse_step=2),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(HF_CASES))
+def hf_checkpoint(request, tmp_path_factory):
+  """A random float32 Qwen3MoeForCausalLM saved with save_pretrained, and its logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(0)
+  config = transformers.Qwen3MoeConfig(
+      vocab_size=96, hidden_size=32, intermediate_size=40, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
+      moe_intermediate_size=24, norm_topk_prob=True, rms_norm_eps=1e-6,
+      initializer_range=0.1, rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+      attn_implementation="eager", **HF_CASES[request.param])
+  model = transformers.Qwen3MoeForCausalLM(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.uniform_(0.5, 1.5)
+  path = tmp_path_factory.mktemp("qwen3_moe") / request.param
+  model.save_pretrained(path)
+  tokens = np.random.default_rng(0).integers(0, config.vocab_size, (2, 10))
+  with torch.no_grad():
+    out = model(torch.tensor(tokens), output_router_logits=True)
+  return dict(path=path, tokens=tokens, logits=out.logits.numpy(), aux_loss=float(out.aux_loss),
+              router_logits=[r.numpy() for r in out.router_logits], model=model)
+
+
+def _load_ours(path, **overrides):
+  from safetensors.numpy import load_file   # pylint: disable=import-outside-toplevel
+  hf_cfg = json.loads((path / "config.json").read_text())
+  cfg = qwen3_moe_hf.config_from_hf(hf_cfg, **overrides)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0))))
+  pure = qwen3_moe_hf.params_from_hf(load_file(path / "model.safetensors"), cfg)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, pure))
+  return nnx.merge(graphdef, state)
+
+
+def test_hf_logits_and_load_balancing(hf_checkpoint):
+  from transformers.models.qwen3_moe import modeling_qwen3_moe as hf_moe  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  model = _load_ours(hf_checkpoint["path"])
+  cfg = model.cfg
+  assert cfg.sparse_layers() == tuple(
+      type(layer.mlp).__name__ == "Qwen3MoeSparseMoeBlock"
+      for layer in hf_checkpoint["model"].model.layers)
+
+  @nnx.jit
+  def run(m, tokens):
+    h, aux = m.forward(tokens)
+    return m.logits(h), aux, m.aux_loss(aux)
+  logits, aux, (loss, metrics) = run(model, jnp.asarray(hf_checkpoint["tokens"]))
+  np.testing.assert_allclose(logits, hf_checkpoint["logits"], atol=1e-4, rtol=1e-4)
+
+  # Per layer, our lb_loss is HF's load_balancing_loss_func on that layer's router logits.
+  hf_per_layer = [float(hf_moe.load_balancing_loss_func((torch.tensor(r),), cfg.n_experts,
+                                                        cfg.n_experts_per_token))
+                  for r in hf_checkpoint["router_logits"]]
+  np.testing.assert_allclose(aux["lb_loss"], hf_per_layer, rtol=1e-5)
+  # HF's model-level aux_loss pools counts and probabilities over layers before the product;
+  # ours averages the per-layer losses (each layer balanced on its own). Both from our aux:
+  pooled = cfg.n_experts * jnp.sum(jnp.mean(aux["expert_frac"], 0) * jnp.mean(aux["router_prob"], 0))
+  np.testing.assert_allclose(pooled, hf_checkpoint["aux_loss"], rtol=1e-5)
+  # Coefficient convention as HF: loss += router_aux_loss_coef * lb (balanced lb = K).
+  np.testing.assert_allclose(loss, cfg.aux_loss_coef * jnp.mean(aux["lb_loss"]), rtol=1e-6)
+  np.testing.assert_allclose(metrics["moe/expert_load"].sum(), 1.0, rtol=1e-6)
+
+
+def test_hf_round_trip(hf_checkpoint, tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  model = _load_ours(hf_checkpoint["path"])
+  pure = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  tensors = qwen3_moe_hf.params_to_hf(pure, model.cfg)
+  original = load_file(hf_checkpoint["path"] / "model.safetensors")
+  assert sorted(tensors) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(tensors[name], value, err_msg=name)
+
+  save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+  (tmp_path / "config.json").write_text(json.dumps(qwen3_moe_hf.config_to_hf(model.cfg)))
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path, attn_implementation="eager", dtype=torch.float32).eval()
+  assert type(reloaded).__name__ == "Qwen3MoeForCausalLM"
+  with torch.no_grad():
+    logits = reloaded(torch.tensor(hf_checkpoint["tokens"])).logits.numpy()
+  np.testing.assert_allclose(logits, hf_checkpoint["logits"], atol=1e-5, rtol=1e-5)
+  assert qwen3_moe_hf.config_from_hf(qwen3_moe_hf.config_to_hf(model.cfg)) == model.cfg
+
+
+def test_fused_expert_layout_reads_the_same(hf_checkpoint):
+  """transformers 5 keeps experts fused in memory (gate_up_proj [E, 2F, D]); read that too."""
+  model = hf_checkpoint["model"]
+  fused = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  assert any(k.endswith("mlp.experts.gate_up_proj") for k in fused)
+  cfg = _load_ours(hf_checkpoint["path"]).cfg
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  a = qwen3_moe_hf.params_from_hf(fused, cfg)
+  b = qwen3_moe_hf.params_from_hf(load_file(hf_checkpoint["path"] / "model.safetensors"), cfg)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_through_the_hf_dispatcher(hf_checkpoint, tmp_path, monkeypatch):
+  """tst_jax.convert.hf.from_hf / to_hf with this family (every tensor read, same params)."""
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  from tst_jax.convert import hf  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(hf.FAMILIES, "qwen3_moe", "tst_jax.convert.qwen3_moe_hf")
+  model = hf.from_hf(hf_checkpoint["path"])
+  expected = nnx.to_pure_dict(nnx.state(_load_ours(hf_checkpoint["path"]), nnx.Param))
+  jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+               expected)
+  hf.to_hf(model, tmp_path / "out")
+  written = load_file(tmp_path / "out" / "model.safetensors")
+  original = load_file(hf_checkpoint["path"] / "model.safetensors")
+  assert sorted(written) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(written[name], value, err_msg=name)
+
+
+# ------------------------------------------------------------------ FLOPs, causality, sizes
+
+def _matmul_flops(jaxpr) -> float:
+  """Multiply-add FLOPs of dot_general and ragged_dot_general (each row through one group)."""
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("dot_general", "ragged_dot_general"):
+      lhs = eqn.invars[0].aval
+      dims = eqn.params.get("dimension_numbers") or eqn.params[
+          "ragged_dot_dimension_numbers"].dot_dimension_numbers
+      contract = math.prod(lhs.shape[i] for i in dims[0][0])
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * contract
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      total += _matmul_flops(sub)
+  return total
+
+
+def test_flops_scale_with_active_not_total_params():
+  def layer_fn(n_experts, impl):
+    cfg = moe.MoEConfig(**{**SMALL, "n_experts": n_experts}, expert_impl=impl)
+    f, state = _split_call(_random(lambda: moe.SparseMoE(cfg, dtype=jnp.float32,
+                                                         rngs=nnx.Rngs(0))))
+    return (lambda st, x: f(st, x)[0]), state
+
+  x_BxLxD = jnp.ones((4, 32, SMALL["dim"]))
+  compiled, counted = {}, {}
+  for impl in ("ragged", "dense"):
+    for e in (8, 32):
+      f, state = layer_fn(e, impl)
+      counted[impl, e] = _matmul_flops(jax.make_jaxpr(f)(state, x_BxLxD).jaxpr)
+      if impl == "dense":
+        compiled[impl, e] = jax.jit(f).lower(state, x_BxLxD).compile().cost_analysis()["flops"]
+  # Dense reference: compute grows with E (~4x); XLA's compiled count (matmuls plus a few %
+  # elementwise) agrees with the jaxpr matmul count, which checks the counter.
+  assert compiled["dense", 32] / compiled["dense", 8] > 3.5
+  for e in (8, 32):
+    assert abs(counted["dense", e] / compiled["dense", e] - 1) < 0.05
+  # Ragged: the grouped matmuls see the N·K sorted rows whatever E is; only the router
+  # (2·N·D·E FLOPs) grows. XLA:CPU lowers ragged_dot as a zero-masked dense matmul over every
+  # group, so on CPU its compiled count grows like the dense one; the program's own matmul
+  # count is what a grouped-GEMM backend (TPU, GPU with a grouped-GEMM lowering) executes.
+  n_tokens = x_BxLxD.shape[0] * x_BxLxD.shape[1]
+  assert counted["ragged", 32] - counted["ragged", 8] == 2 * n_tokens * SMALL["dim"] * (32 - 8)
+
+
+def test_bags_run_and_are_causal_by_gradients():
+  cfg = moe.MoEConfig(**{**SMALL, "n_layers": 3}, mlp_only_layers=(0,))
+  model = _random(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0)), std=0.1)
+  n_bags, bag = 5, 3
+  bags_BxlxS = jnp.arange(n_bags * bag, dtype=jnp.int32).reshape(1, n_bags, bag) * 4 + 1
+  graphdef, params = nnx.split(model)
+
+  def hidden_per_bag(p):   # [l]: each bag's summed final hidden state; and the logits
+    m = nnx.merge(graphdef, p)
+    h_BxlxD, _ = m.forward(bags_BxlxS)
+    return h_BxlxD[0].sum(-1), m.logits(h_BxlxD)
+
+  @jax.jit
+  def jacobian(p):   # [l, V, D]; lax.map, not vmap: ragged_dot has no batching rule off axis 0
+    _, vjp, logits = jax.vjp(hidden_per_bag, p, has_aux=True)
+    return jax.lax.map(lambda ct: vjp(ct)[0]["embed"]["table"][...], jnp.eye(n_bags)), logits
+  jac, logits = jacobian(params)
+  assert logits.shape == (1, n_bags, cfg.vocab_size)
+  touched_jxV = jnp.any(jac != 0, axis=-1)
+  for j in range(n_bags):
+    for i in range(n_bags):
+      assert bool(jnp.all(touched_jxV[j, bags_BxlxS[0, i]])) == (i <= j), (j, i)
+
+
+def test_stage_plan_keeps_the_stack_scanned():
+  dense, sparse = False, True
+  assert moe.stage_plan((dense, sparse, sparse, sparse)) == (((dense,), 1), ((sparse,), 3))
+  assert moe.stage_plan((dense, sparse) * 3) == (((dense, sparse), 3),)
+  assert moe.stage_plan((sparse,) * 48) == (((sparse,), 48),)
+  cfg = moe.MoEConfig(**{**SMALL, "n_layers": 6}, decoder_sparse_step=3)
+  assert cfg.sparse_layers() == (dense, dense, sparse) * 2
+  assert moe.stage_plan(cfg.sparse_layers()) == (((dense, dense, sparse), 2),)
+
+
+def test_param_counts_10b_a1b():
+  cfg = moe.MoEConfig(**moe.PRESETS["10b_a1b"])
+  total, active = moe.param_counts(cfg)
+  assert abs(total / 10e9 - 1) < 0.1 and abs(active / 1e9 - 1) < 0.1, (total, active)
+  # Active = matmul params of the 6N rule + the embedding lookup + norms.
+  norms = (2 * cfg.n_layers + 1) * cfg.dim + 2 * cfg.n_layers * cfg.head_dim
+  assert active == moe.matmul_params_active(cfg) + cfg.vocab_size * cfg.dim + norms
+  assert moe.flops_per_token(cfg, 4096) == llama.flops_per_token(
+      cfg, 4096, active_matmul_params=moe.matmul_params_active(cfg))
+  tiny = moe.MoEConfig(**moe.PRESETS["tiny_moe"])
+  assert moe.param_counts(tiny) == (2_823_552, 1_643_904)

@@ -1,0 +1,274 @@
+"""Qwen3-style Mixture-of-Experts decoder (the paper's 10B-A1B) on the shared Llama blocks.
+
+Letters: N tokens (B·L flattened), E experts, K experts per token (top-k), D model dim,
+F expert ffw dim. Attention, norms, RoPE and the decoder block come from `layers`; only the
+feed-forward differs: a float32 softmax router picks K of E SwiGLU experts per token, and the
+experts run dropless as one grouped matmul (`jax.lax.ragged_dot`) over the assignments sorted
+by expert. No shared expert, QK-norm attention, untied head (as Qwen3-30B-A3B).
+
+Dense and sparse layers follow Hugging Face's rule (`mlp_only_layers`, `decoder_sparse_step`).
+The stack stays scanned whatever the pattern: it is split into a few *stages*, each a unit of
+consecutive layers (e.g. [dense], [sparse] or [dense, sparse]) repeated `r` times and scanned
+over `r` (`stage_plan`). First-k-dense gives 2 stages, every-n-th-sparse gives 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tst_jax.models import layers, llama
+from tst_jax.parallel.logical import constrain
+
+EXPERT_IMPLS = ("ragged", "dense")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEConfig(llama.LlamaConfig):
+  """LlamaConfig plus the experts; `ffw_dim` is the width of the dense (mlp_only) layers."""
+  n_experts: int                     # E
+  n_experts_per_token: int           # K, the top-k
+  moe_ffw_dim: int                   # F of every expert
+  norm_topk_prob: bool = True        # renormalise the K router weights to sum to 1
+  aux_loss_coef: float = 0.001       # load-balancing loss weight (HF router_aux_loss_coef)
+  router_z_loss_coef: float = 0.0    # weight of mean(logsumexp(router logits)^2)
+  mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
+  decoder_sparse_step: int = 1       # layer i is sparse iff (i + 1) % step == 0 (and not above)
+  expert_impl: str = "ragged"        # ragged: dropless grouped matmul | dense: every expert
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(self.mlp_only_layers))))
+    if self.n_experts < 1 or self.moe_ffw_dim < 1 or self.decoder_sparse_step < 1:
+      raise ValueError("model.n_experts, moe_ffw_dim and decoder_sparse_step must be >= 1")
+    if not 1 <= self.n_experts_per_token <= self.n_experts:
+      raise ValueError(f"model.n_experts_per_token must be in [1, {self.n_experts}], "
+                       f"got {self.n_experts_per_token}")
+    if any(not 0 <= i < self.n_layers for i in self.mlp_only_layers):
+      raise ValueError(f"model.mlp_only_layers {self.mlp_only_layers} out of range "
+                       f"[0, {self.n_layers})")
+    if self.expert_impl not in EXPERT_IMPLS:
+      raise ValueError(f"model.expert_impl must be one of {EXPERT_IMPLS}, "
+                       f"got {self.expert_impl!r}")
+
+  def sparse_layers(self) -> tuple[bool, ...]:
+    """Which layers are MoE: Hugging Face Qwen3-MoE's rule, layer by layer."""
+    return tuple(i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+                 for i in range(self.n_layers))
+
+
+# Qwen3 conventions: rope_theta 1e6, RMSNorm eps 1e-6, head_dim 128 (at scale), QK-norm.
+PRESETS = {
+    "tiny_moe": dict(vocab_size=4096, dim=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                     ffw_dim=384, n_experts=8, n_experts_per_token=2, moe_ffw_dim=128,
+                     rope_theta=10_000.0, norm_eps=1e-6),
+    # 10B total / 1B active: Qwen3-30B-A3B halved in width (D 1024, 16 heads of 128, 4 KV heads)
+    # with its expert layout (128 experts, top-8, expert width 768) in all 32 layers.
+    "10b_a1b": dict(vocab_size=llama.LLAMA3_VOCAB, dim=1024, n_layers=32, n_heads=16,
+                    n_kv_heads=4, head_dim=128, ffw_dim=6144, n_experts=128,
+                    n_experts_per_token=8, moe_ffw_dim=768, rope_theta=1_000_000.0,
+                    norm_eps=1e-6),
+}
+
+
+def stage_plan(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], ...]:
+  """Layer pattern -> ((unit, repeats), ...): greedily the unit that repeats over most layers.
+
+  [D, S, S, S] -> (((D,), 1), ((S,), 3));  [D, S, D, S] -> (((D, S), 2),).
+  """
+  plan, i, n = [], 0, len(sparse)
+  while i < n:
+    best = (1, 1)                                    # (unit length, repeats)
+    for u in range(1, (n - i) // 2 + 1):
+      r = 1
+      while sparse[i + r * u: i + (r + 1) * u] == sparse[i: i + u]:
+        r += 1
+      if r >= 2 and r * u > best[0] * best[1]:
+        best = (u, r)
+    u, r = best
+    plan.append((tuple(sparse[i: i + u]), r))
+    i += u * r
+  return tuple(plan)
+
+
+def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
+  """float32 softmax router -> (logits [N, E], probs [N, E], top-k weights [N, K], ids [N, K])."""
+  logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE)
+  probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
+  weights_NxK, ids_NxK = jax.lax.top_k(probs_NxE, k)
+  if norm_topk_prob:
+    weights_NxK = weights_NxK / jnp.sum(weights_NxK, axis=-1, keepdims=True)
+  return logits_NxE, probs_NxE, weights_NxK, ids_NxK
+
+
+def experts_ragged(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """Dropless experts: sort the N·K assignments by expert, three grouped matmuls, unsort.
+
+  Each ragged_dot multiplies row block e (group_sizes[e] rows) by expert e's weights only: a
+  grouped-GEMM backend does N·K rows of work whatever E is. TPU lowers ragged_dot natively; on
+  GPU set `jax_ragged_dot_use_gpu_pallas_triton_lowering` (or XLA's cuDNN ragged-dot fusion),
+  otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does.
+  """
+  n, k = ids_NxK.shape
+  e = gate_ExDxF.shape[0]
+  ids_M = ids_NxK.reshape(-1)                                   # M = N·K assignments
+  order_M = jnp.argsort(ids_M, stable=True)                     # assignment ids by expert
+  group_sizes_E = jnp.bincount(ids_M, length=e).astype(jnp.int32)
+  x_MxD = jnp.take(x_NxD, order_M // k, axis=0)
+  gate_MxF = jax.lax.ragged_dot(x_MxD, gate_ExDxF, group_sizes_E)
+  up_MxF = jax.lax.ragged_dot(x_MxD, up_ExDxF, group_sizes_E)
+  y_MxD = jax.lax.ragged_dot(jax.nn.silu(gate_MxF) * up_MxF, down_ExFxD, group_sizes_E)
+  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
+  y_NxKxD = jnp.take(y_MxD, inverse_M, axis=0).reshape(n, k, -1)
+  return jnp.einsum("nkd,nk->nd", y_NxKxD, weights_NxK.astype(y_NxKxD.dtype))
+
+
+def experts_dense(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """Reference: every expert on every token, combined with the top-k weights (0 elsewhere)."""
+  e = gate_ExDxF.shape[0]
+  gate_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, gate_ExDxF)
+  up_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, up_ExDxF)
+  y_ExNxD = jnp.einsum("enf,efd->end", jax.nn.silu(gate_ExNxF) * up_ExNxF, down_ExFxD)
+  combine_NxE = jnp.einsum("nke,nk->ne", jax.nn.one_hot(ids_NxK, e, dtype=weights_NxK.dtype),
+                           weights_NxK)
+  return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
+
+
+class SparseMoE(nnx.Module):
+  """Router + E SwiGLU experts; returns (output [B, L, D], aux dict of per-layer statistics)."""
+
+  def __init__(self, cfg: MoEConfig, *, dtype, rngs: nnx.Rngs):
+    d, e, f, std = cfg.dim, cfg.n_experts, cfg.moe_ffw_dim, cfg.init_std
+    self.cfg, self.dtype = cfg, dtype
+    # The router stays replicated over experts: it is tiny and top-k needs every logit.
+    self.router = layers.param(rngs, (d, e), ("embed", None), std=std)
+    self.gate_proj = layers.param(rngs, (e, d, f), ("expert", "embed", "mlp"), std=std)
+    self.up_proj = layers.param(rngs, (e, d, f), ("expert", "embed", "mlp"), std=std)
+    self.down_proj = layers.param(rngs, (e, f, d), ("expert", "mlp", "embed"), std=std)
+
+  def __call__(self, x_BxLxD):
+    cfg, dt = self.cfg, self.dtype
+    b, length, d = x_BxLxD.shape
+    x_NxD = x_BxLxD.reshape(b * length, d)
+    logits_NxE, probs_NxE, weights_NxK, ids_NxK = _route(
+        x_NxD, self.router[...], cfg.n_experts_per_token, cfg.norm_topk_prob)
+    experts = experts_ragged if cfg.expert_impl == "ragged" else experts_dense
+    out_NxD = experts(x_NxD, ids_NxK, weights_NxK, self.gate_proj[...].astype(dt),
+                      self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
+    # Switch / HF Qwen3-MoE load balancing: frac_E counts top-k assignments per token (sums
+    # to K), prob_E is the mean router probability; balanced routing gives lb_loss = K.
+    n = b * length
+    frac_E = jnp.bincount(ids_NxK.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
+    prob_E = jnp.mean(probs_NxE, axis=0)
+    aux = {
+        "lb_loss": cfg.n_experts * jnp.sum(frac_E * prob_E),
+        "z_loss": jnp.mean(jnp.square(jax.nn.logsumexp(logits_NxE, axis=-1))),
+        "expert_frac": frac_E,
+        "router_prob": prob_E,
+    }
+    return out_NxD.astype(x_BxLxD.dtype).reshape(b, length, d), aux
+
+
+class Period(nnx.Module):
+  """One repeat of a stage's unit: its decoder blocks in order, dense or sparse each."""
+
+  def __init__(self, cfg: MoEConfig, unit: tuple[bool, ...], *, dtype, rngs: nnx.Rngs):
+    def make_ffw(sparse):
+      if sparse:
+        return lambda r: SparseMoE(cfg, dtype=dtype, rngs=r)
+      return lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=dtype, rngs=r, std=cfg.init_std)
+    self.blocks = nnx.List([
+        layers.Block(cfg.attention(qk_norm=True), make_ffw(s), dtype=dtype, rngs=rngs)
+        for s in unit])
+
+  def __call__(self, x_BxLxD, positions_BxL):
+    auxes = []
+    for block in self.blocks:
+      x_BxLxD, aux = block(x_BxLxD, positions_BxL)
+      if aux:
+        auxes.append(aux)
+    if not auxes:
+      return x_BxLxD, {}
+    return x_BxLxD, jax.tree.map(lambda *a: jnp.stack(a), *auxes)   # [sparse in unit, ...]
+
+
+class Qwen3MoE(llama.Llama):
+  """Qwen3-MoE: embedding (superposed for bags) -> scanned stages of blocks -> norm -> head.
+
+  Shares Llama's embedding, head, `logits` and `__call__`; `forward` returns the per-layer
+  MoE statistics of every sparse layer, in layer order, stacked on axis 0.
+  """
+
+  def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):   # pylint: disable=super-init-not-called
+    self.cfg = cfg
+    self.dtype = llama.DTYPES[cfg.dtype]
+    self.plan = stage_plan(cfg.sparse_layers())
+    self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)
+    self.stages = nnx.List([
+        layers.stacked(repeats, lambda r, u=unit: Period(cfg, u, dtype=self.dtype, rngs=r), rngs)
+        for unit, repeats in self.plan])
+    self.final_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = layers.param(rngs, (cfg.dim, cfg.vocab_size), ("embed", "vocab"),
+                                  std=cfg.init_std)
+
+  def forward(self, tokens):
+    """tokens [B, L] or bags [B, l, S] -> (final hidden [B, L, D], aux {name: [n_sparse, ...]})."""
+    h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
+    batch, length = h_BxLxD.shape[:2]
+    positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    auxes = []
+    for stage in self.stages:
+      h_BxLxD, aux = layers.run_stack(stage, h_BxLxD, positions_BxL, self.cfg.remat)
+      if aux:   # [repeats, sparse in unit, ...] -> [layers, ...]
+        auxes.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), aux))
+    aux = jax.tree.map(lambda *a: jnp.concatenate(a), *auxes) if auxes else {}
+    return self.final_norm(h_BxLxD), aux
+
+  def aux_loss(self, aux):
+    """aux_loss_coef · mean-over-layers load balancing + z_coef · mean z-loss, and metrics.
+
+    `moe/expert_load` [E] is each expert's share of the top-k assignments (sums to 1),
+    averaged over layers; `moe/max_load` is E · its maximum (1 when balanced).
+    """
+    if not aux:
+      return jnp.zeros((), jnp.float32), {}
+    cfg = self.cfg
+    lb, z = jnp.mean(aux["lb_loss"]), jnp.mean(aux["z_loss"])
+    load_E = jnp.mean(aux["expert_frac"], axis=0) / cfg.n_experts_per_token
+    metrics = {"moe/lb_loss": lb, "moe/z_loss": z, "moe/expert_load": load_E,
+               "moe/max_load": cfg.n_experts * jnp.max(load_E)}
+    return cfg.aux_loss_coef * lb + cfg.router_z_loss_coef * z, metrics
+
+
+def param_counts(cfg: MoEConfig) -> tuple[int, int]:
+  """(total, active) parameters, from shapes only. Active = every parameter except the
+  E - K unused experts of each sparse layer: embeddings, head, attention, norms, routers and
+  dense layers count in full, plus K experts per sparse layer."""
+  total = llama.param_count(Qwen3MoE, cfg)
+  unused = sum(cfg.sparse_layers()) * (cfg.n_experts - cfg.n_experts_per_token)
+  return total, total - unused * 3 * cfg.dim * cfg.moe_ffw_dim
+
+
+def matmul_params_active(cfg: MoEConfig) -> int:
+  """The 'N' of the 6N rule for MoE: matmul parameters a token goes through (attention,
+  dense MLPs, routers, K experts per sparse layer, head; not the embedding lookup or norms).
+  Pass it to `llama.flops_per_token(cfg, seq_len, active_matmul_params=...)`."""
+  d, g = cfg.dim, cfg.head_dim
+  n_sparse = sum(cfg.sparse_layers())
+  attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+  dense_mlp = 3 * d * cfg.ffw_dim
+  sparse_mlp = d * cfg.n_experts + cfg.n_experts_per_token * 3 * d * cfg.moe_ffw_dim
+  return (cfg.n_layers * attn + (cfg.n_layers - n_sparse) * dense_mlp + n_sparse * sparse_mlp
+          + d * cfg.vocab_size)
+
+
+def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
+  """Training FLOPs per position: llama's 6N + attention formula with N the active params."""
+  return llama.flops_per_token(cfg, seq_len, active_matmul_params=matmul_params_active(cfg))
+
+
+CONFIG_CLS, MODEL_CLS = MoEConfig, Qwen3MoE
