@@ -1,0 +1,140 @@
+"""Train-step benchmark: step time, tokens/s, FLOPs, MFU and memory, as JSON lines.
+
+  python benchmarks/step.py --config configs/demo.py --phase both     # TST vs NTP side by side
+  python benchmarks/step.py --config configs/llama_600m.py --phase both --config.data.batch_size=8
+  python benchmarks/step.py --config configs/demo.py --depths 2,4,8,16,32 --phase ntp
+
+Model FLOPs per step are analytic: 6 * N_matmul + 12 * layers * heads * head_dim * L per
+position (forward + backward, attention scores counted in full), times batch * L positions;
+N_matmul counts every weight matmul including the LM head (active experts only for MoE).
+MFU = model FLOPs / step time / (devices * peak). The compiled cost analysis is printed too.
+"""
+
+import json
+import statistics
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from tst_jax import models
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.train import optim, step as step_lib
+from tst_jax.train.plan import make_plan
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
+_PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
+
+# Dense bf16 peak FLOP/s per device (vendor datasheets; leads, not measurements).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "TPU v5 lite": 197e12,
+              "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12,
+              "TPU v6e": 918e12}
+
+
+def peak_flops(device) -> float | None:
+  kind = device.device_kind
+  for name, peak in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
+    if name.lower() in kind.lower():
+      return peak
+  return None
+
+
+def build(config, phase_name):
+  plan = make_plan(config)
+  phase = next((p for p in plan.phases if p.name == phase_name), None)
+  if phase is None:
+    raise ValueError(f"the config has no {phase_name!r} phase (r = {config.tst.ratio})")
+  model_cfg = models.model_config(config.model)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = tuple(tuple(r) for r in config.logical_axis_rules)
+  tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+  graphdef, _ = step_lib.abstract_model(model_cfg)
+  _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
+  loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
+             else step_lib.ntp_loss_fn(config.loss))
+  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
+  train_step = step_lib.jit_step(
+      step_lib.make_train_step(graphdef, loss_fn, tx, schedule, config.optimizer.grad_accum),
+      shardings, batch_sharding, mesh, rules)
+  return plan, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding
+
+
+def bench_phase(config, phase_name) -> dict:
+  plan, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding = build(config,
+                                                                              phase_name)
+  rng = np.random.default_rng(0)
+  windows = [jax.device_put(rng.integers(0, model_cfg.vocab_size,
+                                         (phase.batch_size, phase.window), dtype=np.int32),
+                            batch_sharding) for _ in range(2)]
+  state = step_lib.init_state(model_cfg, tx, 0, mesh, rules)
+  t0 = time.perf_counter()
+  compiled = train_step.lower(state, windows[0]).compile()
+  compile_s = time.perf_counter() - t0
+  for i in range(_WARMUP.value):
+    state, metrics = train_step(state, windows[i % 2])
+  jax.block_until_ready(state)
+  times = []
+  for i in range(_STEPS.value):
+    t = time.perf_counter()
+    state, metrics = train_step(state, windows[i % 2])
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - t)
+  step_s = statistics.median(times)
+  devices = mesh.devices.size
+  peak = peak_flops(jax.devices()[0])
+  cost = compiled.cost_analysis() or {}
+  memory = compiled.memory_analysis()
+  stats = jax.devices()[0].memory_stats() or {}
+  return dict(
+      phase=phase.name, bag_size=phase.bag_size, batch_size=phase.batch_size,
+      latent_seq_len=phase.latent_seq_len, data_seq_len=phase.data_seq_len,
+      n_layers=model_cfg.n_layers, params=plan.params_total, dtype=model_cfg.dtype,
+      loss_impl=config.loss.impl, remat=model_cfg.remat,
+      attention_impl=model_cfg.attention_impl, compile_s=compile_s, step_s=step_s,
+      step_s_min=min(times), data_tokens_per_s=phase.data_tokens_per_step / step_s,
+      equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,
+      model_flops_per_step=phase.flops_per_step,
+      compiled_flops_per_step=cost.get("flops"),
+      mfu=(phase.flops_per_step / step_s / (devices * peak)) if peak else None,
+      temp_bytes=getattr(memory, "temp_size_in_bytes", None),
+      argument_bytes=getattr(memory, "argument_size_in_bytes", None),
+      peak_bytes_in_use=stats.get("peak_bytes_in_use"),
+      loss=float(metrics["loss"]), devices=devices, device_kind=jax.devices()[0].device_kind,
+      backend=jax.default_backend(), jax_version=jax.__version__)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  phases = ["tst", "ntp"] if _PHASE.value == "both" else [_PHASE.value]
+  results = {}
+  for name in phases:
+    results[name] = bench_phase(config, name)
+    print(json.dumps(results[name]), flush=True)
+  if len(results) == 2:
+    tst, ntp = results["tst"], results["ntp"]
+    print(json.dumps(dict(
+        side_by_side=True, bag_size=tst["bag_size"],
+        data_tokens_per_s_ratio=tst["data_tokens_per_s"] / ntp["data_tokens_per_s"],
+        target_ratio=0.9 * tst["bag_size"], step_time_ratio=tst["step_s"] / ntp["step_s"])),
+        flush=True)
+  for depth in _DEPTHS.value:   # compile time vs depth: flat with the scanned layer stack
+    with config.unlocked():
+      config.model.n_layers = int(depth)
+    _, phase, model_cfg, _, _, tx, train_step, _ = build(config, phases[-1])
+    state = jax.eval_shape(step_lib.init_fn(model_cfg, tx), jax.random.key(0))
+    window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), np.int32)
+    t0 = time.perf_counter()
+    train_step.lower(state, window).compile()
+    print(json.dumps(dict(compile_depth=int(depth), phase=phases[-1],
+                          compile_s=time.perf_counter() - t0)), flush=True)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
