@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,13 @@ class AttentionConfig:
   qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
   norm_eps: float = 1e-5
   attention_impl: str | None = None  # jax.nn.dot_product_attention: None (auto) | xla | cudnn
+
+
+class KVCache(NamedTuple):
+  """Keys and values of the positions seen so far, [B, M, K, G] per layer (M the cache length);
+  a model's cache stacks them over layers, [n_layers, B, M, K, G], and is scanned with them."""
+  k: jax.Array
+  v: jax.Array
 
 
 class RMSNorm(nnx.Module):
@@ -98,7 +105,10 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
       self.k_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
 
-  def __call__(self, x_BxLxD, positions_BxL):
+  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
+    """Causal attention over x; with a `cache`, x's keys and values are written into it at
+    `positions` (consecutive per row) and x attends to every cached position up to its own.
+    Returns the output, and the updated cache when one is given."""
     dt = self.dtype
     q = jnp.einsum("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt))
     k = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt))
@@ -109,9 +119,19 @@ class Attention(nnx.Module):
     q = apply_rope(q, positions_BxL, inv_freq)
     k = apply_rope(k, positions_BxL, inv_freq)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
+    if cache is None:
+      out_BxLxHxG = jax.nn.dot_product_attention(
+          q, k, v, is_causal=True, implementation=self.cfg.attention_impl)
+      return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt))
+    write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
+    start_B = positions_BxL[:, 0]
+    cache = KVCache(write(cache.k, k.astype(cache.k.dtype), start_B),
+                    write(cache.v, v.astype(cache.v.dtype), start_B))
+    cached_M = jnp.arange(cache.k.shape[1], dtype=positions_BxL.dtype)
+    mask_BxLxM = cached_M[None, None, :] <= positions_BxL[:, :, None]
     out_BxLxHxG = jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, implementation=self.cfg.attention_impl)
-    return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt))
+        q, cache.k.astype(dt), cache.v.astype(dt), mask=mask_BxLxM[:, None])
+    return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), cache
 
 
 class MLP(nnx.Module):
@@ -141,13 +161,18 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(attn_cfg.dim, attn_cfg.norm_eps, rngs)
     self.ffw = make_ffw(rngs)
 
-  def __call__(self, x_BxLxD, positions_BxL):
-    x_BxLxD = x_BxLxD + self.attn(self.input_norm(x_BxLxD), positions_BxL)
+  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
+    """(output, aux), or (output, aux, updated cache) when given a KV cache."""
+    attn = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache)
+    if cache is not None:
+      attn, cache = attn
+    x_BxLxD = x_BxLxD + attn
     out = self.ffw(self.post_attn_norm(x_BxLxD))
     aux = {}
     if isinstance(out, tuple):   # MoE layers also return auxiliary losses/statistics
       out, aux = out
-    return constrain(x_BxLxD + out, ("batch", "length", "embed")), aux
+    out = constrain(x_BxLxD + out, ("batch", "length", "embed"))
+    return (out, aux) if cache is None else (out, aux, cache)
 
 
 def stacked(n: int, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
@@ -169,17 +194,26 @@ def _remat(fn, policy: str):
   raise ValueError(f"model.remat must be one of {REMAT_POLICIES}, got {policy!r}")
 
 
-def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none"):
+def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
+              cache: KVCache | None = None):
   """Apply stacked blocks with lax.scan: compile time stays flat in depth.
 
-  Returns the output and the per-layer auxiliary outputs stacked on axis 0.
+  Returns the output and the per-layer auxiliary outputs stacked on axis 0; with a stacked
+  KV cache (scanned with the layers' parameters), also the updated cache.
   """
   graphdef, state = nnx.split(blocks)
 
-  def body(h, layer_state):
-    return nnx.merge(graphdef, layer_state)(h, positions_BxL)
+  if cache is None:
+    def body(h, layer_state):
+      return nnx.merge(graphdef, layer_state)(h, positions_BxL)
+    return jax.lax.scan(_remat(body, remat), x_BxLxD, state)
 
-  return jax.lax.scan(_remat(body, remat), x_BxLxD, state)
+  def cached_body(h, layer):
+    layer_state, layer_cache = layer
+    h, aux, layer_cache = nnx.merge(graphdef, layer_state)(h, positions_BxL, layer_cache)
+    return h, (aux, layer_cache)
+  h, (aux, cache) = jax.lax.scan(cached_body, x_BxLxD, (state, cache))
+  return h, aux, cache
 
 
 class Embedding(nnx.Module):

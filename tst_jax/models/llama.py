@@ -86,11 +86,19 @@ class Llama(nnx.Module):
     self.cfg = cfg
     self.dtype = DTYPES[cfg.dtype]
     self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)
-    self.blocks = layers.stacked(cfg.n_layers, self.make_block, rngs)
+    self.make_layers(rngs)
     self.final_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = layers.param(rngs, (cfg.dim, cfg.vocab_size), ("embed", "vocab"),
                                   std=cfg.init_std)
+
+  def make_layers(self, rngs: nnx.Rngs):
+    """The decoder stack (a subclass hook: the MoE builds stages of dense/sparse layers)."""
+    self.blocks = layers.stacked(self.cfg.n_layers, self.make_block, rngs)
+
+  def run_layers(self, h_BxLxD, positions_BxL, cache=None):
+    """(h, aux), or (h, aux, cache) with a KV cache: the scanned stack of `make_layers`."""
+    return layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat, cache=cache)
 
   def make_block(self, rngs: nnx.Rngs) -> layers.Block:
     cfg = self.cfg
@@ -104,7 +112,7 @@ class Llama(nnx.Module):
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    h_BxLxD, aux = layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat)
+    h_BxLxD, aux = self.run_layers(h_BxLxD, positions_BxL)
     return self.final_norm(h_BxLxD), aux
 
   def aux_loss(self, aux):
@@ -126,6 +134,21 @@ class Llama(nnx.Module):
   def __call__(self, tokens, *, return_hidden: bool = False):
     h_BxLxD, _ = self.forward(tokens)
     return h_BxLxD if return_hidden else self.logits(h_BxLxD)
+
+  def init_cache(self, batch: int, max_len: int) -> layers.KVCache:
+    """An empty KV cache for `decode`: keys and values [n_layers, B, max_len, K, G]."""
+    return self.empty_cache((self.cfg.n_layers,), batch, max_len)
+
+  def empty_cache(self, layer_dims: tuple, batch: int, max_len: int) -> layers.KVCache:
+    shape = (*layer_dims, batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim)
+    return layers.KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
+
+  def decode(self, tokens_BxL, positions_BxL, cache: layers.KVCache):
+    """Tokens at `positions_BxL` (consecutive per row) attending to the cache and themselves
+    -> (logits [B, L, V], cache): a prompt at positions 0.. fills it, then one token a step."""
+    h_BxLxD = self.embed(tokens_BxL).astype(self.dtype)
+    h_BxLxD, _, cache = self.run_layers(h_BxLxD, positions_BxL, cache)
+    return self.logits(self.final_norm(h_BxLxD)), cache
 
 
 def param_count(model_cls, cfg) -> int:

@@ -184,15 +184,21 @@ class Period(nnx.Module):
         layers.Block(cfg.attention(qk_norm=True), make_ffw(s), dtype=dtype, rngs=rngs)
         for s in unit])
 
-  def __call__(self, x_BxLxD, positions_BxL):
-    auxes = []
-    for block in self.blocks:
-      x_BxLxD, aux = block(x_BxLxD, positions_BxL)
+  def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None):
+    auxes, caches = [], []
+    for i, block in enumerate(self.blocks):
+      if cache is None:
+        x_BxLxD, aux = block(x_BxLxD, positions_BxL)
+      else:
+        x_BxLxD, aux, layer_cache = block(x_BxLxD, positions_BxL,
+                                          layers.KVCache(cache.k[i], cache.v[i]))
+        caches.append(layer_cache)
       if aux:
         auxes.append(aux)
-    if not auxes:
-      return x_BxLxD, {}
-    return x_BxLxD, jax.tree.map(lambda *a: jnp.stack(a), *auxes)   # [sparse in unit, ...]
+    aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes) if auxes else {}  # [sparse in unit]
+    if cache is None:
+      return x_BxLxD, aux
+    return x_BxLxD, aux, jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
 
 class Qwen3MoE(llama.Llama):
@@ -202,31 +208,30 @@ class Qwen3MoE(llama.Llama):
   MoE statistics of every sparse layer, in layer order, stacked on axis 0.
   """
 
-  def __init__(self, cfg: MoEConfig, *, rngs: nnx.Rngs):   # pylint: disable=super-init-not-called
-    self.cfg = cfg
-    self.dtype = llama.DTYPES[cfg.dtype]
+  def make_layers(self, rngs: nnx.Rngs):
+    cfg = self.cfg
     self.plan = stage_plan(cfg.sparse_layers())
-    self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)
     self.stages = nnx.List([
         layers.stacked(repeats, lambda r, u=unit: Period(cfg, u, dtype=self.dtype, rngs=r), rngs)
         for unit, repeats in self.plan])
-    self.final_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
-    if not cfg.tie_embeddings:
-      self.lm_head = layers.param(rngs, (cfg.dim, cfg.vocab_size), ("embed", "vocab"),
-                                  std=cfg.init_std)
 
-  def forward(self, tokens):
-    """tokens [B, L] or bags [B, l, S] -> (final hidden [B, L, D], aux {name: [n_sparse, ...]})."""
-    h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
-    batch, length = h_BxLxD.shape[:2]
-    positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    auxes = []
-    for stage in self.stages:
-      h_BxLxD, aux = layers.run_stack(stage, h_BxLxD, positions_BxL, self.cfg.remat)
+  def run_layers(self, h_BxLxD, positions_BxL, cache=None):
+    """The stages in order; aux of every sparse layer stacked in layer order, and with a
+    cache (one per stage, [repeats, unit, B, M, K, G]) the updated caches."""
+    auxes, caches = [], []
+    for i, stage in enumerate(self.stages):
+      out = layers.run_stack(stage, h_BxLxD, positions_BxL, self.cfg.remat,
+                             cache=None if cache is None else cache[i])
+      h_BxLxD, aux = out[:2]
+      caches.append(out[2] if cache is not None else None)
       if aux:   # [repeats, sparse in unit, ...] -> [layers, ...]
         auxes.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), aux))
     aux = jax.tree.map(lambda *a: jnp.concatenate(a), *auxes) if auxes else {}
-    return self.final_norm(h_BxLxD), aux
+    return (h_BxLxD, aux) if cache is None else (h_BxLxD, aux, caches)
+
+  def init_cache(self, batch: int, max_len: int):
+    return [self.empty_cache((repeats, len(unit)), batch, max_len)
+            for unit, repeats in self.plan]
 
   def aux_loss(self, aux):
     """aux_loss_coef · mean-over-layers load balancing + z_coef · mean z-loss, and metrics.

@@ -1,0 +1,99 @@
+"""Export to a Hugging Face folder and back: transformers alone reproduces tst_jax's eval loss;
+a run initialised from the folder starts where the exported one ended; clear errors."""
+
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tests import trained
+from tst_jax import checkpoints_io, export, models
+from tst_jax.train import loop, plan as plan_lib
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  return trained.workdir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(workdir, tmp_path_factory):
+  return str(export.export(workdir, tmp_path_factory.mktemp("export") / "hf"))
+
+
+def _hf_eval_loss(model, windows) -> float:
+  total, count = 0.0, 0
+  for window in windows:
+    window = torch.tensor(np.asarray(window), dtype=torch.long)
+    with torch.no_grad():
+      logits = model(window[:, :-1]).logits
+    total += float(torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1), reduction="sum"))
+    count += window[:, 1:].numel()
+  return total / count
+
+
+def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
+  assert sorted(os.listdir(hf_dir)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                        "tokenizer_config.json"]
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  ours = checkpoints_io.load_tokenizer(workdir, model.config.vocab_size)
+  assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == ours.eos_id
+  assert model.config.eos_token_id == ours.eos_id
+  assert model.config.max_position_embeddings == trained.config().data.seq_len
+  text = "import os\n\ndef main(argv):\n    return len(argv)  # done\n"
+  assert tokenizer(text).input_ids == ours.encode(text)
+  assert tokenizer.decode(ours.encode(text)) == text
+
+  data = loop.prepare_data(trained.config(), workdir, model.config.vocab_size)
+  expected = trained.summary(workdir)["final_eval_loss"]   # tst_jax's eval at the last step
+  assert _hf_eval_loss(model, data.eval_windows) == pytest.approx(expected, abs=1e-3)
+
+
+def test_export_refuses_missing_step_tokenizer_and_nonempty_out(workdir, tmp_path, capsys):
+  with pytest.raises(ValueError, match=r"no checkpoint of step 5; available steps: \[4, 6, 8\]"):
+    export.export(workdir, tmp_path / "a", step=5)
+  assert not (tmp_path / "a").exists()
+
+  no_tokenizer = tmp_path / "run_without_tokenizer"
+  no_tokenizer.mkdir()
+  shutil.copy(os.path.join(workdir, "config.json"), no_tokenizer)
+  shutil.copytree(os.path.join(workdir, "checkpoints"), no_tokenizer / "checkpoints")
+  with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    export.export(str(no_tokenizer), tmp_path / "b")
+  assert not (tmp_path / "b").exists()
+
+  out = tmp_path / "c"
+  out.mkdir()
+  (out / "config.json").write_text("mine")
+  with pytest.raises(SystemExit, match="not empty; pass --overwrite"):
+    export.main(["--workdir", workdir, "--out", str(out)])
+  assert os.listdir(out) == ["config.json"] and (out / "config.json").read_text() == "mine"
+  export.main(["--workdir", workdir, "--out", str(out), "--step", "6", "--overwrite"])
+  assert "exported" in capsys.readouterr().out
+  assert (out / "config.json").read_text() != "mine" and (out / "tokenizer.json").exists()
+
+
+def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
+  config = trained.config()
+  config.init_from_hf = hf_dir
+  config.data.tokenizer = os.path.join(hf_dir, "tokenizer.json")
+  run = loop.Run(config, str(tmp_path / "run"), plan_lib.make_plan(config))
+  state, step = run.restore_or_init()
+  assert step == 0 and int(state.step) == 0
+  assert run.evaluate(state.params) == pytest.approx(
+      trained.summary(workdir)["final_eval_loss"], abs=1e-5)
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state.opt_state)
+             if np.ndim(x) > 0)          # fresh Adam moments
+
+  config.model.dim, config.model.ffw_dim = 64, 96
+  with pytest.raises(ValueError, match=r"differs from config.model in: dim \(checkpoint 32, "
+                                       r"config 64\), ffw_dim \(checkpoint 64, config 96\)"):
+    checkpoints_io.hf_params(hf_dir, models.model_config(config.model), "llama")
+  with pytest.raises(ValueError, match="holds a 'llama' model but config.model.family is"):
+    checkpoints_io.hf_params(hf_dir, models.model_config(config.model), "qwen3_moe")

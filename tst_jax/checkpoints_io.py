@@ -1,0 +1,142 @@
+"""Trained weights read back: a run's workdir (config, tokenizer, one checkpoint's parameters)
+or a Hugging Face folder to start a run from.
+
+Shared by `export`, `eval`, `sample` and the trainer's `init_from_hf`. From a workdir only the
+parameters are restored (no optimizer state), onto one device; the run's `config.json` gives
+the model config and the sequence length it was trained at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from tst_jax import data as data_lib
+from tst_jax import models
+from tst_jax.convert import hf as convert_hf
+from tst_jax.train import step as step_lib
+
+
+@dataclasses.dataclass
+class Trained:
+  """A model with the parameters of `step`, and what it needs to read and write text."""
+  workdir: str
+  config: ml_collections.ConfigDict   # the run's config.json
+  model: nnx.Module
+  tokenizer: data_lib.Tokenizer
+  step: int
+  meta: dict                          # the checkpoint's record: phase, data position, ...
+
+  @property
+  def max_length(self) -> int:
+    """Positions the model was trained on (data.seq_len): the context length to use."""
+    return int(self.config.data.seq_len)
+
+  @property
+  def phase1_only(self) -> bool:
+    """True for a checkpoint of TST's phase 1: it has only seen bags, never single tokens."""
+    return self.meta.get("phase") == "tst"
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a tst_jax run directory")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory)
+                if d.isdigit() and os.path.exists(os.path.join(directory, d, "state")))
+
+
+def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> Trained:
+  """The run in `workdir` at checkpoint `step` (default: the latest).
+
+  `dtype` overrides the model's compute dtype (e.g. float32 for exact comparisons).
+  Raises a ValueError naming the available steps if `step` has no checkpoint, and a
+  FileNotFoundError if the workdir has no config.json or no tokenizer.
+  """
+  workdir = os.path.abspath(workdir)
+  config = read_config(workdir)
+  model_fields = config.model.to_dict()
+  if dtype is not None:
+    model_fields["dtype"] = dtype
+  model_cfg = models.model_config(model_fields)
+  tokenizer = load_tokenizer(workdir, model_cfg.vocab_size)
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise ValueError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
+  step = steps[-1] if step is None else int(step)
+  if step not in steps:
+    raise ValueError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
+  params, meta = restore_params(os.path.join(workdir, "checkpoints"), step, model_cfg)
+  graphdef, _ = step_lib.abstract_model(model_cfg)
+  return Trained(workdir, config, nnx.merge(graphdef, params), tokenizer, step, meta)
+
+
+def load_tokenizer(workdir: str, vocab_size: int) -> data_lib.Tokenizer:
+  """The run's tokenizer.json (or a SentencePiece run's tokenizer.model), copied there by
+  the trainer."""
+  for name in ("tokenizer.json", "tokenizer.model"):
+    path = os.path.join(workdir, name)
+    if os.path.isfile(path):
+      return data_lib.get_tokenizer(path, workdir=None, vocab_size=vocab_size)
+  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
+                          "tokenizer is missing")
+
+
+def restore_params(directory: str, step: int, model_cfg):
+  """(params, meta) of checkpoint `step`: the TrainState's parameters only, on one device."""
+  _, abstract = step_lib.abstract_model(model_cfg)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = {"params": jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)}
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True),
+        meta=ocp.args.JsonRestore()))
+  finally:
+    manager.close()
+  return restored.state["params"], dict(restored.meta)
+
+
+# Model fields a run may choose over a Hugging Face checkpoint's: how it computes and trains,
+# not the function its weights compute.
+HF_FREE_FIELDS = ("dtype", "attention_impl", "remat", "init_std", "expert_impl",
+                  "aux_loss_coef", "router_z_loss_coef")
+
+
+def hf_params(path: str, model_cfg, family: str) -> nnx.State:
+  """The parameters (on the host) of Hugging Face folder `path`, checked to be the model of
+  `model_cfg`; a ValueError names every field in which they differ."""
+  config_file = os.path.join(path, convert_hf.CONFIG_FILE)
+  if not os.path.isfile(config_file):
+    raise FileNotFoundError(f"{config_file} does not exist: not a Hugging Face model folder")
+  with open(config_file) as f:
+    hf = json.load(f)
+  if hf.get("model_type") != family:
+    raise ValueError(f"{path} holds a {hf.get('model_type')!r} model but config.model.family "
+                     f"is {family!r}")
+  names = [f.name for f in dataclasses.fields(model_cfg)]
+  free = {n: getattr(model_cfg, n) for n in HF_FREE_FIELDS if n in names}
+  hf_cfg = convert_hf.config_from_hf(hf, **free)
+  diff = [f"{n} (checkpoint {getattr(hf_cfg, n)!r}, config {getattr(model_cfg, n)!r})"
+          for n in names if getattr(hf_cfg, n) != getattr(model_cfg, n)]
+  if diff:
+    raise ValueError(f"the model in {path} differs from config.model in: {', '.join(diff)}; "
+                     "set those config.model fields to the checkpoint's")
+  return nnx.state(convert_hf.from_hf(path, **free), nnx.Param)

@@ -1,0 +1,82 @@
+"""Export a trained run as a Hugging Face model folder that transformers loads on its own.
+
+  python -m tst_jax.export --workdir W --out D [--step N] [--overwrite]
+
+D gets config.json and float32 model.safetensors (`tst_jax.convert.hf.to_hf`), and the run's
+tokenizer as tokenizer.json + tokenizer_config.json, so that
+`AutoModelForCausalLM.from_pretrained(D)` and `AutoTokenizer.from_pretrained(D)` work without
+tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at
+(lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.eval` does).
+The reverse: `--config.init_from_hf=D` starts a run from such a folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import tokenizers
+
+from tst_jax import checkpoints_io
+from tst_jax.convert import hf as convert_hf
+
+log = logging.getLogger("tst_jax")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool = False) -> Path:
+  """Write checkpoint `step` (default: the latest) of the run in `workdir` to folder `out`.
+
+  Refuses an `out` that holds files unless `overwrite` (which replaces only the files this
+  writes); everything is read and checked before anything is written.
+  """
+  out = Path(out)
+  if out.exists() and not out.is_dir():
+    raise ValueError(f"--out {out} exists and is not a folder")
+  if out.exists() and any(out.iterdir()) and not overwrite:
+    raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
+  trained = checkpoints_io.load(workdir, step, dtype="float32")
+  tokenizer_file = Path(trained.workdir) / "tokenizer.json"
+  if not tokenizer_file.is_file():
+    raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
+                            "tokenizer.json can be exported")
+  eos = tokenizers.Tokenizer.from_file(str(tokenizer_file)).id_to_token(trained.tokenizer.eos_id)
+  if trained.phase1_only:
+    log.warning("step %d is a phase-1 (TST) checkpoint: it predicts bags, not next tokens",
+                trained.step)
+
+  convert_hf.to_hf(trained.model, out, overwrite=overwrite)
+  config_file = out / convert_hf.CONFIG_FILE
+  hf = json.loads(config_file.read_text())
+  hf.update(max_position_embeddings=trained.max_length, eos_token_id=trained.tokenizer.eos_id,
+            bos_token_id=None, pad_token_id=None)
+  config_file.write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+  shutil.copyfile(tokenizer_file, out / "tokenizer.json")
+  tokenizer_config = dict(
+      tokenizer_class="PreTrainedTokenizerFast", eos_token=eos,
+      model_max_length=trained.max_length, clean_up_tokenization_spaces=False)
+  (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m tst_jax.export", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="the run's directory")
+  parser.add_argument("--out", required=True, help="the Hugging Face folder to write")
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  args = parser.parse_args(argv)
+  try:
+    out = export(args.workdir, args.out, args.step, overwrite=args.overwrite)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"export: {e}")
+  print(f"exported {args.workdir} to {out}")
+
+
+if __name__ == "__main__":
+  main()
