@@ -1,10 +1,17 @@
 """Test setup: CPU, float32 matmuls, strict rank promotion, 8 virtual devices for mesh tests."""
 
 import os
+import tempfile
 
 # Must happen before jax is imported anywhere: mesh tests need several host devices.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Most test time is XLA compiling the same tiny shapes: a persistent compilation cache
+# (inherited by the subprocess tests through the environment) makes repeats nearly free.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "tst_jax_test_compilation_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
 

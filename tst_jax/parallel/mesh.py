@@ -1,4 +1,4 @@
-"""The device mesh from config, and NamedShardings for logically-annotated pytrees."""
+"""The device mesh from config, shardings of logically-named pytrees, and pre-compile checks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
-  """Axis sizes from config; one axis may be -1 (fill with the remaining devices)."""
+  """Axis sizes from config; one axis may be -1 (fill with the remaining devices). A mesh
+  without -1 may use fewer devices than there are, if its size divides their number."""
   sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
   fill = [a for a, n in sizes.items() if n == -1]
   if len(fill) > 1:
@@ -23,26 +24,46 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   if any(n == 0 or n < -1 for n in sizes.values()):
     raise ValueError(f"config.mesh: axis sizes must be >= 1 or -1, got {sizes}")
   known = math.prod(n for n in sizes.values() if n != -1)
+  if num_devices % known:
+    raise ValueError(f"config.mesh {sizes}: {known} devices do not divide the {num_devices} "
+                     "available devices")
   if fill:
-    if num_devices % known:
-      raise ValueError(f"config.mesh {sizes}: the fixed axes ({known} devices) do not divide "
-                       f"the {num_devices} available devices")
     sizes[fill[0]] = num_devices // known
-  if math.prod(sizes.values()) != num_devices:
-    raise ValueError(f"config.mesh {sizes} needs {math.prod(sizes.values())} devices but "
-                     f"{num_devices} are available")
   return sizes
 
 
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
+  """The (data, fsdp, tensor, expert) mesh over `devices` (default: all of them)."""
+  devices = jax.devices() if devices is None else list(devices)
   sizes = mesh_shape(mesh_cfg, len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
-  try:
-    device_array = mesh_utils.create_device_mesh(shape, devices)
-  except Exception:  # CPU / unusual topologies: plain row-major order
-    device_array = np.asarray(devices).reshape(shape)
-  return Mesh(device_array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+  if math.prod(shape) < len(devices):
+    if jax.process_count() > 1:
+      raise ValueError(f"config.mesh {sizes} uses {math.prod(shape)} of the {len(devices)} "
+                       "devices; a multi-process mesh must use them all (set an axis to -1)")
+    devices = devices[:math.prod(shape)]   # e.g. a one-device run on a host of 8
+  grid = device_grid(shape, int(mesh_cfg.dcn_data), devices)
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
+  """Devices laid out as `shape` (data, fsdp, tensor, expert), fast links on the inner axes.
+
+  With dcn_data > 1 the data axis is split over that many slices (TPU multi-slice) or
+  processes (GPU and CPU hosts), joined by the slower data-centre network (DCN); every other
+  axis stays inside one slice (ICI).
+  """
+  if dcn_data <= 1:
+    try:
+      return mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError, AssertionError):  # unusual topologies
+      return np.asarray(devices).reshape(shape)
+  if shape[0] % dcn_data:
+    raise ValueError(f"config.mesh.dcn_data={dcn_data} must divide the data axis ({shape[0]})")
+  ici = (shape[0] // dcn_data,) + tuple(shape[1:])
+  return mesh_utils.create_hybrid_device_mesh(
+      ici, (dcn_data, 1, 1, 1), devices,
+      process_is_granule=not hasattr(devices[0], "slice_index"))
 
 
 def tree_shardings(logical_specs, mesh: Mesh, rules):
@@ -57,3 +78,66 @@ def tree_shardings(logical_specs, mesh: Mesh, rules):
 def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
   """Batches shard their first axis like the 'batch' logical axis; the rest is replicated."""
   return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def _axes(sharding: NamedSharding, dim: int) -> tuple[str, ...]:
+  spec = tuple(sharding.spec) + (None,) * (dim + 1 - len(sharding.spec))
+  axes = spec[dim]
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def shards(sharding: NamedSharding, dim: int) -> int:
+  """How many ways dimension `dim` is split by `sharding`."""
+  return math.prod(sharding.mesh.shape[a] for a in _axes(sharding, dim))
+
+
+def process_batch_block(sharding: NamedSharding) -> tuple[int, int]:
+  """(index, count): this process loads rows block `index` of `count` equal blocks of every
+  global batch; processes holding the same rows (replicas) get the same block."""
+  n = shards(sharding, 0)
+  rows = {index[0].start or 0
+          for index in sharding.addressable_devices_indices_map((n, 1)).values()}
+  first, count = min(rows), n // len(rows)
+  if rows != set(range(first, first + len(rows))) or first % len(rows):
+    raise ValueError(f"process {jax.process_index()} holds batch shards {sorted(rows)} of {n}: "
+                     "not one contiguous block; order the mesh devices by process")
+  return first // len(rows), count
+
+
+def check_batch(batch_size: int, sharding: NamedSharding, what: str):
+  """A global batch must split evenly over the mesh axes that shard the batch."""
+  n = shards(sharding, 0)
+  if batch_size % n:
+    axes = {a: sharding.mesh.shape[a] for a in _axes(sharding, 0) if sharding.mesh.shape[a] > 1}
+    raise ValueError(f"{what} do not divide over the {n} batch shards of mesh axes {axes}; "
+                     f"use a multiple of {n}")
+
+
+def check_divisible(abstract_tree, shardings, what: str = "parameter"):
+  """Every sharded array dimension must be a multiple of its mesh axes' size."""
+  problems = []
+
+  def check(path, leaf, sharding):
+    for dim, size in enumerate(leaf.shape):
+      if size % shards(sharding, dim):
+        problems.append(f"{jax.tree_util.keystr(path)} {tuple(leaf.shape)}: dim {dim} "
+                        f"({size}) over mesh axes {_axes(sharding, dim)} "
+                        f"({shards(sharding, dim)} devices)")
+
+  jax.tree_util.tree_map_with_path(check, abstract_tree, shardings)
+  if problems:
+    raise ValueError(f"config.mesh / logical_axis_rules: {len(problems)} {what} dimensions do "
+                     "not divide over their mesh axes: " + "; ".join(problems[:3]) +
+                     (" ..." if len(problems) > 3 else "") + " (change the mesh or the model "
+                     "shape, or map that logical axis to None)")
+
+
+def per_device_bytes(tree, device=None) -> int:
+  """Bytes of `tree`'s shards that live on `device` (default: the first local device)."""
+  device = jax.local_devices()[0] if device is None else device
+  return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
+             for shard in leaf.addressable_shards if shard.device == device)

@@ -23,6 +23,8 @@ class Checkpoints:
         [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
     self.manager = ocp.CheckpointManager(
         self.directory,
+        item_handlers=dict(state=ocp.StandardCheckpointHandler(),
+                           meta=ocp.JsonCheckpointHandler()),
         options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True))
 
   def latest_step(self) -> int | None:
@@ -46,6 +48,17 @@ class Checkpoints:
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     return restored.state, restored.meta
 
+  def check_shapes(self, step: int, abstract_state):
+    """Refuse, naming the parameter, a checkpoint whose shapes differ from the model's."""
+    try:
+      saved = _leaf_shapes(self.manager.item_metadata(step)["state"])
+    except Exception:  # unreadable metadata: restore() reports it (and falls back)
+      return
+    for name, shape in _leaf_shapes(abstract_state).items():
+      if name in saved and saved[name] != shape:
+        raise ValueError(f"checkpoint {step} in {self.directory} does not fit the model: "
+                         f"{name} has shape {saved[name]} there but {shape} in this config")
+
   def read_meta(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore())).meta
@@ -63,3 +76,9 @@ def abstract_with_shardings(abstract_state, shardings):
                       abstract_state, shardings)
 
 
+
+
+def _leaf_shapes(tree) -> dict[str, tuple]:
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in flat if hasattr(leaf, "shape")}

@@ -23,6 +23,7 @@ LOGICAL_AXIS_RULES = (
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0                        # model init and document shuffling
+  c.init_from_hf = ""              # a Hugging Face folder (e.g. from tst_jax.export) to start from
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "builtin:pystdlib"  # builtin:pystdlib | text:<glob> | tfds:<name> | seqio:<task>
@@ -67,13 +68,25 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.train.keep_checkpoints = 2      # latest N kept, plus the phase-switch checkpoint
   c.train.progress_bar = True       # tqdm bar with the phase and ETA
   c.train.force_resume = False      # resume a workdir whose config differs
+  c.train.nan_policy = "stop"       # non-finite loss/grad: stop | skip (the batch, no update)
+  c.train.max_nan_skips = 3         # with skip: stop after this many skipped batches
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1                  # -1: all remaining devices
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
   c.mesh.expert = 1
+  c.mesh.dcn_data = 1               # multi-slice: slices (or processes) data spans over DCN
   c.logical_axis_rules = LOGICAL_AXIS_RULES
+
+  c.distributed = ml_collections.ConfigDict()  # multi-process runs, see docs/distributed.md
+  c.distributed.mode = "auto"       # auto: on if a coordinator or cluster is found | on | off
+  c.distributed.coordinator_address = ""  # host:port of process 0 ("": $JAX_COORDINATOR_ADDRESS)
+  c.distributed.num_processes = 0   # 0: $JAX_NUM_PROCESSES or detected
+  c.distributed.process_id = -1     # -1: $JAX_PROCESS_ID or detected
+  c.distributed.local_device_ids = ""  # comma list of this process's accelerators ("": all visible)
+  c.distributed.cpu_devices = 0     # >0: this many CPU devices per process (tests, CPU clusters)
+  c.distributed.timeout_s = 300     # seconds to wait for every process to join
   return c
 
 

@@ -12,17 +12,20 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from tst_jax import checkpoints_io
 from tst_jax import data as data_lib
 from tst_jax import models
-from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import optim, step as step_lib
 from tst_jax.train.plan import ConfigError, Plan, format_plan, make_plan
+from tst_jax.train.preemption import Preempted, PreemptionGuard
 
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
@@ -31,6 +34,7 @@ RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 def run(config, workdir: str, mode: str = "train") -> dict:
   """Entry point of `main.py`: mode is train (default), plan or eval."""
+  distributed.initialize(config.distributed)   # before anything touches a device
   plan = make_plan(config)
   if mode == "plan":
     print(format_plan(plan))
@@ -46,24 +50,28 @@ def run(config, workdir: str, mode: str = "train") -> dict:
 class Run:
   """Everything one training run holds: data, mesh, model graph, optimizer, checkpoints."""
 
-  def __init__(self, config, workdir: str, plan: Plan):
+  def __init__(self, config, workdir: str, plan: Plan, devices=None):
     self.config, self.workdir, self.plan = config, os.path.abspath(workdir), plan
     self.model_cfg = models.model_config(config.model)
-    os.makedirs(self.workdir, exist_ok=True)
-    _check_workdir_config(config, self.workdir)
-    self.data = prepare_data(config, self.workdir, self.model_cfg.vocab_size)
-    self.mesh = mesh_lib.make_mesh(config.mesh)
+    self.mesh = mesh_lib.make_mesh(config.mesh, devices)
     self.rules = tuple((k, v) for k, v in config.logical_axis_rules)
     self.tx, self.schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
     self.graphdef, _ = step_lib.abstract_model(self.model_cfg)
     abstract, self.shardings = step_lib.state_shardings(self.model_cfg, self.tx, self.mesh,
                                                         self.rules)
     self.abstract_state = ckpt_lib.abstract_with_shardings(abstract, self.shardings)
+    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, 2)
+    _check_parallel(config, plan, self.batch_sharding, abstract, self.shardings)
+    self.data_block = mesh_lib.process_batch_block(self.batch_sharding)  # rows this process loads
+    os.makedirs(self.workdir, exist_ok=True)
+    _check_workdir_config(config, self.workdir)
+    with distributed.primary_first("prepare_data"):   # process 0 builds the caches
+      self.data = prepare_data(config, self.workdir, self.model_cfg.vocab_size,
+                               self.data_block)
     handoffs = [p.first_step for p in plan.phases[1:]]
     self.checkpoints = ckpt_lib.Checkpoints(
         os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints,
         keep_steps=handoffs, every=config.train.checkpoint_every)
-    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, 2)
     eval_step = step_lib.make_eval_step(self.graphdef)
     self._eval_step = jax.jit(eval_step, in_shardings=(self.shardings.params,
                                                        self.batch_sharding))
@@ -72,11 +80,33 @@ class Run:
   def restore_or_init(self):
     """(state, step): the latest checkpoint, or a fresh sharded init at step 0."""
     latest = self.checkpoints.latest_step()
+    if latest is None and self.config.init_from_hf:
+      return self.init_from_hf(self.config.init_from_hf), 0
     if latest is None:
       return step_lib.init_state(self.model_cfg, self.tx, self.config.seed, self.mesh,
                                  self.rules), 0
-    state, _ = self.checkpoints.restore(latest, self.abstract_state)
-    return state, latest
+    for step in sorted(self.checkpoints.all_steps(), reverse=True):
+      self.checkpoints.check_shapes(step, self.abstract_state)
+      try:
+        state, _ = self.checkpoints.restore(step, self.abstract_state)
+        return state, step
+      except Exception as e:  # a truncated or corrupted step: fall back to the previous one
+        log.warning("checkpoint %d in %s cannot be restored (%s: %s); trying the previous one",
+                    step, self.checkpoints.directory, type(e).__name__, str(e)[:300])
+    raise ConfigError(f"no checkpoint in {self.checkpoints.directory} can be restored")
+
+  def init_from_hf(self, path: str):
+    """A step-0 state holding the weights of a Hugging Face folder, fresh optimizer state."""
+    try:
+      host = checkpoints_io.hf_params(path, self.model_cfg, self.config.model.family)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError(f"config.init_from_hf: {e}") from e
+    params = jax.tree.map(
+        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+        host, self.shardings.params)
+    fresh = lambda p: step_lib.TrainState(jnp.zeros((), jnp.int32), p, self.tx.init(p))
+    with axis_rules(self.mesh, self.rules):
+      return jax.jit(fresh, out_shardings=self.shardings)(params)
 
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
@@ -99,19 +129,21 @@ class Run:
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
     iterator = data_lib.make_batches(
         self.data.train, batch_size=phase.batch_size, window=phase.window,
-        start_pos=self.data_start(phase), process_index=jax.process_index(),
-        process_count=jax.process_count())
+        start_pos=self.data_start(phase), process_index=self.data_block[0],
+        process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
     for local in iterator:
-      yield jax.make_array_from_process_local_data(self.batch_sharding, local)
+      yield jax.make_array_from_process_local_data(self.batch_sharding, local,
+                                                   (phase.batch_size, phase.window))
 
   # -- evaluation --------------------------------------------------------------------------
   def evaluate(self, params) -> float:
     """Held-out next-token loss (nats/token) on the same validation windows every time."""
     total, count = 0.0, 0.0
     for window in self.data.eval_windows:
-      batch = jax.make_array_from_process_local_data(self.batch_sharding, window)
+      batch = jax.make_array_from_process_local_data(
+          self.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
       with axis_rules(self.mesh, self.rules):
         s, n = self._eval_step(params, batch)
       total, count = total + float(s), count + float(n)
@@ -126,27 +158,37 @@ class Run:
   # -- training ----------------------------------------------------------------------------
   def train(self) -> dict:
     cfg = self.config.train
+    self.nan_skips = 0
     state, start = self.restore_or_init()
-    writer = metrics_lib.MetricsWriter(self.workdir, resume_step=start if start else None)
+    writer = (metrics_lib.MetricsWriter(self.workdir, resume_step=start if start else None)
+              if distributed.is_primary() else _NoWriter())   # process 0 writes the files
     if start == 0:
       log.info("%s", format_plan(self.plan))
     bar = tqdm.tqdm(total=self.plan.total_steps, initial=start, unit="step",
-                    disable=not cfg.progress_bar, mininterval=1.0)
+                    disable=not (cfg.progress_bar and distributed.is_primary()),
+                    mininterval=1.0)
+    self.preemption = PreemptionGuard()
     t_start = time.time()
-    for phase in self.plan.phases:
-      if start >= phase.last_step:
-        continue
-      if phase.first_step > 0 and start == phase.first_step:
-        state = self.handoff(state, phase)
-      state = self.train_phase(state, phase, max(start, phase.first_step), writer, bar)
-      start = phase.last_step
-    bar.close()
-    self.checkpoints.wait()
-    final = self.evaluate(state.params)
-    summary = self.summarize(final, time.time() - t_start)
-    writer.close()
-    self.checkpoints.close()
-    return summary
+    try:
+      for phase in self.plan.phases:
+        if start >= phase.last_step:
+          continue
+        if phase.first_step > 0 and start == phase.first_step:
+          state = self.handoff(state, phase)
+        state = self.train_phase(state, phase, max(start, phase.first_step), writer, bar)
+        start = phase.last_step
+      self.checkpoints.wait()
+      return self.summarize(self.evaluate(state.params), time.time() - t_start)
+    except Preempted as stop:
+      self.checkpoints.wait()
+      print(f"preempted: checkpoint of step {stop.step} written to {self.checkpoints.directory};"
+            " run the same command again to resume", flush=True)
+      return dict(preempted_at_step=stop.step)
+    finally:   # also on errors: finish pending checkpoint writes and flush the metrics
+      self.preemption.close()
+      bar.close()
+      writer.close()
+      self.checkpoints.close()
 
   def handoff(self, state, phase):
     """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
@@ -198,19 +240,30 @@ class Run:
         pending = None
         writer.write(dict(step=done, phase=phase.name, eval_loss=self.evaluate(state.params),
                           **self.tokens_at(done)))
-      self.save(state, done, force=done == phase.last_step)
+      stop = self.preemption.should_stop()      # agreed by every process
+      self.save(state, done, force=stop or done == phase.last_step)
+      if stop:
+        if pending is not None:
+          self.log_step(*pending, writer, bar, t_last)
+        raise Preempted(done)
     if pending is not None:
       self.log_step(*pending, writer, bar, t_last)
     return state
 
   def log_step(self, step, phase, metrics, writer, bar, t_last):
-    metrics = {k: float(np.asarray(v).mean()) if np.ndim(v) else float(v)
-               for k, v in jax.device_get(metrics).items()}
-    if not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"]):
-      raise FloatingPointError(
-          f"non-finite {'loss' if not np.isfinite(metrics['loss']) else 'grad_norm'} at step "
-          f"{step} ({metrics}); last good checkpoint: step {self.checkpoints.latest_step()} in "
-          f"{self.checkpoints.directory}")
+    metrics = _scalars(jax.device_get(metrics))
+    if not metrics.pop("finite"):
+      self.nan_skips += 1
+      bad = "loss" if not np.isfinite(metrics["loss"]) else "grad_norm"
+      if (self.config.train.nan_policy != "skip"
+          or self.nan_skips > self.config.train.max_nan_skips):
+        raise FloatingPointError(
+            f"non-finite {bad} ({metrics[bad]}) at step {step}; the update was not applied. "
+            f"Last good checkpoint: step {self.checkpoints.latest_step()} in "
+            f"{self.checkpoints.directory} (train.nan_policy={self.config.train.nan_policy!r}, "
+            f"{self.nan_skips} non-finite steps)")
+      log.warning("step %d: non-finite %s, batch skipped (%d of at most %d)", step, bad,
+                  self.nan_skips, self.config.train.max_nan_skips)
     now = time.time()
     bar.update(step - bar.n)
     bar.set_postfix(loss=f"{metrics['loss']:.3f}", refresh=False)
@@ -240,13 +293,34 @@ class Run:
                    unigram_entropy=self.data.unigram_entropy, seconds_this_session=seconds,
                    phase1_end_eval_loss=evals.get(switch), **self.tokens_at(
                        self.plan.total_steps))
-    with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
-    if jax.process_index() == 0:
+    if distributed.is_primary():
+      with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
       metrics_lib.plot_losses(os.path.join(self.workdir, "metrics.jsonl"),
                               os.path.join(self.workdir, "loss.png"), switch_step=switch)
     print(json.dumps(summary))
     return summary
+
+
+class _NoWriter:
+  """The metrics sink of processes other than 0."""
+  def write(self, record):
+    del record
+
+  def close(self):
+    pass
+
+
+def _scalars(metrics: dict) -> dict:
+  """Flatten vector metrics (e.g. per-expert load [E]) into one scalar per entry."""
+  flat = {}
+  for key, value in metrics.items():
+    value = np.asarray(value)
+    if value.ndim:
+      flat.update({f"{key}/{i}": float(x) for i, x in enumerate(value.reshape(-1))})
+    else:
+      flat[key] = float(value)
+  return flat
 
 
 class Data:
@@ -255,8 +329,11 @@ class Data:
     self.eval_windows, self.unigram_entropy = eval_windows, unigram_entropy
 
 
-def prepare_data(config, workdir: str, model_vocab: int) -> Data:
-  """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams."""
+def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
+  """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams.
+
+  `block` (index, count): this process's rows of the eval batches (default: by process).
+  """
   d = config.data
   for field in ("source", "tokenizer"):
     if not d[field]:
@@ -276,14 +353,26 @@ def prepare_data(config, workdir: str, model_vocab: int) -> Data:
                                      cache_path=os.path.join(cache, "train.npy"))
   val = data_lib.TokenStream.build(val_docs, tokenizer, config.seed,
                                    cache_path=os.path.join(cache, "val.npy"))
+  index, count = block or (jax.process_index(), jax.process_count())
   windows = data_lib.eval_windows(val, batch_size=d.batch_size, window=d.seq_len + 1,
                                   num_batches=d.eval_batches,
-                                  process_index=jax.process_index(),
-                                  process_count=jax.process_count())
+                                  process_index=index, process_count=count)
   if not windows:
     raise ConfigError(f"config.data.val_fraction: the held-out split has {len(val)} tokens, "
                       f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
   return Data(tokenizer, train, val, windows, data_lib.unigram_entropy(train))
+
+
+def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, shardings):
+  """Before compiling: every batch and parameter divides over the mesh axes that shard it."""
+  accum = config.optimizer.grad_accum
+  for p in plan.phases:
+    mesh_lib.check_batch(p.batch_size // accum, batch_sharding,
+                         f"config.data.batch_size: phase {p.name}'s {p.batch_size // accum} rows"
+                         + (f" per micro-batch (grad_accum={accum})" if accum > 1 else ""))
+  mesh_lib.check_batch(config.data.batch_size, batch_sharding,
+                       f"config.data.batch_size: the eval batch's {config.data.batch_size} rows")
+  mesh_lib.check_divisible(abstract_state.params, shardings.params)
 
 
 def _check_workdir_config(config, workdir: str):

@@ -36,6 +36,8 @@ def validate(config) -> None:
   _require(tst.variant in losses.VARIANTS, "tst.variant",
            f"must be one of {losses.VARIANTS}, got {tst.variant!r}")
   _require(train.steps >= 1, "train.steps", f"must be >= 1, got {train.steps}")
+  _require(train.nan_policy in ("stop", "skip"), "train.nan_policy",
+           f"must be 'stop' or 'skip', got {train.nan_policy!r}")
   _require(data.seq_len >= 1 and data.batch_size >= 1, "data.seq_len/batch_size",
            "must be >= 1")
   if tst.equal_flops == "batch" and tst.mode != "output_only":

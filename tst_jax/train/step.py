@@ -44,7 +44,7 @@ def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
 
 def state_shardings(model_cfg, tx, mesh, rules):
   """(abstract TrainState, its NamedShardings) from the parameters' logical axis names."""
-  abstract = jax.eval_shape(init_fn(model_cfg, tx), jax.random.key(0))
+  abstract = jax.eval_shape(lambda: init_fn(model_cfg, tx)(jax.random.key(0)))  # no compile
   return abstract, mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
 
 
@@ -115,9 +115,15 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
       loss, aux_metrics = jnp.mean(loss), jax.tree.map(lambda x: jnp.mean(x, 0), aux_metrics)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=optax.tree.norm(grads),
+    grad_norm = optax.tree.norm(grads)
+    # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched, so
+    # no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (params, opt_state), (state.params, state.opt_state))
+    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=grad_norm,
                    param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates),
-                   **aux_metrics)
+                   finite=finite, **aux_metrics)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return train_step

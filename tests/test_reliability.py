@@ -1,0 +1,141 @@
+"""Reliability: the NaN/Inf guard, corrupted checkpoints, preemption signals."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax import models
+from tst_jax.train import loop, optim, step as step_lib
+from tst_jax.train import metrics as metrics_lib
+
+
+def test_non_finite_step_leaves_state_untouched():
+  config = tiny_config()
+  model_cfg = models.model_config(config.model)
+  tx, schedule = optim.make_optimizer(config.optimizer, 10)
+  graphdef, _ = step_lib.abstract_model(model_cfg)
+  state = step_lib.init_fn(model_cfg, tx)(jax.random.key(0))
+
+  def loss_of_window(model, window):   # NaN when the window's first token is 0
+    loss, aux = step_lib.ntp_loss_fn(config.loss)(model, window)
+    return jnp.where(window[0, 0] == 0, jnp.nan, loss), aux
+
+  train_step = jax.jit(step_lib.make_train_step(graphdef, loss_of_window, tx, schedule))
+  good = jax.random.randint(jax.random.key(1), (4, 17), 1, 512)
+  state, _ = train_step(state, good)           # step 0 has lr 0 (warmup): move past it
+  bad = good.at[0, 0].set(0)
+  after_bad, metrics = train_step(state, bad)
+  assert not metrics["finite"]
+  for a, b in zip(jax.tree.leaves((after_bad.params, after_bad.opt_state)),
+                  jax.tree.leaves((state.params, state.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  after_good, metrics = train_step(state, good)
+  assert metrics["finite"]
+  assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after_good.params),
+                                                      jax.tree.leaves(state.params)))
+
+
+@pytest.mark.parametrize("policy,count", [("stop", 1), ("skip", 4)])
+def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, policy, count):
+  config = tiny_config(optimizer=dict(lr=1e30), train=dict(nan_policy=policy))
+  with pytest.raises(FloatingPointError, match=r"non-finite (loss|grad_norm) .* at step \d+; "
+                     r"the update was not applied. Last good checkpoint: step \d+ in .*"
+                     rf"{count} non-finite steps"):
+    loop.run(config, str(tmp_path))
+  run = loop.Run(config, str(tmp_path), loop.make_plan(config))
+  state, step = run.restore_or_init()
+  assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config",
+       os.path.join(ROOT, "tests", "tiny_config.py")]
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+
+
+def _losses(workdir):
+  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+          if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The tiny two-phase run (6 tst + 6 ntp steps) without interruption, as a subprocess."""
+  workdir = tmp_path_factory.mktemp("full")
+  subprocess.run(CMD + ["--workdir", str(workdir)], check=True, env=ENV, capture_output=True)
+  return _losses(workdir)
+
+
+def _start_and_wait(workdir, until_step):
+  """Start a run and return once metrics.jsonl has a train line of `until_step` or later."""
+  proc = subprocess.Popen(CMD + ["--workdir", str(workdir)], env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 300
+  path = workdir / "metrics.jsonl"
+  while time.time() < deadline and proc.poll() is None:
+    if path.exists() and any(step >= until_step for step in _losses(workdir)):
+      return proc
+    time.sleep(0.02)
+  raise AssertionError(f"run ended or stalled before step {until_step}: {proc.poll()}")
+
+
+@pytest.mark.parametrize("sig,until_step", [(signal.SIGKILL, 5), (signal.SIGTERM, 5),
+                                            (signal.SIGTERM, 7)])
+def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, sig, until_step):
+  """Killed (SIGKILL: loses the steps since the last checkpoint) or preempted (SIGTERM:
+  checkpoints the step it finishes and exits 0) around the phase switch at step 6, then
+  restarted: the loss trajectory equals the uninterrupted run's bit for bit."""
+  proc = _start_and_wait(tmp_path, until_step)
+  proc.send_signal(sig)
+  out, _ = proc.communicate(timeout=300)
+  if sig == signal.SIGTERM:
+    assert proc.returncode == 0, out
+    assert "preempted: checkpoint of step" in out
+  subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
+  assert _losses(tmp_path) == uninterrupted
+  steps = [r["step"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert steps == list(range(1, 13))
+
+
+def test_second_signal_exits_at_once():
+  code = ("import os, signal, time\n"
+          "from tst_jax.train.preemption import PreemptionGuard\n"
+          "g = PreemptionGuard()\n"
+          "os.kill(os.getpid(), signal.SIGTERM); assert g.requested and g.should_stop()\n"
+          "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('not reached')\n")
+  result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True)
+  assert result.returncode == 128 + signal.SIGTERM
+  assert "exiting now" in result.stderr and "not reached" not in result.stdout
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+  config = tiny_config(steps=4)
+  loop.run(config, str(tmp_path))
+  latest = tmp_path / "checkpoints" / "4" / "state"
+  victims = [p for p in latest.rglob("*") if p.is_file() and p.stat().st_size > 64]
+  for p in victims:                      # truncate the array data of the latest step
+    with open(p, "r+b") as f:
+      f.truncate(p.stat().st_size // 3)
+  run = loop.Run(config, str(tmp_path), loop.make_plan(config))
+  with caplog.at_level("WARNING", logger="tst_jax"):
+    state, step = run.restore_or_init()
+  assert step == 2
+  assert "checkpoint 4" in caplog.text and "cannot be restored" in caplog.text
+
+
+def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
+  loop.run(tiny_config(steps=2), str(tmp_path))
+  before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  wider = tiny_config(steps=2, model=dict(ffw_dim=96), train=dict(force_resume=True))
+  with pytest.raises(ValueError, match=r"params/blocks/ffw/\w+_proj/value has shape "
+                                       r"\(2, (32, 64|64, 32)\) there but"):
+    loop.run(wider, str(tmp_path))
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
