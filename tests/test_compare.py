@@ -1,0 +1,90 @@
+"""Equal-FLOPs / equal-data / equal-loss comparisons on synthetic eval curves with known answers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax import compare
+from tst_jax.train.plan import make_plan
+
+
+def _fake_run(path, config, evals):
+  """A run directory as main.py leaves it: config.json and eval lines of metrics.jsonl."""
+  path.mkdir()
+  (path / "config.json").write_text(config.to_json_best_effort())
+  plan = make_plan(config)
+  lines = []
+  for step, loss in evals:
+    data = sum(min(max(step - p.first_step, 0), p.steps) * p.data_tokens_per_step
+               for p in plan.phases)
+    lines.append(json.dumps(dict(step=step, phase=plan.phase_at(step - 1).name, eval_loss=loss,
+                                 data_tokens=data, equivalent_tokens=0)))
+  (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  return str(path), plan
+
+
+def test_crossing_interpolates_linearly():
+  x, y = np.array([4.0, 8, 12, 16]), np.array([5.0, 4, 3, 2.5])
+  assert compare.crossing(x, y, 3.5) == (10.0, "")
+  assert compare.crossing(x, y, 3.0) == (12.0, "")
+  assert compare.crossing(x, y, 2.0) == (None, "not reached")
+  assert compare.crossing(x, y, 6.0) == (4.0, "at or before the first eval")
+  # The first crossing counts, even if the curve goes back up later.
+  assert compare.crossing(x, np.array([5.0, 3, 4, 2]), 3.5) == (7.0, "")
+
+
+def test_equal_loss_speedup_on_known_curves(tmp_path, capsys):
+  # Baseline: 16 steps, eval every 4 steps, loss 5, 4, 3, 2.5.
+  base_dir, base_plan = _fake_run(tmp_path / "base", tiny_config(steps=16, ratio=0.0),
+                                  [(4, 5.0), (8, 4.0), (12, 3.0), (16, 2.5)])
+  # TST run of 8 steps (4 TST + 4 NTP) ending at 3.5: the baseline needs 10 steps
+  # (halfway between its evals at 8 and 12), a 1.25x speedup in steps and FLOPs.
+  tst_dir, tst_plan = _fake_run(tmp_path / "tst", tiny_config(steps=8, ratio=0.5, bag_size=4),
+                                [(4, 6.0), (8, 3.5)])
+  # A run better than the baseline ever gets: not reached, speedup > 16/8.
+  best_dir, _ = _fake_run(tmp_path / "best", tiny_config(steps=8, ratio=0.5, bag_size=2),
+                          [(4, 6.0), (8, 2.0)])
+  out = tmp_path / "out"
+  assert compare.main(["--runs", f"{tst_dir},{best_dir}", "--baseline", base_dir,
+                       "--out", str(out)]) == 0
+  result = json.loads((out / "compare.json").read_text())
+  assert result["baseline"] == "base"
+  tst, best = result["rows"]
+  per_step = base_plan.phases[0].flops_per_step
+  assert tst_plan.phases[0].flops_per_step == per_step          # equal FLOPs per step
+  assert tst["baseline_steps_to_equal_loss"] == pytest.approx(10.0)
+  assert tst["baseline_flops_to_equal_loss"] == pytest.approx(10 * per_step)
+  assert tst["speedup_steps"] == pytest.approx(1.25)
+  assert tst["speedup_flops"] == pytest.approx(1.25)
+  # Equal FLOPs: the baseline had 4.0 at 8 steps' FLOPs. Equal data: the TST run read
+  # 4 steps x 4 rows x 64 tokens + 4 x 4 x 16 = 20 baseline steps' worth: not covered.
+  assert tst["baseline_loss_at_equal_flops"] == pytest.approx(4.0)
+  assert tst["data_tokens"] == 4 * 4 * 64 + 4 * 4 * 16
+  assert tst["baseline_loss_at_equal_data"] is None
+  assert (tst["r"], tst["S"]) == (0.5, 4)
+  assert best["baseline_steps_to_equal_loss"] is None
+  assert best["speedup_lower_bound"] == pytest.approx(2.0)
+  printed = capsys.readouterr().out
+  assert "not reached in 16 steps" in printed and "1.25x steps, 1.25x FLOPs" in printed
+  assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
+
+
+def test_equal_data_and_the_baseline_frontier(tmp_path):
+  # Two baselines of 8 and 16 steps (final losses 4.0 and 3.0), a TST run of 8 steps
+  # (S = 2 doubles the data of its 4 TST steps: 12 steps' worth) ending at 3.4.
+  short, plan8 = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0),
+                           [(4, 5.0), (8, 4.0)])
+  long, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
+                      [(4, 5.0), (8, 4.2), (12, 3.6), (16, 3.0)])
+  tst, _ = _fake_run(tmp_path / "t", tiny_config(steps=8, ratio=0.5, bag_size=2),
+                     [(4, 6.0), (8, 3.4)])
+  runs = [compare.load_run(d) for d in (long, short, tst)]
+  rows = compare.compare(runs, runs[0])
+  row = {r["run"]: r for r in rows}["t"]
+  assert row["baseline_loss_at_equal_data"] == pytest.approx(3.6)     # b16 at 12 steps
+  # Frontier of final losses: (8 steps, 4.0), (16 steps, 3.0) -> 3.4 at 12.8 steps.
+  assert row["frontier_flops_to_equal_loss"] == pytest.approx(
+      12.8 * plan8.phases[0].flops_per_step)
+  assert row["frontier_speedup_flops"] == pytest.approx(12.8 / 8)

@@ -1,0 +1,285 @@
+"""Compare runs as the paper's figure 2: loss vs FLOPs, loss vs data tokens, equal-loss speedup.
+
+  python -m tst_jax.compare --runs W_base,W_tst [--baseline W_base] [--out DIR]
+
+Reads each run's metrics.jsonl (held-out eval lines) and config.json (for the plan's FLOPs per
+step of each phase). For every non-baseline run it reports
+  equal-FLOPs: the baseline's eval loss at the run's total FLOPs (interpolated on its curve);
+  equal-data:  the baseline's eval loss at the run's total data tokens (if it read that many);
+  equal-loss:  the steps and FLOPs the baseline needs to reach the run's final eval loss,
+               linearly interpolated between its eval points (or "not reached").
+Several baselines (r = 0) in --runs also give the paper's own equal-loss view: the final losses
+of those runs against their FLOPs. Writes DIR/compare.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Run:
+  name: str
+  workdir: str
+  steps: np.ndarray         # eval steps
+  loss: np.ndarray          # held-out next-token loss at those steps
+  data_tokens: np.ndarray
+  phases: list              # plan phases: first_step, steps, flops_per_step, bag_size, name
+  r: float
+  S: int
+
+  @property
+  def total_steps(self) -> int:
+    return sum(p["steps"] for p in self.phases)
+
+  @property
+  def final_loss(self) -> float:
+    return float(self.loss[-1])
+
+  @property
+  def is_baseline(self) -> bool:
+    return all(p["name"] == "ntp" for p in self.phases)
+
+  def flops_at(self, step):
+    """Training FLOPs after `step` (fractional steps allowed) optimizer steps."""
+    step = np.asarray(step, dtype=np.float64)
+    total = np.zeros_like(step)
+    first = 0
+    for p in self.phases:
+      total += np.clip(step - first, 0, p["steps"]) * p["flops_per_step"]
+      first += p["steps"]
+    return total
+
+  @property
+  def flops(self) -> np.ndarray:
+    return self.flops_at(self.steps)
+
+  @property
+  def total_flops(self) -> float:
+    return float(self.flops_at(self.total_steps))
+
+  @property
+  def total_data_tokens(self) -> int:
+    return int(sum(p["data_tokens"] for p in self.phases))
+
+
+def load_run(workdir: str, name: str | None = None) -> Run:
+  """A run directory of `main.py` -> its eval curve and plan."""
+  import ml_collections
+
+  from tst_jax.train.plan import make_plan
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.tst.weighting = "uniform"      # FLOPs do not depend on it (and a fitted file may move)
+  plan = make_plan(config).to_json()
+  evals = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in filter(str.strip, f):
+      record = json.loads(line)
+      if "eval_loss" in record:
+        evals[record["step"]] = record      # the last line of a step wins (resumed runs)
+  if not evals:
+    raise ValueError(f"{workdir}/metrics.jsonl has no eval lines")
+  rows = [evals[s] for s in sorted(evals)]
+  phases = plan["phases"]
+  tst = phases[0] if phases[0]["name"] == "tst" else None
+  return Run(name or os.path.basename(os.path.normpath(workdir)), workdir,
+             np.array([r["step"] for r in rows], float), np.array([r["eval_loss"] for r in rows]),
+             np.array([r["data_tokens"] for r in rows], float), phases,
+             r=float(config.tst.ratio) if tst else 0.0,
+             S=tst["bag_size"] if tst else 1)
+
+
+def crossing(x: np.ndarray, y: np.ndarray, target: float) -> tuple[float | None, str]:
+  """The first x where the curve y(x) reaches `target` (y <= target), linearly interpolated
+  between the eval points around it: (x, note). note is '' for an interpolated crossing,
+  'at or before the first eval' when the first point is already below, and
+  'not reached' (x None) when no point is."""
+  below = np.nonzero(y <= target)[0]
+  if below.size == 0:
+    return None, "not reached"
+  i = int(below[0])
+  if i == 0:
+    return float(x[0]), "at or before the first eval"
+  x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+  return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1)), ""
+
+
+def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
+  """y interpolated at `at`, None outside [x0, x_last]."""
+  if at < x[0] or at > x[-1]:
+    return None
+  return float(np.interp(at, x, y))
+
+
+def compare(runs: list[Run], baseline: Run) -> list[dict]:
+  """One row per run other than the baseline: the three views."""
+  rows = []
+  base_flops = baseline.flops
+  frontier = sorted((r.total_flops, r.final_loss, r.total_steps) for r in runs if r.is_baseline)
+  for run in runs:
+    if run is baseline:
+      continue
+    steps, note = crossing(baseline.steps, baseline.loss, run.final_loss)
+    flops = None if steps is None else float(baseline.flops_at(steps))
+    row = dict(
+        run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
+        data_tokens=run.total_data_tokens, final_loss=run.final_loss,
+        baseline=baseline.name, baseline_final_loss=baseline.final_loss,
+        baseline_loss_at_equal_flops=value_at(base_flops, baseline.loss, run.total_flops),
+        baseline_loss_at_equal_data=value_at(baseline.data_tokens, baseline.loss,
+                                              run.total_data_tokens),
+        baseline_steps_to_equal_loss=steps, baseline_flops_to_equal_loss=flops,
+        equal_loss_note=note,
+        speedup_steps=None if steps is None else steps / run.total_steps,
+        speedup_flops=None if flops is None else flops / run.total_flops,
+        speedup_lower_bound=(baseline.total_steps / run.total_steps if steps is None else None))
+    if len(frontier) >= 2:    # the paper's view: final losses of several baseline runs
+      fx, note = crossing(np.array([f[0] for f in frontier]), np.array([f[1] for f in frontier]),
+                          run.final_loss)
+      row["frontier_flops_to_equal_loss"] = fx
+      row["frontier_speedup_flops"] = None if fx is None else fx / run.total_flops
+      row["frontier_note"] = note.replace("at or before the first eval",
+                                          "at or below the smallest baseline")
+    rows.append(row)
+  return rows
+
+
+def _f(x, fmt=".4f"):
+  return "--" if x is None else format(x, fmt)
+
+
+def _human(x):
+  if x is None:
+    return "--"
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g}{unit}"
+  return f"{x:.3g}"
+
+
+def format_table(rows: list[dict], runs: list[Run]) -> str:
+  lines = ["| run | r | S | steps | FLOPs | data tokens | final eval loss |",
+           "|---|---|---|---|---|---|---|"]
+  for run in runs:
+    lines.append(f"| {run.name} | {run.r:g} | {run.S} | {run.total_steps} | "
+                 f"{_human(run.total_flops)} | {_human(run.total_data_tokens)} | "
+                 f"{run.final_loss:.4f} |")
+  lines += ["", "| run | vs baseline | equal-FLOPs: baseline loss (Δ) | "
+            "equal-data: baseline loss (Δ) | equal-loss: baseline steps (FLOPs) | speedup |",
+            "|---|---|---|---|---|---|"]
+  for row in rows:
+    def delta(base):
+      return "not covered" if base is None else f"{base:.4f} ({row['final_loss'] - base:+.4f})"
+    if row["baseline_steps_to_equal_loss"] is None:
+      equal = f"not reached in {row['speedup_lower_bound'] * row['steps']:.0f} steps"
+      speed = f"> {row['speedup_lower_bound']:.2f}x"
+    else:
+      equal = (f"{row['baseline_steps_to_equal_loss']:.1f} "
+               f"({_human(row['baseline_flops_to_equal_loss'])})")
+      bound = ""
+      if row["equal_loss_note"]:       # reached by the first eval: an upper bound
+        equal += f", {row['equal_loss_note']}"
+        bound = "≤ "
+      speed = f"{bound}{row['speedup_steps']:.2f}x steps, {bound}{row['speedup_flops']:.2f}x FLOPs"
+    lines.append(f"| {row['run']} | {row['baseline']} | "
+                 f"{delta(row['baseline_loss_at_equal_flops'])} | "
+                 f"{delta(row['baseline_loss_at_equal_data'])} | {equal} | {speed} |")
+  if any("frontier_flops_to_equal_loss" in r for r in rows):
+    lines += ["", "Equal loss against the final losses of the baseline runs (the paper's view):",
+              "", "| run | baseline FLOPs to equal loss | speedup (FLOPs) |", "|---|---|---|"]
+    for row in rows:
+      fx = row.get("frontier_flops_to_equal_loss")
+      note = row.get("frontier_note", "")
+      bound = "≤ " if note and fx is not None else ""
+      lines.append(f"| {row['run']} | {_human(fx)}{', ' + note if note else ''} | "
+                   f"{bound}{_f(row.get('frontier_speedup_flops'), '.2f')}x |")
+  return "\n".join(lines)
+
+
+def plot(runs: list[Run], baseline: Run, rows: list[dict], out_path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import matplotlib.ticker
+
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+  for run in runs:
+    style = dict(ls="--" if run.is_baseline else "-", marker=".", label=run.name)
+    line, = axes[0].plot(run.flops, run.loss, **style)
+    axes[1].plot(run.data_tokens, run.loss, color=line.get_color(), **style)
+  for ax, label, title in ((axes[0], "training FLOPs", "Equal-FLOPs"),
+                           (axes[1], "data tokens", "Equal-data")):
+    ax.set_xlabel(label)
+    ax.set_ylabel("held-out next-token loss (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[1].set_xscale("log")
+  axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  axes[0].legend(fontsize=8)
+  ax = axes[2]
+  names = [r["run"] for r in rows]
+  x = np.arange(len(rows))
+  ax.bar(x - 0.2, [r["flops"] for r in rows], 0.4, label="the run (its total)")
+  needed = [r["baseline_flops_to_equal_loss"] for r in rows]
+  ax.bar(x + 0.2, [n if n is not None else baseline.total_flops for n in needed], 0.4,
+         label=f"{baseline.name} to reach the same loss", color="tab:gray")
+  for i, (n, r) in enumerate(zip(needed, rows)):
+    if n is None:
+      text = f"not reached\n(> {baseline.total_flops / r['flops']:.2f}x)"
+    else:
+      text = ("≤ " if r["equal_loss_note"] else "") + f"{r['speedup_flops']:.2f}x"
+    ax.text(i + 0.2, n if n is not None else baseline.total_flops, text, ha="center",
+            va="bottom", fontsize=8)
+  ax.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
+  ax.set_ylabel("training FLOPs")
+  ax.set_title("Equal-loss: FLOPs to the run's final loss")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m tst_jax.compare", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--runs", required=True, help="comma list of run workdirs")
+  p.add_argument("--baseline", default="",
+                 help="the reference run (default: the first run with r = 0, else the first)")
+  p.add_argument("--out", default="", help="output directory (default: the current one)")
+  args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  dirs = [d for d in args.runs.split(",") if d]
+  if args.baseline and args.baseline not in dirs:
+    dirs.insert(0, args.baseline)
+  names = [os.path.basename(os.path.normpath(d)) for d in dirs]
+  if len(set(names)) < len(names):      # same basenames: name them parent/basename
+    names = [os.path.join(*os.path.normpath(os.path.abspath(d)).split(os.sep)[-2:])
+             for d in dirs]
+  runs = [load_run(d, name) for d, name in zip(dirs, names)]
+  if args.baseline:
+    baseline = runs[dirs.index(args.baseline)]
+  else:
+    baseline = next((r for r in runs if r.is_baseline), runs[0])
+  rows = compare(runs, baseline)
+  table = format_table(rows, runs)
+  print(table)
+  out = args.out or "."
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "compare.md"), "w") as f:
+    f.write(f"# Comparison against {baseline.name}\n\n```\npython -m tst_jax.compare "
+            f"{' '.join(sys.argv[1:] if argv is None else argv)}\n```\n\n{table}\n\n"
+            "![comparison](compare.png)\n")
+  with open(os.path.join(out, "compare.json"), "w") as f:
+    json.dump(dict(baseline=baseline.name, rows=rows), f, indent=1)
+  plot(runs, baseline, rows, os.path.join(out, "compare.png"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,445 @@
+r"""Run a grid of TST configs point by point (resumable); tabulate them as the paper's r x S tables.
+
+  python -m tst_jax.sweep --config configs/demo.py --workdir W \
+      --grid "tst.ratio=0.1,0.3,0.5;tst.bag_size=2,4,6,8" --include_baseline --seeds 0,1
+
+Each point trains in W/<name> (in this process, or `python main.py` with --subprocess); a point
+whose summary.json holds the requested steps is skipped, an interrupted one resumes from its
+checkpoint. The tables cover every finished point under W (so later, smaller sweeps into the
+same W add rows): W/sweep.csv, W/sweep.md and W/sweep_heatmap.png (rows r, columns S, the mean
+over seeds; colour: the mean difference to the baseline of the same seed). Points of the same
+seed and data share the tokenizer and token caches, and all share a persistent XLA cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from tst_jax import configlib
+
+POINT_FILE = "sweep_point.json"
+RATIO, BAG = "tst.ratio", "tst.bag_size"
+_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "main.py")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  name: str
+  grid: dict            # this point's grid values, key -> string
+  seed: int
+  baseline: bool
+
+  def overrides(self, base: list[str]) -> list[str]:
+    """--set overrides, then the grid's, then the seed (and r = 0 for the baseline)."""
+    extra = [f"{RATIO}=0.0"] if self.baseline else []
+    return [*base, *(f"{k}={v}" for k, v in self.grid.items()), *extra, f"seed={self.seed}"]
+
+
+def make_points(grid: str, seeds: list[int], include_baseline: bool) -> list[Point]:
+  points = []
+  for seed in seeds:
+    if include_baseline:
+      points.append(Point(f"baseline_seed{seed}", {}, seed, True))
+    for overrides in configlib.parse_grid(grid) if grid.strip() else []:
+      values = dict(configlib.parse_override(o) for o in overrides)
+      parts = [f"{k.split('.')[-1]}{v}" for k, v in values.items()] + [f"seed{seed}"]
+      points.append(Point(re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)), values, seed,
+                          False))
+  return points
+
+
+# -- running ---------------------------------------------------------------------------------
+def resolve(config_spec: str, overrides: list[str]):
+  config = configlib.apply_overrides(configlib.load_config(config_spec), overrides)
+  from tst_jax.train.plan import make_plan
+  return config, make_plan(config)
+
+
+def finished(point_dir: str, steps: int) -> bool:
+  """True when the run in `point_dir` completed `steps` steps; a run that completed another
+  number of steps is an error (its checkpoints belong to another plan)."""
+  path = os.path.join(point_dir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    done = json.load(f)["steps"]
+  if done != steps:
+    raise RuntimeError(f"{point_dir} finished {done} steps but this sweep asks for {steps}: "
+                       "use another --workdir")
+  return final_eval(point_dir, steps) is not None
+
+
+def final_eval(point_dir: str, steps: int) -> float | None:
+  """The held-out loss of the eval line written at the last step (metrics.jsonl)."""
+  path = os.path.join(point_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    evals = [r for r in map(json.loads, filter(str.strip, f)) if "eval_loss" in r]
+  last = [r["eval_loss"] for r in evals if r["step"] == steps]
+  return last[-1] if last else None
+
+
+def run_point(args, point: Point, index: int, total: int) -> str:
+  """Trains one point unless it is finished; returns 'done', 'skipped' or 'failed'."""
+  point_dir = os.path.join(args.workdir, point.name)
+  overrides = point.overrides(args.set)
+  config, plan = resolve(args.config, overrides)
+  if finished(point_dir, config.train.steps):
+    print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
+    return "skipped"
+  os.makedirs(point_dir, exist_ok=True)
+  phases = plan.phases
+  if config.data.tokenizer == "bpe":
+    share_prepared_data(args.workdir, point_dir, _data_key(config))
+  meta = dict(name=point.name, config=args.config, overrides=overrides, grid=point.grid,
+              seed=point.seed, baseline=point.baseline, data_key=_data_key(config),
+              r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
+              S=phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(), status="running")
+  _write_json(os.path.join(point_dir, POINT_FILE), meta)
+  print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
+  t0 = time.time()
+  try:
+    if args.subprocess:
+      cmd = [sys.executable, _MAIN, "--config", args.config, "--workdir", point_dir,
+             *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
+               map(configlib.parse_override, overrides))]
+      with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    else:
+      from tst_jax.train import loop
+      loop.run(config, point_dir)
+  except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
+    meta.update(status="failed", error=f"{type(e).__name__}: {e}")
+    _write_json(os.path.join(point_dir, POINT_FILE), meta)
+    traceback.print_exc()
+    print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
+    return "failed"
+  meta.update(status="done", wall_s=time.time() - t0)
+  _write_json(os.path.join(point_dir, POINT_FILE), meta)
+  print(f"[{index}/{total}] {point.name}: final eval loss "
+        f"{final_eval(point_dir, plan.total_steps):.4f} ({meta['wall_s']:.0f} s)", flush=True)
+  return "done"
+
+
+@contextlib.contextmanager
+def compilation_cache(path: str | None):
+  """A persistent XLA cache at `path` for the points of this sweep (and their subprocesses):
+  points that compile the same step (same S, same shapes) load it instead of compiling."""
+  if path is None:
+    yield
+    return
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  before = (jax.config.jax_compilation_cache_dir, os.environ.get("JAX_COMPILATION_CACHE_DIR"))
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  cc.set_cache_dir(path)
+  cc.reset_cache()          # an earlier compile in this process may have decided "no cache"
+  try:
+    yield
+  finally:
+    cc.set_cache_dir(before[0])
+    cc.reset_cache()
+    if before[1] is None:
+      os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    else:
+      os.environ["JAX_COMPILATION_CACHE_DIR"] = before[1]
+
+
+def share_prepared_data(workdir: str, point_dir: str, data_key: str):
+  """Copies the BPE tokenizer and token-stream caches of a sibling point with the same data
+  (seed, data section, vocabulary) into a fresh `point_dir`: what the trainer would rebuild
+  identically, saving the tokenizer training and tokenization per point. The stream caches
+  are fingerprinted by the trainer and rebuilt if they do not match."""
+  if os.path.exists(os.path.join(point_dir, "tokenizer.json")):
+    return
+  for name in sorted(os.listdir(workdir)):
+    donor = os.path.join(workdir, name)
+    try:
+      with open(os.path.join(donor, POINT_FILE)) as f:
+        if json.load(f).get("data_key") != data_key:
+          continue
+    except (OSError, ValueError):
+      continue
+    files = ["tokenizer.json"] + [os.path.join("data", f) for f in
+                                  ("train.npy", "train.meta.json", "val.npy", "val.meta.json")]
+    if donor != point_dir and all(os.path.exists(os.path.join(donor, f)) for f in files):
+      os.makedirs(os.path.join(point_dir, "data"), exist_ok=True)
+      for f in files:
+        shutil.copyfile(os.path.join(donor, f), os.path.join(point_dir, f))
+      return
+
+
+def _data_key(config) -> str:
+  """What the tokenizer and token streams of a run depend on."""
+  return json.dumps(dict(seed=config.seed, data=config.data.to_dict(),
+                         vocab_size=config.model.vocab_size), sort_keys=True)
+
+
+def _cli_value(config, dotted: str) -> str:
+  value = config
+  for name in dotted.split("."):
+    value = value[name]
+  return str(value)
+
+
+def _write_json(path: str, obj):
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+# -- tables ----------------------------------------------------------------------------------
+def collect(workdir: str) -> list[dict]:
+  """One record per finished point under `workdir`, with the difference to the baseline of
+  the same seed (negative: TST reached a lower loss)."""
+  records = []
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, POINT_FILE)
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      meta = json.load(f)
+    loss = final_eval(os.path.join(workdir, name), meta["steps"])
+    summary_path = os.path.join(workdir, name, "summary.json")
+    if loss is None or not os.path.exists(summary_path):
+      continue
+    with open(summary_path) as f:
+      summary = json.load(f)
+    extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
+    records.append(dict(
+        name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,
+        final_eval_loss=loss, data_tokens=summary["data_tokens"],
+        equivalent_tokens=summary["equivalent_tokens"], flops=meta["plan"]["flops_total"],
+        wall_s=meta.get("wall_s", summary.get("seconds_this_session")),
+        train_s=summary.get("seconds_this_session"), steps=meta["steps"]))
+  baselines = {r["seed"]: r["final_eval_loss"] for r in records if r["r"] == 0.0}
+  for r in records:
+    base = baselines.get(r["seed"])
+    r["delta_vs_baseline"] = None if base is None else r["final_eval_loss"] - base
+  return sorted(records, key=lambda r: (r["r"] > 0, r["r"], r["S"], str(_extras(r)), r["seed"]))
+
+
+def _extras(record: dict) -> dict:
+  fixed = ("name", "r", "S", "seed", "final_eval_loss", "data_tokens", "equivalent_tokens",
+           "flops", "wall_s", "train_s", "steps", "delta_vs_baseline")
+  return {k: v for k, v in record.items() if k not in fixed}
+
+
+def rxs_tables(records: list[dict]) -> list[tuple[dict, dict]]:
+  """[(extra grid values, {(r, S): [losses over seeds]})], the baseline (r = 0, S = 1) in
+  every group."""
+  groups: dict[str, tuple[dict, dict]] = {}
+  for r in records:
+    if r["r"] > 0:
+      key = json.dumps(_extras(r), sort_keys=True)
+      groups.setdefault(key, (_extras(r), {}))[1].setdefault((r["r"], r["S"]), []).append(r)
+  base = [r for r in records if r["r"] == 0.0]
+  if not groups and base:
+    groups["{}"] = ({}, {})
+  for _, cells in groups.values():
+    if base:
+      cells[(0.0, 1)] = base
+  return list(groups.values())
+
+
+def cell_mean(runs: list[dict]) -> tuple[float, float | None]:
+  """(mean loss, mean difference to the same seed's baseline or None) over a cell's seeds.
+  Cells are ranked by the paired difference: seeds differ in held-out split and data order."""
+  deltas = [x["delta_vs_baseline"] for x in runs]
+  return (float(np.mean([x["final_eval_loss"] for x in runs])),
+          None if None in deltas else float(np.mean(deltas)))
+
+
+def _fmt(x, digits=4):
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "--"
+  if isinstance(x, float):
+    return f"{x:.{digits}f}"
+  return str(x)
+
+
+def _human(x: float) -> str:
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g}{unit}"
+  return f"{x:g}"
+
+
+def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
+  """sweep.csv, sweep.md and sweep_heatmap.png; returns their paths."""
+  paths = dict(csv=os.path.join(workdir, "sweep.csv"), md=os.path.join(workdir, "sweep.md"),
+               png=os.path.join(workdir, "sweep_heatmap.png"))
+  extra_keys = sorted({k for r in records for k in _extras(r)})
+  columns = ["name", "r", "S", "seed", *extra_keys, "final_eval_loss", "delta_vs_baseline",
+             "data_tokens", "equivalent_tokens", "flops", "steps", "wall_s", "train_s"]
+  with open(paths["csv"], "w", newline="") as f:
+    writer = csv.DictWriter(f, columns)
+    writer.writeheader()
+    for r in records:
+      writer.writerow({k: r.get(k, "") for k in columns})
+
+  lines = ["# Sweep results", ""]
+  if command:
+    lines += ["```", command, "```", ""]
+  lines += ["Final held-out next-token loss (nats/token) of every finished run; Δ = loss minus "
+            "the baseline (r = 0) of the same seed, negative is better. FLOPs are the plan's "
+            "training FLOPs (6·N per position plus attention, both phases); wall time "
+            "includes data preparation and compilation.",
+            "",
+            "| run | r | S | seed | " + "".join(f"{k} | " for k in extra_keys) +
+            "final eval loss | Δ vs baseline | data tokens | equiv. tokens | FLOPs | wall s |",
+            "|---" * (10 + len(extra_keys)) + "|"]
+  for r in records:
+    lines.append(f"| {r['name']} | {r['r']:g} | {r['S']} | {r['seed']} | "
+                 + "".join(f"{r.get(k, '')} | " for k in extra_keys)
+                 + f"{_fmt(r['final_eval_loss'])} | {_fmt(r['delta_vs_baseline'], 4)} | "
+                 f"{_human(r['data_tokens'])} | {_human(r['equivalent_tokens'])} | "
+                 f"{_human(r['flops'])} | {_fmt(r['wall_s'], 0)} |")
+  for extras, cells in rxs_tables(records):
+    label = f"; {', '.join(f'{k}={v}' for k, v in extras.items())}" if extras else ""
+    rows, cols = sorted({r for r, _ in cells}), sorted({s for _, s in cells})
+    for title, key in (("Final loss", "final_eval_loss"),
+                       ("Δ vs the baseline of the same seed", "delta_vs_baseline")):
+      lines += ["", f"## {title}, rows r, columns S (mean over seeds{label})", "",
+                "| r \\ S | " + " | ".join(map(str, cols)) + " |",
+                "|---" * (len(cols) + 1) + "|"]
+      for row in rows:
+        texts = []
+        for col in cols:
+          values = [x[key] for x in cells.get((row, col), []) if x[key] is not None]
+          text = f"{np.mean(values):.4f}" if values else "--"
+          if len(values) > 1:
+            text += f" ± {np.std(values, ddof=1):.4f} (n={len(values)})"
+          texts.append(text)
+        lines.append(f"| {row:g} | " + " | ".join(texts) + " |")
+    tst = {k: cell_mean(v) for k, v in cells.items() if k[0] > 0}
+    if tst:
+      (br, bs), (loss, delta) = min(tst.items(), key=lambda kv: kv[1][::-1])
+      lines += ["", f"Best TST point: r = {br:g}, S = {bs} (mean loss {loss:.4f}" +
+                (f", mean Δ {delta:+.4f}" if delta is not None else "") + ")."]
+  lines += ["", f"![heatmap]({os.path.basename(paths['png'])})", ""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(lines))
+  plot_heatmap(records, paths["png"])
+  return paths
+
+
+def plot_heatmap(records: list[dict], out_path: str):
+  """Rows r, columns S, the mean loss written in each cell, coloured by the mean difference to
+  the same seed's baseline (green: lower loss than the baseline) when there is one."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.colors import TwoSlopeNorm
+
+  tables = rxs_tables(records)
+  if not tables:
+    return
+  fig, axes = plt.subplots(1, len(tables), figsize=(1.2 + 1.1 * max(
+      len({s for _, s in cells}) for _, cells in tables) * len(tables), 0.6 + 0.5 * max(
+          len({r for r, _ in cells}) for _, cells in tables) + 1.2), squeeze=False)
+  deltas = [d for _, cells in tables for runs in cells.values()
+            if (d := cell_mean(runs)[1]) is not None]
+  span = max([abs(d) for d in deltas] + [1e-6])      # one colour scale for all panels
+  for ax, (extras, cells) in zip(axes[0], tables):
+    rows, cols = sorted({r for r, _ in cells}), sorted({s for _, s in cells})
+    mean, shade = np.full((len(rows), len(cols)), np.nan), np.full((len(rows), len(cols)), np.nan)
+    count = np.zeros_like(mean, dtype=int)
+    for (r, s), runs in cells.items():
+      loss, delta = cell_mean(runs)
+      mean[rows.index(r), cols.index(s)] = loss
+      shade[rows.index(r), cols.index(s)] = np.nan if delta is None else delta
+      count[rows.index(r), cols.index(s)] = len(runs)
+    if not np.all(np.isnan(shade)):
+      image = ax.imshow(shade, cmap="RdYlGn_r", norm=TwoSlopeNorm(0.0, -span, span))
+      fig.colorbar(image, ax=ax, label="loss − same-seed baseline (nats)", shrink=0.8)
+      dark = np.abs(shade) > 0.6 * span
+    else:
+      image = ax.imshow(mean, cmap="viridis_r")
+      fig.colorbar(image, ax=ax, label="final eval loss (nats)", shrink=0.8)
+      dark = mean > np.nanmin(mean) + 0.6 * (np.nanmax(mean) - np.nanmin(mean))
+    for i in range(len(rows)):
+      for j in range(len(cols)):
+        if count[i, j]:
+          ax.text(j, i, f"{mean[i, j]:.3f}" + (f"\nn={count[i, j]}" if count[i, j] > 1 else ""),
+                  ha="center", va="center", fontsize=8, color="white" if dark[i, j] else "black")
+    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
+    ax.set_xlabel("bag size S")
+    ax.set_ylabel("TST step ratio r")
+    ax.set_title("final eval loss" + (f" ({', '.join(f'{k}={v}' for k, v in extras.items())})"
+                                      if extras else ""), fontsize=10)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=100)
+  plt.close(fig)
+
+
+# -- command line ----------------------------------------------------------------------------
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m tst_jax.sweep", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")
+  p.add_argument("--grid", default="", help="'key=v1,v2;key2=w1,w2': the cartesian product")
+  p.add_argument("--workdir", required=True, help="one subdirectory per point, tables here")
+  p.add_argument("--include_baseline", action="store_true",
+                 help="also run r = 0 (plain next-token training, same FLOPs) per seed")
+  p.add_argument("--seeds", default=None, help="comma list, e.g. 0,1,2 (default: the config's)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override applied to every point (repeatable)")
+  p.add_argument("--subprocess", action="store_true",
+                 help="train each point with `python main.py` instead of in this process")
+  p.add_argument("--compilation_cache", default="",
+                 help="persistent XLA cache shared by the points (default: JAX's configured "
+                      "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
+                      "each other's compiled steps")
+  p.add_argument("--dry_run", action="store_true", help="list the points and exit")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  os.makedirs(args.workdir, exist_ok=True)
+  if args.seeds:
+    seeds = [int(s) for s in args.seeds.split(",")]
+  else:
+    seeds = [int(resolve(args.config, args.set)[0].seed)]
+  points = make_points(args.grid, seeds, args.include_baseline)
+  if not points:
+    raise SystemExit("no points: give --grid and/or --include_baseline")
+  if args.dry_run:
+    for point in points:
+      print(point.name, " ".join(point.overrides(args.set)))
+    return 0
+  cache = args.compilation_cache
+  if not cache:
+    import jax
+    cache = jax.config.jax_compilation_cache_dir or os.path.join(args.workdir, ".jax_cache")
+  with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
+    status = [run_point(args, p, i + 1, len(points)) for i, p in enumerate(points)]
+  command = "python -m tst_jax.sweep " + " ".join(
+      f"'{a}'" if any(c in a for c in " ;") else a for a in (argv or sys.argv[1:]))
+  paths = write_reports(args.workdir, collect(args.workdir), command)
+  print(open(paths["md"]).read())
+  failed = [p.name for p, s in zip(points, status) if s == "failed"]
+  if failed:
+    print(f"failed points: {failed}", file=sys.stderr)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
