@@ -7,7 +7,7 @@ Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices
   python main.py --config configs/llama_270m.py --mode plan
   python main.py --config configs/llama_270m.py:20k \
       --config.data.source='text:/data/dclm/**/*.txt' \
-      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir gs://bucket/llama_270m_tst
+      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir /gcs/bucket/llama_270m_tst
   baseline arm (same FLOPs, r = 0): --config configs/llama_270m.py:20k,baseline
 
 Expected final loss (paper, DCLM): baseline 3.212 (20k) / 3.092 (100k); TST 3.142 (20k) / 3.048 (100k).

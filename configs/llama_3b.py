@@ -7,7 +7,7 @@ Hardware: 64 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all device
   python main.py --config configs/llama_3b.py --mode plan
   python main.py --config configs/llama_3b.py:20k \
       --config.data.source='text:/data/dclm/**/*.txt' \
-      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir gs://bucket/llama_3b_tst
+      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir /gcs/bucket/llama_3b_tst
   baseline arm (same FLOPs, r = 0): --config configs/llama_3b.py:20k,baseline
 
 Expected final loss (paper, DCLM): baseline 2.808 (20k), 2.677 (36k), 2.640 (50k); TST 2.676.

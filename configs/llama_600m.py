@@ -7,7 +7,7 @@ Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices
   python main.py --config configs/llama_600m.py --mode plan
   python main.py --config configs/llama_600m.py:20k \
       --config.data.source='text:/data/dclm/**/*.txt' \
-      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir gs://bucket/llama_600m_tst
+      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir /gcs/bucket/llama_600m_tst
   baseline arm (same FLOPs, r = 0): --config configs/llama_600m.py:20k,baseline
 
 Expected final loss (paper, DCLM): baseline 3.019; TST 2.943.

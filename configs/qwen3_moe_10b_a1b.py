@@ -6,7 +6,7 @@ QK-norm GQA 16/4 heads of 128), Llama-3 vocabulary, untied: 10.10B total, 1.04B 
 Hardware in the paper: 64 B200 GPUs (TorchTitan, FSDP).
 
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan
-  python main.py --config configs/qwen3_moe_10b_a1b.py --workdir gs://bucket/moe_tst \\
+  python main.py --config configs/qwen3_moe_10b_a1b.py --workdir /gcs/bucket/moe_tst \\
       --config.data.source='text:/data/fineweb_edu_dclm/**/*.txt' \\
       --config.data.tokenizer=/models/llama3/tokenizer.json
   baseline arm (125,000 plain steps, same FLOPs per step): configs/qwen3_moe_10b_a1b.py:baseline

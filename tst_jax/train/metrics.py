@@ -53,14 +53,13 @@ def truncate_after(path: str, step: int):
 
 def plot_losses(metrics_path: str, out_path: str, switch_step: int | None = None):
   """Train and eval loss vs step and vs data tokens, the phase switch marked."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure   # no pyplot: leaves notebooks' backends alone
 
   records = read(metrics_path)
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  fig = Figure(figsize=(12, 4.5))
+  axes = fig.subplots(1, 2)
   for ax, x_key, label in ((axes[0], "step", "step"), (axes[1], "data_tokens", "data tokens")):
     for phase, color in (("tst", "tab:orange"), ("ntp", "tab:blue")):
       rows = [r for r in train if r["phase"] == phase]
@@ -81,4 +80,3 @@ def plot_losses(metrics_path: str, out_path: str, switch_step: int | None = None
   fig.suptitle("Token-Superposition Training: phase 1 (tst) then phase 2 (ntp)")
   fig.tight_layout()
   fig.savefig(out_path, dpi=100)
-  plt.close(fig)

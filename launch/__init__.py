@@ -1,0 +1,1 @@
+"""Launchers: XManager (xm_launch.py), GKE JobSet manifests (gke/), Dockerfiles."""

@@ -1,0 +1,1 @@
+"""GKE JobSet manifests of tst-jax runs."""

@@ -1,0 +1,150 @@
+"""Render a tst-jax run as a GKE JobSet manifest (multi-host TPU slice or GPU nodes).
+
+  python -m launch.gke.render --config configs/llama_600m.py --platform tpu --tpu_type v5p-128 \\
+      --workdir gs://BUCKET/llama_600m --image IMAGE [--config.a.b=v ...] | kubectl apply -f -
+  python -m launch.gke.render --config configs/qwen3_moe_10b_a1b.py --platform gpu \\
+      --gpu_type b200 --num_hosts 8 --workdir gs://BUCKET/moe --image IMAGE
+
+One replicated job of `hosts` pods (an Indexed Job: parallelism = completions = hosts), one
+process per host. TPU: the slice's node selectors and google.com/tpu chips per host;
+jax.distributed finds the slice from the variables GKE injects. GPU: nvidia.com/gpu = 8 and
+the coordinator = pod 0 through the JobSet's headless service, process id = the pod's job
+completion index. Preemption: SIGTERM makes the trainer finish its step and checkpoint within
+the grace period; any failed pod fails the job (backoffLimit 0) and JobSet restarts the whole
+set (failurePolicy.maxRestarts), which resumes from the workdir. See launch/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+if __package__ in (None, ""):   # run as a file: make `launch` importable
+  import os
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from launch import jobspec  # noqa: E402
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+CONTAINER = "tst"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+
+
+def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
+           grace_period_s: int = 600, spot: bool = False, namespace: str = "") -> dict:
+  """The JobSet (a plain dict, ready for yaml/json) of one job spec from `jobspec.job_spec`."""
+  accel, hosts, tpu = spec["accelerator"], spec["hosts"], spec["platform"] == "tpu"
+  resource = "google.com/tpu" if tpu else "nvidia.com/gpu"
+  count = str(accel["count_per_host"])
+  if tpu:
+    node_selector = {"cloud.google.com/gke-tpu-accelerator": accel["gke_accelerator"],
+                     "cloud.google.com/gke-tpu-topology": accel["topology"]}
+  else:
+    node_selector = {"cloud.google.com/gke-accelerator": accel["gke_accelerator"]}
+  tolerations = [dict(key=resource, operator="Exists", effect="NoSchedule")]
+  if spot:
+    node_selector["cloud.google.com/gke-spot"] = "true"
+    tolerations.append(dict(key="cloud.google.com/gke-spot", operator="Equal", value="true",
+                            effect="NoSchedule"))
+
+  mounts, volumes, annotations = [], [], {}
+  for i, bucket in enumerate(spec["gcs_buckets"]):   # the GKE Cloud Storage FUSE CSI driver
+    annotations["gke-gcsfuse/volumes"] = "true"
+    mounts.append(dict(name=f"gcs-{i}", mountPath=f"{jobspec.GCS_MOUNT_ROOT}/{bucket}"))
+    volumes.append(dict(name=f"gcs-{i}", csi=dict(driver=GCSFUSE_DRIVER, volumeAttributes=dict(
+        bucketName=bucket, mountOptions="implicit-dirs"))))
+  if not tpu:              # NCCL needs more shared memory than the container default
+    mounts.append(dict(name="dshm", mountPath="/dev/shm"))
+    volumes.append(dict(name="dshm", emptyDir=dict(medium="Memory")))
+
+  container = dict(
+      name=CONTAINER, image=spec["image"], imagePullPolicy="Always",
+      workingDir=spec["working_dir"], command=spec["command"], env=spec["env"],
+      resources=dict(requests={resource: count}, limits={resource: count}),
+      volumeMounts=mounts)
+  if not tpu and hosts > 1:
+    container["ports"] = [dict(name="coordinator", containerPort=jobspec.COORDINATOR_PORT)]
+  pod_spec = dict(
+      restartPolicy="Never",
+      # SIGTERM -> the trainer finishes the step and writes a checkpoint before the SIGKILL.
+      terminationGracePeriodSeconds=grace_period_s,
+      nodeSelector=node_selector, tolerations=tolerations,
+      containers=[container], volumes=volumes)
+  if service_account:      # a KSA with access to the bucket (Workload Identity)
+    pod_spec["serviceAccountName"] = service_account
+  if tpu:                  # as in Google's multi-host TPU JobSets: host networking for DCN
+    pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+
+  labels = {"app.kubernetes.io/name": "tst-jax", "tst-jax/run": spec["name"],
+            "tst-jax/work-unit": str(spec["work_unit"])}
+  metadata = dict(name=spec["name"], labels=labels)
+  if namespace:
+    metadata["namespace"] = namespace
+  if tpu:                  # one slice = one node pool, not shared with another job
+    metadata["annotations"] = {
+        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+  return dict(
+      apiVersion=JOBSET_API, kind="JobSet", metadata=metadata,
+      spec=dict(
+          failurePolicy=dict(maxRestarts=max_restarts),
+          network=dict(enableDNSHostnames=True, publishNotReadyAddresses=True),
+          replicatedJobs=[dict(
+              name=jobspec.REPLICATED_JOB, replicas=1,
+              template=dict(spec=dict(
+                  parallelism=hosts, completions=hosts, completionMode="Indexed",
+                  backoffLimit=0,
+                  template=dict(metadata=dict(labels=dict(labels), annotations=annotations),
+                                spec=pod_spec))))]))
+
+
+def pod_template(manifest: dict) -> dict:
+  """The pod template of a rendered JobSet."""
+  return manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(prog="python -m launch.gke.render", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  jobspec.add_arguments(parser)
+  parser.add_argument("--image", required=True, help="container image (launch/Dockerfile.*)")
+  parser.add_argument("--service_account", default="",
+                      help="Kubernetes service account with access to the bucket")
+  parser.add_argument("--max_restarts", type=int, default=10,
+                      help="JobSet restarts after a failure or preemption")
+  parser.add_argument("--grace_period_s", type=int, default=600,
+                      help="seconds between SIGTERM and SIGKILL (the final checkpoint)")
+  parser.add_argument("--spot", action="store_true", help="schedule on Spot VMs")
+  parser.add_argument("--namespace", default="")
+  parser.add_argument("--format", default="yaml", choices=["yaml", "json"])
+  args = jobspec.parse_args(parser, argv)
+  if not args.workdir:
+    parser.error("--workdir is required (gs://BUCKET/path)")
+  return args
+
+
+def render(args) -> list[dict]:
+  specs = jobspec.job_specs(
+      jobspec.target_from_args(args), config=args.config, workdir=args.workdir,
+      image=args.image, overrides=args.overrides, grid=args.grid, name=args.name or None,
+      env=args.env, validate=not args.no_validate)
+  return [jobset(s, service_account=args.service_account, max_restarts=args.max_restarts,
+                 grace_period_s=args.grace_period_s, spot=args.spot, namespace=args.namespace)
+          for s in specs]
+
+
+def main(argv=None):
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    manifests = render(args)
+  except (ValueError, FileNotFoundError) as e:   # bad target, config or override
+    sys.exit(f"render: {e}")
+  if args.format == "json":
+    import json
+    print(json.dumps(manifests if len(manifests) > 1 else manifests[0], indent=1))
+  else:
+    import yaml
+    print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+
+
+if __name__ == "__main__":
+  main()

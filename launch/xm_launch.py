@@ -1,0 +1,128 @@
+"""Launch a tst-jax run (or a grid of them) on GKE with XManager: build the image, one work unit
+per grid point, each a JobSet of multi-host TPU or GPU pods.
+
+  python launch/xm_launch.py --config configs/qwen3_moe_10b_a1b.py --platform=gpu \\
+      --gpu_type=b200 --num_hosts=8 --workdir gs://BUCKET/moe --dry_run
+  python launch/xm_launch.py --config configs/llama_600m.py --platform=tpu --tpu_type=v5p-128 \\
+      --workdir gs://BUCKET/sweep --grid "tst.ratio=0.1,0.3;tst.bag_size=4,6" \\
+      --image us-docker.pkg.dev/PROJECT/tst/tst-jax-tpu \\
+      --config.data.source='text:gs://DATA/dclm/**/*.txt' --config.data.tokenizer=gs://DATA/tok.json
+
+--dry_run prints the job specs as a JSON list (hosts, accelerator per host, image, env, the
+command on every host) and contacts nothing. Otherwise XManager (`pip install xmanager`)
+builds launch/Dockerfile.<platform> and pushes it to --image, records the experiment, and each
+work unit creates its JobSet (launch/gke/render.py) through the Kubernetes API of the current
+kubectl context. Why JobSets and not xm_local's executors: its Kubernetes executor makes one
+single-pod Job per xm.Job with `nvidia-tesla-*` node selectors and no TPU slice selectors, and
+its Vertex executor maps only A100/L4 machine shapes and TPU v2/v3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from launch import jobspec  # noqa: E402
+from launch.gke import render  # noqa: E402
+
+
+def parse_args(argv) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog="python launch/xm_launch.py", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  jobspec.add_arguments(parser)
+  parser.add_argument("--image", default="",
+                      help="registry path the built image is pushed to (default: XManager's "
+                           "gcr.io/<project>/...)")
+  parser.add_argument("--dry_run", action="store_true", help="print the job specs and exit")
+  parser.add_argument("--namespace", default="default")
+  parser.add_argument("--service_account", default="",
+                      help="Kubernetes service account with access to the bucket")
+  parser.add_argument("--max_restarts", type=int, default=10)
+  parser.add_argument("--grace_period_s", type=int, default=600)
+  parser.add_argument("--spot", action="store_true")
+  parser.add_argument("--title", default="", help="XManager experiment title")
+  args = jobspec.parse_args(parser, argv)
+  if not args.workdir:
+    if not args.dry_run:
+      parser.error("--workdir is required (gs://BUCKET/path)")
+    args.workdir = f"gs://your-bucket/tst-jax/{jobspec.run_name(jobspec.config_name(args.config))}"
+  return args
+
+
+def dockerfile(platform: str) -> str:
+  return f"launch/Dockerfile.{platform}"
+
+
+def build_specs(args) -> list[dict]:
+  """Every work unit's job spec; pure (the image is a placeholder until XManager builds it)."""
+  target = jobspec.target_from_args(args)
+  specs = jobspec.job_specs(
+      target, config=args.config, workdir=args.workdir,
+      image=args.image or f"tst-jax-{target.platform}:latest", overrides=args.overrides,
+      grid=args.grid, name=args.name or None, env=args.env, validate=not args.no_validate,
+      require_data=not args.dry_run)
+  for spec in specs:
+    spec["dockerfile"] = dockerfile(target.platform)
+  return specs
+
+
+def launch(args, specs: list[dict]):
+  """Build and push the image, then one work unit per spec that creates its JobSet."""
+  from absl import flags
+  from xmanager import xm, xm_local
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()   # xm_local reads its own absl flags; their defaults do
+  title = args.title or specs[0]["name"]
+  with xm_local.create_experiment(experiment_title=title) as experiment:
+    [executable] = experiment.package([xm.Packageable(
+        executable_spec=xm.Dockerfile(
+            path=jobspec.REPO, dockerfile=os.path.join(jobspec.REPO, specs[0]["dockerfile"])),
+        executor_spec=xm_local.Kubernetes.Spec(push_image_tag=args.image or None))])
+    for spec in specs:
+      manifest = render.jobset(
+          dict(spec, image=executable.image_path), service_account=args.service_account,
+          max_restarts=args.max_restarts, grace_period_s=args.grace_period_s, spot=args.spot,
+          namespace=args.namespace)
+      manifest["metadata"]["labels"]["xmanager/experiment"] = str(experiment.experiment_id)
+      experiment.add(_create_jobset, args=dict(manifest=manifest))
+    print(f"experiment {experiment.experiment_id}: {len(specs)} JobSet(s) in namespace "
+          f"{args.namespace}; watch with: kubectl get jobsets -l "
+          f"xmanager/experiment={experiment.experiment_id}", file=sys.stderr)
+
+
+async def _create_jobset(work_unit, manifest: dict):
+  """A work unit's job: create the JobSet (XManager keeps the record, Kubernetes runs it)."""
+  from kubernetes import client, config
+  try:
+    config.load_incluster_config()
+  except config.ConfigException:
+    config.load_kube_config()
+  manifest["metadata"]["labels"]["xmanager/work-unit"] = str(work_unit.work_unit_id)
+  group, version = render.JOBSET_API.split("/")
+  client.CustomObjectsApi().create_namespaced_custom_object(
+      group=group, version=version, namespace=manifest["metadata"]["namespace"],
+      plural="jobsets", body=manifest)
+  print(f"work unit {work_unit.work_unit_id}: JobSet {manifest['metadata']['name']}",
+        file=sys.stderr)
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    specs = build_specs(args)
+  except (ValueError, FileNotFoundError) as e:   # bad target, config or override
+    sys.exit(f"xm_launch: {e}")
+  if args.dry_run:
+    print(json.dumps(specs, indent=1))
+    return 0
+  launch(args, specs)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
