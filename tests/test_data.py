@@ -1,4 +1,4 @@
-"""Tests for tst_jax.data: sources, tokenizers, the token stream and its lane windows."""
+"""Tests for tst_jax.data: sources, tokenizers, the token stream and its shuffled windows."""
 
 import collections
 import math
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from tst_jax.data import (
-    TokenStream, WindowSource, eval_windows, get_tokenizer, lane_position, load_documents,
-    make_batches, split_documents, unigram_entropy)
+    TokenStream, WindowSource, eval_windows, get_tokenizer, load_documents, make_batches,
+    split_documents, stream_position, unigram_entropy)
+from tst_jax.data import pipeline
 
 CORPUS = [
     "def add(a, b):\n  return a + b\n",
@@ -34,16 +35,20 @@ def tok(bpe_dir):
   return get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=None)
 
 
-def slow_lanes(tokens, batch_size):
-  """Lanes as plain Python lists, cut the obvious way."""
-  tokens = [int(t) for t in tokens]
-  p = len(tokens) // batch_size
-  return [tokens[b * p:(b + 1) * p] for b in range(batch_size)]
+def slow_window(tokens, pos, window):
+  """tokens[pos : pos + window], wrapping around the stream, as a plain list."""
+  return [int(tokens[(pos + t) % len(tokens)]) for t in range(window)]
 
 
-def slow_window(lanes, pos, window):
-  """Rows of lanes[b][pos : pos + window], wrapping around each lane."""
-  return np.array([[lane[(pos + i) % len(lane)] for i in range(window)] for lane in lanes])
+def slow_perm(i, pass_windows, end, seed, max_block=2**20):
+  """The window read at slot i: a seeded permutation within blocks of a pass (and of `end`)."""
+  block = min(pass_windows, max_block)
+  epoch, j = divmod(i, pass_windows)
+  lo = epoch * pass_windows + j // block * block
+  size = min(block, (epoch + 1) * pass_windows - lo, end - lo)
+  block_id = epoch * -(-pass_windows // block) + j // block
+  order = np.random.default_rng([seed, block_id]).permutation(size).tolist()
+  return lo + order[i - lo]
 
 
 # --- sources ---------------------------------------------------------------------------------
@@ -198,63 +203,110 @@ def test_unigram_entropy_matches_direct_count():
 
 # --- windows ---------------------------------------------------------------------------------
 
-TOKENS = np.random.default_rng(0).integers(0, 1000, 1003).astype(np.int32)  # lanes of 250 at B=4
+TOKENS = np.random.default_rng(0).integers(0, 1000, 1003).astype(np.int32)
+POSITIONS = np.arange(1003, dtype=np.int32)  # token = its position: a row names its window
 
 
-def test_windows_match_slow_slicing_and_overlap_by_one():
-  lanes = slow_lanes(TOKENS, 4)
-  src = WindowSource(TOKENS, 4, 33, start_pos=5)
-  for k in [0, 1, 2, 6, 7, 8, 20]:  # 7 and 8 cross the end of the lanes (epoch 1).
+def window_starts(batches, start_pos, window, n=1003):
+  """Window indices i (start = start_pos + i*(W-1)) of the rows of POSITIONS batches, in order."""
+  return [((int(row[0]) - start_pos) % n) // (window - 1) for b in batches for row in b]
+
+
+@pytest.mark.parametrize("max_block,num_batches", [(2**20, None), (8, None), (8, 5), (8, 12)])
+def test_windows_match_slow_reference(monkeypatch, max_block, num_batches):
+  monkeypatch.setattr(pipeline, "_MAX_BLOCK", max_block)
+  src = WindowSource(TOKENS, 4, 33, start_pos=5, seed=7, num_batches=num_batches)
+  end = math.inf if num_batches is None else 4 * num_batches
+  for k in ([0, 1, 2, 6, 7, 8, 20] if num_batches is None else range(num_batches)):  # k > 7: pass 2
     window_BxW = src[k]
     assert window_BxW.dtype == np.int32 and window_BxW.shape == (4, 33)
-    np.testing.assert_array_equal(window_BxW, slow_window(lanes, 5 + 32 * k, 33))
-    np.testing.assert_array_equal(src[k][:, -1], src[k + 1][:, 0])
-  assert [src.epoch_of(k) for k in (6, 7, 8)] == [0, 1, 1]
-  assert src.fresh_batches() == 7
+    expected = [slow_window(TOKENS, 5 + slow_perm(4 * k + r, 1003 // 32, end, 7, max_block) * 32,
+                            33) for r in range(4)]
+    np.testing.assert_array_equal(window_BxW, expected)
+  assert stream_position(5, 3, 4, 17) == 5 + 3 * 4 * 16
 
 
-def test_phase_switch_continues_the_lanes():
-  """k1 windows of W1 then windows of W2 from lane_position: the targets tile each lane."""
-  lanes = slow_lanes(TOKENS, 4)
-  k1, w1, k2, w2 = 3, 17, 9, 9
-  phase1 = [WindowSource(TOKENS, 4, w1)[k] for k in range(k1)]
-  phase2_src = WindowSource(TOKENS, 4, w2, start_pos=lane_position(0, k1, w1))
-  phase2 = [phase2_src[k] for k in range(k2)]
-  seen_BxT = np.concatenate([phase1[0][:, :1]] + [w[:, 1:] for w in phase1 + phase2], axis=1)
-  total = 1 + k1 * (w1 - 1) + k2 * (w2 - 1)
-  np.testing.assert_array_equal(seen_BxT, np.array([lane[:total] for lane in lanes]))
+@pytest.mark.parametrize("start_pos", [0, 100, 2000])
+@pytest.mark.parametrize("max_block", [2**20, 8])
+def test_one_pass_reads_every_window_once(monkeypatch, start_pos, max_block):
+  monkeypatch.setattr(pipeline, "_MAX_BLOCK", max_block)
+  src = WindowSource(POSITIONS, 4, 33, start_pos=start_pos, seed=3)
+  fresh = src.fresh_batches()
+  seen = window_starts([src[k] for k in range(fresh)], start_pos, 33)
+  assert len(set(seen)) == len(seen) == 4 * fresh
+  assert all(src.epoch_of(k) == 0 for k in range(fresh)) and src.epoch_of(fresh) >= 1
+  pass_windows = 1003 // 32
+  slots = window_starts([src[k] for k in range(pass_windows // 4 + 1)], start_pos, 33)
+  assert sorted(slots[:pass_windows]) == list(range(pass_windows))
+  # Fresh windows are exactly those that end before the stream does.
+  fresh_windows = [i for i in range(pass_windows) if start_pos + i * 32 + 33 <= 1003]
+  assert set(seen) <= set(fresh_windows) and fresh <= len(fresh_windows) // 4
+  if start_pos == 0:
+    assert fresh == pass_windows // 4 == 7
+  if start_pos == 2000:
+    assert fresh == 0 and src.epoch_of(0) == 2
+
+
+def test_batches_are_shuffled_and_seeded():
+  a, b = (WindowSource(POSITIONS, 4, 33, seed=s) for s in (0, 1))
+  order_a = window_starts([a[k] for k in range(7)], 0, 33)
+  order_b = window_starts([b[k] for k in range(7)], 0, 33)
+  assert order_a != order_b and order_a != sorted(order_a)
+  np.testing.assert_array_equal(WindowSource(POSITIONS, 4, 33, seed=0)[3], a[3])
+
+
+def test_phase_switch_reads_disjoint_regions_that_tile_the_stream():
+  """k1 batches of W1, then k2 of W2 from stream_position: the targets tile the stream prefix."""
+  b, k1, w1, k2, w2 = 4, 3, 17, 9, 9
+  phase1 = WindowSource(POSITIONS, b, w1, seed=5, num_batches=k1)
+  start2 = stream_position(0, k1, b, w1)
+  phase2 = WindowSource(POSITIONS, b, w2, start2, seed=5, num_batches=k2)
+  rows1 = sorted((r.tolist() for k in range(k1) for r in phase1[k]), key=lambda r: r[0])
+  rows2 = sorted((r.tolist() for k in range(k2) for r in phase2[k]), key=lambda r: r[0])
+  assert rows1[-1][-1] == start2 == rows2[0][0]  # phase 2 starts on phase 1's last token
+  targets = [t for r in rows1 + rows2 for t in r[1:]]
+  total = k1 * b * (w1 - 1) + k2 * b * (w2 - 1)
+  assert targets == list(range(1, total + 1))
+  assert [phase1.epoch_of(k) for k in range(k1)] == [0] * k1 and phase1.fresh_batches() == k1
 
 
 def test_process_slices_concatenate_to_the_global_batch():
-  full = WindowSource(TOKENS, 4, 20, start_pos=3)
-  for k in range(3):
-    parts = [WindowSource(TOKENS, 4, 20, 3, process_index=i, process_count=2)[k] for i in range(2)]
-    np.testing.assert_array_equal(np.concatenate(parts), full[k])
+  full = WindowSource(TOKENS, 4, 20, start_pos=3, seed=2)
+  for count in (2, 4):
+    for k in range(3):
+      parts = [WindowSource(TOKENS, 4, 20, 3, seed=2, process_index=i, process_count=count)[k]
+               for i in range(count)]
+      np.testing.assert_array_equal(np.concatenate(parts), full[k])
   with pytest.raises(ValueError, match="not divisible"):
     make_batches(TOKENS, batch_size=4, window=20, start_pos=0, process_count=3)
 
 
 def test_iterator_matches_source_and_resumes_exactly():
-  src = WindowSource(TOKENS, 4, 40, start_pos=11)
-  it = make_batches(TOKENS, batch_size=4, window=40, start_pos=11)
+  src = WindowSource(TOKENS, 4, 40, start_pos=11, seed=9)
+  it = make_batches(TOKENS, batch_size=4, window=40, start_pos=11, seed=9)
   first = [next(it) for _ in range(3)]
   state = it.get_state()
-  rest = [next(it) for _ in range(8)]  # runs past the end of the lanes.
+  rest = [next(it) for _ in range(8)]  # runs past the end of the pass (25 windows).
   for k, b in enumerate(first + rest):
     np.testing.assert_array_equal(b, src[k])
-  fresh = make_batches(TOKENS, batch_size=4, window=40, start_pos=11)
+  fresh = make_batches(TOKENS, batch_size=4, window=40, start_pos=11, seed=9)
   fresh.set_state(state)
   for b in rest:
     np.testing.assert_array_equal(next(fresh), b)
+  assert len(list(make_batches(TOKENS, batch_size=4, window=40, start_pos=11,
+                               num_batches=5))) == 5
 
 
-def test_eval_windows_are_fixed_and_never_repeat_tokens():
+def test_eval_windows_are_consecutive_fixed_and_never_repeat_tokens():
   a = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
   b = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
-  assert len(a) == 5  # (250 - 50) // 49 + 1 windows fit without wrapping.
+  assert len(a) == 5  # (1003 - 50) // 49 + 1 = 20 windows fit without wrapping.
   for x, y, k in zip(a, b, range(5)):
     np.testing.assert_array_equal(x, y)
-    np.testing.assert_array_equal(x, slow_window(slow_lanes(TOKENS, 4), 49 * k, 50))
+    np.testing.assert_array_equal(x, [slow_window(TOKENS, 49 * (4 * k + r), 50) for r in range(4)])
+  half = eval_windows(TOKENS, batch_size=4, window=50, num_batches=2, process_index=1,
+                      process_count=2)
+  np.testing.assert_array_equal(half[1], a[1][2:])
 
 
 def test_corpus_too_small_is_a_clear_error():

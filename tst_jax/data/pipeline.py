@@ -1,14 +1,13 @@
-"""One token stream per split, cut into B lanes read as overlapping windows through Grain.
+"""One token stream per split, read through Grain as overlapping windows in shuffled order.
 
-Letters: B global batch size (= number of lanes), P lane length in tokens, W window length
-(the trainer's data length + 1), N stream length.
+Letters: B global batch size, W window length (the trainer's data length + 1), N stream length.
 
-Row b of every batch reads lane b, a contiguous 1/B of the shuffled stream (Transformer-XL
-style batching). Window k starts at lane position `start_pos + k*(W-1)`, so consecutive windows
-share exactly one token and every token is a target once. Because the position is shared by
-all rows and windows of different lengths read the same lanes, phase 1 (W1 = S*L+1) can hand
-over to phase 2 (W2 = L+1) at `lane_position(start_pos, steps, W1)` without skipping or
-repeating a token. Positions wrap modulo P (a new epoch over the same lanes).
+Window i of a phase starts at stream position `start_pos + i*(W-1)` modulo N, so consecutive
+windows share one token and every token is a target once per pass. Batches draw the phase's
+windows in a seeded shuffled order (not document order, so batches are not correlated over
+time), but a phase of k batches reads exactly the region [start_pos, stream_position(start_pos,
+k, B, W)): phase 2 (W2 = L+1) starts right where phase 1 (W1 = S*L+1) stopped, without
+skipping or repeating a token.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from absl import logging
 from tst_jax.data.tokenizer import Tokenizer
 
 _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
+_MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory (8 MiB).
 _ENCODE_CHUNK_CHARS = 4_000_000  # Text per encode_batch call: bounds the memory of its results.
 
 
@@ -109,22 +109,31 @@ def _load_cache(cache_path: str, meta_path: str, fingerprint: str) -> TokenStrea
   return TokenStream(tokens, meta["num_docs"], meta["vocab_size"])
 
 
-def lane_position(start_pos: int, steps: int, window: int) -> int:
-  """Lane position after reading `steps` windows of length `window` from `start_pos`."""
-  return start_pos + steps * (window - 1)
+def stream_position(start_pos: int, steps: int, batch_size: int, window: int) -> int:
+  """Stream position after `steps` batches of `batch_size` windows of length `window`.
+
+  Where the next phase starts: a phase of `steps` batches reads exactly the region
+  [start_pos, stream_position(...)) of the stream (modulo its length), in shuffled order.
+  """
+  return start_pos + steps * batch_size * (window - 1)
 
 
 class WindowSource:
-  """Grain random-access source: item k is the int32 [B_local, W] batch of window k.
+  """Grain random-access source: item k is the int32 [B_local, W] batch k.
 
-  Row b is lane b (of this process's rows) at positions [p, p + W) with
-  p = start_pos + k*(W-1), modulo the lane length P. `len()` is `num_batches`, or
-  practically endless when that is None.
+  Window i starts at stream position `start_pos + i*(W-1)` (modulo N). Global row r of
+  batch k is window perm(k*B + r), where perm shuffles window indices (seeded by `seed`)
+  within blocks of at most 2**20 windows that never cross the end of a pass (N // (W-1)
+  windows) nor the end of the `num_batches * B` windows of the source. So the source reads
+  exactly the region of the stream that the unshuffled windows would, and batch k is a pure
+  function of (stream, seed, start_pos, k). With `shuffle=False` row r of batch k is window
+  k*B + r. This process's rows are the global rows [p*B_local, (p+1)*B_local). `len()` is
+  `num_batches`, or practically endless when that is None.
   """
 
   def __init__(self, stream: TokenStream | np.ndarray, batch_size: int, window: int,
-               start_pos: int = 0, *, process_index: int = 0, process_count: int = 1,
-               num_batches: int | None = None):
+               start_pos: int = 0, *, seed: int = 0, process_index: int = 0,
+               process_count: int = 1, num_batches: int | None = None, shuffle: bool = True):
     tokens = stream.tokens if isinstance(stream, TokenStream) else np.asarray(stream)
     if window < 2:
       raise ValueError(f"window must be >= 2 (inputs + shifted targets), got {window}")
@@ -135,17 +144,21 @@ class WindowSource:
           f"batch_size {batch_size} is not divisible by the number of processes {process_count}")
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    lane_len = len(tokens) // batch_size
-    if lane_len < window:
+    if num_batches is not None and num_batches < 0:
+      raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+    if len(tokens) < batch_size * window:
       raise ValueError(
           f"corpus too small for batch_size x window: {len(tokens)} tokens < "
           f"{batch_size} x {window} = {batch_size * window}; use more data or a smaller batch")
-    rows = batch_size // process_count
-    lanes_BxP = tokens[:batch_size * lane_len].reshape(batch_size, lane_len)
-    self.lanes_bxP = lanes_BxP[process_index * rows:(process_index + 1) * rows]  # a view
+    self.tokens = tokens
     self.batch_size, self.window, self.start_pos = batch_size, window, start_pos
-    self.lane_len = lane_len
-    self.num_batches = num_batches
+    self.seed, self.shuffle, self.num_batches = seed, shuffle, num_batches
+    rows = batch_size // process_count
+    self.rows = np.arange(process_index * rows, (process_index + 1) * rows)  # global rows
+    self.pass_windows = len(tokens) // (window - 1)  # windows per pass (>= batch_size)
+    self.block = min(self.pass_windows, _MAX_BLOCK)
+    self._end = _ENDLESS * batch_size if num_batches is None else num_batches * batch_size
+    self._cached = (None, None)  # (block id, its permutation); replaced as a whole
 
   def __len__(self) -> int:
     return _ENDLESS if self.num_batches is None else self.num_batches
@@ -153,46 +166,92 @@ class WindowSource:
   def __getitem__(self, k: int) -> np.ndarray:
     k = int(k)
     if not 0 <= k < len(self):
-      raise IndexError(f"window {k} out of range [0, {len(self)})")
-    w, p = self.window, lane_position(self.start_pos, k, self.window) % self.lane_len
-    if p + w <= self.lane_len:
-      return np.array(self.lanes_bxP[:, p:p + w])
-    return self.lanes_bxP[:, (p + np.arange(w)) % self.lane_len]
+      raise IndexError(f"batch {k} out of range [0, {len(self)})")
+    index_b = self.window_index(k * self.batch_size + self.rows)
+    starts_b = (self.start_pos + index_b * (self.window - 1)) % len(self.tokens)
+    return _gather(self.tokens, starts_b, self.window)
+
+  def window_index(self, i: np.ndarray) -> np.ndarray:
+    """perm(i): the window read at (flattened) slot i of the batches, as int64."""
+    i = np.asarray(i, dtype=np.int64)
+    if not self.shuffle:
+      return i
+    out = np.empty_like(i)
+    n_pass, block = self.pass_windows, self.block
+    epoch, j = np.divmod(i, n_pass)
+    c = j // block  # block within the pass
+    for e, cc in sorted(set(zip(epoch.tolist(), c.tolist()))):
+      lo = e * n_pass + cc * block
+      size = min(block, n_pass - cc * block, self._end - lo)
+      at = (epoch == e) & (c == cc)
+      out[at] = lo + self._permutation(e * -(-n_pass // block) + cc, size)[i[at] - lo]
+    return out
+
+  def _permutation(self, block_id: int, size: int) -> np.ndarray:
+    cached_id, perm = self._cached
+    if cached_id != (block_id, size):
+      perm = np.random.default_rng([self.seed, block_id]).permutation(size)
+      self._cached = ((block_id, size), perm)
+    return perm
 
   def epoch_of(self, k: int) -> int:
-    """How many times the lanes wrapped before the last token of window k (0: all fresh)."""
-    return (lane_position(self.start_pos, k, self.window) + self.window - 1) // self.lane_len
+    """How many times positions wrapped before the last token of batch k's windows (0: fresh)."""
+    last = self.window_index(k * self.batch_size + np.arange(self.batch_size)).max()
+    return int((self.start_pos + (last + 1) * (self.window - 1)) // len(self.tokens))
 
   def fresh_batches(self) -> int:
-    """Number of windows from start_pos before any token repeats (epoch_of(k) == 0)."""
-    return max(0, (self.lane_len - self.window - self.start_pos) // (self.window - 1) + 1)
+    """Number of batches from start_pos before any token repeats (epoch_of(k) == 0)."""
+    n, w = len(self.tokens), self.window
+    fresh = max(0, (n - w - self.start_pos) // (w - 1) + 1)  # windows that end before N
+    end = min(self.pass_windows, self._end)  # fresh <= pass_windows: only pass 0 matters
+    if fresh >= end:
+      first_stale = end
+    elif not self.shuffle:
+      first_stale = fresh
+    else:  # blocks below `fresh` map onto themselves; search the block that holds it
+      lo = fresh // self.block * self.block
+      stale = np.flatnonzero(self.window_index(np.arange(lo, min(lo + self.block, end))) >= fresh)
+      first_stale = lo + int(stale[0])
+    return first_stale // self.batch_size
 
   def __repr__(self) -> str:
     return (f"WindowSource(batch_size={self.batch_size}, window={self.window}, "
-            f"start_pos={self.start_pos}, lane_len={self.lane_len}, rows={len(self.lanes_bxP)})")
+            f"start_pos={self.start_pos}, seed={self.seed}, shuffle={self.shuffle}, "
+            f"tokens={len(self.tokens)}, rows={len(self.rows)})")
+
+
+def _gather(tokens: np.ndarray, starts_b: np.ndarray, window: int) -> np.ndarray:
+  """int32 [b, W] rows tokens[s : s + W] for each start s, wrapping around the stream."""
+  if (starts_b + window <= len(tokens)).all():
+    return np.stack([tokens[s:s + window] for s in starts_b.tolist()])
+  return tokens[(starts_b[:, None] + np.arange(window)) % len(tokens)]
 
 
 def make_batches(stream: TokenStream, *, batch_size: int, window: int, start_pos: int,
-                 process_index: int = 0, process_count: int = 1,
+                 seed: int = 0, num_batches: int | None = None, process_index: int = 0,
+                 process_count: int = 1,
                  read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
-  """Endless iterator of this process's int32 [batch_size // process_count, window] batches.
+  """Iterator of this process's int32 [batch_size // process_count, window] batches.
 
-  Lane order, no shuffling. `get_state()` / `set_state()` resume exactly; equivalently, batch
-  k of the iterator is `WindowSource(...)[k]`. By default one thread prefetches two batches.
+  Windows in seeded shuffled order from the region of `num_batches` batches after `start_pos`
+  (endless when None). `get_state()` / `set_state()` resume exactly; equivalently, batch k of
+  the iterator is `WindowSource(...)[k]`. By default one thread prefetches two batches.
   """
-  source = WindowSource(stream, batch_size, window, start_pos,
-                        process_index=process_index, process_count=process_count)
+  source = WindowSource(stream, batch_size, window, start_pos, seed=seed,
+                        num_batches=num_batches, process_index=process_index,
+                        process_count=process_count)
   read_options = read_options or grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
   return iter(grain.MapDataset.source(source).to_iter_dataset(read_options))
 
 
 def eval_windows(val_stream: TokenStream, *, batch_size: int, window: int, num_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
-  """The first `num_batches` int32 [B_local, W] windows of the held-out stream, the same every eval.
+  """The first `num_batches` int32 [B_local, W] batches of consecutive windows of the held-out
+  stream (row r of batch k is window k*B + r), the same every eval.
 
   Never repeats a token: returns fewer batches (with a warning) if the stream runs out.
   """
-  source = WindowSource(val_stream, batch_size, window,
+  source = WindowSource(val_stream, batch_size, window, shuffle=False,
                         process_index=process_index, process_count=process_count)
   n = min(num_batches, source.fresh_batches())
   if n < num_batches:

@@ -117,20 +117,20 @@ class Run:
 
   # -- data --------------------------------------------------------------------------------
   def data_start(self, phase) -> int:
-    """Lane position where `phase` starts: right where the previous phases stopped."""
+    """Stream position where `phase` starts: right where the previous phases stopped."""
     pos = 0
     for p in self.plan.phases:
       if p is phase:
         return pos
-      pos = data_lib.lane_position(pos, p.steps, p.window)
+      pos = data_lib.stream_position(pos, p.steps, p.batch_size, p.window)
     raise ValueError(phase)
 
   def batches(self, phase, first_step: int):
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
     iterator = data_lib.make_batches(
         self.data.train, batch_size=phase.batch_size, window=phase.window,
-        start_pos=self.data_start(phase), process_index=self.data_block[0],
-        process_count=self.data_block[1])
+        start_pos=self.data_start(phase), seed=self.config.seed, num_batches=phase.steps,
+        process_index=self.data_block[0], process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
     for local in iterator:
