@@ -297,16 +297,24 @@ def test_iterator_matches_source_and_resumes_exactly():
                                num_batches=5))) == 5
 
 
-def test_eval_windows_are_consecutive_fixed_and_never_repeat_tokens():
+def test_eval_windows_spread_over_the_stream_fixed_and_never_repeat_tokens():
   a = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
   b = eval_windows(TOKENS, batch_size=4, window=50, num_batches=100)
   assert len(a) == 5  # (1003 - 50) // 49 + 1 = 20 windows fit without wrapping.
-  for x, y, k in zip(a, b, range(5)):
+  starts = []
+  for x, y in zip(a, b):
     np.testing.assert_array_equal(x, y)
-    np.testing.assert_array_equal(x, [slow_window(TOKENS, 49 * (4 * k + r), 50) for r in range(4)])
+    for row in x:                              # locate each window in the stream
+      hits = [p for p in range(len(TOKENS) - 49) if np.array_equal(TOKENS[p:p + 50], row)]
+      starts.append(hits[0])
+  assert np.all(np.diff(starts) >= 49)         # at most the one shared target token
+  assert starts[0] == 0 and starts[-1] >= len(TOKENS) - 50 - 49   # the whole stream
+  few = eval_windows(TOKENS, batch_size=4, window=50, num_batches=2)
+  assert np.diff([p for p in range(len(TOKENS) - 49)
+                  if any(np.array_equal(TOKENS[p:p + 50], r) for r in few[1])]).min() > 49
   half = eval_windows(TOKENS, batch_size=4, window=50, num_batches=2, process_index=1,
                       process_count=2)
-  np.testing.assert_array_equal(half[1], a[1][2:])
+  np.testing.assert_array_equal(half[1], few[1][2:])
 
 
 def test_corpus_too_small_is_a_clear_error():

@@ -246,10 +246,11 @@ def make_batches(stream: TokenStream, *, batch_size: int, window: int, start_pos
 
 def eval_windows(val_stream: TokenStream, *, batch_size: int, window: int, num_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
-  """The first `num_batches` int32 [B_local, W] batches of consecutive windows of the held-out
-  stream (row r of batch k is window k*B + r), the same every eval.
+  """`num_batches` int32 [B_local, W] batches of held-out windows spread evenly over the
+  whole validation stream (so every held-out document region is represented), the same
+  every eval. Windows never overlap by more than the one shared target token.
 
-  Never repeats a token: returns fewer batches (with a warning) if the stream runs out.
+  Returns fewer batches (with a warning) if the stream is too short for all of them.
   """
   source = WindowSource(val_stream, batch_size, window, shuffle=False,
                         process_index=process_index, process_count=process_count)
@@ -257,7 +258,14 @@ def eval_windows(val_stream: TokenStream, *, batch_size: int, window: int, num_b
   if n < num_batches:
     logging.warning("Validation stream has only %d windows of %d x %d tokens (asked for %d).",
                     n, batch_size, window, num_batches)
-  return [source[k] for k in range(n)]
+  tokens = val_stream.tokens if isinstance(val_stream, TokenStream) else np.asarray(val_stream)
+  count = n * batch_size                                # windows in all, globally
+  stride = max(window - 1, (len(tokens) - window) // max(count - 1, 1))
+  starts_KxB = (np.arange(count) * stride).reshape(n, batch_size)
+  rows = batch_size // process_count
+  starts_KxB = starts_KxB[:, process_index * rows:(process_index + 1) * rows]
+  return [np.stack([tokens[p:p + window] for p in starts]).astype(np.int32)
+          for starts in starts_KxB]
 
 
 def unigram_entropy(stream: TokenStream | np.ndarray) -> float:
