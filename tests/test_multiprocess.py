@@ -1,0 +1,98 @@
+"""Two processes (jax.distributed, gloo, 4 CPU devices each) train with FSDP over all 8
+devices, checkpoint, get killed, restart and resume: the same losses as one process."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax.train import loop
+from tst_jax.train import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tiny run (4 tst + 4 ntp steps, checkpoints every 2), parameters sharded over 8 devices.
+FIELDS = dict(steps=8, data=dict(batch_size=8))
+FLAGS = ["--config.train.steps=8", "--config.data.batch_size=8", "--config.mesh.data=1",
+         "--config.mesh.fsdp=-1"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, cache, logs, tag):
+  """Start processes 0 and 1 of one run; each sees 4 CPU devices, the mesh spans all 8."""
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_backend_optimization_level=0")   # faster CPU compiles
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))     # the restart reuses them
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  procs = []
+  for i in range(2):
+    cmd = [sys.executable, os.path.join(ROOT, "main.py"),
+           "--config", os.path.join(ROOT, "tests", "tiny_config.py"), "--workdir", str(workdir),
+           *FLAGS, f"--config.distributed.coordinator_address=localhost:{port}",
+           "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
+           "--config.distributed.cpu_devices=4"]
+    log = open(logs / f"{tag}_{i}.log", "w")
+    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+  return procs
+
+
+def _finish(procs, logs, tag, timeout=420):
+  deadline = time.time() + timeout
+  for p in procs:
+    try:
+      p.wait(timeout=max(deadline - time.time(), 1))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+  if any(p.returncode for p in procs):
+    tails = [(logs / f"{tag}_{i}.log").read_text()[-3000:] for i in range(len(procs))]
+    pytest.fail(f"{tag}: exit codes {[p.returncode for p in procs]}\n" + "\n----\n".join(tails))
+
+
+def _steps(workdir):
+  ckpt = workdir / "checkpoints"
+  return sorted(int(d) for d in os.listdir(ckpt) if d.isdigit()) if ckpt.exists() else []
+
+
+@pytest.mark.slow
+def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
+  workdir, cache, logs = tmp_path / "run", tmp_path / "xla_cache", tmp_path
+  procs = _launch(workdir, cache, logs, "first")
+  deadline = time.time() + 420
+  while time.time() < deadline and all(p.poll() is None for p in procs) and not _steps(workdir):
+    time.sleep(0.05)
+  for p in procs:            # stop both as soon as the first checkpoint (step 2) is written
+    p.kill()
+    p.wait()
+  assert 0 < max(_steps(workdir), default=0) < 8, _steps(workdir)
+
+  _finish(_launch(workdir, cache, logs, "resumed"), logs, "resumed")
+  summaries = [json.loads(line) for i in range(2)
+               for line in (logs / f"resumed_{i}.log").read_text().splitlines()
+               if line.startswith('{"final_eval_loss"')]
+
+  expected = loop.run(tiny_config(mesh=dict(data=1), **FIELDS), str(tmp_path / "one"))
+  records = metrics_lib.read(str(workdir / "metrics.jsonl"))
+  losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+  reference = {r["step"]: r["loss"] for r in metrics_lib.read(
+      str(tmp_path / "one" / "metrics.jsonl")) if "loss" in r}
+  assert [r["step"] for r in records if "loss" in r] == list(range(1, 9))  # each step once
+  assert sorted(losses) == sorted(reference)
+  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                             [reference[s] for s in sorted(reference)], rtol=0, atol=1e-4)
+  assert len(summaries) == 2
+  for summary in summaries:   # both processes evaluate the same model
+    np.testing.assert_allclose(summary["final_eval_loss"], expected["final_eval_loss"],
+                               atol=1e-4)
+  assert {4, 8} <= set(_steps(workdir))          # the phase handoff and the final checkpoint

@@ -1,0 +1,225 @@
+"""Meshes on 8 host CPU devices: the same losses as one device, FSDP memory, clear errors."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax import models
+from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
+
+AXES = ("data", "fsdp", "tensor", "expert")
+# XLA:CPU compiles a tiny train step twice as fast at -O0; every mesh and the reference use it.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def mesh_config(mesh=(1, 1, 1, 1), family="llama", grad_accum=1):
+  """The tiny two-phase run (3 + 3 steps) on `mesh`; 16 rows so every batch axis divides."""
+  c = tiny_config(steps=6, data=dict(batch_size=16), optimizer=dict(grad_accum=grad_accum))
+  if family == "qwen3_moe":
+    c.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512, dim=32,
+                                   n_layers=2, n_heads=2, n_kv_heads=2, ffw_dim=64,
+                                   n_experts=4, n_experts_per_token=2, moe_ffw_dim=32)
+  else:
+    c.model.n_kv_heads = 2          # K must divide over the tensor axis
+  c.mesh.update(dict(zip(AXES, mesh)))
+  return c
+
+
+def train_losses(config, workdir, init=None):
+  """Both phases step by step through the run's own mesh, shardings and sharded batches.
+
+  Returns (per-step losses, first batch of each phase, final state). `init` (a host copy of
+  a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
+  """
+  plan = plan_lib.make_plan(config)
+  run = loop.Run(config, str(workdir), plan)
+  if init is None:
+    state = step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
+  else:
+    state = jax.device_put(init, run.shardings)
+  losses, firsts = [], []
+  for phase in plan.phases:
+    loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
+               else step_lib.ntp_loss_fn(config.loss))
+    step = step_lib.jit_step(step_lib.make_train_step(run.graphdef, loss_fn, run.tx,
+                                                      run.schedule),
+                             run.shardings, run.batch_sharding, run.mesh, run.rules)
+    batches = run.batches(phase, phase.first_step)
+    batch = next(batches)
+    firsts.append(batch)
+    compiled = step.lower(state, batch).compile(FAST_COMPILE)
+    for i in range(phase.steps):
+      state, metrics = compiled(state, batch if i == 0 else next(batches))
+      losses.append(float(metrics["loss"]))
+  return np.array(losses), firsts, state
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One device per family: (initial state on the host, per-step losses)."""
+  cache = {}
+
+  def get(family):
+    if family not in cache:
+      config = mesh_config(family=family)
+      run = loop.Run(config, str(tmp_path_factory.mktemp("init")), plan_lib.make_plan(config))
+      init = jax.device_get(step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh,
+                                                run.rules))
+      losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
+      cache[family] = init, losses
+    return cache[family]
+  return get
+
+
+@pytest.mark.parametrize("mesh,family,grad_accum", [
+    ((8, 1, 1, 1), "llama", 1),
+    ((1, 8, 1, 1), "llama", 1),
+    ((2, 4, 1, 1), "llama", 2),             # and 2 micro-batches of 8 rows, each sharded
+    ((1, 4, 2, 1), "llama", 1),
+    ((4, 1, 1, 2), "qwen3_moe", 1),
+], ids=["data8", "fsdp8", "data2_fsdp4_accum2", "fsdp4_tensor2", "moe_data4_expert2"])
+def test_mesh_trains_like_one_device(mesh, family, grad_accum, reference, tmp_path,
+                                     record_property):
+  init, expected = reference(family)
+  config = mesh_config(mesh, family, grad_accum)
+  losses, firsts, state = train_losses(config, tmp_path, init)
+  # Phase 1 (bagged windows, 2L + 1 tokens) and phase 2 shard their rows the same way.
+  for batch, window in zip(firsts, (33, 17)):
+    assert batch.shape == (16, window)
+    n = mesh[0] * mesh[1] * mesh[3]        # data x fsdp x expert shard the batch
+    assert {s.data.shape for s in batch.addressable_shards} == {(16 // n, window)}
+  # Parameters live on the mesh as the logical rules say: D over fsdp, H over tensor, E over
+  # expert.
+  if family == "llama":
+    q = state.params["blocks"]["attn"]["q_proj"][...]             # [layers, D, H, G]
+    assert q.addressable_shards[0].data.shape == (2, 32 // mesh[1], 2 // mesh[2], 16)
+  else:
+    experts = [x for x in jax.tree.leaves(state.params) if "expert" in str(x.sharding.spec)]
+    assert experts and all(x.addressable_shards[0].data.shape[1] == 4 // mesh[3]
+                           for x in experts)                      # [layers, E, ...]
+  record_property("max_abs_loss_diff", float(np.abs(losses - expected).max()))
+  np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-4)
+  assert len(losses) == 6 and np.all(np.isfinite(losses))
+
+
+def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
+  """Under fsdp=8 each device holds ~1/8 of the parameters and Adam moments (norm scales and
+  scalars stay replicated), initialised directly into their shards."""
+  def state_on(mesh):
+    config = mesh_config(mesh)
+    run = loop.Run(config, str(tmp_path / str(mesh[1])), plan_lib.make_plan(config))
+    return step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
+
+  one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))
+  table = fsdp.params["embed"]["table"][...]                          # [V, D]: D over fsdp
+  assert {s.data.shape for s in table.addressable_shards} == {(512, 32 // 8)}
+  for part in ("params", "opt_state"):
+    full = mesh_lib.per_device_bytes(getattr(one, part))
+    shard = mesh_lib.per_device_bytes(getattr(fsdp, part))
+    record_property(f"{part}_bytes_per_device", f"{shard} of {full}")
+    assert 1 / 8 <= shard / full < 1 / 8 + 0.02, (part, shard, full)
+  # The sharded init is the same model as the one-device init.
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(fsdp.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_checkpoint_restores_onto_another_mesh(tmp_path):
+  """A sharded Orbax checkpoint saved on (8 fsdp) restores onto (2 data x 2 fsdp x 2 tensor)."""
+  def layout(mesh):
+    config = mesh_config(mesh)
+    tx, _ = optim.make_optimizer(config.optimizer, 10)
+    return step_lib.state_shardings(models.model_config(config.model), tx,
+                                    mesh_lib.make_mesh(config.mesh), config.logical_axis_rules)
+
+  abstract, fsdp = layout((1, 8, 1, 1))
+  rng = np.random.default_rng(0)
+  host = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), abstract)
+  checkpoints = ckpt_lib.Checkpoints(str(tmp_path), keep=1)
+  checkpoints.save(3, jax.device_put(host, fsdp), dict(step=3), force=True)
+  checkpoints.wait()
+  _, other = layout((2, 2, 2, 1))
+  state, meta = checkpoints.restore(3, ckpt_lib.abstract_with_shardings(abstract, other))
+  checkpoints.close()
+  assert meta == dict(step=3)
+  for got, want, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(host),
+                                 jax.tree.leaves(other)):
+    assert got.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("mesh,batch,message", [
+    ((3, 1, 1, 1), 8, r"config.mesh .*'data': 3.*3 devices do not divide the 8 available"),
+    ((2, -1, 1, 1), 4, r"phase tst's 4 rows do not divide over the 8 batch shards of mesh "
+                       r"axes \{'data': 2, 'fsdp': 4\}; use a multiple of 8"),
+    ((-1, 1, 1, 1), 12, r"12 rows do not divide over the 8 batch shards"),
+    ((1, 1, 4, 2), 8, r"\['blocks'\]\['attn'\]\['k_proj'\].*over mesh axes \('tensor',\)"),
+    ((-1, 1, 1, 1), 8, r"phase tst's 4 rows per micro-batch \(grad_accum=2\) do not divide"),
+])
+def test_bad_mesh_fails_before_compilation(tmp_path, mesh, batch, message):
+  config = tiny_config(data=dict(batch_size=batch))     # K = 1 kv head: no tensor split
+  config.mesh.update(dict(zip(AXES, mesh)))
+  config.optimizer.grad_accum = 2 if "grad_accum" in message else 1
+  compiles = []
+
+  def count(event, duration, **kwargs):
+    del duration, kwargs
+    compiles.extend([event] if event.endswith("backend_compile_duration") else [])
+
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    with pytest.raises(ValueError, match=message):
+      loop.run(config, str(tmp_path / "run"))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
+  assert not compiles and not (tmp_path / "run").exists()   # nothing compiled or written
+
+
+def test_mesh_shape_and_process_block():
+  cfg = mesh_config((2, -1, 1, 1)).mesh
+  assert mesh_lib.mesh_shape(cfg, 8) == dict(data=2, fsdp=4, tensor=1, expert=1)
+  assert mesh_lib.make_mesh(mesh_config((1, 2, 1, 1)).mesh).devices.size == 2  # a sub-mesh
+  with pytest.raises(ValueError, match="at most one axis may be -1"):
+    mesh_lib.mesh_shape(mesh_config((-1, -1, 1, 1)).mesh, 8)
+  mesh = mesh_lib.make_mesh(mesh_config((2, 4, 1, 1)).mesh)
+  sharding = mesh_lib.batch_sharding(mesh, tiny_config().logical_axis_rules, 2)
+  assert mesh_lib.shards(sharding, 0) == 8 and mesh_lib.shards(sharding, 1) == 1
+  assert mesh_lib.process_batch_block(sharding) == (0, 1)   # one process loads every row
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+  id: int
+  process_index: int
+  platform: str = "cpu"
+  device_kind: str = "cpu"
+
+
+def test_dcn_data_keeps_each_process_on_its_own_data_rows():
+  """Multi-slice / multi-host: data is split over DCN first, so fsdp stays inside a process
+  even when the device list interleaves the processes."""
+  devices = [FakeDevice(i, i % 2) for i in range(8)]
+  grid = mesh_lib.device_grid((2, 4, 1, 1), 2, devices)
+  assert [{d.process_index for d in row.ravel()} for row in grid] == [{0}, {1}]
+  with pytest.raises(ValueError, match="dcn_data=3 must divide the data axis"):
+    mesh_lib.device_grid((2, 4, 1, 1), 3, devices)
+
+
+def test_distributed_initialize_from_config_and_env(monkeypatch):
+  cfg = tiny_config().distributed
+  assert distributed.initialize(cfg) is False         # auto, nothing asked: one process
+  assert distributed.is_primary()
+  distributed.barrier("noop")                         # a no-op with one process
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  settings = distributed._settings(cfg)  # pylint: disable=protected-access
+  assert (settings["num_processes"], settings["process_id"]) == (2, 1)
+  with pytest.raises(RuntimeError, match="must start before any JAX computation"):
+    distributed.initialize(cfg)                       # asked for, but JAX already runs here
+  cfg.mode = "sometimes"
+  with pytest.raises(ValueError, match="config.distributed.mode must be one of"):
+    distributed.initialize(cfg)
