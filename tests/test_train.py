@@ -144,3 +144,14 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path):
   assert all(r["moe/lb_loss"] > 0 for r in train)
   ntp = [r["loss"] for r in train if r["phase"] == "ntp"]
   assert np.mean(ntp[-3:]) < np.mean(ntp[:3])
+
+
+def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
+  """loss.impl=xla (chunked, no [N, V] logits) gives the naive loss trajectory, both phases."""
+  losses = {}
+  for impl in ("naive", "xla"):
+    workdir = tmp_path / impl
+    loop.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
+    losses[impl] = [r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+                    if "loss" in r]
+  np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)

@@ -1,0 +1,476 @@
+"""Fused linear + multi-hot CE as Pallas kernels: Triton (GPU), Mosaic (TPU), interpreted on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+
+from tst_jax.superposition import IGNORE_INDEX
+
+# Letters: N tokens, D model dim, V vocabulary, S bag size; bn/bd/bv the tile sizes.
+# Kernels see row-vectors as [bn, 1] so the same tile math serves both backends.
+BACKENDS = ("auto", "triton", "mosaic_tpu")
+# Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16;
+# Mosaic wants multiples of (8, 128) and MXU-sized tiles.
+DEFAULT_BLOCKS = {"triton": (64, 128, 64), "mosaic_tpu": (256, 512, 512)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  backend: str
+  interpret: bool
+  block_n: int
+  block_v: int
+  block_d: int
+  v_true: int          # unpadded vocabulary size: columns >= v_true are masked to -inf
+  v_padded: int        # vocabulary size after padding to a multiple of block_v
+  split_tiles: int     # Triton forward: vocabulary tiles per program (v_splits ranges)
+  num_warps: int | None
+  num_stages: int | None
+  vmem_limit_bytes: int | None
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "ignore_index", "backend", "interpret", "block_n", "block_v", "block_d", "v_splits",
+    "num_warps", "num_stages", "vmem_limit_bytes"))
+def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
+                          backend: str = "auto", interpret: bool | None = None,
+                          block_n: int | None = None, block_v: int | None = None,
+                          block_d: int | None = None, v_splits: int | None = None,
+                          num_warps: int | None = None, num_stages: int | None = None,
+                          vmem_limit_bytes: int | None = None):
+  """Per-row logsumexp [N] and target logits [N, S] (float32) of `hidden @ head`.
+
+  Matmuls take the input dtype (bf16 on accelerators) and accumulate in float32; neither
+  pass writes [N, V] logits. backend: "triton" (GPU), "mosaic_tpu" (TPU) or "auto" (by
+  platform; Triton-style kernels interpreted on CPU). interpret defaults to True on CPU.
+  Ignored targets get logit 0 and no gradient. v_splits (Triton) splits the vocabulary of
+  each row block over programs, for occupancy when N / block_n is small.
+  """
+  n, d = hidden_NxD.shape
+  v = head_DxV.shape[1]
+  if targets_NxS.ndim != 2 or targets_NxS.shape[0] != n or head_DxV.shape[0] != d:
+    raise ValueError(f"shapes disagree: hidden {hidden_NxD.shape}, head {head_DxV.shape}, "
+                     f"targets {targets_NxS.shape}")
+  platform = jax.default_backend()
+  if backend == "auto":
+    backend = "mosaic_tpu" if platform == "tpu" else "triton"
+  if backend not in BACKENDS:
+    raise ValueError(f"unknown backend {backend!r}: expected one of {BACKENDS}")
+  if interpret is None:
+    interpret = platform == "cpu"
+  sublanes = 8 * 4 // jnp.dtype(hidden_NxD.dtype).itemsize  # TPU rows: 8 of f32, 16 of bf16
+  bn, bv, bd = (
+      b if b is not None else _fit(default, size, backend, align)
+      for b, default, size, align in zip((block_n, block_v, block_d), DEFAULT_BLOCKS[backend],
+                                         (n, v, d), (sublanes, 128, 128)))
+  if not interpret:
+    _check_blocks(backend, bn, bv, bd, sublanes)
+  n_pad, v_pad, d_pad = -n % bn, -v % bv, -d % bd
+  num_v = (v + v_pad) // bv
+  if v_splits is None:  # aim for >= 256 programs in the Triton forward
+    v_splits = max(1, min(num_v, 256 // ((n + n_pad) // bn))) if backend == "triton" else 1
+  if v_splits < 1 or min(bn, bv, bd) < 1:
+    raise ValueError(f"v_splits and block sizes must be positive, got {v_splits=}, "
+                     f"{bn=}, {bv=}, {bd=}")
+  cfg = _Config(backend, bool(interpret), bn, bv, bd, v, v + v_pad, -(-num_v // v_splits),
+                num_warps, num_stages, vmem_limit_bytes)
+
+  dtype = jnp.promote_types(hidden_NxD.dtype, head_DxV.dtype)  # kernels take one input dtype
+  targets_NxS = jnp.where(targets_NxS == ignore_index, -1, targets_NxS).astype(jnp.int32)
+  hidden_NxD = jnp.pad(hidden_NxD.astype(dtype), ((0, n_pad), (0, d_pad)))
+  head_DxV = jnp.pad(head_DxV.astype(dtype), ((0, d_pad), (0, v_pad)))
+  targets_NxS = jnp.pad(targets_NxS, ((0, n_pad), (0, 0)), constant_values=-1)
+  lse_N, z_NxS = _fused(hidden_NxD, head_DxV, targets_NxS, cfg)
+  return lse_N[:n], z_NxS[:n]
+
+
+def _fit(block, size, backend, align):
+  """The default block, shrunk to the smallest legal tile covering a smaller dimension."""
+  if size >= block:
+    return block
+  if backend == "triton":
+    return max(16, 1 << (size - 1).bit_length())
+  return -(-size // align) * align
+
+
+def _check_blocks(backend, bn, bv, bd, sublanes):
+  if backend == "triton":
+    for name, b in (("block_n", bn), ("block_v", bv), ("block_d", bd)):
+      if b < 16 or b & (b - 1):
+        raise ValueError(f"Triton tiles must be powers of two >= 16, got {name}={b}")
+    return
+  if bn % sublanes or bv % 128 or bd % 128:
+    raise ValueError(f"Mosaic TPU tiles need block_n % {sublanes} == 0 and block_v, block_d "
+                     f"% 128 == 0, got {bn=}, {bv=}, {bd=}")
+
+
+# --- Tile math shared by both backends (pure functions of [bn, bv] float32 tiles). ---
+
+def _column_ids(col0, shape):
+  return col0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+
+
+def _mask_padded(logits, cols, cfg):
+  if cfg.v_true == cfg.v_padded:
+    return logits
+  return jnp.where(cols < cfg.v_true, logits, -jnp.inf)
+
+
+def _online_lse(m_Bx1, l_Bx1, logits):
+  m_new = jnp.maximum(m_Bx1, logits.max(axis=1, keepdims=True))
+  l_new = l_Bx1 * jnp.exp(m_Bx1 - m_new) + jnp.exp(logits - m_new).sum(axis=1, keepdims=True)
+  return m_new, l_new
+
+
+def _gather(logits, cols, target_Bx1):
+  """The logit at each row's target column if it lies in this tile, else 0: [bn, 1]."""
+  return jnp.where(cols == target_Bx1, logits, 0.0).sum(axis=1, keepdims=True)
+
+
+def _d_logits(logits, cols, lse_Bx1, d_lse_Bx1, t_ref, d_z_ref):
+  """d loss / d logits = d_lse * softmax + d_z scattered onto the target columns."""
+  d = jnp.exp(logits - lse_Bx1) * d_lse_Bx1
+  for s in range(t_ref.shape[1]):  # S is small and static: one compare per bag slot
+    d = d + jnp.where(cols == t_ref[:, s:s + 1], d_z_ref[:, s:s + 1], 0.0)
+  return d
+
+
+def _dot(a, b):
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _dot_nt(a, b):
+  """a @ b.T, the transpose folded into the matmul."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dot_tn(a, b):
+  """a.T @ b, the transpose folded into the matmul."""
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+# --- custom_vjp: (hidden, head, targets) -> (lse [N], target logits [N, S]). ---
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused(hidden_NxD, head_DxV, targets_NxS, cfg):
+  return _forward(hidden_NxD, head_DxV, targets_NxS, cfg)
+
+
+def _fused_fwd(hidden_NxD, head_DxV, targets_NxS, cfg):
+  lse_N, z_NxS = _forward(hidden_NxD, head_DxV, targets_NxS, cfg)
+  return (lse_N, z_NxS), (hidden_NxD, head_DxV, targets_NxS, lse_N)
+
+
+def _fused_bwd(cfg, res, cts):
+  hidden_NxD, head_DxV, targets_NxS, lse_N = res
+  d_lse_N, d_z_NxS = cts
+  args = (hidden_NxD, head_DxV, targets_NxS, lse_N[:, None], d_lse_N[:, None],
+          d_z_NxS.astype(jnp.float32))
+  if cfg.backend == "triton":
+    d_hidden, d_head = _backward_triton(*args, cfg)
+  else:
+    d_hidden, d_head = _backward_tpu(*args, cfg)
+  return d_hidden.astype(hidden_NxD.dtype), d_head.astype(head_DxV.dtype), None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _forward(hidden_NxD, head_DxV, targets_NxS, cfg):
+  if cfg.backend == "triton":
+    return _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg)
+  return _forward_tpu(hidden_NxD, head_DxV, targets_NxS, cfg)
+
+
+# --- Triton (GPU): grid over row blocks (x vocabulary splits); loops run in the kernel. ---
+
+def _triton_params(cfg, num_warps, num_stages):
+  return pltriton.CompilerParams(num_warps=cfg.num_warps or num_warps,
+                                 num_stages=cfg.num_stages or num_stages)
+
+
+def _logits_triton(h_ref, w_ref, col0, cfg, num_d):
+  """[bn, bv] float32 logits of the row block against columns col0 : col0 + bv."""
+  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
+
+  def d_step(k, acc):
+    k0 = pl.multiple_of(k * bd, bd)
+    return acc + _dot(h_ref[:, pl.ds(k0, bd)], w_ref[pl.ds(k0, bd), pl.ds(col0, bv)])
+
+  return lax.fori_loop(0, num_d, d_step, jnp.zeros((bn, bv), jnp.float32))
+
+
+def _fwd_kernel_triton(h_ref, w_ref, t_ref, lse_ref, z_ref, *, cfg, num_v, num_d, per_split):
+  # h_ref [bn, D], w_ref [D, V], t_ref [bn, S]; lse_ref [bn, 1], z_ref [bn, S] (this split)
+  bn, bv = cfg.block_n, cfg.block_v
+  first = pl.program_id(1) * per_split
+  targets = [t_ref[:, s:s + 1] for s in range(t_ref.shape[1])]
+
+  def v_step(j, carry):
+    m, l, zs = carry
+    col0 = pl.multiple_of(j * bv, bv)
+    logits = _logits_triton(h_ref, w_ref, col0, cfg, num_d)
+    cols = _column_ids(col0, (bn, bv))
+    logits = _mask_padded(logits, cols, cfg)
+    m, l = _online_lse(m, l, logits)
+    return m, l, tuple(z + _gather(logits, cols, t) for z, t in zip(zs, targets))
+
+  init = (jnp.full((bn, 1), -jnp.inf, jnp.float32), jnp.zeros((bn, 1), jnp.float32),
+          tuple(jnp.zeros((bn, 1), jnp.float32) for _ in targets))
+  m, l, zs = lax.fori_loop(first, jnp.minimum(first + per_split, num_v), v_step, init)
+  lse_ref[...] = m + jnp.log(l)
+  for s, z in enumerate(zs):
+    z_ref[:, s:s + 1] = z
+
+
+def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
+  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
+  bn, num_v, per_split = cfg.block_n, v // cfg.block_v, cfg.split_tiles
+  splits = -(-num_v // per_split)
+  kernel = functools.partial(_fwd_kernel_triton, cfg=cfg, num_v=num_v,
+                             num_d=d // cfg.block_d, per_split=per_split)
+  lse_PxNx1, z_PxNxS = pl.pallas_call(
+      kernel,
+      grid=(n // bn, splits),
+      in_specs=[pl.BlockSpec((bn, d), lambda i, p: (i, 0)),
+                pl.BlockSpec((d, v), lambda i, p: (0, 0)),
+                pl.BlockSpec((bn, s), lambda i, p: (i, 0))],
+      out_specs=[pl.BlockSpec((None, bn, 1), lambda i, p: (p, i, 0)),
+                 pl.BlockSpec((None, bn, s), lambda i, p: (p, i, 0))],
+      out_shape=[jax.ShapeDtypeStruct((splits, n, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, n, s), jnp.float32)],
+      compiler_params=_triton_params(cfg, num_warps=4, num_stages=3),
+      interpret=cfg.interpret,
+      name="linear_mce_fwd",
+  )(hidden_NxD, head_DxV, targets_NxS)
+  # Each split holds a partial logsumexp; a target lies in exactly one split.
+  return jax.nn.logsumexp(lse_PxNx1[..., 0], axis=0), z_PxNxS.sum(axis=0)
+
+
+def _grouped(p, num_n, num_v, group=8):
+  """Program p -> tile (i, j), `group` row blocks at a time (GEMM-style swizzle).
+
+  Programs running together then share head tiles and hidden rows in L2, and the
+  atomics of a d_head tile come from at most `group` of them.
+  """
+  per_group = group * num_v
+  first = (p // per_group) * group
+  size = jnp.minimum(num_n - first, group)
+  return first + (p % per_group) % size, (p % per_group) // size
+
+
+def _bwd_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, _dh_in, _dw_in,
+                       d_h_ref, d_w_ref, *, cfg, num_n, num_v, num_d):
+  # Program (i, j) owns logit tile (i, j): recompute it, form d logits, then add its
+  # contributions to d_hidden[i, :] and d_head[:, j] with atomics (float32 buffers).
+  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
+  col0 = _grouped(pl.program_id(0), num_n, num_v)[1] * bv
+  logits = _logits_triton(h_ref, w_ref, 0, cfg, num_d)
+  cols = _column_ids(col0, (bn, bv))
+  logits = _mask_padded(logits, cols, cfg)
+  d_logits = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref, d_z_ref)
+  d_logits = d_logits.astype(w_ref.dtype)
+
+  def d_step(k, _):
+    k0 = pl.multiple_of(k * bd, bd)
+    w_kxB = w_ref[pl.ds(k0, bd), :]
+    h_Bxk = h_ref[:, pl.ds(k0, bd)]
+    pltriton.atomic_add(d_h_ref, (slice(None), pl.ds(k0, bd)), _dot_nt(d_logits, w_kxB))
+    pltriton.atomic_add(d_w_ref, (pl.ds(k0, bd), slice(None)), _dot_tn(h_Bxk, d_logits))
+
+  lax.fori_loop(0, num_d, d_step, None)
+
+
+def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg):
+  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
+  bn, bv = cfg.block_n, cfg.block_v
+  num_n, num_v = n // bn, v // bv
+  row = lambda p: (_grouped(p, num_n, num_v)[0], 0)  # noqa: E731
+  col = lambda p: (0, _grouped(p, num_n, num_v)[1])  # noqa: E731
+  kernel = functools.partial(_bwd_kernel_triton, cfg=cfg, num_n=num_n, num_v=num_v,
+                             num_d=d // cfg.block_d)
+  return pl.pallas_call(
+      kernel,
+      grid=(num_n * num_v,),
+      in_specs=[pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col),
+                pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
+                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row),
+                pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col)],
+      out_specs=[pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col)],
+      out_shape=[jax.ShapeDtypeStruct((n, d), jnp.float32),
+                 jax.ShapeDtypeStruct((d, v), jnp.float32)],
+      input_output_aliases={6: 0, 7: 1},  # zero-initialised atomic accumulators
+      compiler_params=_triton_params(cfg, num_warps=8, num_stages=2),
+      interpret=cfg.interpret,
+      name="linear_mce_bwd",
+  )(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS,
+    jnp.zeros((n, d), jnp.float32), jnp.zeros((d, v), jnp.float32))
+
+
+# --- Mosaic TPU: the reductions are sequential ("arbitrary") grid axes with VMEM scratch. ---
+
+def _tpu_params(cfg, semantics):
+  return pltpu.CompilerParams(dimension_semantics=semantics,
+                              vmem_limit_bytes=cfg.vmem_limit_bytes)
+
+
+def _tpu_interpret(cfg):
+  return pltpu.InterpretParams() if cfg.interpret else False
+
+
+def _fwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, z_ref, acc_ref, m_ref, l_ref, zacc_ref, *,
+                    cfg, num_v, num_d):
+  # grid (row block i, vocab block j, model-dim block k); blocks h [bn, bd], w [bd, bv].
+  j, k = pl.program_id(1), pl.program_id(2)
+
+  @pl.when((j == 0) & (k == 0))
+  def _():
+    m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    zacc_ref[...] = jnp.zeros(zacc_ref.shape, jnp.float32)
+
+  @pl.when(k == 0)
+  def _():
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+  acc_ref[...] += _dot(h_ref[...], w_ref[...])
+
+  @pl.when(k == num_d - 1)
+  def _():
+    cols = _column_ids(j * cfg.block_v, acc_ref.shape)
+    logits = _mask_padded(acc_ref[...], cols, cfg)
+    m_ref[...], l_ref[...] = _online_lse(m_ref[...], l_ref[...], logits)
+    for s in range(t_ref.shape[1]):
+      zacc_ref[:, s:s + 1] += _gather(logits, cols, t_ref[:, s:s + 1])
+
+  @pl.when((j == num_v - 1) & (k == num_d - 1))
+  def _():
+    lse_ref[...] = m_ref[...] + jnp.log(l_ref[...])
+    z_ref[...] = zacc_ref[...]
+
+
+def _forward_tpu(hidden_NxD, head_DxV, targets_NxS, cfg):
+  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
+  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
+  num_v, num_d = v // bv, d // bd
+  kernel = functools.partial(_fwd_kernel_tpu, cfg=cfg, num_v=num_v, num_d=num_d)
+  lse_Nx1, z_NxS = pl.pallas_call(
+      kernel,
+      grid=(n // bn, num_v, num_d),
+      in_specs=[pl.BlockSpec((bn, bd), lambda i, j, k: (i, k)),
+                pl.BlockSpec((bd, bv), lambda i, j, k: (k, j)),
+                pl.BlockSpec((bn, s), lambda i, j, k: (i, 0))],
+      out_specs=[pl.BlockSpec((bn, 1), lambda i, j, k: (i, 0)),
+                 pl.BlockSpec((bn, s), lambda i, j, k: (i, 0))],
+      out_shape=[jax.ShapeDtypeStruct((n, 1), jnp.float32),
+                 jax.ShapeDtypeStruct((n, s), jnp.float32)],
+      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, 1), jnp.float32),
+                      pltpu.VMEM((bn, 1), jnp.float32), pltpu.VMEM((bn, s), jnp.float32)],
+      compiler_params=_tpu_params(cfg, (pltpu.PARALLEL, pltpu.ARBITRARY, pltpu.ARBITRARY)),
+      interpret=_tpu_interpret(cfg),
+      name="linear_mce_fwd",
+  )(hidden_NxD, head_DxV, targets_NxS)
+  return lse_Nx1[:, 0], z_NxS
+
+
+def _bwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, acc_ref, p_ref,
+                    grad_ref, *, cfg, wrt, num_inner, num_d):
+  """One of the two backward kernels (no atomics on TPU), selected by `wrt`.
+
+  grid (outer block, inner block, phase k in [0, 2 num_d)). wrt="hidden": outer = row
+  block i, inner = vocab block j; wrt="head": outer = j, inner = i. Phase k < num_d
+  accumulates the logit tile over model-dim blocks; at k = num_d - 1 it becomes d logits
+  (kept in p_ref); phase k >= num_d adds d-block k - num_d of the gradient into grad_ref
+  [num_d, ...] (float32), written out after the last inner block.
+  """
+  outer, inner, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  j = outer if wrt == "head" else inner
+
+  @pl.when((inner == 0) & (k == 0))
+  def _():
+    grad_ref[...] = jnp.zeros(grad_ref.shape, jnp.float32)
+
+  @pl.when(k == 0)
+  def _():
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+  @pl.when(k < num_d)
+  def _():
+    acc_ref[...] += _dot(h_ref[...], w_ref[...])
+
+  @pl.when(k == num_d - 1)
+  def _():
+    cols = _column_ids(j * cfg.block_v, acc_ref.shape)
+    logits = _mask_padded(acc_ref[...], cols, cfg)
+    p_ref[...] = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref,
+                           d_z_ref).astype(p_ref.dtype)
+
+  @pl.when(k >= num_d)
+  def _():
+    if wrt == "hidden":
+      grad_ref[k - num_d] += _dot_nt(p_ref[...], w_ref[...])       # [bn, bd]
+    else:
+      grad_ref[k - num_d] += _dot_tn(h_ref[...], p_ref[...])       # [bd, bv]
+
+  @pl.when((inner == num_inner - 1) & (k == 2 * num_d - 1))
+  def _():
+    bd = cfg.block_d
+    for kk in range(num_d):  # static lane/sublane slices of the output block
+      if wrt == "hidden":
+        out_ref[:, kk * bd:(kk + 1) * bd] = grad_ref[kk].astype(out_ref.dtype)
+      else:
+        out_ref[kk * bd:(kk + 1) * bd, :] = grad_ref[kk].astype(out_ref.dtype)
+
+
+def _backward_tpu(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg):
+  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
+  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
+  num_n, num_v, num_d = n // bn, v // bv, d // bd
+  semantics = (pltpu.PARALLEL, pltpu.ARBITRARY, pltpu.ARBITRARY)
+  args = (hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS)
+  compute_dtype = head_DxV.dtype
+
+  # d_hidden: grid (i, j, k). Phase 2 needs only w, so h keeps its last block (no DMA).
+  row = lambda i, j, k: (i, 0)  # noqa: E731
+  d_hidden = pl.pallas_call(
+      functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="hidden", num_inner=num_v, num_d=num_d),
+      grid=(num_n, num_v, 2 * num_d),
+      in_specs=[pl.BlockSpec((bn, bd), lambda i, j, k: (i, jnp.minimum(k, num_d - 1))),
+                pl.BlockSpec((bd, bv), lambda i, j, k: (k % num_d, j)),
+                pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
+                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row)],
+      out_specs=pl.BlockSpec((bn, d), row),
+      out_shape=jax.ShapeDtypeStruct((n, d), hidden_NxD.dtype),
+      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, bv), compute_dtype),
+                      pltpu.VMEM((num_d, bn, bd), jnp.float32)],
+      compiler_params=_tpu_params(cfg, semantics),
+      interpret=_tpu_interpret(cfg),
+      name="linear_mce_bwd_hidden",
+  )(*args)
+
+  # d_head: grid (j, i, k). Phase 2 needs only h, so w keeps its last block.
+  row = lambda j, i, k: (i, 0)  # noqa: E731
+  d_head = pl.pallas_call(
+      functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="head", num_inner=num_n, num_d=num_d),
+      grid=(num_v, num_n, 2 * num_d),
+      in_specs=[pl.BlockSpec((bn, bd), lambda j, i, k: (i, k % num_d)),
+                pl.BlockSpec((bd, bv), lambda j, i, k: (jnp.minimum(k, num_d - 1), j)),
+                pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
+                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row)],
+      out_specs=pl.BlockSpec((d, bv), lambda j, i, k: (0, j)),
+      out_shape=jax.ShapeDtypeStruct((d, v), head_DxV.dtype),
+      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, bv), compute_dtype),
+                      pltpu.VMEM((num_d, bd, bv), jnp.float32)],
+      compiler_params=_tpu_params(cfg, semantics),
+      interpret=_tpu_interpret(cfg),
+      name="linear_mce_bwd_head",
+  )(*args)
+  return d_hidden, d_head
