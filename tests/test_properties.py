@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from tst_jax import losses
 from tst_jax import superposition as sp
 
-SETTINGS = settings(max_examples=10, deadline=None)
+SETTINGS = settings(max_examples=6, deadline=None)
 
 
 @st.composite

@@ -87,8 +87,9 @@ def _start_and_wait(workdir, until_step):
   raise AssertionError(f"run ended or stalled before step {until_step}: {proc.poll()}")
 
 
-@pytest.mark.parametrize("sig,until_step", [(signal.SIGKILL, 5), (signal.SIGTERM, 5),
-                                            (signal.SIGTERM, 7)])
+@pytest.mark.parametrize("sig,until_step", [
+    (signal.SIGKILL, 5), (signal.SIGTERM, 7),
+    pytest.param(signal.SIGTERM, 5, marks=pytest.mark.slow)])
 def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, sig, until_step):
   """Killed (SIGKILL: loses the steps since the last checkpoint) or preempted (SIGTERM:
   checkpoints the step it finishes and exits 0) around the phase switch at step 6, then
