@@ -1,6 +1,6 @@
 """Tiny Llama trained with TST on the embedded corpus (the Python standard library), on CPU.
 
-Command (2 CPU cores; 7 minutes measured on a shared, loaded machine, 4.8 CPU-minutes):
+Command (2 CPU cores: 2 min 44 s measured on a quiet machine, 7 min on a loaded one):
   python main.py --config configs/demo.py --workdir /tmp/tst_demo
 Expected: phase 1 (S=4, 90 steps) then phase 2 (210 steps); final held-out next-token loss
 3.66 nats/token, below the phase-1 end eval (5.69) and the unigram entropy (6.43); see
