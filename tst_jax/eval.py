@@ -36,7 +36,7 @@ try:
   from lm_eval.models import utils as lm_models_utils
   from lm_eval import utils as lm_utils
 except ImportError as e:   # an optional dependency
-  raise ImportError("tst_jax.eval needs lm-eval: pip install lm-eval") from e
+  raise ImportError("tst_jax.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
 
 from tst_jax import checkpoints_io, sample
 
