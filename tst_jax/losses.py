@@ -97,6 +97,15 @@ def alt_mask(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
   return valid & ~repeated
 
 
+def _alt_rows(lse_N, target_logits_NxS, targets_NxS, weights_S, ignore_index):
+  """MCE-alt per row, -log P(bag) = lse - logsumexp over the bag's distinct targets [N], and
+  which rows have any target [N] (rows without one get 0)."""
+  mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
+  has_N = mask_NxS.any(axis=-1)
+  bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, target_logits_NxS, -jnp.inf), axis=-1)
+  return jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0), has_N
+
+
 def _flatten(logits, targets):
   if logits.shape[:-1] != targets.shape[:-1]:
     raise ValueError(f"logits {logits.shape} and targets {targets.shape} disagree on the "
@@ -116,10 +125,7 @@ def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform"
     c_NxS = mce_coefficients(targets_NxS, weights_S, ignore_index)
     return jnp.sum(c_NxS * (lse_N[:, None] - target_logits_NxS))
   if variant == "alt":
-    mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
-    has_N = mask_NxS.any(axis=-1)
-    bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, target_logits_NxS, -jnp.inf), axis=-1)
-    per_row = jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0)
+    per_row, has_N = _alt_rows(lse_N, target_logits_NxS, targets_NxS, weights_S, ignore_index)
     return per_row.sum() / jnp.maximum(has_N.sum(), 1)
   raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
 
@@ -173,10 +179,7 @@ def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce"
     per = (w_NxS * (lse_N[:, None] - z_NxS)).sum(-1) / jnp.where(total_N > 0, total_N, 1.0)
     return per.reshape(lead), (total_N > 0).reshape(lead)
   if variant == "alt":
-    mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
-    has_N = mask_NxS.any(-1)
-    bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, z_NxS, -jnp.inf), axis=-1)
-    per = jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0)
+    per, has_N = _alt_rows(lse_N, z_NxS, targets_NxS, weights_S, ignore_index)
     return per.reshape(lead), has_N.reshape(lead)
   raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
 

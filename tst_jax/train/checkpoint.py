@@ -59,10 +59,6 @@ class Checkpoints:
         raise ValueError(f"checkpoint {step} in {self.directory} does not fit the model: "
                          f"{name} has shape {saved[name]} there but {shape} in this config")
 
-  def read_meta(self, step: int) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta
-
   def wait(self):
     self.manager.wait_until_finished()
 

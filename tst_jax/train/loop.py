@@ -111,8 +111,7 @@ class Run:
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
-                data_start_pos=self.data_start(phase), window=phase.window,
-                batches_read=step - phase.first_step)
+                data_start_pos=self.data_start(phase), window=phase.window)
     self.checkpoints.save(step, state, meta, force=force)
 
   # -- data --------------------------------------------------------------------------------
