@@ -1,16 +1,21 @@
 """Meshes on 8 host CPU devices: the same losses as one device, FSDP memory, clear errors."""
 
 import dataclasses
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
 from tst_jax import models
+from tst_jax.models import moe
 from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
+from tst_jax.train.defaults import LOGICAL_AXIS_RULES
 
 AXES = ("data", "fsdp", "tensor", "expert")
 # XLA:CPU compiles a tiny train step twice as fast at -O0; every mesh and the reference use it.
@@ -105,6 +110,49 @@ def test_mesh_trains_like_one_device(mesh, family, grad_accum, reference, tmp_pa
   record_property("max_abs_loss_diff", float(np.abs(losses - expected).max()))
   np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-4)
   assert len(losses) == 6 and np.all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize("impl", ["ragged", "blocked"])
+@pytest.mark.parametrize("mesh,batch_axes", [
+    ((4, 1, 1, 2), ("data", "fsdp", "expert")),   # tokens split over experts: gather, scatter
+    ((1, 2, 2, 2), ("data", "fsdp", "expert")),   # and expert weights split over tensor
+    ((2, 1, 1, 4), ("data", "fsdp")),             # tokens replicated over experts: psum
+], ids=["data4_expert2", "fsdp2_tensor2_expert2", "replicated_tokens_expert4"])
+def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl):
+  """The expert-parallel shard_map gives the unsharded dense reference's output and
+  gradients; each device runs E/ep experts (F/tp wide) with explicit collectives."""
+  e, d, f, k, n = 8, 16, 24, 2, 64
+  keys = jax.random.split(jax.random.key(0), 5)
+  x_NxD = jax.random.normal(keys[0], (n, d))
+  experts = [jax.random.normal(kk, shape) * 0.3 for kk, shape in
+             zip(keys[1:4], [(e, d, f), (e, d, f), (e, f, d)])]
+  router_NxE = jax.random.normal(keys[4], (n, e)).at[:, 3].add(-100.0)   # expert 3 gets none
+  weights_NxK, ids_NxK = jax.lax.top_k(jax.nn.softmax(router_NxE), k)
+
+  def loss(experts_fn, x, w, *weights):
+    return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
+
+  grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
+  expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
+  run_mesh = mesh_lib.make_mesh(mesh_config(mesh).mesh)
+  rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
+  sharded = functools.partial(moe.experts_sharded, moe.EXPERTS[impl])
+  with axis_rules(run_mesh, rules):
+    got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
+    jaxpr = jax.make_jaxpr(sharded)(x_NxD, ids_NxK, weights_NxK, *experts)
+    hlo = jax.jit(sharded).lower(x_NxD, ids_NxK, weights_NxK, *experts).as_text()
+  for a, b in zip(got, expected):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * (1 + float(jnp.abs(b).max())))
+  assert float(jnp.abs(expected[2][3]).max()) == 0 and float(jnp.abs(got[2][3]).max()) == 0
+  # Inside the shard_map: the local expert weights, and the collectives that move tokens.
+  (inner,) = [q for q in jaxpr.jaxpr.eqns if q.primitive.name == "shard_map"]
+  local_shapes = [v.aval.shape for v in inner.params["jaxpr"].invars]
+  assert local_shapes[3] == (e // mesh[3], d, f // mesh[2])
+  collectives = {c for c in ("all_gather", "reduce_scatter", "all_reduce")
+                 if f"stablehlo.{c}" in hlo}
+  assert collectives == ({"all_gather", "reduce_scatter"} | ({"all_reduce"} if mesh[2] > 1
+                                                              else set())
+                         if "expert" in batch_axes else {"all_reduce"})
 
 
 def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):

@@ -15,15 +15,17 @@ over `r` (`stage_plan`). First-k-dense gives 2 stages, every-n-th-sparse gives 1
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from tst_jax.models import layers, llama
-from tst_jax.parallel.logical import constrain
+from tst_jax.parallel import logical
 
-EXPERT_IMPLS = ("ragged", "dense")
+EXPERT_IMPLS = ("auto", "ragged", "blocked", "dense")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,7 +39,8 @@ class MoEConfig(llama.LlamaConfig):
   router_z_loss_coef: float = 0.0    # weight of mean(logsumexp(router logits)^2)
   mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
   decoder_sparse_step: int = 1       # layer i is sparse iff (i + 1) % step == 0 (and not above)
-  expert_impl: str = "ragged"        # ragged: dropless grouped matmul | dense: every expert
+  expert_impl: str = "auto"          # ragged: grouped matmul | blocked: row blocks | dense: all
+                                     # experts (reference) | auto: blocked on CPU, else ragged
 
   def __post_init__(self):
     super().__post_init__()
@@ -104,26 +107,91 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
   return logits_NxE, probs_NxE, weights_NxK, ids_NxK
 
 
+def _group_by_expert(ids_NxK, n_experts: int):
+  """The N·K assignments in expert order: (order [M], sorted ids [M], group sizes [E]).
+
+  An id >= n_experts (an expert another shard holds, see `experts_sharded`) belongs to no
+  group: it sorts after every group and is computed by no expert.
+  """
+  ids_M = ids_NxK.reshape(-1)
+  order_M = jnp.argsort(ids_M, stable=True)
+  return order_M, ids_M[order_M], jnp.bincount(ids_M, length=n_experts).astype(jnp.int32)
+
+
+def _combine(y_MxD, order_M, weights_NxK):
+  """Expert outputs in sorted order -> [N, D]: unsort, then the top-k weighted sum."""
+  n, k = weights_NxK.shape
+  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
+  y_NxKxD = jnp.take(y_MxD, inverse_M, axis=0).reshape(n, k, -1)
+  return jnp.einsum("nkd,nk->nd", y_NxKxD, weights_NxK.astype(y_NxKxD.dtype))
+
+
+def _swiglu(matmul, x, gate, up, down):
+  return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
+
+
 def experts_ragged(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
   """Dropless experts: sort the N·K assignments by expert, three grouped matmuls, unsort.
 
   Each ragged_dot multiplies row block e (group_sizes[e] rows) by expert e's weights only: a
   grouped-GEMM backend does N·K rows of work whatever E is. TPU lowers ragged_dot natively; on
   GPU set `jax_ragged_dot_use_gpu_pallas_triton_lowering` (or XLA's cuDNN ragged-dot fusion),
-  otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does.
+  otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does
+  (there, `experts_blocked` is the one whose cost follows the active parameters).
+  """
+  k = ids_NxK.shape[1]
+  order_M, sorted_M, sizes_E = _group_by_expert(ids_NxK, gate_ExDxF.shape[0])
+  x_MxD = jnp.take(x_NxD, order_M // k, axis=0)
+  y_MxD = _swiglu(lambda a, w: jax.lax.ragged_dot(a, w, sizes_E), x_MxD,
+                  gate_ExDxF, up_ExDxF, down_ExFxD)
+  # Rows past the groups (other shards' experts) are left undefined by grouped GEMMs.
+  y_MxD = jnp.where((sorted_M < gate_ExDxF.shape[0])[:, None], y_MxD, 0)
+  return _combine(y_MxD, order_M, weights_NxK)
+
+
+def block_rows(assignments: int, n_experts: int) -> int:
+  """Rows per block of `experts_blocked`: the largest power of two <= M / (4E), at most 512,
+  so that padding every expert's group to whole blocks adds at most ~25% to the M rows."""
+  return 1 << min(9, max(0, (assignments // (4 * n_experts)).bit_length() - 1))
+
+
+def experts_blocked(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+                    block: int | None = None):
+  """Dropless experts as a batched matmul over fixed-size row blocks, one expert per block.
+
+  The assignments, sorted by expert, are written into a buffer where each expert's group is
+  padded to a whole number of `block` rows; block b is multiplied by the weights of its
+  expert (a gather of [blocks, D, F]). Work is (N·K + E·block) rows, so the compiled FLOPs
+  follow the active parameters on every backend, XLA:CPU included; the price is the
+  gathered weights, blocks x D x F per matrix, which is why TPU and GPU use ragged_dot.
   """
   n, k = ids_NxK.shape
   e = gate_ExDxF.shape[0]
-  ids_M = ids_NxK.reshape(-1)                                   # M = N·K assignments
-  order_M = jnp.argsort(ids_M, stable=True)                     # assignment ids by expert
-  group_sizes_E = jnp.bincount(ids_M, length=e).astype(jnp.int32)
-  x_MxD = jnp.take(x_NxD, order_M // k, axis=0)
-  gate_MxF = jax.lax.ragged_dot(x_MxD, gate_ExDxF, group_sizes_E)
-  up_MxF = jax.lax.ragged_dot(x_MxD, up_ExDxF, group_sizes_E)
-  y_MxD = jax.lax.ragged_dot(jax.nn.silu(gate_MxF) * up_MxF, down_ExFxD, group_sizes_E)
-  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
-  y_NxKxD = jnp.take(y_MxD, inverse_M, axis=0).reshape(n, k, -1)
-  return jnp.einsum("nkd,nk->nd", y_NxKxD, weights_NxK.astype(y_NxKxD.dtype))
+  m = n * k
+  block = block_rows(m, e) if block is None else block
+  order_M, sorted_M, sizes_E = _group_by_expert(ids_NxK, e)
+  padded_E = -(-sizes_E // block) * block
+  starts_E = jnp.cumsum(sizes_E) - sizes_E
+  padded_ends_E = jnp.cumsum(padded_E)
+  # sum_e ceil(size_e / block) <= (M + min(E, M) (block - 1)) / block blocks in all.
+  n_blocks = (m + min(e, m) * (block - 1)) // block
+  valid_M = sorted_M < e
+  expert_M = jnp.minimum(sorted_M, e - 1)
+  row_M = padded_ends_E[expert_M] - padded_E[expert_M] + jnp.arange(m) - starts_E[expert_M]
+  row_M = jnp.where(valid_M, row_M, n_blocks * block)           # out of range: dropped
+  x_RxD = jnp.zeros((n_blocks * block, x_NxD.shape[1]), x_NxD.dtype).at[row_M].set(
+      jnp.take(x_NxD, order_M // k, axis=0), mode="drop")
+  expert_B = jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block, side="right")
+  expert_B = jnp.minimum(expert_B, e - 1)        # blocks past the last group hold zeros
+
+  def matmul(a_RxI, w_ExIxO):
+    a_BxTxI = a_RxI.reshape(n_blocks, block, -1)
+    return jnp.einsum("bti,bio->bto", a_BxTxI, jnp.take(w_ExIxO, expert_B, axis=0)).reshape(
+        n_blocks * block, -1)
+
+  y_RxD = _swiglu(matmul, x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
+  y_MxD = jnp.take(y_RxD, row_M, axis=0, mode="fill", fill_value=0)
+  return _combine(y_MxD, order_M, weights_NxK)
 
 
 def experts_dense(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -135,6 +203,72 @@ def experts_dense(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD)
   combine_NxE = jnp.einsum("nke,nk->ne", jax.nn.one_hot(ids_NxK, e, dtype=weights_NxK.dtype),
                            weights_NxK)
   return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
+
+
+EXPERTS = {"ragged": experts_ragged, "blocked": experts_blocked, "dense": experts_dense}
+
+
+def expert_fn(impl: str):
+  """The expert implementation; "auto" is blocked on CPU (where ragged_dot is a masked dense
+  matmul over all E experts) and ragged on TPU/GPU."""
+  if impl == "auto":
+    impl = "blocked" if jax.default_backend() == "cpu" else "ragged"
+  return EXPERTS[impl]
+
+
+def experts_sharded(experts, x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """`experts(...)` with expert parallelism written out: shard_map over the mesh.
+
+  Under `axis_rules` with the E axis of the expert weights split over mesh axes (rule
+  'expert'), each device holds E/ep experts and its own token rows. Inside one expert group
+  the tokens are all-gathered (with their top-k ids and weights), every device runs only its
+  experts on the assignments routed to them, and a reduce-scatter sums each token's K
+  outputs back onto the device that owns the token. This is dropless and needs no capacity;
+  its traffic, ~(ep-1)/ep of the group's tokens each way, is at most an all-to-all's
+  K(ep-1)/ep when ep <= K. Expert weights split over 'tensor' (rule 'mlp') add a psum.
+  Without a mesh, or when nothing is split, it is `experts(...)` itself.
+  """
+  context = logical.current()
+  args = (x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD)
+  if context is None:
+    return experts(*args)
+  mesh, rules = context
+  batch_spec = logical.logical_to_spec(("batch", None), rules)
+  spec = logical.logical_to_spec(("expert", None, "mlp"), rules)
+  split = lambda entry: tuple(a for a in logical.mesh_axes(entry) if mesh.shape[a] > 1)
+  ep_axes, tp_axes = split(spec[0]), split(spec[2])
+  in_spec = P(ep_axes or None, None, tp_axes or None)          # D gathered (FSDP)
+  out_spec = P(ep_axes or None, tp_axes or None, None)
+  if not ep_axes and not tp_axes:
+    return experts(*args)
+  ep = math.prod(mesh.shape[a] for a in ep_axes)
+  if gate_ExDxF.shape[0] % ep:
+    raise ValueError(f"model.n_experts={gate_ExDxF.shape[0]} must divide over the expert "
+                     f"mesh axes {ep_axes} (size {ep})")
+  gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_spec[0]))
+  replicated = tuple(a for a in ep_axes if a not in gathered)   # tokens on every shard
+
+  def local(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+    if gathered:
+      x_NxD, ids_NxK, weights_NxK = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
+                                     for a in (x_NxD, ids_NxK, weights_NxK))
+    if replicated:   # same tokens on every expert shard: say so, so that AD sums their
+                     # gradients over the shards (jax 0.10.2 missed it in the sorted paths)
+      x_NxD, weights_NxK = (jax.lax.pcast(a, replicated, to="varying")
+                            for a in (x_NxD, weights_NxK))
+    e_local = gate_ExDxF.shape[0]
+    ids_NxK = ids_NxK - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxK
+    mine_NxK = (ids_NxK >= 0) & (ids_NxK < e_local)
+    y_NxD = experts(x_NxD, jnp.where(mine_NxK, ids_NxK, e_local),
+                    jnp.where(mine_NxK, weights_NxK, 0), gate_ExDxF, up_ExDxF, down_ExFxD)
+    if gathered:
+      y_NxD = jax.lax.psum_scatter(y_NxD, gathered, scatter_dimension=0, tiled=True)
+    if replicated or tp_axes:
+      y_NxD = jax.lax.psum(y_NxD, replicated + tp_axes)
+    return y_NxD
+
+  return jax.shard_map(local, mesh=mesh, out_specs=batch_spec,
+                       in_specs=(batch_spec,) * 3 + (in_spec, in_spec, out_spec))(*args)
 
 
 class SparseMoE(nnx.Module):
@@ -155,9 +289,9 @@ class SparseMoE(nnx.Module):
     x_NxD = x_BxLxD.reshape(b * length, d)
     logits_NxE, probs_NxE, weights_NxK, ids_NxK = _route(
         x_NxD, self.router[...], cfg.n_experts_per_token, cfg.norm_topk_prob)
-    experts = experts_ragged if cfg.expert_impl == "ragged" else experts_dense
-    out_NxD = experts(x_NxD, ids_NxK, weights_NxK, self.gate_proj[...].astype(dt),
-                      self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
+    out_NxD = experts_sharded(expert_fn(cfg.expert_impl), x_NxD, ids_NxK, weights_NxK,
+                              self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
+                              self.down_proj[...].astype(dt))
     # Switch / HF Qwen3-MoE load balancing: frac_E counts top-k assignments per token (sums
     # to K), prob_E is the mean router probability; balanced routing gives lb_loss = K.
     n = b * length

@@ -22,6 +22,18 @@ def axis_rules(mesh, rules):
     _CONTEXT.value = previous
 
 
+def current():
+  """The (mesh, rules) of the enclosing `axis_rules` block, or None outside one."""
+  return getattr(_CONTEXT, "value", None)
+
+
+def mesh_axes(spec_entry) -> tuple[str, ...]:
+  """One PartitionSpec entry (None, an axis name or a tuple of them) as a tuple of names."""
+  if spec_entry is None:
+    return ()
+  return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+
+
 def logical_to_spec(names, rules) -> PartitionSpec:
   """Logical axis names -> PartitionSpec: the first rule for a name wins, None = replicated.
 
