@@ -2,12 +2,16 @@
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from tst_jax import losses
 from tst_jax.kernels import linear_mce_pallas, linear_mce_xla
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.parallel.logical import axis_rules
 from tst_jax.superposition import IGNORE_INDEX
+from tst_jax.train.defaults import LOGICAL_AXIS_RULES
 
 N, D, V = 37, 24, 301  # none a multiple of the tiles below
 XLA_BLOCKS = {"block_n": 16, "block_v": 128}
@@ -210,3 +214,82 @@ def test_errors():
   with pytest.raises(ValueError, match="powers of two"):
     losses.linear_mce_loss(hidden, head, targets, impl="pallas", backend="triton",
                            interpret=False, block_n=24)
+
+
+# Sharded (tst_jax.kernels.sharded): 36 rows and V = 300 divide over every mesh below;
+# V / 4 = 75 columns per shard, off the 32-column tiles.
+SHARDED_N, SHARDED_V = 36, 300
+SHARDED_BLOCKS = {"xla": {"block_n": 8, "block_v": 32},
+                  "pallas": {"block_n": 16, "block_v": 32, "block_d": 16}}
+
+
+def _mesh(data, fsdp, tensor, expert):
+  """A (data, fsdp, tensor, expert) mesh over the 8 host devices of tests/conftest.py."""
+  sizes = {"data": data, "fsdp": fsdp, "tensor": tensor, "expert": expert, "dcn_data": 1}
+  return mesh_lib.make_mesh(ml_collections.ConfigDict(sizes))
+
+
+def _check_sharded(impl, problem, mesh, rules=LOGICAL_AXIS_RULES, **kwargs):
+  """Loss and both gradients under `axis_rules(mesh, rules)` against naive without a mesh."""
+  hidden, head, targets = problem
+  want = _run_fast(lambda h, w: _loss_and_grads("naive", h, w, targets, **kwargs), hidden, head)
+  with axis_rules(mesh, rules):
+    got = _run_fast(lambda h, w: _loss_and_grads(impl, h, w, targets, **SHARDED_BLOCKS[impl],
+                                                 **kwargs), hidden, head)
+  for what, g, w in zip(("loss", "d_hidden", "d_head"), jax.tree.leaves(got),
+                        jax.tree.leaves(want)):
+    _assert_close(g, w, TOL, f"sharded {impl} {what}")
+
+
+@pytest.mark.parametrize("impl,s,shape,variant", [
+    ("xla", 1, (2, 1, 4, 1), "mce"),      # rows over data (2), V over tensor (4)
+    ("xla", 4, (1, 2, 2, 2), "alt"),      # rows over fsdp x expert (4), V over tensor (2)
+    ("pallas", 1, (1, 2, 2, 2), "mce"),
+    ("pallas", 4, (2, 1, 4, 1), "alt"),
+])
+def test_sharded_matches_naive(impl, s, shape, variant):
+  """shard_map over 8 CPU devices: rows like 'batch', the head's V like 'vocab'. The
+  gradients check that d_hidden is summed over vocab shards and d_head over row shards."""
+  _check_sharded(impl, _problem(s, n=SHARDED_N, v=SHARDED_V, seed=s), _mesh(*shape),
+                 weighting="power", variant=variant)
+
+
+def test_sharded_vocab_over_two_axes_and_custom_ignore_index():
+  """V split over (tensor, expert) = 4 shards (the offset is their joint index), and
+  ignore_index=7, which is also a shard-local column: global 82 is column 7 of shard 1."""
+  hidden, head, targets = _problem(2, n=SHARDED_N, v=SHARDED_V)
+  targets = jnp.where(targets == IGNORE_INDEX, 7, targets).at[:4, 0].set(82)
+  rules = (("vocab", ("tensor", "expert")),) + LOGICAL_AXIS_RULES
+  _check_sharded("xla", (hidden, head, targets), _mesh(1, 2, 2, 2), rules, ignore_index=7)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_sharded_kernel_sees_its_shard(impl):
+  """The jaxpr runs the kernel inside shard_map on [N/2, D] rows and [D, V/4] columns;
+  a Pallas kernel appears nowhere outside it (XLA would replicate it)."""
+  hidden, head, targets = _problem(4, n=SHARDED_N, v=SHARDED_V)
+  loss = lambda h, w: losses.linear_mce_loss(h, w, targets, impl=impl)  # noqa: E731
+  with axis_rules(_mesh(2, 1, 4, 1), LOGICAL_AXIS_RULES):
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(hidden, head).jaxpr
+  shard_maps = [e for e in jaxpr.eqns if e.primitive.name == "shard_map"]
+  assert len(shard_maps) == 2  # forward and its transpose
+  forward = shard_maps[0].params["jaxpr"]
+  kernels = [e for e in forward.eqns if e.params.get("name") == "lse_and_target_logits"]
+  assert [[v.aval.shape for v in e.invars] for e in kernels] == [
+      [(SHARDED_N // 2, D), (D, SHARDED_V // 4), (SHARDED_N // 2, 4)]]
+  inside = sum(str(e.params["jaxpr"]).count("pallas_call") for e in shard_maps)
+  assert str(jaxpr).count("pallas_call") == inside and (inside > 0) == (impl == "pallas")
+
+
+def test_sharded_errors_and_fallback():
+  hidden, head, targets = _problem(1)                 # N = 37, V = 301
+  loss = lambda h, w: losses.linear_mce_loss(h, w, targets, impl="xla")  # noqa: E731
+  with axis_rules(_mesh(1, 1, 4, 1), LOGICAL_AXIS_RULES):
+    with pytest.raises(ValueError, match=r"vocabulary \(301\) must divide over the 'vocab' "
+                                         r"mesh axes \('tensor',\) \(4 shards\)"):
+      jax.eval_shape(loss, hidden, head)
+  with axis_rules(_mesh(2, 1, 1, 1), LOGICAL_AXIS_RULES):
+    with pytest.raises(ValueError, match=r"rows \(37\) over the 'batch' mesh axes"):
+      jax.eval_shape(loss, hidden, head)
+  with axis_rules(_mesh(1, 1, 1, 1), LOGICAL_AXIS_RULES):   # one device: the plain call
+    assert "shard_map" not in str(jax.make_jaxpr(loss)(hidden, head))

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tst_jax.kernels import sharded
 from tst_jax.superposition import IGNORE_INDEX
 
 WEIGHTINGS = ("uniform", "power", "exponential", "first")
@@ -199,7 +200,8 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
   hidden [..., D], head [D, V], targets [..., S] -> scalar (float32), differentiable in
   hidden and head. impl: "naive" (float32 logits, the reference), "xla" (chunked, pure
   XLA), "pallas" (fused kernel), "auto" ("pallas" on GPU/TPU, "xla" on CPU).
-  chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`).
+  chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`). Under
+  `axis_rules` with a mesh, xla/pallas run per shard (`tst_jax.kernels.sharded`).
   """
   if impl not in IMPLS:
     raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
@@ -222,7 +224,8 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
     from tst_jax.kernels import linear_mce_xla as kernel
   else:
     from tst_jax.kernels import linear_mce_pallas as kernel
-  lse_N, z_NxS = kernel.lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS,
-                                              ignore_index=ignore_index, **chunk_kwargs)
+  lse_N, z_NxS = sharded.lse_and_target_logits(kernel.lse_and_target_logits, hidden_NxD,
+                                               head_DxV, targets_NxS, ignore_index=ignore_index,
+                                               **chunk_kwargs)
   return mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
                         ignore_index=ignore_index)
