@@ -253,7 +253,8 @@ def experts_sharded(experts, x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, 
       x_NxD, ids_NxK, weights_NxK = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
                                      for a in (x_NxD, ids_NxK, weights_NxK))
     if replicated:   # same tokens on every expert shard: say so, so that AD sums their
-                     # gradients over the shards (jax 0.10.2 missed it in the sorted paths)
+                     # gradients over the shards (without it, on jax 0.10.2, the ragged and
+                     # blocked paths' input gradient came out unsummed: tests/test_parallel)
       x_NxD, weights_NxK = (jax.lax.pcast(a, replicated, to="varying")
                             for a in (x_NxD, weights_NxK))
     e_local = gate_ExDxF.shape[0]
