@@ -18,8 +18,6 @@ from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
 from tst_jax.train.defaults import LOGICAL_AXIS_RULES
 
 AXES = ("data", "fsdp", "tensor", "expert")
-# XLA:CPU compiles a tiny train step twice as fast at -O0; every mesh and the reference use it.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def mesh_config(mesh=(1, 1, 1, 1), family="llama", grad_accum=1, loss_impl="naive"):
@@ -58,7 +56,7 @@ def train_losses(config, workdir, init=None):
     batches = run.batches(phase, phase.first_step)
     batch = next(batches)
     firsts.append(batch)
-    compiled = step.lower(state, batch).compile(FAST_COMPILE)
+    compiled = step.lower(state, batch).compile()
     for i in range(phase.steps):
       state, metrics = compiled(state, batch if i == 0 else next(batches))
       losses.append(float(metrics["loss"]))
