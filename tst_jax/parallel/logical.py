@@ -41,16 +41,11 @@ def logical_to_spec(names, rules) -> PartitionSpec:
   is left replicated.
   """
   table = {}
-  for name, mesh_axes in rules:
-    table.setdefault(name, mesh_axes)
+  for name, axes in rules:
+    table.setdefault(name, axes)
   used, spec = set(), []
   for name in names:
-    axes = table.get(name)
-    if axes is None:
-      spec.append(None)
-      continue
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    axes = tuple(a for a in axes if a not in used)
+    axes = tuple(a for a in mesh_axes(table.get(name)) if a not in used)
     used.update(axes)
     spec.append(axes[0] if len(axes) == 1 else (axes or None))
   return PartitionSpec(*spec)

@@ -9,7 +9,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from tst_jax.parallel.logical import logical_to_spec
+from tst_jax.parallel.logical import logical_to_spec, mesh_axes
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
@@ -86,8 +86,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def _axes(sharding: NamedSharding, dim: int) -> tuple[str, ...]:
   spec = tuple(sharding.spec) + (None,) * (dim + 1 - len(sharding.spec))
-  axes = spec[dim]
-  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return mesh_axes(spec[dim])
 
 
 def shards(sharding: NamedSharding, dim: int) -> int:
