@@ -19,7 +19,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from tst_jax import models
+from tst_jax import models, platform
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.train import optim, step as step_lib
 from tst_jax.train.plan import make_plan
@@ -95,6 +95,7 @@ def bench_phase(config, phase_name) -> dict:
       latent_seq_len=phase.latent_seq_len, data_seq_len=phase.data_seq_len,
       n_layers=model_cfg.n_layers, params=plan.params_total, dtype=model_cfg.dtype,
       loss_impl=config.loss.impl, remat=model_cfg.remat,
+      expert_impl=getattr(model_cfg, "expert_impl", None),
       attention_impl=model_cfg.attention_impl, compile_s=compile_s, step_s=step_s,
       step_s_min=min(times), data_tokens_per_s=phase.data_tokens_per_step / step_s,
       equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,
@@ -110,7 +111,9 @@ def bench_phase(config, phase_name) -> dict:
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  resolved = platform.resolve(_CONFIG.value)   # the defaults a run gets on this platform
+  print(json.dumps(dict(resolved=resolved.to_json())), flush=True)
+  config = platform.apply(_CONFIG.value, resolved)
   phases = ["tst", "ntp"] if _PHASE.value == "both" else [_PHASE.value]
   results = {}
   for name in phases:

@@ -293,3 +293,31 @@ def test_sharded_errors_and_fallback():
       jax.eval_shape(loss, hidden, head)
   with axis_rules(_mesh(1, 1, 1, 1), LOGICAL_AXIS_RULES):   # one device: the plain call
     assert "shard_map" not in str(jax.make_jaxpr(loss)(hidden, head))
+
+
+ON_GPU = pytest.mark.skipif(jax.default_backend() != "gpu",
+                            reason="compiled Triton kernels need a GPU (run by benchmarks/gpu.sh)")
+
+
+@ON_GPU
+@pytest.mark.parametrize("s", [1, 6])
+def test_pallas_compiled_on_gpu_matches_naive(s):
+  """The compiled Triton kernels (default tiles, off-grid N, V, D) against the naive loss."""
+  _check_all("pallas", s, backend="triton", interpret=False)
+
+
+@ON_GPU
+def test_pallas_compiled_on_gpu_bf16_at_scale():
+  """bf16 at a realistic shape (several d-logits chunks) against float32 naive."""
+  k_h, k_w, k_t = jax.random.split(jax.random.PRNGKey(3), 3)
+  n, d, v = 4096, 1024, 50_000
+  hidden = jax.random.normal(k_h, (n, d), jnp.float32).astype(jnp.bfloat16)
+  head = (jax.random.normal(k_w, (d, v), jnp.float32) / d ** 0.5).astype(jnp.bfloat16)
+  targets = jax.random.randint(k_t, (n, 4), 0, v)
+  want = _run_fast(lambda h, w: _loss_and_grads("naive", h, w, targets),
+                   hidden.astype(jnp.float32), head.astype(jnp.float32))
+  got = _run_fast(lambda h, w: _loss_and_grads("pallas", h, w, targets, bwd_rows=1024),
+                  hidden, head)
+  _assert_close(got[0], want[0], BF16_LOSS_TOL, "loss")
+  _assert_close(got[1][0], want[1][0], BF16_GRAD_TOL, "d_hidden")
+  _assert_close(got[1][1], want[1][1], BF16_GRAD_TOL, "d_head")

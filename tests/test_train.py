@@ -29,6 +29,11 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert 6 in steps and 12 in steps                    # the handoff and the final one
   assert os.path.exists(tmp_path / "loss.png")
   assert np.isfinite(summary["final_eval_loss"])
+  # `auto` is resolved once for this platform and recorded in summary.json and config.json.
+  assert summary["resolved"]["loss.impl"]["value"] == "naive"          # set in the config
+  assert summary["resolved"]["model.attention_impl"]["value"] == "xla"  # auto on CPU
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["model"]["attention_impl"] == "xla"
 
 
 def test_phase_flops_equal_in_compiled_cost_analysis():

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tst_jax import platform
 from tst_jax.kernels import sharded
 from tst_jax.superposition import IGNORE_INDEX
 
@@ -190,7 +191,7 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
   return mce_loss(logits, labels[..., None], ignore_index=ignore_index)
 
 
-IMPLS = ("naive", "xla", "pallas", "auto")
+LOSS_IMPLS = platform.LOSS_IMPLS
 
 
 def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", variant="mce",
@@ -199,12 +200,12 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
 
   hidden [..., D], head [D, V], targets [..., S] -> scalar (float32), differentiable in
   hidden and head. impl: "naive" (float32 logits, the reference), "xla" (chunked, pure
-  XLA), "pallas" (fused kernel), "auto" ("pallas" on GPU/TPU, "xla" on CPU).
+  XLA), "pallas" (fused kernel), "auto" (measured fastest per platform: `tst_jax.platform`).
   chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`). Under
   `axis_rules` with a mesh, xla/pallas run per shard (`tst_jax.kernels.sharded`).
   """
-  if impl not in IMPLS:
-    raise ValueError(f"unknown impl {impl!r}: expected one of {IMPLS}")
+  if impl not in LOSS_IMPLS:
+    raise ValueError(f"unknown impl {impl!r}: expected one of {LOSS_IMPLS}")
   if variant not in VARIANTS:
     raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
   if hidden_NxD.shape[:-1] != targets_NxS.shape[:-1]:
@@ -212,8 +213,7 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
                      "the leading (position) dimensions")
   hidden_NxD = hidden_NxD.reshape(-1, hidden_NxD.shape[-1])
   targets_NxS = targets_NxS.reshape(-1, targets_NxS.shape[-1])
-  if impl == "auto":
-    impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+  impl, _ = platform.loss_impl(impl)
   if impl == "naive":
     if chunk_kwargs:
       raise TypeError(f"impl='naive' takes no chunk arguments, got {sorted(chunk_kwargs)}")

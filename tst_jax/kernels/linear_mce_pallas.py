@@ -17,9 +17,10 @@ from tst_jax.superposition import IGNORE_INDEX
 # Letters: N tokens, D model dim, V vocabulary, S bag size; bn/bd/bv the tile sizes.
 # Kernels see row-vectors as [bn, 1] so the same tile math serves both backends.
 BACKENDS = ("auto", "triton", "mosaic_tpu")
-# Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16;
+# Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16; its
+# tiles are the fastest of a sweep on an H100 (docs/kernels.md, benchmarks/loss_tiles.py).
 # Mosaic wants multiples of (8, 128) and MXU-sized tiles.
-DEFAULT_BLOCKS = {"triton": (64, 128, 64), "mosaic_tpu": (256, 512, 512)}
+DEFAULT_BLOCKS = {"triton": (128, 256, 64), "mosaic_tpu": (256, 512, 512)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,21 +36,24 @@ class _Config:
   num_warps: int | None
   num_stages: int | None
   vmem_limit_bytes: int | None
+  bwd_rows: int        # Triton backward: rows per chunk (a [bwd_rows, V] d-logits buffer)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "ignore_index", "backend", "interpret", "block_n", "block_v", "block_d", "v_splits",
-    "num_warps", "num_stages", "vmem_limit_bytes"))
+    "num_warps", "num_stages", "vmem_limit_bytes", "bwd_rows"))
 def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
                           backend: str = "auto", interpret: bool | None = None,
                           block_n: int | None = None, block_v: int | None = None,
                           block_d: int | None = None, v_splits: int | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
-                          vmem_limit_bytes: int | None = None):
+                          vmem_limit_bytes: int | None = None, bwd_rows: int = 1024):
   """Per-row logsumexp [N] and target logits [N, S] (float32) of `hidden @ head`.
 
-  Matmuls take the input dtype (bf16 on accelerators) and accumulate in float32; neither
-  pass writes [N, V] logits. backend: "triton" (GPU), "mosaic_tpu" (TPU) or "auto" (by
+  Matmuls take the input dtype (bf16 on accelerators) and accumulate in float32; no pass
+  writes [N, V] logits. The Triton backward writes d logits one chunk of `bwd_rows` rows at
+  a time ([bwd_rows, V] in the input dtype: 263 MB at V=128256 in bf16) and gets d_hidden
+  and d_head from two XLA matmuls per chunk. backend: "triton" (GPU), "mosaic_tpu" (TPU) or "auto" (by
   platform; Triton-style kernels interpreted on CPU). interpret defaults to True on CPU.
   Ignored targets get logit 0 and no gradient. v_splits (Triton) splits the vocabulary of
   each row block over programs, for occupancy when N / block_n is small.
@@ -80,8 +84,12 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
   if v_splits < 1 or min(bn, bv, bd) < 1:
     raise ValueError(f"v_splits and block sizes must be positive, got {v_splits=}, "
                      f"{bn=}, {bv=}, {bd=}")
+  rows = n + n_pad   # the d-logits chunk: a multiple of bn that divides the padded rows
+  chunk = max(bn, min(rows, bwd_rows) // bn * bn)
+  while rows % chunk:
+    chunk -= bn
   cfg = _Config(backend, bool(interpret), bn, bv, bd, v, v + v_pad, -(-num_v // v_splits),
-                num_warps, num_stages, vmem_limit_bytes)
+                num_warps, num_stages, vmem_limit_bytes, chunk)
 
   dtype = jnp.promote_types(hidden_NxD.dtype, head_DxV.dtype)  # kernels take one input dtype
   targets_NxS = jnp.where(targets_NxS == ignore_index, -1, targets_NxS).astype(jnp.int32)
@@ -247,7 +255,7 @@ def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
                  pl.BlockSpec((None, bn, s), lambda i, p: (p, i, 0))],
       out_shape=[jax.ShapeDtypeStruct((splits, n, 1), jnp.float32),
                  jax.ShapeDtypeStruct((splits, n, s), jnp.float32)],
-      compiler_params=_triton_params(cfg, num_warps=4, num_stages=3),
+      compiler_params=_triton_params(cfg, num_warps=8, num_stages=3),
       interpret=cfg.interpret,
       name="linear_mce_fwd",
   )(hidden_NxD, head_DxV, targets_NxS)
@@ -255,64 +263,51 @@ def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
   return jax.nn.logsumexp(lse_PxNx1[..., 0], axis=0), z_PxNxS.sum(axis=0)
 
 
-def _grouped(p, num_n, num_v, group=8):
-  """Program p -> tile (i, j), `group` row blocks at a time (GEMM-style swizzle).
-
-  Programs running together then share head tiles and hidden rows in L2, and the
-  atomics of a d_head tile come from at most `group` of them.
-  """
-  per_group = group * num_v
-  first = (p // per_group) * group
-  size = jnp.minimum(num_n - first, group)
-  return first + (p % per_group) % size, (p % per_group) // size
-
-
-def _bwd_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, _dh_in, _dw_in,
-                       d_h_ref, d_w_ref, *, cfg, num_n, num_v, num_d):
-  # Program (i, j) owns logit tile (i, j): recompute it, form d logits, then add its
-  # contributions to d_hidden[i, :] and d_head[:, j] with atomics (float32 buffers).
-  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
-  col0 = _grouped(pl.program_id(0), num_n, num_v)[1] * bv
+def _dlogits_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, *, cfg,
+                           num_n, num_d):
+  # Program p owns logit tile (i, j) of the chunk: a GEMM tile over D with the softmax
+  # gradient as its epilogue, written in the input dtype. Consecutive programs share the
+  # head tile j (read once from HBM per chunk); the chunk's hidden rows stay in L2.
+  col0 = (pl.program_id(0) // num_n) * cfg.block_v
   logits = _logits_triton(h_ref, w_ref, 0, cfg, num_d)
-  cols = _column_ids(col0, (bn, bv))
+  cols = _column_ids(col0, logits.shape)
   logits = _mask_padded(logits, cols, cfg)
-  d_logits = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref, d_z_ref)
-  d_logits = d_logits.astype(w_ref.dtype)
-
-  def d_step(k, _):
-    k0 = pl.multiple_of(k * bd, bd)
-    w_kxB = w_ref[pl.ds(k0, bd), :]
-    h_Bxk = h_ref[:, pl.ds(k0, bd)]
-    pltriton.atomic_add(d_h_ref, (slice(None), pl.ds(k0, bd)), _dot_nt(d_logits, w_kxB))
-    pltriton.atomic_add(d_w_ref, (pl.ds(k0, bd), slice(None)), _dot_tn(h_Bxk, d_logits))
-
-  lax.fori_loop(0, num_d, d_step, None)
+  out_ref[...] = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref,
+                           d_z_ref).astype(out_ref.dtype)
 
 
-def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg):
+def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS,
+                             cfg):
+  """Backward without atomics: per chunk of C rows, a Pallas kernel writes d logits [C, V]
+  (recomputed tile by tile, never stored for all N), then two XLA (cuBLAS) matmuls give
+  d_hidden[chunk] = d_logits @ head.T and add hidden[chunk].T @ d_logits into d_head."""
   (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
-  bn, bv = cfg.block_n, cfg.block_v
-  num_n, num_v = n // bn, v // bv
-  row = lambda p: (_grouped(p, num_n, num_v)[0], 0)  # noqa: E731
-  col = lambda p: (0, _grouped(p, num_n, num_v)[1])  # noqa: E731
-  kernel = functools.partial(_bwd_kernel_triton, cfg=cfg, num_n=num_n, num_v=num_v,
-                             num_d=d // cfg.block_d)
-  return pl.pallas_call(
-      kernel,
+  bn, bv, c = cfg.block_n, cfg.block_v, cfg.bwd_rows
+  num_n, num_v = c // bn, v // bv
+  row = lambda p: (p % num_n, 0)  # noqa: E731
+  dlogits = pl.pallas_call(
+      functools.partial(_dlogits_kernel_triton, cfg=cfg, num_n=num_n, num_d=d // cfg.block_d),
       grid=(num_n * num_v,),
-      in_specs=[pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col),
+      in_specs=[pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), lambda p: (0, p // num_n)),
                 pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
-                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row),
-                pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col)],
-      out_specs=[pl.BlockSpec((bn, d), row), pl.BlockSpec((d, bv), col)],
-      out_shape=[jax.ShapeDtypeStruct((n, d), jnp.float32),
-                 jax.ShapeDtypeStruct((d, v), jnp.float32)],
-      input_output_aliases={6: 0, 7: 1},  # zero-initialised atomic accumulators
-      compiler_params=_triton_params(cfg, num_warps=8, num_stages=2),
+                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row)],
+      out_specs=pl.BlockSpec((bn, bv), lambda p: (p % num_n, p // num_n)),
+      out_shape=jax.ShapeDtypeStruct((c, v), head_DxV.dtype),
+      compiler_params=_triton_params(cfg, num_warps=8, num_stages=3),
       interpret=cfg.interpret,
-      name="linear_mce_bwd",
-  )(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS,
-    jnp.zeros((n, d), jnp.float32), jnp.zeros((d, v), jnp.float32))
+      name="linear_mce_dlogits",
+  )
+
+  def chunk(d_head_DxV, xs):
+    h_CxD, *rest = xs
+    d_logits_CxV = dlogits(h_CxD, head_DxV, *rest)
+    d_h_CxD = _dot_nt(d_logits_CxV, head_DxV)
+    return d_head_DxV + _dot_tn(h_CxD, d_logits_CxV), d_h_CxD
+
+  xs = tuple(x.reshape(n // c, c, x.shape[1])
+             for x in (hidden_NxD, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS))
+  d_head, d_hidden = lax.scan(chunk, jnp.zeros((d, v), jnp.float32), xs)
+  return d_hidden.reshape(n, d), d_head
 
 
 # --- Mosaic TPU: the reductions are sequential ("arbitrary") grid axes with VMEM scratch. ---

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tst_jax import platform
 from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
 
@@ -41,7 +42,7 @@ class AttentionConfig:
   rope_scaling: tuple | None = None  # Llama-3.1: (factor, low_freq, high_freq, original_len)
   qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
   norm_eps: float = 1e-5
-  attention_impl: str | None = None  # jax.nn.dot_product_attention: None (auto) | xla | cudnn
+  attention_impl: str = "auto"       # auto (tst_jax.platform: cudnn on GPU in 16 bits) | xla | cudnn
 
 
 class KVCache(NamedTuple):
@@ -120,8 +121,9 @@ class Attention(nnx.Module):
     k = apply_rope(k, positions_BxL, inv_freq)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
     if cache is None:
-      out_BxLxHxG = jax.nn.dot_product_attention(
-          q, k, v, is_causal=True, implementation=self.cfg.attention_impl)
+      impl, _ = platform.attention_impl(self.cfg.attention_impl, jnp.dtype(dt).name,
+                                        self.cfg.head_dim)
+      out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
       return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt))
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
     start_B = positions_BxL[:, 0]

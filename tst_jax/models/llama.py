@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from tst_jax import platform
 from tst_jax.models import layers
 from tst_jax.parallel.logical import constrain
 
@@ -33,7 +34,7 @@ class LlamaConfig:
   norm_eps: float = 1e-5
   tie_embeddings: bool = False
   dtype: str = "float32"           # compute dtype; parameters stay float32
-  attention_impl: str | None = None
+  attention_impl: str = "auto"     # auto | xla | cudnn (tst_jax.platform resolves auto)
   remat: str = "none"              # none | full | save_dots
   init_std: float = 0.02
 
@@ -53,6 +54,9 @@ class LlamaConfig:
                        f"{self.n_kv_heads}")
     if self.dtype not in DTYPES:
       raise ValueError(f"model.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+    if self.attention_impl not in platform.ATTENTION_IMPLS:
+      raise ValueError(f"model.attention_impl must be one of {platform.ATTENTION_IMPLS}, got "
+                       f"{self.attention_impl!r}")
     if self.remat not in layers.REMAT_POLICIES:
       raise ValueError(f"model.remat must be one of {layers.REMAT_POLICIES}, got {self.remat!r}")
     if self.rope_scaling is not None:

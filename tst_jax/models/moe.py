@@ -22,10 +22,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from tst_jax import platform
 from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
 
-EXPERT_IMPLS = ("auto", "ragged", "blocked", "dense")
+EXPERT_IMPLS = platform.EXPERT_IMPLS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,7 +41,7 @@ class MoEConfig(llama.LlamaConfig):
   mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
   decoder_sparse_step: int = 1       # layer i is sparse iff (i + 1) % step == 0 (and not above)
   expert_impl: str = "auto"          # ragged: grouped matmul | blocked: row blocks | dense: all
-                                     # experts (reference) | auto: blocked on CPU, else ragged
+                                     # experts (reference) | auto: tst_jax.platform
 
   def __post_init__(self):
     super().__post_init__()
@@ -209,11 +210,8 @@ EXPERTS = {"ragged": experts_ragged, "blocked": experts_blocked, "dense": expert
 
 
 def expert_fn(impl: str):
-  """The expert implementation; "auto" is blocked on CPU (where ragged_dot is a masked dense
-  matmul over all E experts) and ragged on TPU/GPU."""
-  if impl == "auto":
-    impl = "blocked" if jax.default_backend() == "cpu" else "ragged"
-  return EXPERTS[impl]
+  """The expert implementation; "auto" is resolved by `tst_jax.platform.expert_impl`."""
+  return EXPERTS[platform.expert_impl(impl)[0]]
 
 
 def experts_sharded(experts, x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from tst_jax import checkpoints_io
+from tst_jax import checkpoints_io, platform
 from tst_jax import data as data_lib
 from tst_jax import models
 from tst_jax.parallel import distributed, mesh as mesh_lib
@@ -36,22 +36,24 @@ def run(config, workdir: str, mode: str = "train") -> dict:
   """Entry point of `main.py`: mode is train (default), plan or eval."""
   distributed.initialize(config.distributed)   # before anything touches a device
   plan = make_plan(config)
+  resolved = platform.resolve(config)     # what `auto` means here, printed and recorded
   if mode == "plan":
-    print(format_plan(plan))
+    print(format_plan(plan, resolved))
     return plan.to_json()
   if mode not in ("train", "eval"):
     raise ConfigError(f"--mode must be train, plan or eval, got {mode!r}")
   if not workdir:
     raise ConfigError("--workdir is required for train and eval")
-  run = Run(config, workdir, plan)
+  run = Run(platform.apply(config, resolved), workdir, plan, resolved=resolved)
   return run.evaluate_latest() if mode == "eval" else run.train()
 
 
 class Run:
   """Everything one training run holds: data, mesh, model graph, optimizer, checkpoints."""
 
-  def __init__(self, config, workdir: str, plan: Plan, devices=None):
+  def __init__(self, config, workdir: str, plan: Plan, devices=None, resolved=None):
     self.config, self.workdir, self.plan = config, os.path.abspath(workdir), plan
+    self.resolved = resolved
     self.model_cfg = models.model_config(config.model)
     self.mesh = mesh_lib.make_mesh(config.mesh, devices)
     self.rules = tuple((k, v) for k, v in config.logical_axis_rules)
@@ -162,7 +164,7 @@ class Run:
     writer = (metrics_lib.MetricsWriter(self.workdir, resume_step=start if start else None)
               if distributed.is_primary() else _NoWriter())   # process 0 writes the files
     if start == 0:
-      log.info("%s", format_plan(self.plan))
+      log.info("%s", format_plan(self.plan, self.resolved))
     bar = tqdm.tqdm(total=self.plan.total_steps, initial=start, unit="step",
                     disable=not (cfg.progress_bar and distributed.is_primary()),
                     mininterval=1.0)
@@ -291,7 +293,8 @@ class Run:
     summary = dict(final_eval_loss=final_eval, steps=self.plan.total_steps,
                    unigram_entropy=self.data.unigram_entropy, seconds_this_session=seconds,
                    phase1_end_eval_loss=evals.get(switch), **self.tokens_at(
-                       self.plan.total_steps))
+                       self.plan.total_steps),
+                   resolved=self.resolved.to_json() if self.resolved else None)
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

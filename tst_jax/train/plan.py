@@ -148,8 +148,8 @@ def make_plan(config) -> Plan:
   return Plan(total, active, tuple(phases))
 
 
-def format_plan(plan: Plan) -> str:
-  """A readable table followed by the plan as JSON on the last line."""
+def format_plan(plan: Plan, resolved=None) -> str:
+  """A readable table (and the platform's resolved defaults) then the plan as JSON."""
   def human(x):
     for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
                         ("K", 1e3)):
@@ -171,5 +171,7 @@ def format_plan(plan: Plan) -> str:
   lines.append(f"total: {plan.total_steps} steps, {human(summary['data_tokens_total'])} data "
                f"tokens, {human(summary['equivalent_tokens_total'])} equivalent tokens, "
                f"{human(summary['flops_total'])} FLOPs")
+  if resolved is not None:
+    lines.append(resolved.line())
   lines.append(json.dumps(summary))
   return "\n".join(lines)

@@ -62,7 +62,8 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
     return losses.mce_loss(model.logits(hidden_BxLxD), targets_BxLxS, weighting=weighting,
                            variant=variant)
   d, s = hidden_BxLxD.shape[-1], targets_BxLxS.shape[-1]
-  return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), model.head_kernel(),
+  head_DxV = model.head_kernel().astype(hidden_BxLxD.dtype)   # the compute dtype, as logits()
+  return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), head_DxV,
                                 targets_BxLxS.reshape(-1, s), weighting=weighting,
                                 variant=variant, impl=loss_cfg.impl)
 

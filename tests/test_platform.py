@@ -1,0 +1,55 @@
+"""What `auto` resolves to on each platform (tst_jax.platform), with the fallback reasons."""
+
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax import losses, platform
+from tst_jax.train.plan import format_plan, make_plan
+
+
+@pytest.mark.parametrize("dtype,head_dim,where,expected,reason", [
+    ("bfloat16", 64, "gpu", "cudnn", "cuDNN flash attention"),
+    ("float16", 128, "gpu", "cudnn", "cuDNN flash attention"),
+    ("float32", 64, "gpu", "xla", "needs bfloat16/float16, model.dtype is float32"),
+    ("bfloat16", 256, "gpu", "xla", "head_dim <= 128 and % 8 == 0, got 256"),
+    ("bfloat16", 36, "gpu", "xla", "got 36"),
+    ("bfloat16", 64, "cpu", "xla", "XLA attention on cpu"),
+    ("bfloat16", 64, "tpu", "xla", "XLA attention on tpu"),
+])
+def test_attention_auto(dtype, head_dim, where, expected, reason):
+  impl, why = platform.attention_impl("auto", dtype, head_dim, where)
+  assert impl == expected and reason in why
+  assert platform.attention_impl(None, dtype, head_dim, where)[0] == expected  # None = auto
+  assert platform.attention_impl("xla", dtype, head_dim, "gpu") == ("xla", "set in the config")
+
+
+@pytest.mark.parametrize("where,loss,experts", [
+    ("gpu", "pallas", "blocked"), ("cpu", "xla", "blocked"), ("tpu", "xla", "ragged")])
+def test_loss_and_experts_auto(where, loss, experts):
+  assert platform.loss_impl("auto", where)[0] == loss
+  assert platform.expert_impl("auto", where)[0] == experts
+  assert platform.loss_impl("naive", where) == ("naive", "set in the config")
+  assert platform.expert_impl("dense", where) == ("dense", "set in the config")
+
+
+def test_resolve_applies_to_a_copy_and_prints_in_the_plan():
+  config = tiny_config()
+  config.loss.impl = "auto"
+  resolved = platform.resolve(config)            # the test machine is a CPU
+  assert resolved.platform == "cpu"
+  assert resolved.choices["loss.impl"][0] == "xla"
+  assert resolved.choices["model.attention_impl"][0] == "xla"
+  applied = platform.apply(config, resolved)
+  assert (applied.loss.impl, applied.model.attention_impl) == ("xla", "xla")
+  assert (config.loss.impl, config.model.attention_impl) == ("auto", "auto")  # untouched
+  text = format_plan(make_plan(config), resolved)
+  assert "platform cpu" in text and "loss.impl=xla" in text.splitlines()[-2]
+  assert resolved.to_json()["loss.impl"]["reason"].startswith("fastest on CPU")
+
+
+def test_unknown_impls_are_refused():
+  config = tiny_config()
+  config.model.attention_impl = "flash"
+  with pytest.raises(ValueError, match="model.attention_impl must be one of"):
+    make_plan(config)
+  assert losses.LOSS_IMPLS == ("auto", "naive", "xla", "pallas")
