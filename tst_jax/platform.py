@@ -27,7 +27,7 @@ _LOSS = {"gpu": ("pallas", "fastest on H100: 63 ms vs xla 74, naive 81 (docs/per
          "tpu": ("xla", "Pallas TPU kernel not yet measured against it")}
 # model.expert_impl=auto: on CPU ragged_dot is a masked dense matmul over every expert.
 _EXPERTS = {"cpu": ("blocked", "CPU expands ragged_dot over every expert (docs/performance.md)"),
-            "gpu": ("ragged", "grouped matmul (jax.lax.ragged_dot)"),
+            "gpu": ("blocked", "measured on H100 (docs/performance.md); ragged_dot not yet faster"),
             "tpu": ("ragged", "grouped matmul, native on TPU")}
 
 

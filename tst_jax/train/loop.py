@@ -44,7 +44,7 @@ def run(config, workdir: str, mode: str = "train") -> dict:
     raise ConfigError(f"--mode must be train, plan or eval, got {mode!r}")
   if not workdir:
     raise ConfigError("--workdir is required for train and eval")
-  run = Run(platform.apply(config, resolved), workdir, plan, resolved=resolved)
+  run = Run(config, workdir, plan, resolved=resolved)
   return run.evaluate_latest() if mode == "eval" else run.train()
 
 
@@ -52,8 +52,9 @@ class Run:
   """Everything one training run holds: data, mesh, model graph, optimizer, checkpoints."""
 
   def __init__(self, config, workdir: str, plan: Plan, devices=None, resolved=None):
+    self.resolved = resolved or platform.resolve(config)   # `auto` -> this platform's choice
+    config = platform.apply(config, self.resolved)
     self.config, self.workdir, self.plan = config, os.path.abspath(workdir), plan
-    self.resolved = resolved
     self.model_cfg = models.model_config(config.model)
     self.mesh = mesh_lib.make_mesh(config.mesh, devices)
     self.rules = tuple((k, v) for k, v in config.logical_axis_rules)
@@ -294,7 +295,7 @@ class Run:
                    unigram_entropy=self.data.unigram_entropy, seconds_this_session=seconds,
                    phase1_end_eval_loss=evals.get(switch), **self.tokens_at(
                        self.plan.total_steps),
-                   resolved=self.resolved.to_json() if self.resolved else None)
+                   resolved=self.resolved.to_json())
     if distributed.is_primary():
       with open(os.path.join(self.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
