@@ -1,4 +1,4 @@
-"""The tiny test run as a config file, for subprocess tests: python main.py --config THIS."""
+"""The tiny test run as a config file, for subprocess tests: python main.py --config THIS[:arm]."""
 
 import os
 import sys
@@ -6,8 +6,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.tiny import tiny_config  # noqa: E402
+from tst_jax.train.defaults import apply_arms  # noqa: E402
 
 
 def get_config(arg=""):
-  del arg
-  return tiny_config()
+  return apply_arms(tiny_config(), arg, "tests/tiny_config.py")

@@ -22,7 +22,7 @@ LOGICAL_AXIS_RULES = (
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0                        # model init and document shuffling
+  c.seed = 0                        # model init, batch order (and the data unless data.seed)
   c.init_from_hf = ""              # a Hugging Face folder (e.g. from tst_jax.export) to start from
 
   c.data = ml_collections.ConfigDict()
@@ -30,6 +30,7 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.data.max_bytes = 0              # read at most this many bytes of text (0: all)
   c.data.tokenizer = "bpe"          # bpe (trained once, cached in the workdir) | tokenizer.json | .model
   c.data.val_fraction = 0.02        # fraction of documents held out for eval (never trained on)
+  c.data.seed = -1                  # held-out split, document order, BPE (-1: the run's seed)
   c.data.seq_len = 128              # L: positions the model sees (latent length in phase 1)
   c.data.batch_size = 16            # B: rows per step (global, across all devices)
   c.data.eval_batches = 4           # held-out batches of B x (L + 1) tokens per eval
@@ -123,3 +124,38 @@ def paper_config(family: str, preset: str, arg: str, *, lr: float, steps: int, s
   if c.tst.ratio:
     c.tst.ratio = tst_steps / steps   # the paper's TST steps, scaled with the total
   return c
+
+
+def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collections.ConfigDict:
+  """Sets the TST arm named by `arg` (in place, also returned): a comma list of
+  'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
+  'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
+  (superposition at one end only), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k'
+  (total steps). `name` is the config file, for the error message."""
+  for part in filter(None, (p.strip() for p in (arg or "").split(","))):
+    if part == "tst":
+      continue
+    if part == "baseline":
+      c.tst.ratio = 0.0
+    elif part == "reinit":
+      c.tst.reinit_at_switch = True
+    elif part in ("input_only", "output_only"):
+      c.tst.mode = part
+    elif part[0] == "s" and part[1:].isdigit():
+      c.tst.bag_size = int(part[1:])
+    elif part[0] == "r" and _is_float(part[1:]):
+      c.tst.ratio = float(part[1:])
+    elif part.endswith("k") and part[:-1].isdigit():
+      c.train.steps = int(part[:-1]) * 1000
+    else:
+      raise ValueError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
+                       "reinit, input_only, output_only, s<S>, r<ratio>, <N>k")
+  return c
+
+
+def _is_float(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True

@@ -343,8 +343,9 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
       raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
                         "copy of the data and the Llama-3 tokenizer.json; see the config's "
                         "docstring)")
+  seed = data_seed(config)
   docs = data_lib.load_documents(d.source, d.max_bytes or None)
-  train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, config.seed)
+  train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, seed)
   tokenizer = data_lib.get_tokenizer(d.tokenizer, workdir=workdir, vocab_size=model_vocab,
                                      train_docs=train_docs)
   if tokenizer.vocab_size > model_vocab:
@@ -352,9 +353,9 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
                       f"{tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
   cache = os.path.join(workdir, "data")
   os.makedirs(cache, exist_ok=True)
-  train = data_lib.TokenStream.build(train_docs, tokenizer, config.seed,
+  train = data_lib.TokenStream.build(train_docs, tokenizer, seed,
                                      cache_path=os.path.join(cache, "train.npy"))
-  val = data_lib.TokenStream.build(val_docs, tokenizer, config.seed,
+  val = data_lib.TokenStream.build(val_docs, tokenizer, seed,
                                    cache_path=os.path.join(cache, "val.npy"))
   index, count = block or (jax.process_index(), jax.process_count())
   windows = data_lib.eval_windows(val, batch_size=d.batch_size, window=d.seq_len + 1,
@@ -364,6 +365,12 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
     raise ConfigError(f"config.data.val_fraction: the held-out split has {len(val)} tokens, "
                       f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
   return Data(tokenizer, train, val, windows, data_lib.unigram_entropy(train))
+
+
+def data_seed(config) -> int:
+  """The seed of the held-out split and the token streams: data.seed, else the run's seed.
+  Runs of several seeds with one data.seed share one tokenized corpus and held-out set."""
+  return config.data.seed if config.data.seed >= 0 else config.seed
 
 
 def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, shardings):

@@ -1,0 +1,53 @@
+"""A 33M Llama where TST beats its equal-FLOPs baseline on one GPU: 2000 steps of 64 x 512.
+
+Hardware: one H100 (80 GB); about 4 minutes per arm including data preparation, or several
+arms at once with `--parallel` (a 33M model does not fill the GPU). The default corpus is the
+Python standard library (no download); the measured numbers below read ~200 MB of Python
+source instead: --config.data.source='text:/path/to/site-packages/**/*.py'.
+
+  python main.py --config configs/gpu_small.py --workdir /tmp/gpu_small_tst
+  python main.py --config configs/gpu_small.py:baseline --workdir /tmp/gpu_small_base
+  # every arm and seed, one tokenized corpus, the table and figure-2 views (benchmarks/gpu_small.sh):
+  python -m tst_jax.sweep --config configs/gpu_small.py --workdir /tmp/gpu_small \\
+      --arms baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5 --seeds 0,1 \\
+      --parallel 4 --set data.source='text:/path/to/site-packages/**/*.py'
+
+Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the default, S=4,
+r=0.3), baseline (r = 0, the same FLOPs per step), reinit (fresh embedding and head at the
+switch), input_only, output_only, s<S>, r<ratio> (r1.0: never switching), <N>k (total steps).
+
+Expected (held-out next-token loss, mean over seeds 0 and 1): TODO-MEASURED
+"""
+
+from tst_jax.train.defaults import apply_arms, base_config
+
+
+def get_config(arg: str = ""):
+  c = base_config("llama", "tiny")
+  # data
+  c.data.max_bytes = 200_000_000    # read at most 200 MB of text (tokenizing it takes ~1 min)
+  c.data.val_fraction = 0.02        # held-out documents
+  c.data.seed = 0                   # one split and token stream for every seed: arms share it
+  c.data.seq_len = 512              # L: positions the model sees (phase 1: S*L data tokens)
+  c.data.batch_size = 64            # B: rows per step, 32K positions
+  c.data.eval_batches = 8           # 8 x 64 x 512 = 262K held-out tokens per eval
+  # model: 33.6M parameters (8.4M of them the untied embedding and head)
+  c.model.update(vocab_size=8192,   # BPE trained on the training documents
+                 dim=512, n_layers=8, n_heads=8, n_kv_heads=4, ffw_dim=1536,
+                 dtype="bfloat16")  # compute dtype; parameters stay float32
+  c.loss.impl = "auto"              # the fused linear + MCE loss on GPU
+  # tst
+  c.tst.bag_size = 4                # S
+  c.tst.ratio = 0.3                 # r: 600 of 2000 steps in phase 1
+  # optimizer: AdamW, WSD (linear warmup, constant, linear decay over the last 10%)
+  c.optimizer.lr = 2e-3
+  c.optimizer.warmup_steps = 100
+  c.optimizer.decay_fraction = 0.1
+  # train
+  c.train.steps = 2000
+  c.train.log_every = 25
+  c.train.eval_every = 100          # 20 points on each curve, plus the phase-1 end
+  c.train.checkpoint_every = 500
+  c.train.keep_checkpoints = 1      # ~400 MB each (params + Adam moments)
+  c.train.progress_bar = False      # arms run as subprocesses with their logs in files
+  return apply_arms(c, arg, "configs/gpu_small.py")
