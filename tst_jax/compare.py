@@ -246,6 +246,139 @@ def plot(runs: list[Run], baseline: Run, rows: list[dict], out_path: str):
   plt.close(fig)
 
 
+# -- arms over seeds (python -m tst_jax.sweep --arms) -----------------------------------------
+def spread(values) -> dict | None:
+  """mean, sd (n - 1; None for one value), min, max and n of `values`; None if empty."""
+  v = np.asarray(list(values), dtype=np.float64)
+  if not v.size:
+    return None
+  return dict(mean=float(v.mean()), sd=float(v.std(ddof=1)) if v.size > 1 else None,
+              min=float(v.min()), max=float(v.max()), n=int(v.size))
+
+
+def summarize_arms(runs: list[tuple[str, int, Run]], order=()) -> tuple[list[dict], list[dict]]:
+  """(per-arm rows, per-run rows) of (arm, seed, run) triples. Each run is compared with the
+  reference of its seed (the r = 0 run with the most FLOPs, whose curve covers the others);
+  each arm's final loss, loss minus the reference's at equal FLOPs, and equal-loss speed-up
+  (the reference's FLOPs to reach the run's final loss / the run's FLOPs) over its seeds."""
+  per_run = []
+  for seed in sorted({seed for _, seed, _ in runs}):
+    items = [(arm, run) for arm, s, run in runs if s == seed]
+    baselines = [run for _, run in items if run.is_baseline]
+    ref = max(baselines, key=lambda r: r.total_flops) if baselines else None
+    rows = {row["run"]: row for row in compare([run for _, run in items], ref)} if ref else {}
+    for arm, run in items:
+      row = rows.get(run.name) or dict(
+          run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
+          data_tokens=run.total_data_tokens, final_loss=run.final_loss,
+          baseline=ref.name if ref else None)
+      per_run.append(dict(row, arm=arm, seed=seed, reference=run is ref))
+  names = list(dict.fromkeys([a for a in order if any(r["arm"] == a for r in per_run)] +
+                             sorted({r["arm"] for r in per_run})))
+  arms = []
+  for name in names:
+    group = [r for r in per_run if r["arm"] == name]
+    compared = [r for r in group if not r["reference"] and r.get("baseline")]
+    speed = [r["speedup_flops"] for r in compared]
+    arms.append(dict(
+        arm=name, r=group[0]["r"], S=group[0]["S"], steps=group[0]["steps"],
+        flops=group[0]["flops"], data_tokens=group[0]["data_tokens"],
+        seeds=[r["seed"] for r in group], reference=all(r["reference"] for r in group),
+        final_loss=spread(r["final_loss"] for r in group),
+        delta_equal_flops=spread(r["final_loss"] - r["baseline_loss_at_equal_flops"]
+                                 for r in compared
+                                 if r["baseline_loss_at_equal_flops"] is not None),
+        speedup_flops=spread(x for x in speed if x is not None),
+        not_reached=sum(x is None for x in speed),
+        speedup_lower_bound=spread(r["speedup_lower_bound"] for r in compared
+                                   if r["speedup_lower_bound"] is not None)))
+  return arms, per_run
+
+
+def _spread_text(s: dict | None, fmt: str = ".4f", sign: str = "") -> str:
+  if s is None:
+    return "--"
+  text = format(s["mean"], sign + fmt)
+  if s["n"] > 1:
+    text += (f" ± {s['sd']:{fmt}} [{s['min']:{sign + fmt}}, {s['max']:{sign + fmt}}]")
+  return text
+
+
+def speedup_text(arm: dict) -> str:
+  """'0.75 ± 0.18 [0.62, 0.88]', 'not reached (> 1.00x)' or both for mixed seeds."""
+  if arm["reference"]:
+    return "reference"
+  parts = []
+  if arm["speedup_flops"]:
+    parts.append(_spread_text(arm["speedup_flops"], ".2f") + "x")
+  if arm["not_reached"]:
+    bound = arm["speedup_lower_bound"]
+    seeds = "" if not arm["speedup_flops"] else f" in {arm['not_reached']} seed(s)"
+    parts.append(f"not reached{seeds}" + (f" (> {bound['min']:.2f}x)" if bound else ""))
+  return ", ".join(parts) or "--"
+
+
+def format_arms(arms: list[dict], per_run: list[dict]) -> str:
+  lines = ["| arm | r | S | steps | FLOPs | data tokens | seeds | final eval loss "
+           "(mean ± sd [min, max]) | Δ vs baseline at equal FLOPs | equal-loss speed-up (FLOPs) |",
+           "|---" * 10 + "|"]
+  for a in arms:
+    lines.append(f"| {a['arm']} | {a['r']:g} | {a['S']} | {a['steps']} | {_human(a['flops'])} | "
+                 f"{_human(a['data_tokens'])} | {','.join(map(str, a['seeds']))} | "
+                 f"{_spread_text(a['final_loss'])} | "
+                 f"{_spread_text(a['delta_equal_flops'], sign='+')} | {speedup_text(a)} |")
+  lines += ["", "| run | arm | seed | final eval loss | reference | reference loss at equal FLOPs "
+            "| reference FLOPs to equal loss | speed-up |", "|---" * 8 + "|"]
+  for r in per_run:
+    if r["reference"] or not r.get("baseline"):
+      speed = "reference" if r["reference"] else "--"
+      lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
+                   f"{r.get('baseline') or '--'} | -- | -- | {speed} |")
+      continue
+    needed = r["baseline_flops_to_equal_loss"]
+    speed = (f"not reached (> {r['speedup_lower_bound']:.2f}x)" if needed is None else
+             ("≤ " if r["equal_loss_note"] else "") + f"{r['speedup_flops']:.2f}x")
+    lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
+                 f"{r['baseline']} | {_f(r['baseline_loss_at_equal_flops'])} | "
+                 f"{_human(needed)} | {speed} |")
+  return "\n".join(lines)
+
+
+def plot_arms(runs: list[tuple[str, int, Run]], out_dir: str) -> list[str]:
+  """The figure-2 curves of every run, one colour per arm: held-out loss vs training FLOPs
+  (loss_vs_flops.png) and vs data tokens (loss_vs_data.png). Returns the paths."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  arms = list(dict.fromkeys(arm for arm, _, _ in runs))
+  colors = {arm: plt.cm.tab10(i % 10) for i, arm in enumerate(arms)}
+  finals = [run.final_loss for _, _, run in runs]
+  low = min(float(run.loss.min()) for _, _, run in runs)
+  high = max(finals) + 0.5 * (max(finals) - low) + 0.2      # early losses are off the top
+  paths = []
+  for name, x_of, label in (("loss_vs_flops", lambda r: r.flops, "training FLOPs"),
+                            ("loss_vs_data", lambda r: r.data_tokens, "data tokens")):
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    labelled = set()
+    for arm, seed, run in runs:
+      ax.plot(x_of(run), run.loss, color=colors[arm], marker=".", lw=1.2,
+              ls="--" if run.is_baseline else "-", alpha=0.85,
+              label=None if arm in labelled else arm)
+      labelled.add(arm)
+    ax.set_ylim(low - 0.05, high)
+    ax.set_xlabel(label)
+    ax.set_ylabel("held-out next-token loss (nats)")
+    ax.set_title(f"Held-out loss vs {label} (every seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, name + ".png"))
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+  return paths
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.compare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,22 +1,31 @@
-r"""Run a grid of TST configs point by point (resumable); tabulate them as the paper's r x S tables.
+r"""Run a grid of TST configs, or named arms, point by point (resumable) and tabulate them.
 
   python -m tst_jax.sweep --config configs/demo.py --workdir W \
       --grid "tst.ratio=0.1,0.3,0.5;tst.bag_size=2,4,6,8" --include_baseline --seeds 0,1
+  python -m tst_jax.sweep --config configs/gpu_small.py --workdir W \
+      --arms baseline,tst,reinit,s8+r0.5 --seeds 0,1 --parallel 4
 
-Each point trains in W/<name> (in this process, or `python main.py` with --subprocess); a point
-whose summary.json holds the requested steps is skipped, an interrupted one resumes from its
-checkpoint. The tables cover every finished point under W (so later, smaller sweeps into the
-same W add rows): W/sweep.csv, W/sweep.md and W/sweep_heatmap.png (rows r, columns S, the mean
-over seeds; colour: the mean difference to the baseline of the same seed). Points of the same
-seed and data share the tokenizer and token caches, and all share a persistent XLA cache.
+Each point trains in W/<name> (in this process, or `python main.py` with --subprocess or
+--parallel N, N at a time); a point whose summary.json holds the requested steps is skipped,
+an interrupted one resumes from its checkpoint, a failed one is recorded and the others go on.
+The tables cover every finished point under W (so later, smaller sweeps into the same W add
+rows), rewritten after each point. A grid gives W/sweep.csv, W/sweep.md and
+W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean difference to
+the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
+config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
+to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.compare), and the
+figure-2 curves W/loss_vs_{flops,data}.png. The tokenizer and token streams are built once per
+data (W/data_<key>, hard-linked into each point), and all points share a persistent XLA cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -42,6 +51,14 @@ class Point:
   grid: dict            # this point's grid values, key -> string
   seed: int
   baseline: bool
+  arm: str = ""         # a config arg ('+' for ','), for --arms
+
+  def config_spec(self, config: str) -> str:
+    """'path[:arg]' plus this point's arm: configs/x.py:s8,r0.5."""
+    if not self.arm:
+      return config
+    path, _, arg = config.partition(":")
+    return f"{path}:{','.join(filter(None, [arg, self.arm.replace('+', ',')]))}"
 
   def overrides(self, base: list[str]) -> list[str]:
     """--set overrides, then the grid's, then the seed (and r = 0 for the baseline)."""
@@ -60,6 +77,13 @@ def make_points(grid: str, seeds: list[int], include_baseline: bool) -> list[Poi
       points.append(Point(re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)), values, seed,
                           False))
   return points
+
+
+def make_arm_points(arms: list[str], seeds: list[int]) -> list[Point]:
+  """Arm-major: every seed of the first arm, then the next arm (so with --parallel the first
+  arms, e.g. baseline and tst, finish first)."""
+  return [Point(re.sub(r"[^A-Za-z0-9._-]+", "-", f"{arm}_seed{seed}"), {}, seed, False, arm)
+          for arm in arms for seed in seeds]
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -94,19 +118,19 @@ def final_eval(point_dir: str, steps: int) -> float | None:
   return last[-1] if last else None
 
 
-def run_point(args, point: Point, index: int, total: int) -> str:
+def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   """Trains one point unless it is finished; returns 'done', 'skipped' or 'failed'."""
   point_dir = os.path.join(args.workdir, point.name)
   overrides = point.overrides(args.set)
-  config, plan = resolve(args.config, overrides)
+  spec = point.config_spec(args.config)
+  config, plan = resolve(spec, overrides)
   if finished(point_dir, config.train.steps):
     print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
     return "skipped"
   os.makedirs(point_dir, exist_ok=True)
   phases = plan.phases
-  if config.data.tokenizer == "bpe":
-    share_prepared_data(args.workdir, point_dir, _data_key(config))
-  meta = dict(name=point.name, config=args.config, overrides=overrides, grid=point.grid,
+  link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
+  meta = dict(name=point.name, config=spec, overrides=overrides, grid=point.grid, arm=point.arm,
               seed=point.seed, baseline=point.baseline, data_key=_data_key(config),
               r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
               S=phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(), status="running")
@@ -114,17 +138,17 @@ def run_point(args, point: Point, index: int, total: int) -> str:
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
   t0 = time.time()
   try:
-    if args.subprocess:
-      cmd = [sys.executable, _MAIN, "--config", args.config, "--workdir", point_dir,
+    if args.subprocess or args.parallel > 1:
+      cmd = [sys.executable, _MAIN, "--config", spec, "--workdir", point_dir,
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
       with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     else:
       from tst_jax.train import loop
       loop.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
-    meta.update(status="failed", error=f"{type(e).__name__}: {e}")
+    meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
     _write_json(os.path.join(point_dir, POINT_FILE), meta)
     traceback.print_exc()
     print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
@@ -160,33 +184,47 @@ def compilation_cache(path: str | None):
       os.environ["JAX_COMPILATION_CACHE_DIR"] = before[1]
 
 
-def share_prepared_data(workdir: str, point_dir: str, data_key: str):
-  """Copies the BPE tokenizer and token-stream caches of a sibling point with the same data
-  (seed, data section, vocabulary) into a fresh `point_dir`: what the trainer would rebuild
-  identically, saving the tokenizer training and tokenization per point. The stream caches
-  are fingerprinted by the trainer and rebuilt if they do not match."""
-  if os.path.exists(os.path.join(point_dir, "tokenizer.json")):
-    return
-  for name in sorted(os.listdir(workdir)):
-    donor = os.path.join(workdir, name)
-    try:
-      with open(os.path.join(donor, POINT_FILE)) as f:
-        if json.load(f).get("data_key") != data_key:
-          continue
-    except (OSError, ValueError):
-      continue
-    files = ["tokenizer.json"] + [os.path.join("data", f) for f in
-                                  ("train.npy", "train.meta.json", "val.npy", "val.meta.json")]
-    if donor != point_dir and all(os.path.exists(os.path.join(donor, f)) for f in files):
-      os.makedirs(os.path.join(point_dir, "data"), exist_ok=True)
-      for f in files:
-        shutil.copyfile(os.path.join(donor, f), os.path.join(point_dir, f))
-      return
+PREPARED = ("tokenizer.json", "tokenizer.model", "data/train.npy", "data/train.meta.json",
+            "data/val.npy", "data/val.meta.json")
+
+
+def shared_data_dir(workdir: str, config) -> str:
+  return os.path.join(workdir, "data_" + hashlib.sha256(_data_key(config).encode()).hexdigest()[:12])
+
+
+def prepare_shared_data(workdir: str, config) -> str:
+  """Builds the tokenizer and token streams of `config`'s data once, in W/data_<key> (the
+  trainer's own prepare_data, cached there), for every point with the same data to link."""
+  from tst_jax.train import loop
+  path = shared_data_dir(workdir, config)
+  done = os.path.join(path, "prepared.json")
+  if not os.path.exists(done):
+    t0 = time.time()
+    data = loop.prepare_data(config, path, config.model.vocab_size, block=(0, 1))
+    _write_json(done, dict(data_key=_data_key(config), train_tokens=len(data.train),
+                           val_tokens=len(data.val), seconds=time.time() - t0))
+    print(f"data prepared once in {path}: {len(data.train):,} training tokens "
+          f"({time.time() - t0:.0f} s)", flush=True)
+  return path
+
+
+def link_prepared_data(source: str, point_dir: str):
+  """Hard-links (else copies) the prepared tokenizer and token streams into a point's workdir,
+  where the trainer finds them as its own caches (fingerprinted: rebuilt if they differ)."""
+  for name in PREPARED:
+    src, dst = os.path.join(source, name), os.path.join(point_dir, name)
+    if os.path.exists(src) and not os.path.exists(dst):
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      try:
+        os.link(src, dst)
+      except OSError:
+        shutil.copyfile(src, dst)
 
 
 def _data_key(config) -> str:
   """What the tokenizer and token streams of a run depend on."""
-  return json.dumps(dict(seed=config.seed, data=config.data.to_dict(),
+  from tst_jax.train.loop import data_seed
+  return json.dumps(dict(seed=data_seed(config), data=config.data.to_dict(),
                          vocab_size=config.model.vocab_size), sort_keys=True)
 
 
@@ -389,12 +427,59 @@ def plot_heatmap(records: list[dict], out_path: str):
   plt.close(fig)
 
 
+def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
+  """results.json, results.md and the figure-2 curves of every arm point under `workdir`
+  (finished ones; failed ones are listed with their error); returns the paths."""
+  from tst_jax import compare
+  runs, failed = [], []
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, POINT_FILE)
+    if not os.path.isfile(path):
+      continue
+    with open(path) as f:
+      meta = json.load(f)
+    if not meta.get("arm"):
+      continue
+    if meta.get("status") == "failed":
+      failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
+    elif final_eval(os.path.join(workdir, name), meta["steps"]) is not None:
+      runs.append((meta["arm"], meta["seed"], compare.load_run(os.path.join(workdir, name))))
+  paths = dict(json=os.path.join(workdir, "results.json"),
+               md=os.path.join(workdir, "results.md"))
+  arms, per_run = compare.summarize_arms(runs, order) if runs else ([], [])
+  _write_json(paths["json"], dict(command=command, arms=arms, runs=per_run, failed=failed))
+  lines = ["# TST arms against the equal-FLOPs baseline", ""]
+  if command:
+    lines += ["```", command, "```", ""]
+  lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with n - 1). "
+            "Each run is compared with the baseline (r = 0) of its seed with the most FLOPs: "
+            "Δ is the run's loss minus that baseline's at the same FLOPs (negative: TST is "
+            "better); the equal-loss speed-up is the baseline's FLOPs to first reach the run's "
+            "final loss (interpolated between its evals) over the run's FLOPs. Against a "
+            "baseline of the same length a better run is 'not reached' (> 1x); a longer "
+            "baseline arm (e.g. baseline+4k) measures the speed-up itself, though at equal "
+            "steps its curve has not decayed its learning rate yet (it overstates the steps "
+            "the baseline needs).", ""]
+  if arms:
+    lines += [compare.format_arms(arms, per_run), ""]
+    paths["png"] = compare.plot_arms(runs, workdir)
+    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in paths["png"]] + [""]
+  if failed:
+    lines += ["Failed:", ""] + [f"- {f['name']}: {f['error']}" for f in failed] + [""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(lines))
+  return paths
+
+
 # -- command line ----------------------------------------------------------------------------
 def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m tst_jax.sweep", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")
   p.add_argument("--grid", default="", help="'key=v1,v2;key2=w1,w2': the cartesian product")
+  p.add_argument("--arms", default="",
+                 help="comma list of config args, one point per arm and seed, parts joined by "
+                      "'+' (baseline,tst,s8+r0.5): results.{json,md} and figure-2 curves")
   p.add_argument("--workdir", required=True, help="one subdirectory per point, tables here")
   p.add_argument("--include_baseline", action="store_true",
                  help="also run r = 0 (plain next-token training, same FLOPs) per seed")
@@ -403,6 +488,9 @@ def parse_args(argv):
                  help="override applied to every point (repeatable)")
   p.add_argument("--subprocess", action="store_true",
                  help="train each point with `python main.py` instead of in this process")
+  p.add_argument("--parallel", type=int, default=1, metavar="N",
+                 help="train N points at once as subprocesses (sharing one accelerator: each "
+                      "may use 0.9/N of its memory)")
   p.add_argument("--compilation_cache", default="",
                  help="persistent XLA cache shared by the points (default: JAX's configured "
                       "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
@@ -412,36 +500,67 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  argv = sys.argv[1:] if argv is None else argv
+  args = parse_args(argv)
   os.makedirs(args.workdir, exist_ok=True)
   if args.seeds:
     seeds = [int(s) for s in args.seeds.split(",")]
   else:
     seeds = [int(resolve(args.config, args.set)[0].seed)]
-  points = make_points(args.grid, seeds, args.include_baseline)
+  arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+  if arms and (args.grid or args.include_baseline):
+    raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
+  points = make_arm_points(arms, seeds) if arms else make_points(args.grid, seeds,
+                                                                 args.include_baseline)
   if not points:
-    raise SystemExit("no points: give --grid and/or --include_baseline")
+    raise SystemExit("no points: give --arms, or --grid and/or --include_baseline")
+  # Every point's config, before anything runs: a misspelt arm or override fails here.
+  configs = [resolve(p.config_spec(args.config), p.overrides(args.set))[0] for p in points]
   if args.dry_run:
     for point in points:
-      print(point.name, " ".join(point.overrides(args.set)))
+      print(point.name, point.config_spec(args.config), " ".join(point.overrides(args.set)))
     return 0
   cache = args.compilation_cache
   import jax
   if not cache:
     cache = jax.config.jax_compilation_cache_dir or os.path.join(args.workdir, ".jax_cache")
-  if (jax.default_backend() == "cpu" and cache != "none"
-      and resolve(args.config, args.set)[0].mesh.expert not in (0, 1)):
+  if (cache != "none" and any(c.mesh.expert not in (0, 1) for c in configs)
+      and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
     # persistent cache (docs/distributed.md); compiling it afresh is correct.
     print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
     cache = "none"
-  with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
-    status = [run_point(args, p, i + 1, len(points)) for i, p in enumerate(points)]
   command = "python -m tst_jax.sweep " + " ".join(
-      f"'{a}'" if any(c in a for c in " ;") else a for a in (argv or sys.argv[1:]))
-  paths = write_reports(args.workdir, collect(args.workdir), command)
+      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
+
+  def report() -> dict:
+    if arms:
+      return write_arm_reports(args.workdir, command, arms)
+    return write_reports(args.workdir, collect(args.workdir), command)
+
+  status = {}
+  with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
+    for config in {_data_key(c): c for c in configs}.values():
+      prepare_shared_data(args.workdir, config)      # tokenize once, before any point runs
+    if args.parallel > 1:
+      # Subprocesses on one accelerator: each may grow to its share of the memory.
+      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                 XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / args.parallel:.3f}")
+      with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        futures = {pool.submit(run_point, args, p, i + 1, len(points), env): p
+                   for i, p in enumerate(points)}
+        for future in concurrent.futures.as_completed(futures):
+          status[futures[future].name] = future.result()
+          if status[futures[future].name] == "done":
+            report()                                   # partial results after each point
+    else:
+      for i, point in enumerate(points):
+        status[point.name] = run_point(args, point, i + 1, len(points))
+        if status[point.name] == "done":
+          report()
+  paths = report()
   print(open(paths["md"]).read())
-  failed = [p.name for p, s in zip(points, status) if s == "failed"]
+  failed = [p.name for p in points if status[p.name] == "failed"]
   if failed:
     print(f"failed points: {failed}", file=sys.stderr)
   return 1 if failed else 0
