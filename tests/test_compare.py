@@ -88,3 +88,47 @@ def test_equal_data_and_the_baseline_frontier(tmp_path):
   assert row["frontier_flops_to_equal_loss"] == pytest.approx(
       12.8 * plan8.phases[0].flops_per_step)
   assert row["frontier_speedup_flops"] == pytest.approx(12.8 / 8)
+
+
+def test_arms_mean_spread_and_equal_loss_speedup_over_seeds(tmp_path):
+  # Per seed a 16-step baseline; each arm ends at a hand-picked loss on each seed.
+  base = {0: [(4, 5.0), (8, 4.0), (12, 3.0), (16, 2.5)],
+          1: [(4, 5.0), (8, 4.2), (12, 3.2), (16, 2.6)]}
+  finals = {"tst": {0: 3.5, 1: 2.9}, "s4": {0: 2.0, 1: 3.2}, "best": {0: 2.0}}
+  runs = []
+  for seed, evals in base.items():
+    path, _ = _fake_run(tmp_path / f"base{seed}", tiny_config(steps=16, ratio=0.0), evals)
+    runs.append(("baseline", seed, compare.load_run(path)))
+  for arm, by_seed in finals.items():
+    for seed, final in by_seed.items():
+      config = tiny_config(steps=16, ratio=0.5, bag_size=4 if arm == "s4" else 2)
+      path, _ = _fake_run(tmp_path / f"{arm}{seed}", config, [(8, 6.0), (16, final)])
+      runs.append((arm, seed, compare.load_run(path)))
+  arms, per_run = compare.summarize_arms(runs, order=["baseline", "tst"])
+  arms = {a["arm"]: a for a in arms}
+  assert list(arms) == ["baseline", "tst", "best", "s4"]
+  assert arms["baseline"]["reference"] and compare.speedup_text(arms["baseline"]) == "reference"
+  # tst: final 3.5 and 2.9 -> mean 3.2, sd sqrt(2 * 0.3^2 / 1), min 2.9, max 3.5.
+  assert arms["tst"]["final_loss"] == pytest.approx(
+      dict(mean=3.2, sd=0.3 * 2**0.5, min=2.9, max=3.5, n=2))
+  # Equal FLOPs (16 steps each): the baselines end at 2.5 and 2.6 -> deltas 1.0 and 0.3.
+  assert arms["tst"]["delta_equal_flops"] == pytest.approx(
+      dict(mean=0.65, sd=0.7 / 2**0.5, min=0.3, max=1.0, n=2))
+  # Equal loss: seed 0's baseline reaches 3.5 at step 10 (halfway from 4.0 at 8 to 3.0 at
+  # 12), seed 1's reaches 2.9 at step 14 (halfway from 3.2 at 12 to 2.6 at 16); every step
+  # has the same FLOPs, so the speed-ups are 10/16 and 14/16.
+  assert arms["tst"]["speedup_flops"] == pytest.approx(
+      dict(mean=0.75, sd=0.25 / 2**0.5, min=0.625, max=0.875, n=2))
+  assert arms["tst"]["not_reached"] == 0
+  flops = {r["run"]: r for r in per_run}["tst0"]["baseline_flops_to_equal_loss"]
+  assert flops == pytest.approx(10 * make_plan(tiny_config(steps=16)).phases[0].flops_per_step)
+  # s4: seed 0 ends below anything its baseline reached (not reached, > 16/16); seed 1 at
+  # 3.2, which its baseline reaches exactly at its eval of step 12.
+  assert arms["s4"]["speedup_flops"] == pytest.approx(
+      dict(mean=0.75, sd=None, min=0.75, max=0.75, n=1))
+  assert arms["s4"]["not_reached"] == 1 and arms["s4"]["speedup_lower_bound"]["min"] == 1.0
+  assert compare.speedup_text(arms["s4"]) == "0.75x, not reached in 1 seed(s) (> 1.00x)"
+  assert compare.speedup_text(arms["best"]) == "not reached (> 1.00x)"
+  assert arms["best"]["final_loss"]["sd"] is None and arms["best"]["seeds"] == [0]
+  table = compare.format_arms(list(arms.values()), per_run)
+  assert "| tst | 0.5 | 2 | 16 |" in table and "3.2000 ± 0.4243 [2.9000, 3.5000]" in table

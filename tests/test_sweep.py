@@ -1,7 +1,9 @@
 """Config overrides and grids; the sweep command end to end on tiny runs (tables, resume)."""
 
 import csv
+import json
 import os
+import statistics
 
 import pytest
 
@@ -96,3 +98,79 @@ def test_sweep_2x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, c
   expected.update({f"ratio{r}_bag_size{s}_seed0": (r, s) for r in (0.25, 0.5) for s in (2, 4)})
   _run_and_resume(tmp_path, "tst.ratio=0.25,0.5;tst.bag_size=2,4", expected, monkeypatch,
                   capsys)
+
+
+def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
+  gpu_small = os.path.join(ROOT, "configs", "gpu_small.py")
+  expected = {  # arm -> (S, r, mode, reinit)
+      "": (4, 0.3, "full", False), "tst": (4, 0.3, "full", False),
+      "baseline": (4, 0.0, "full", False), "reinit": (4, 0.3, "full", True),
+      "input_only": (4, 0.3, "input_only", False), "output_only": (4, 0.3, "output_only", False),
+      "r1.0": (4, 1.0, "full", False), "s2": (2, 0.3, "full", False),
+      "s8": (8, 0.3, "full", False), "r0.2": (4, 0.2, "full", False),
+      "r0.5": (4, 0.5, "full", False), "s8+r0.5": (8, 0.5, "full", False)}
+  base_plan = make_plan(configlib.load_config(gpu_small + ":baseline"))
+  assert [p.name for p in base_plan.phases] == ["ntp"] and base_plan.total_steps == 2000
+  assert 33_000_000 < base_plan.params_total < 34_000_000
+  per_step = base_plan.phases[0].flops_per_step
+  for arm, (bag, ratio, mode, reinit) in expected.items():
+    c = configlib.load_config(sweep.Point("p", {}, 0, False, arm).config_spec(gpu_small))
+    assert (c.tst.bag_size, c.tst.ratio, c.tst.mode, c.tst.reinit_at_switch) == (
+        bag, ratio, mode, reinit), arm
+    assert (c.model.dim, c.model.n_layers, c.model.vocab_size, c.data.batch_size,
+            c.data.seq_len, c.data.seed) == (512, 8, 8192, 64, 512, 0)
+    plan = make_plan(c)
+    assert all(p.flops_per_step == per_step for p in plan.phases), arm     # equal FLOPs
+    assert plan.phases[0].steps == (round(ratio * 2000) if ratio else 2000)
+  assert configlib.load_config(gpu_small + ":baseline,4k").train.steps == 4000
+  with pytest.raises(ValueError, match="unknown arg 'r'"):
+    configlib.load_config(gpu_small + ":r")
+
+
+def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
+    tmp_path, monkeypatch, capsys):
+  args = ["--config", CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
+          "--workdir", str(tmp_path), "--set", "data.seed=0", *FAST]
+  envs, real_run = [], sweep.subprocess.run
+
+  def run(cmd, **kwargs):
+    envs.append(kwargs["env"])
+    return real_run(cmd, **kwargs)
+  monkeypatch.setattr(sweep.subprocess, "run", run)
+  assert sweep.main(args) == 0
+  out = capsys.readouterr().out
+  names = ["baseline_seed0", "baseline_seed1", "tst_seed0", "tst_seed1"]
+  assert all(f"{n}: final eval loss" in out for n in names)
+  assert len(envs) == 4 and all(e["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.450" and
+                                e["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" for e in envs)
+  # One tokenizer and token stream, built once by the sweep: every point holds hard links
+  # to them, which the trainer found valid (a rebuilt cache would be a new file).
+  shared = [p for p in os.listdir(tmp_path) if p.startswith("data_")]
+  assert len(shared) == 1 and out.count("data prepared once") == 1
+  for name in ("tokenizer.json", "data/train.npy", "data/val.npy"):
+    inode = os.stat(tmp_path / shared[0] / name).st_ino
+    assert all(os.stat(tmp_path / n / name).st_ino == inode for n in names)
+  # The table: per arm, the mean and sd over seeds of each run's own final eval loss.
+  result = json.loads((tmp_path / "results.json").read_text())
+  finals = {n: json.loads((tmp_path / n / "summary.json").read_text())["final_eval_loss"]
+            for n in names}
+  for arm in result["arms"]:
+    losses = [finals[f"{arm['arm']}_seed{s}"] for s in (0, 1)]
+    assert arm["seeds"] == [0, 1]
+    assert arm["final_loss"]["mean"] == pytest.approx(statistics.mean(losses))
+    assert arm["final_loss"]["sd"] == pytest.approx(statistics.stdev(losses))
+  assert [a["arm"] for a in result["arms"]] == ["baseline", "tst"]
+  assert (tmp_path / "loss_vs_flops.png").stat().st_size > 0
+  assert "| tst | 0.5 | 2 | 8 |" in (tmp_path / "results.md").read_text()
+  # Rerun with one more arm whose trainer fails: finished points are skipped, the failure is
+  # recorded, the table keeps the finished arms.
+  failing = tmp_path / "fail.py"
+  failing.write_text("import sys; sys.exit('boom')\n")
+  monkeypatch.setattr(sweep, "_MAIN", str(failing))
+  args[args.index("baseline,tst")] = "baseline,tst,r0.25"
+  assert sweep.main(args) == 1
+  out = capsys.readouterr().out
+  assert out.count("finished, skipped") == 4 and out.count("FAILED") == 2
+  result = json.loads((tmp_path / "results.json").read_text())
+  assert [f["name"] for f in result["failed"]] == ["r0.25_seed0", "r0.25_seed1"]
+  assert [a["arm"] for a in result["arms"]] == ["baseline", "tst"]

@@ -379,6 +379,37 @@ def plot_arms(runs: list[tuple[str, int, Run]], out_dir: str) -> list[str]:
   return paths
 
 
+def write_arms(out: str, runs: list[tuple[str, int, Run]], failed=(), command: str = "",
+               order=()) -> dict:
+  """out/results.json, out/results.md and the curves of `plot_arms`; returns the paths."""
+  paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
+  arms, per_run = summarize_arms(runs, order) if runs else ([], [])
+  with open(paths["json"] + ".tmp", "w") as f:
+    json.dump(dict(command=command, arms=arms, runs=per_run, failed=list(failed)), f, indent=1)
+  os.replace(paths["json"] + ".tmp", paths["json"])
+  lines = ["# TST arms against the equal-FLOPs baseline", ""]
+  if command:
+    lines += ["```", command, "```", ""]
+  lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with n - 1). "
+            "Each run is compared with the baseline (r = 0) of its seed with the most FLOPs: "
+            "Δ is the run's loss minus that baseline's at the same FLOPs (negative: TST is "
+            "better); the equal-loss speed-up is the baseline's FLOPs to first reach the run's "
+            "final loss (interpolated between its evals) over the run's FLOPs. Against a "
+            "baseline of the same length a better run is 'not reached' (> 1x); a longer "
+            "baseline arm (e.g. baseline+4k) measures the speed-up itself, though at equal "
+            "steps its curve has not decayed its learning rate yet (it overstates the steps "
+            "the baseline needs).", ""]
+  if arms:
+    lines += [format_arms(arms, per_run), ""]
+    paths["png"] = plot_arms(runs, out)
+    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in paths["png"]] + [""]
+  if failed:
+    lines += ["Failed:", ""] + [f"- {f['name']}: {f['error']}" for f in failed] + [""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(lines))
+  return paths
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.compare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

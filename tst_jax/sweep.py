@@ -429,7 +429,7 @@ def plot_heatmap(records: list[dict], out_path: str):
 
 def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   """results.json, results.md and the figure-2 curves of every arm point under `workdir`
-  (finished ones; failed ones are listed with their error); returns the paths."""
+  (the finished ones; failed ones are listed with their error); returns the paths."""
   from tst_jax import compare
   runs, failed = [], []
   for name in sorted(os.listdir(workdir)):
@@ -444,31 +444,7 @@ def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
       failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
     elif final_eval(os.path.join(workdir, name), meta["steps"]) is not None:
       runs.append((meta["arm"], meta["seed"], compare.load_run(os.path.join(workdir, name))))
-  paths = dict(json=os.path.join(workdir, "results.json"),
-               md=os.path.join(workdir, "results.md"))
-  arms, per_run = compare.summarize_arms(runs, order) if runs else ([], [])
-  _write_json(paths["json"], dict(command=command, arms=arms, runs=per_run, failed=failed))
-  lines = ["# TST arms against the equal-FLOPs baseline", ""]
-  if command:
-    lines += ["```", command, "```", ""]
-  lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with n - 1). "
-            "Each run is compared with the baseline (r = 0) of its seed with the most FLOPs: "
-            "Δ is the run's loss minus that baseline's at the same FLOPs (negative: TST is "
-            "better); the equal-loss speed-up is the baseline's FLOPs to first reach the run's "
-            "final loss (interpolated between its evals) over the run's FLOPs. Against a "
-            "baseline of the same length a better run is 'not reached' (> 1x); a longer "
-            "baseline arm (e.g. baseline+4k) measures the speed-up itself, though at equal "
-            "steps its curve has not decayed its learning rate yet (it overstates the steps "
-            "the baseline needs).", ""]
-  if arms:
-    lines += [compare.format_arms(arms, per_run), ""]
-    paths["png"] = compare.plot_arms(runs, workdir)
-    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in paths["png"]] + [""]
-  if failed:
-    lines += ["Failed:", ""] + [f"- {f['name']}: {f['error']}" for f in failed] + [""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(lines))
-  return paths
+  return compare.write_arms(workdir, runs, failed, command, order)
 
 
 # -- command line ----------------------------------------------------------------------------
