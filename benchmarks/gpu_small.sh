@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# TST against its equal-FLOPs baseline on one GPU (configs/gpu_small.py), in one call of at
+# most TOTAL_S seconds (default 530): baseline and tst over the seeds first, then the ablations,
+# PARALLEL arms at a time on one tokenized corpus. Results are rewritten after every finished
+# arm and packed into OUT_DIR even when the time runs out; a second call into the same WORKDIR
+# skips the finished arms and resumes the others.
+#
+#   bash benchmarks/gpu_small.sh [OUT_DIR]       # default OUT_DIR: $OUT, else ./gpu_small_out
+#
+# Environment (all optional):
+#   ARMS      arms in order (default: baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,
+#             r0.2,r0.5); parts of one arm joined by '+', e.g. s8+r0.5, baseline+4k
+#   SEEDS     default 0,1           PARALLEL  arms at once, default 4
+#   STEPS     total steps per arm (default: the config's 2000)
+#   SOURCE    corpus (default: text:<torch venv site-packages>/**/*.py if it exists, else the
+#             config's builtin:pystdlib)           MAX_BYTES  default: the config's 200 MB
+#   WORKDIR   default runs/gpu_small (git-ignored: kept while the machine stays warm)
+#   TOTAL_S   wall-clock budget of this script, default 530
+#   EXTRA     more sweep arguments, e.g. "--set train.eval_every=50"
+#   CONFIG    default configs/gpu_small.py (tests/tiny_config.py: a CPU dry run of this script)
+# OUT_DIR gets env.json, sweep.txt (the sweep's output), results.{json,md}, loss_vs_*.png and
+# per arm its metrics.jsonl, summary.json, config.json, sweep_point.json, loss.png, log tail.
+set -u
+START=$(date +%s)
+OUT_DIR=${1:-${OUT:-gpu_small_out}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+ARMS=${ARMS:-baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5}
+SEEDS=${SEEDS:-0,1}
+PARALLEL=${PARALLEL:-4}
+WORKDIR=${WORKDIR:-runs/gpu_small}
+TOTAL_S=${TOTAL_S:-530}
+TORCH_PY=/opt/torch/.venv/lib/python3.12/site-packages
+if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
+SET=()
+[ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")
+[ -n "${MAX_BYTES:-}" ] && SET+=(--set "data.max_bytes=$MAX_BYTES")
+[ -n "${STEPS:-}" ] && SET+=(--set "train.steps=$STEPS")
+
+python3 - "$OUT_DIR/env.json" <<'EOF'
+import datetime, json, subprocess, sys, jax, flax, optax
+def out(*cmd):
+  try:
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
+  except OSError:
+    return None
+env = dict(gpu=out("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
+           jax=jax.__version__, flax=flax.__version__, optax=optax.__version__,
+           date=str(datetime.date.today()), commit=out("git", "rev-parse", "HEAD"))
+print(json.dumps(env))
+json.dump(env, open(sys.argv[1], "w"), indent=1)
+EOF
+
+pack() {
+  cp "$WORKDIR"/results.json "$WORKDIR"/results.md "$WORKDIR"/*.png "$OUT_DIR"/ 2>/dev/null
+  cp "$WORKDIR"/data_*/prepared.json "$OUT_DIR"/ 2>/dev/null
+  for point in "$WORKDIR"/*/sweep_point.json; do
+    [ -e "$point" ] || continue
+    dir=$(dirname "$point"); name=$(basename "$dir")
+    mkdir -p "$OUT_DIR/runs/$name"
+    for f in metrics.jsonl summary.json config.json sweep_point.json loss.png; do
+      [ -e "$dir/$f" ] && cp "$dir/$f" "$OUT_DIR/runs/$name/"
+    done
+    [ -e "$dir/sweep_log.txt" ] && tail -c 20000 "$dir/sweep_log.txt" > "$OUT_DIR/runs/$name/log_tail.txt"
+  done
+}
+
+LEFT=$(( TOTAL_S - ($(date +%s) - START) - 25 ))     # 25 s kept for stopping and packing
+[ "$LEFT" -lt 30 ] && LEFT=30
+echo "sweep: arms $ARMS, seeds $SEEDS, $PARALLEL at once, ${LEFT} s left; ${SET[*]:-}"
+# shellcheck disable=SC2086
+timeout -k 10 "$LEFT" python3 -m tst_jax.sweep --config "${CONFIG:-configs/gpu_small.py}" \
+    --workdir "$WORKDIR" --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" \
+    "${SET[@]}" ${EXTRA:-} 2>&1 | tee "$OUT_DIR/sweep.txt" | grep -v '^|'
+echo "sweep exit status ${PIPESTATUS[0]} (124: out of time; the finished arms are in the table)"
+pack
+cat "$OUT_DIR/results.md" 2>/dev/null
+echo "packed into $OUT_DIR in $(( $(date +%s) - START )) s"
