@@ -9,7 +9,8 @@ step of each phase). For every non-baseline run it reports
   equal-loss:  the steps and FLOPs the baseline needs to reach the run's final eval loss,
                linearly interpolated between its eval points (or "not reached").
 Several baselines (r = 0) in --runs also give the paper's own equal-loss view: the final losses
-of those runs against their FLOPs. Writes DIR/compare.{md,json,png}.
+of those runs against their FLOPs. Writes DIR/compare.{md,json,png}. `write_arms` is the
+same comparison per seed, summarised per arm over seeds (`python -m tst_jax.sweep --arms`).
 """
 
 from __future__ import annotations
