@@ -1,22 +1,24 @@
 """A 33M Llama where TST beats its equal-FLOPs baseline on one GPU: 2000 steps of 64 x 512.
 
-Hardware: one H100 (80 GB); about 4 minutes per arm including data preparation, or several
-arms at once with `--parallel` (a 33M model does not fill the GPU). The default corpus is the
-Python standard library (no download); the measured numbers below read ~200 MB of Python
-source instead: --config.data.source='text:/path/to/site-packages/**/*.py'.
+Hardware: one H100 (80 GB). Several arms fit on it at once (`--parallel`: a 33M model does not
+fill the GPU). The default corpus is the Python standard library (no download); the expected
+numbers below read up to 200 MB of Python source instead:
+--config.data.source='text:/opt/torch/.venv/lib/python3.12/site-packages/**/*.py'.
 
-  python main.py --config configs/gpu_small.py --workdir /tmp/gpu_small_tst
-  python main.py --config configs/gpu_small.py:baseline --workdir /tmp/gpu_small_base
-  # every arm and seed, one tokenized corpus, the table and figure-2 views (benchmarks/gpu_small.sh):
-  python -m tst_jax.sweep --config configs/gpu_small.py --workdir /tmp/gpu_small \\
-      --arms baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5 --seeds 0,1 \\
-      --parallel 4 --set data.source='text:/path/to/site-packages/**/*.py'
+  python main.py --config configs/gpu_small.py --workdir /tmp/gpu_small_tst \
+      --config.data.source='text:/path/to/site-packages/**/*.py'
+  python main.py --config configs/gpu_small.py:baseline --workdir /tmp/gpu_small_base ...
+  # every arm and seed on one tokenized corpus, the table and figure-2 curves:
+  bash benchmarks/gpu_small.sh "$OUT"     # = python -m tst_jax.sweep --config configs/gpu_small.py \
+      #   --arms baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5 --seeds 0,1 \
+      #   --parallel 4 --workdir runs/gpu_small --set data.source='text:...'
 
 Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the default, S=4,
 r=0.3), baseline (r = 0, the same FLOPs per step), reinit (fresh embedding and head at the
 switch), input_only, output_only, s<S>, r<ratio> (r1.0: never switching), <N>k (total steps).
 
-Expected (held-out next-token loss, mean over seeds 0 and 1): TODO-MEASURED
+Time per arm (tokenization once per sweep, compilation included): TODO-MEASURED
+Expected held-out next-token loss (mean ± sd over seeds 0, 1): TODO-MEASURED
 """
 
 from tst_jax.train.defaults import apply_arms, base_config
@@ -25,7 +27,8 @@ from tst_jax.train.defaults import apply_arms, base_config
 def get_config(arg: str = ""):
   c = base_config("llama", "tiny")
   # data
-  c.data.max_bytes = 200_000_000    # read at most 200 MB of text (tokenizing it takes ~1 min)
+  c.data.max_bytes = 200_000_000    # ~60M tokens: the tst arm reads 125M data tokens (two
+                                    # passes), the baseline 66M; 400 MB: one pass, 2x tokenizing
   c.data.val_fraction = 0.02        # held-out documents
   c.data.seed = 0                   # one split and token stream for every seed: arms share it
   c.data.seq_len = 512              # L: positions the model sees (phase 1: S*L data tokens)
