@@ -27,7 +27,7 @@ from tst_jax.train.defaults import apply_arms, base_config
 def get_config(arg: str = ""):
   c = base_config("llama", "tiny")
   # data
-  c.data.max_bytes = 200_000_000    # ~60M tokens: the tst arm reads 125M data tokens (two
+  c.data.max_bytes = 200_000_000    # ~60M tokens (est.): the tst arm reads 125M data tokens (two
                                     # passes), the baseline 66M; 400 MB: one pass, 2x tokenizing
   c.data.val_fraction = 0.02        # held-out documents
   c.data.seed = 0                   # one split and token stream for every seed: arms share it

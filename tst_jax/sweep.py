@@ -242,16 +242,20 @@ def _write_json(path: str, obj):
 
 
 # -- tables ----------------------------------------------------------------------------------
+def points_under(workdir: str):
+  """(name, sweep_point.json) of every point directory under `workdir`, by name."""
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, POINT_FILE)
+    if os.path.isfile(path):
+      with open(path) as f:
+        yield name, json.load(f)
+
+
 def collect(workdir: str) -> list[dict]:
   """One record per finished point under `workdir`, with the difference to the baseline of
   the same seed (negative: TST reached a lower loss)."""
   records = []
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, POINT_FILE)
-    if not os.path.isfile(path):
-      continue
-    with open(path) as f:
-      meta = json.load(f)
+  for name, meta in points_under(workdir):
     loss = final_eval(os.path.join(workdir, name), meta["steps"])
     summary_path = os.path.join(workdir, name, "summary.json")
     if loss is None or not os.path.exists(summary_path):
@@ -432,12 +436,7 @@ def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   (the finished ones; failed ones are listed with their error); returns the paths."""
   from tst_jax import compare
   runs, failed = [], []
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, POINT_FILE)
-    if not os.path.isfile(path):
-      continue
-    with open(path) as f:
-      meta = json.load(f)
+  for name, meta in points_under(workdir):
     if not meta.get("arm"):
       continue
     if meta.get("status") == "failed":
