@@ -17,8 +17,10 @@ Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the def
 r=0.3), baseline (r = 0, the same FLOPs per step), reinit (fresh embedding and head at the
 switch), input_only, output_only, s<S>, r<ratio> (r1.0: never switching), <N>k (total steps).
 
-Time per arm (tokenization once per sweep, compilation included): TODO-MEASURED
-Expected held-out next-token loss (mean ± sd over seeds 0, 1): TODO-MEASURED
+Measured on one H100 80GB (jax 0.11.2, 2026-11-23, docs/results.md): tokenizing 200 MB once
+33 s; one 2000-step arm 154 s with 2 arms sharing the GPU, 476 s with 6.
+Expected held-out next-token loss (mean ± sd over seeds 0, 1): tst 1.894 ± 0.002, baseline
+1.945 ± 0.006; reinit 1.989 ± 0.011; seed 0 only: input_only 1.896, output_only 1.928.
 """
 
 from tst_jax.train.defaults import apply_arms, base_config
