@@ -18,6 +18,7 @@ import tqdm
 
 from tst_jax import checkpoints_io, platform
 from tst_jax import data as data_lib
+from tst_jax.data import prepare as prepare_lib
 from tst_jax import models
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
@@ -68,7 +69,7 @@ class Run:
     self.data_block = mesh_lib.process_batch_block(self.batch_sharding)  # rows this process loads
     os.makedirs(self.workdir, exist_ok=True)
     _check_workdir_config(config, self.workdir)
-    with distributed.primary_first("prepare_data"):   # process 0 builds the caches
+    with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       self.data = prepare_data(config, self.workdir, self.model_cfg.vocab_size,
                                self.data_block)
     handoffs = [p.first_step for p in plan.phases[1:]]
@@ -114,7 +115,8 @@ class Run:
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
-                data_start_pos=self.data_start(phase), window=phase.window)
+                data_start_pos=self.data_start(phase), window=phase.window,
+                data_fingerprint=self.data.fingerprint)
     self.checkpoints.save(step, state, meta, force=force)
 
   # -- data --------------------------------------------------------------------------------
@@ -327,43 +329,81 @@ def _scalars(metrics: dict) -> dict:
 
 
 class Data:
-  def __init__(self, tokenizer, train, val, eval_windows, unigram_entropy):
+  def __init__(self, tokenizer, train, val, eval_windows, unigram_entropy, fingerprint):
     self.tokenizer, self.train, self.val = tokenizer, train, val
     self.eval_windows, self.unigram_entropy = eval_windows, unigram_entropy
+    self.fingerprint = fingerprint   # of the token store: a workdir resumes on the same one
 
 
 def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
-  """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams.
+  """The run's token store (`tokens:DIR` read in place, any other source prepared once into
+  <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process).
   """
   d = config.data
   for field in ("source", "tokenizer"):
-    if not d[field]:
+    if not d[field] and not (field == "tokenizer" and d.source.startswith("tokens:")):
       raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
                         "copy of the data and the Llama-3 tokenizer.json; see the config's "
                         "docstring)")
-  docs = data_lib.load_documents(d.source, d.max_bytes or None)
-  train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, config.seed)
-  tokenizer = data_lib.get_tokenizer(d.tokenizer, workdir=workdir, vocab_size=model_vocab,
-                                     train_docs=train_docs)
+  store = _open_store(config, workdir, model_vocab)
+  tokenizer = data_lib.get_tokenizer(store.tokenizer_path, workdir=workdir, vocab_size=0)
   if tokenizer.vocab_size > model_vocab:
-    raise ConfigError(f"config.model.vocab_size: the tokenizer {d.tokenizer!r} has "
-                      f"{tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
-  cache = os.path.join(workdir, "data")
-  os.makedirs(cache, exist_ok=True)
-  train = data_lib.TokenStream.build(train_docs, tokenizer, config.seed,
-                                     cache_path=os.path.join(cache, "train.npy"))
-  val = data_lib.TokenStream.build(val_docs, tokenizer, config.seed,
-                                   cache_path=os.path.join(cache, "val.npy"))
+    raise ConfigError(f"config.model.vocab_size: the tokenizer of the store {store.directory} "
+                      f"has {tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
+  _check_store_of_workdir(workdir, store, config.train.force_resume)
   index, count = block or (jax.process_index(), jax.process_count())
-  windows = data_lib.eval_windows(val, batch_size=d.batch_size, window=d.seq_len + 1,
-                                  num_batches=d.eval_batches,
-                                  process_index=index, process_count=count)
+  windows = []
+  if len(store.val) >= d.batch_size * (d.seq_len + 1):
+    windows = data_lib.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                    num_batches=d.eval_batches,
+                                    process_index=index, process_count=count)
   if not windows:
-    raise ConfigError(f"config.data.val_fraction: the held-out split has {len(val)} tokens, "
+    raise ConfigError(f"config.data.val_fraction: the held-out split has {len(store.val)} tokens, "
                       f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
-  return Data(tokenizer, train, val, windows, data_lib.unigram_entropy(train))
+  return Data(tokenizer, store.train, store.val, windows, store.unigram_entropy,
+              store.fingerprint)
+
+
+def _open_store(config, workdir: str, model_vocab: int) -> data_lib.TokenStore:
+  """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
+  store of data.source prepared into <workdir>/data (reused when already there)."""
+  d = config.data
+  try:
+    if d.source.startswith("tokens:"):
+      store = data_lib.TokenStore(d.source[len("tokens:"):])
+      if d.tokenizer not in ("", "bpe"):
+        named = data_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0).fingerprint()
+        if named != store.manifest["tokenizer"]["fingerprint"]:
+          raise ConfigError(f"config.data.tokenizer {d.tokenizer!r} is not the tokenizer of the "
+                            f"store {store.directory} (its manifest names another); leave "
+                            "data.tokenizer empty to use the store's own")
+      return store
+    out = prepare_lib.prepare(d.source, os.path.join(workdir, "data"), tokenizer=d.tokenizer,
+                              vocab_size=model_vocab, seed=config.seed,
+                              val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
+                              workers=1, progress=False)
+    return data_lib.TokenStore(out)
+  except data_lib.StoreError as e:
+    raise ConfigError(f"config.data.source: {e}") from e
+
+
+def _check_store_of_workdir(workdir: str, store, force: bool):
+  """Record the store's fingerprint on the first run; refuse to resume on another store."""
+  path = os.path.join(workdir, "store.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved["fingerprint"] != store.fingerprint and not force:
+      raise ConfigError(
+          f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
+          f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
+          "use another --workdir, or --config.train.force_resume=True to resume anyway")
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(dict(fingerprint=store.fingerprint, directory=store.directory), f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, shardings):
