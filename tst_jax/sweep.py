@@ -8,7 +8,7 @@ whose summary.json holds the requested steps is skipped, an interrupted one resu
 checkpoint. The tables cover every finished point under W (so later, smaller sweeps into the
 same W add rows): W/sweep.csv, W/sweep.md and W/sweep_heatmap.png (rows r, columns S, the mean
 over seeds; colour: the mean difference to the baseline of the same seed). Points of the same
-seed and data share the tokenizer and token caches, and all share a persistent XLA cache.
+seed and data share one token store (hard links), and all share a persistent XLA cache.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def run_point(args, point: Point, index: int, total: int) -> str:
     return "skipped"
   os.makedirs(point_dir, exist_ok=True)
   phases = plan.phases
-  if config.data.tokenizer == "bpe":
+  if not config.data.source.startswith("tokens:"):   # a tokens: store is shared as it is
     share_prepared_data(args.workdir, point_dir, _data_key(config))
   meta = dict(name=point.name, config=args.config, overrides=overrides, grid=point.grid,
               seed=point.seed, baseline=point.baseline, data_key=_data_key(config),
@@ -161,11 +161,12 @@ def compilation_cache(path: str | None):
 
 
 def share_prepared_data(workdir: str, point_dir: str, data_key: str):
-  """Copies the BPE tokenizer and token-stream caches of a sibling point with the same data
-  (seed, data section, vocabulary) into a fresh `point_dir`: what the trainer would rebuild
-  identically, saving the tokenizer training and tokenization per point. The stream caches
-  are fingerprinted by the trainer and rebuilt if they do not match."""
-  if os.path.exists(os.path.join(point_dir, "tokenizer.json")):
+  """Links the token store (<point>/data: shards, manifest, BPE tokenizer) of a finished sibling
+  point with the same data (seed, data section, vocabulary) into a fresh `point_dir`: the store
+  the trainer would prepare identically, shared without copies (hard links, as the files are
+  never written again; copies only across filesystems). The trainer checks the manifest."""
+  target = os.path.join(point_dir, "data")
+  if os.path.exists(target):
     return
   for name in sorted(os.listdir(workdir)):
     donor = os.path.join(workdir, name)
@@ -175,17 +176,26 @@ def share_prepared_data(workdir: str, point_dir: str, data_key: str):
           continue
     except (OSError, ValueError):
       continue
-    files = ["tokenizer.json"] + [os.path.join("data", f) for f in
-                                  ("train.npy", "train.meta.json", "val.npy", "val.meta.json")]
-    if donor != point_dir and all(os.path.exists(os.path.join(donor, f)) for f in files):
-      os.makedirs(os.path.join(point_dir, "data"), exist_ok=True)
-      for f in files:
-        shutil.copyfile(os.path.join(donor, f), os.path.join(point_dir, f))
+    store = os.path.join(donor, "data")
+    if donor != point_dir and os.path.exists(os.path.join(store, "manifest.json")):
+      os.makedirs(target + ".tmp", exist_ok=True)
+      for f in os.listdir(store):
+        dst = os.path.join(target + ".tmp", f)
+        if not os.path.exists(dst):
+          _link_or_copy(os.path.join(store, f), dst)
+      os.replace(target + ".tmp", target)
       return
 
 
+def _link_or_copy(src: str, dst: str):
+  try:
+    os.link(src, dst)
+  except OSError:
+    shutil.copyfile(src, dst)
+
+
 def _data_key(config) -> str:
-  """What the tokenizer and token streams of a run depend on."""
+  """What the token store of a run (and its tokenizer) depends on."""
   return json.dumps(dict(seed=config.seed, data=config.data.to_dict(),
                          vocab_size=config.model.vocab_size), sort_keys=True)
 

@@ -31,7 +31,7 @@ import tqdm
 
 from tst_jax.data import sources as sources_lib
 from tst_jax.data import store as store_lib
-from tst_jax.data.store import StoreError
+from tst_jax.data.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 log = logging.getLogger("tst_jax")
@@ -39,6 +39,7 @@ SHARD_TOKENS = 2**28              # tokens per output shard (0.5 GB as uint16)
 BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on (the first train docs)
 _ENCODE_CHARS = 4_000_000         # text per encode_batch call: bounds its results' memory
 _WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
+_OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
 _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
 
 
@@ -81,17 +82,19 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
     bar.close()
     inputs = [dict(index=i, **_read_json(_done_path(work, f"in-{i:05d}"))) for i, _, _ in tasks]
     if not any(d["docs"] for d in inputs):
-      raise StoreError(f"source {source!r} gave an empty corpus (no non-whitespace documents)")
+      raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents)")
     plan = _plan_outputs(inputs, val_fraction, shard_tokens)
     outputs = [(split, k, count, inputs, plan["moved"], seed, val_fraction, out, work, tok.eos_id,
                 dtype, tok.vocab_size) for split, count in plan["shards"].items()
                for k in range(count)]
     written = list(pool.imap(_write_output_shard, outputs))
   seconds = time.time() - t0
-  log.info("prepared %s: %d documents, %d tokens in %.1f s (%.3g tokens/s)", out,
-           sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs), seconds,
-           sum(d["tokens"] for d in inputs) / max(seconds, 1e-9))
-  _write_manifest(out, request, tok, dtype, shards, written)
+  docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
+  text_bytes = sum(d["text_bytes"] for d in inputs)
+  log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
+           "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
+           tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
+  _write_manifest(out, request, tok, dtype, shards, written, text_bytes)
   shutil.rmtree(work)
   os.remove(os.path.join(out, "prepare.json"))
   return out
@@ -120,15 +123,18 @@ def _claim(out: str, request: dict) -> bool:
     manifest = store_lib.read_manifest(out)
     if manifest["request"] == request:
       return True
-    raise StoreError(f"{out} holds another store ({_differs(manifest['request'], request)}); "
+    raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}); "
                      "choose another --out or delete that store")
   pending = os.path.join(out, "prepare.json")
   if os.path.exists(pending):
     saved = _read_json(pending)
     if saved != request:
-      raise StoreError(f"{out} holds an unfinished prepare of another store "
+      raise DataError(f"{out} holds an unfinished prepare of another store "
                        f"({_differs(saved, request)}); choose another --out or delete it")
     return False
+  if os.path.isdir(out) and os.listdir(out):
+    raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "
+                    "(prepare writes and deletes files there)")
   os.makedirs(out, exist_ok=True)
   _write_json(pending, request)
   return False
@@ -155,8 +161,8 @@ def _get_tokenizer(out, spec, vocab_size, tasks, seed, val_fraction, sample_byte
     if size >= sample_bytes:
       break
   if not sample:
-    raise StoreError("the source gave no training documents to train the BPE tokenizer on "
-                     "(an empty corpus, or every document held out)")
+    raise DataError(f"{tasks[0][1].name if tasks else 'the source'}: no training documents to "
+                    "train the BPE tokenizer on (an empty corpus, or every document held out)")
   return get_tokenizer("bpe", workdir=out, vocab_size=vocab_size, train_docs=sample)
 
 
@@ -192,7 +198,7 @@ def _tokenize_shard(job) -> dict:
   (index, shard, budget), tok_path, dtype, seed, val_fraction, work = job
   tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
   name = os.path.join(work, f"in-{index:05d}")
-  rows, offset, batch, chars = [], 0, [], 0
+  rows, offset, batch, chars, text_bytes = [], 0, [], 0, 0
   with open(name + ".bin.tmp", "wb") as f:
     def flush():
       nonlocal offset
@@ -200,9 +206,10 @@ def _tokenize_shard(job) -> dict:
         rows.append((offset, len(ids), sources_lib.unit_hash(seed, doc)))
         np.asarray(ids, dtype=dtype).tofile(f)
         offset += len(ids)
-    for doc in sources_lib.shard_documents(shard, budget):
+    for doc, num_bytes in sources_lib.take(sources_lib.raw_documents(shard), budget):
       batch.append(doc)
       chars += len(doc)
+      text_bytes += num_bytes
       if chars >= _ENCODE_CHARS:
         flush()
         batch, chars = [], 0
@@ -213,7 +220,8 @@ def _tokenize_shard(job) -> dict:
   os.replace(name + ".bin.tmp", name + ".bin")
   os.replace(name + ".idx.tmp", name + ".idx.npy")
   u = table["u"]
-  done = dict(docs=len(table), tokens=offset, num_bytes=_size(job[0]), shard=shard.name,
+  done = dict(docs=len(table), tokens=offset, num_bytes=_size(job[0]), text_bytes=text_bytes,
+              shard=shard.name,
               val_docs=int((u < val_fraction).sum()),
               val_tokens=int(table["length"][u < val_fraction].sum()),
               min_u=float(u.min()) if len(u) else 1.0, min_doc=int(u.argmin()) if len(u) else -1,
@@ -267,15 +275,13 @@ def _write_output_shard(job) -> dict:
   offsets = np.concatenate([o for _, o, _ in picked])
   lengths = np.concatenate([n for _, _, n in picked])
   order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
-  maps = {d["index"]: np.memmap(os.path.join(work, f"in-{d['index']:05d}.bin"), dtype=dtype,
-                                mode="r") for d in inputs if d["tokens"]}
   sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
   eos_1 = np.array([eos], dtype=dtype)
-  with open(path + ".tmp", "wb") as f:
+  with _InputReader(work, dtype) as inputs_bin, open(path + ".tmp", "wb") as f:
     pieces, buffered = [], 0
     for j in order.tolist() + [None]:
       if j is not None:
-        pieces += [maps[source[j]][offsets[j]:offsets[j] + lengths[j]], eos_1]
+        pieces += [inputs_bin.read(int(source[j]), int(offsets[j]), int(lengths[j])), eos_1]
         buffered += int(lengths[j]) + 1
       if pieces and (buffered >= _WRITE_TOKENS or j is None):
         chunk = np.concatenate(pieces)
@@ -292,12 +298,41 @@ def _write_output_shard(job) -> dict:
   return dict(split=split, **done)
 
 
+class _InputReader:
+  """Reads documents of the pass-1 token files with pread: their pages are not kept mapped
+  (a memory map would count every page touched in this process's RSS), and at most
+  _OPEN_FILES files are open at once."""
+
+  def __init__(self, work: str, dtype: str):
+    self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
+
+  def read(self, index: int, offset: int, length: int) -> np.ndarray:
+    if index not in self.fds:
+      if len(self.fds) >= _OPEN_FILES:
+        self.close()
+      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}.bin"), os.O_RDONLY)
+    size = self.dtype.itemsize
+    return np.frombuffer(os.pread(self.fds[index], length * size, offset * size), self.dtype)
+
+  def close(self):
+    for fd in self.fds.values():
+      os.close(fd)
+    self.fds = {}
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
+
+
 def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
   """A number in [0, 1) per document of input shard `index`, fixed by (seed, index, doc)."""
   return np.random.default_rng([seed, 1 << 32, index]).random(num_docs)
 
 
-def _write_manifest(out, request, tok, dtype, shards, written):
+def _write_manifest(out, request, tok, dtype, shards, written, text_bytes):
   splits = {}
   for split in store_lib.SPLITS:
     mine = [w for w in written if w["split"] == split]
@@ -316,7 +351,8 @@ def _write_manifest(out, request, tok, dtype, shards, written):
       tokenizer=dict(file=os.path.basename(tok.path), fingerprint=tok.fingerprint(),
                      vocab_size=tok.vocab_size, eos_id=tok.eos_id),
       seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
-                                         input_bytes=sum(s.num_bytes for s in shards)),
+                                         input_bytes=sum(s.num_bytes for s in shards),
+                                         text_bytes=text_bytes),
       splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
   manifest["fingerprint"] = store_lib.fingerprint(manifest)
   _write_json(os.path.join(out, store_lib.MANIFEST), manifest)

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tst_jax.data.errors import DataError
+
 _SKIP_DIRS = ("site-packages", "dist-packages")
 _GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size
 SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<glob>', "
@@ -53,14 +55,14 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
     matches = glob.glob(os.path.expanduser(arg), recursive=True)
     paths = sorted(p for p in matches if os.path.isfile(p))
     if not paths:
-      raise ValueError(f"data.source {source!r} matched no files")
+      raise DataError(f"data.source {source!r} matched no files")
     if kind == "text":
       return _grouped(paths)
     return [InputShard(kind, (p,), os.path.getsize(p), text_field) for p in paths]
   if kind in ("tfds", "seqio") and arg:
     name, _, split = arg.partition(":")
     return [InputShard(kind, (name, split or "train"), 0)]
-  raise ValueError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
+  raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
 
 
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
@@ -110,7 +112,7 @@ def load_documents(source: str, max_bytes: int | None = None, text_field: str = 
   docs = [d for s, b in zip(shards, byte_budgets(shards, max_bytes)) if b != 0
           for d in shard_documents(s, b)]
   if not docs:
-    raise ValueError(f"data.source {source!r} gave an empty corpus (no non-whitespace documents)")
+    raise DataError(f"data.source {source!r} gave an empty corpus (no non-whitespace documents)")
   return docs
 
 
@@ -203,7 +205,7 @@ def _open_text(path: str) -> io.TextIOBase:
     try:
       import zstandard  # pylint: disable=g-import-not-at-top
     except ImportError as e:
-      raise ValueError(f"{path}: .zst input needs zstandard: pip install 'tst-jax[data]'") from e
+      raise DataError(f"{path}: .zst input needs zstandard: pip install zstandard") from e
     raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
   return open(path, encoding="utf-8", errors="replace")
@@ -220,11 +222,11 @@ def _jsonl_texts(path: str, field: str) -> Iterator[str]:
       try:
         record = json.loads(line)
       except ValueError as e:
-        raise ValueError(f"{path}:{line_no}: not a JSON line ({e})") from None
+        raise DataError(f"{path}:{line_no}: not a JSON line ({e})") from None
       text = record.get(field) if isinstance(record, dict) else None
       if not isinstance(text, str):
         keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
+        raise DataError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
                          "set --text_field to the field that holds the document")
       yield text
 
@@ -233,16 +235,16 @@ def _parquet_texts(path: str, field: str) -> Iterator[str]:
   try:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ValueError(f"{path}: Parquet input needs pyarrow: pip install 'tst-jax[data]'") from e
+    raise DataError(f"{path}: Parquet input needs pyarrow: pip install 'tst-jax[parquet]'") from e
   f = pq.ParquetFile(path)
   if field not in f.schema_arrow.names:
-    raise ValueError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
+    raise DataError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
                      "set --text_field to the column that holds the document")
   row = 0
   for batch in f.iter_batches(columns=[field], batch_size=1024):
     for text in batch.column(0).to_pylist():
       if not isinstance(text, str):
-        raise ValueError(f"{path}: row {row} of column {field!r} is {text!r}, not a string")
+        raise DataError(f"{path}: row {row} of column {field!r} is {text!r}, not a string")
       row += 1
       yield text
 

@@ -17,14 +17,13 @@ import os
 
 import numpy as np
 
+from tst_jax.data.errors import DataError
+from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
+
 FORMAT = "tst-jax token store"
 VERSION = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
-
-
-class StoreError(ValueError):
-  """A store that cannot be read as it is: the message names the folder or shard."""
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -32,8 +31,10 @@ def token_dtype(vocab_size: int) -> str:
 
 
 def fingerprint(manifest: dict) -> str:
-  """sha256 of the manifest's content (everything but the fingerprint itself)."""
-  body = {k: v for k, v in manifest.items() if k != "fingerprint"}
+  """sha256 of the manifest's content but its creation time: the same for the same corpus,
+  request and tokenizer wherever and whenever the store is prepared (each shard's sha256 is in
+  it), so it names the data a run was trained on without reading the shards."""
+  body = {k: v for k, v in manifest.items() if k not in ("fingerprint", "created")}
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -41,20 +42,20 @@ def read_manifest(directory: str) -> dict:
   """The manifest of the store in `directory`, checked for format, version and fingerprint."""
   path = os.path.join(directory, MANIFEST)
   if not os.path.isfile(path):
-    raise StoreError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
+    raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
                      "with python -m tst_jax.data.prepare --out=" + directory)
   try:
     with open(path) as f:
       manifest = json.load(f)
   except ValueError as e:
-    raise StoreError(f"{path} is not valid JSON ({e})") from None
+    raise DataError(f"{path} is not valid JSON ({e})") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-    raise StoreError(f"{path} is not a {FORMAT} manifest")
+    raise DataError(f"{path} is not a {FORMAT} manifest")
   if manifest.get("version") != VERSION:
-    raise StoreError(f"{path} has format version {manifest.get('version')}, this tst-jax reads "
+    raise DataError(f"{path} has format version {manifest.get('version')}, this tst-jax reads "
                      f"version {VERSION}: prepare the store again with this version")
   if manifest.get("fingerprint") != fingerprint(manifest):
-    raise StoreError(f"{path} was edited after it was written (its fingerprint does not match)")
+    raise DataError(f"{path} was edited after it was written (its fingerprint does not match)")
   return manifest
 
 
@@ -74,10 +75,10 @@ class StoreSplit:
     self.num_docs, self.vocab_size = entry["docs"], manifest["tokenizer"]["vocab_size"]
     for path, count in zip(self.files, counts.tolist()):
       if not os.path.isfile(path):
-        raise StoreError(f"shard {path} of the store {directory} is missing")
+        raise DataError(f"shard {path} of the store {directory} is missing")
       size = os.path.getsize(path)
       if size != count * self.dtype.itemsize:
-        raise StoreError(f"shard {path} has {size} bytes, its manifest says {count} "
+        raise DataError(f"shard {path} has {size} bytes, its manifest says {count} "
                          f"{self.dtype} tokens ({count * self.dtype.itemsize} bytes): it is "
                          "truncated or from another store; prepare the store again")
     self._maps = None
@@ -90,7 +91,8 @@ class StoreSplit:
 
   def _shards(self) -> list[np.ndarray]:
     if self._maps is None:
-      self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.files]
+      self._maps = [np.memmap(p, dtype=self.dtype, mode="r") if os.path.getsize(p)
+                    else np.zeros(0, self.dtype) for p in self.files]   # (no map of 0 bytes)
     return self._maps
 
   def read(self, start: int, length: int) -> np.ndarray:
@@ -128,6 +130,15 @@ class TokenStore:
     tok = self.manifest["tokenizer"]
     self.tokenizer_path = os.path.join(self.directory, tok["file"])
     self.vocab_size = tok["vocab_size"]
+
+  def tokenizer(self, workdir: str | None = None) -> Tokenizer:
+    """The store's tokenizer (copied into `workdir` when given), checked against the manifest."""
+    tok = get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0)
+    if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
+      raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "
+                      "was made with (its fingerprint differs from the manifest's); prepare the "
+                      "store again")
+    return tok
 
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"

@@ -30,6 +30,7 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   #   text:<glob> | jsonl:<glob> | parquet:<glob> | tfds:<name> | seqio:<task> (prepared into
   #   <workdir>/data first; big corpora: python -m tst_jax.data.prepare, see docs/data.md)
   c.data.max_bytes = 0              # read at most this many bytes of text (0: all)
+  c.data.text_field = "text"        # the JSONL field / Parquet column holding each document
   c.data.tokenizer = "bpe"          # bpe (trained once, kept with the store) | tokenizer.json | .model
   c.data.val_fraction = 0.02        # fraction of documents held out for eval (never trained on)
   c.data.seq_len = 128              # L: positions the model sees (latent length in phase 1)

@@ -31,6 +31,7 @@ from tst_jax.train.preemption import Preempted, PreemptionGuard
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
+STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
 
 
 def run(config, workdir: str, mode: str = "train") -> dict:
@@ -338,6 +339,7 @@ class Data:
 def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
   """The run's token store (`tokens:DIR` read in place, any other source prepared once into
   <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
+  Nothing here reads more of the store than the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process).
   """
@@ -347,12 +349,13 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
       raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
                         "copy of the data and the Llama-3 tokenizer.json; see the config's "
                         "docstring)")
-  store = _open_store(config, workdir, model_vocab)
-  tokenizer = data_lib.get_tokenizer(store.tokenizer_path, workdir=workdir, vocab_size=0)
-  if tokenizer.vocab_size > model_vocab:
-    raise ConfigError(f"config.model.vocab_size: the tokenizer of the store {store.directory} "
-                      f"has {tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
-  _check_store_of_workdir(workdir, store, config.train.force_resume)
+  try:
+    store = _open_store(config, workdir, model_vocab)
+    _check_store_of_workdir(workdir, store, config.train.force_resume)
+    tokenizer = store.tokenizer(workdir)
+  except data_lib.DataError as e:
+    raise ConfigError(f"config.data.source: {e}") from e
+  _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
   windows = []
   if len(store.val) >= d.batch_size * (d.seq_len + 1):
@@ -360,8 +363,12 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
                                     num_batches=d.eval_batches,
                                     process_index=index, process_count=count)
   if not windows:
-    raise ConfigError(f"config.data.val_fraction: the held-out split has {len(store.val)} tokens, "
-                      f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
+    raise ConfigError(f"config.data.val_fraction: the held-out split of {store.directory} has "
+                      f"{len(store.val)} tokens, too few for one {d.batch_size} x "
+                      f"{d.seq_len + 1} eval batch")
+  if jax.process_index() == 0:    # the store this workdir trains on, from now on
+    _write_json(os.path.join(workdir, STORE_FILE),
+                dict(fingerprint=store.fingerprint, directory=store.directory))
   return Data(tokenizer, store.train, store.val, windows, store.unigram_entropy,
               store.fingerprint)
 
@@ -370,40 +377,42 @@ def _open_store(config, workdir: str, model_vocab: int) -> data_lib.TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
   store of data.source prepared into <workdir>/data (reused when already there)."""
   d = config.data
-  try:
-    if d.source.startswith("tokens:"):
-      store = data_lib.TokenStore(d.source[len("tokens:"):])
-      if d.tokenizer not in ("", "bpe"):
-        named = data_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0).fingerprint()
-        if named != store.manifest["tokenizer"]["fingerprint"]:
-          raise ConfigError(f"config.data.tokenizer {d.tokenizer!r} is not the tokenizer of the "
-                            f"store {store.directory} (its manifest names another); leave "
-                            "data.tokenizer empty to use the store's own")
-      return store
-    out = prepare_lib.prepare(d.source, os.path.join(workdir, "data"), tokenizer=d.tokenizer,
-                              vocab_size=model_vocab, seed=config.seed,
-                              val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
-                              workers=1, progress=False)
-    return data_lib.TokenStore(out)
-  except data_lib.StoreError as e:
-    raise ConfigError(f"config.data.source: {e}") from e
+  named = None
+  if d.tokenizer not in ("", "bpe"):    # a file: checked before anything is tokenized
+    named = data_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0)
+    _check_vocab(named.vocab_size, model_vocab, repr(d.tokenizer))
+  if d.source.startswith("tokens:"):
+    store = data_lib.TokenStore(d.source[len("tokens:"):])
+    if named is not None and named.fingerprint() != store.manifest["tokenizer"]["fingerprint"]:
+      raise ConfigError(f"config.data.tokenizer {d.tokenizer!r} is not the tokenizer of the "
+                        f"store {store.directory} (its manifest names another); leave "
+                        "data.tokenizer empty to use the store's own")
+    return store
+  out = prepare_lib.prepare(d.source, os.path.join(workdir, "data"), tokenizer=d.tokenizer,
+                            vocab_size=model_vocab, seed=config.seed,
+                            val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
+                            text_field=d.text_field, workers=1, progress=False)
+  return data_lib.TokenStore(out)
+
+
+def _check_vocab(vocab_size: int, model_vocab: int, what: str):
+  if vocab_size > model_vocab:
+    raise ConfigError(f"config.model.vocab_size: the tokenizer of {what} has {vocab_size} "
+                      f"tokens, more than the model's {model_vocab}")
 
 
 def _check_store_of_workdir(workdir: str, store, force: bool):
-  """Record the store's fingerprint on the first run; refuse to resume on another store."""
-  path = os.path.join(workdir, "store.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    if saved["fingerprint"] != store.fingerprint and not force:
-      raise ConfigError(
-          f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
-          f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
-          "use another --workdir, or --config.train.force_resume=True to resume anyway")
-  if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(dict(fingerprint=store.fingerprint, directory=store.directory), f, indent=1)
-    os.replace(path + ".tmp", path)
+  """Refuse to resume a workdir on another store than the one it was trained on."""
+  path = os.path.join(workdir, STORE_FILE)
+  if not os.path.exists(path) or force:
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  if saved["fingerprint"] != store.fingerprint:
+    raise ConfigError(
+        f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
+        f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
+        "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
 def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, shardings):
@@ -431,6 +440,10 @@ def _check_workdir_config(config, workdir: str):
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")
   if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(current, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    _write_json(path, current)
+
+
+def _write_json(path: str, obj: dict):
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(path + ".tmp", path)
