@@ -37,7 +37,7 @@ from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 log = logging.getLogger("tst_jax")
 SHARD_TOKENS = 2**28              # tokens per output shard (0.5 GB as uint16)
 BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on (the first train docs)
-_ENCODE_CHARS = 4_000_000         # text per encode_batch call: bounds its results' memory
+_ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
 _WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
 _OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
 _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
