@@ -3,7 +3,8 @@ r"""Tokenize a corpus once into a sharded token store that every run reads in pl
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3 [--workers=16]
 
-Two passes, memory bounded by one input shard plus one output shard:
+A tokenizer first (a file copied in, or `bpe` trained on the first 64 MB of training text),
+then two passes whose memory does not grow with the corpus:
   1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) tokenizes its
      documents into work/in-NNNNN.bin with a per-document index (offset, length, split hash);
   2. one worker per output shard gathers its documents: those of its split (held out when the
@@ -124,13 +125,13 @@ def _claim(out: str, request: dict) -> bool:
     if manifest["request"] == request:
       return True
     raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}); "
-                     "choose another --out or delete that store")
+                    "choose another --out or delete that store")
   pending = os.path.join(out, "prepare.json")
   if os.path.exists(pending):
     saved = _read_json(pending)
     if saved != request:
       raise DataError(f"{out} holds an unfinished prepare of another store "
-                       f"({_differs(saved, request)}); choose another --out or delete it")
+                      f"({_differs(saved, request)}); choose another --out or delete it")
     return False
   if os.path.isdir(out) and os.listdir(out):
     raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "

@@ -227,7 +227,7 @@ def _jsonl_texts(path: str, field: str) -> Iterator[str]:
       if not isinstance(text, str):
         keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
         raise DataError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
-                         "set --text_field to the field that holds the document")
+                        "set --text_field to the field that holds the document")
       yield text
 
 
@@ -239,7 +239,7 @@ def _parquet_texts(path: str, field: str) -> Iterator[str]:
   f = pq.ParquetFile(path)
   if field not in f.schema_arrow.names:
     raise DataError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
-                     "set --text_field to the column that holds the document")
+                    "set --text_field to the column that holds the document")
   row = 0
   for batch in f.iter_batches(columns=[field], batch_size=1024):
     for text in batch.column(0).to_pylist():

@@ -43,7 +43,7 @@ def read_manifest(directory: str) -> dict:
   path = os.path.join(directory, MANIFEST)
   if not os.path.isfile(path):
     raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
-                     "with python -m tst_jax.data.prepare --out=" + directory)
+                    "with python -m tst_jax.data.prepare --out=" + directory)
   try:
     with open(path) as f:
       manifest = json.load(f)
@@ -53,7 +53,7 @@ def read_manifest(directory: str) -> dict:
     raise DataError(f"{path} is not a {FORMAT} manifest")
   if manifest.get("version") != VERSION:
     raise DataError(f"{path} has format version {manifest.get('version')}, this tst-jax reads "
-                     f"version {VERSION}: prepare the store again with this version")
+                    f"version {VERSION}: prepare the store again with this version")
   if manifest.get("fingerprint") != fingerprint(manifest):
     raise DataError(f"{path} was edited after it was written (its fingerprint does not match)")
   return manifest
@@ -79,8 +79,8 @@ class StoreSplit:
       size = os.path.getsize(path)
       if size != count * self.dtype.itemsize:
         raise DataError(f"shard {path} has {size} bytes, its manifest says {count} "
-                         f"{self.dtype} tokens ({count * self.dtype.itemsize} bytes): it is "
-                         "truncated or from another store; prepare the store again")
+                        f"{self.dtype} tokens ({count * self.dtype.itemsize} bytes): it is "
+                        "truncated or from another store; prepare the store again")
     self._maps = None
 
   def __len__(self) -> int:
@@ -133,12 +133,12 @@ class TokenStore:
 
   def tokenizer(self, workdir: str | None = None) -> Tokenizer:
     """The store's tokenizer (copied into `workdir` when given), checked against the manifest."""
-    tok = get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0)
+    tok = get_tokenizer(self.tokenizer_path, workdir=None, vocab_size=0)
     if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
       raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "
                       "was made with (its fingerprint differs from the manifest's); prepare the "
                       "store again")
-    return tok
+    return get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0) if workdir else tok
 
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"

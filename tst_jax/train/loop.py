@@ -344,11 +344,10 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
   `block` (index, count): this process's rows of the eval batches (default: by process).
   """
   d = config.data
-  for field in ("source", "tokenizer"):
-    if not d[field] and not (field == "tokenizer" and d.source.startswith("tokens:")):
-      raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
-                        "copy of the data and the Llama-3 tokenizer.json; see the config's "
-                        "docstring)")
+  for field in missing_data_fields(d):
+    raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need a token "
+                      "store of your copy of the data, or the data and the Llama-3 "
+                      "tokenizer.json; see the config's docstring)")
   try:
     store = _open_store(config, workdir, model_vocab)
     _check_store_of_workdir(workdir, store, config.train.force_resume)
@@ -371,6 +370,12 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
                 dict(fingerprint=store.fingerprint, directory=store.directory))
   return Data(tokenizer, store.train, store.val, windows, store.unigram_entropy,
               store.fingerprint)
+
+
+def missing_data_fields(d) -> list[str]:
+  """The fields of config.data a run needs but leaves empty (a tokens: store has a tokenizer)."""
+  needed = ("source",) if d.source.startswith("tokens:") else ("source", "tokenizer")
+  return [f for f in needed if not d[f]]
 
 
 def _open_store(config, workdir: str, model_vocab: int) -> data_lib.TokenStore:
