@@ -2,12 +2,14 @@
 
   python benchmarks/data_store.py --root /tmp/tst_data_bench --sizes_gb 0.5,2 \
       --runs 2:0,0.5:0,0.5:1          # (corpus GB : workers, 0 = all cores); deletes --root
+A run of 1 worker is one core (RAYON_NUM_THREADS=1, as each worker of a larger pool).
 
 Generates JSONL.zst shards (64 MB of text each) of the Python stdlib repeated with a per-copy
 header (so every document differs); a smaller size is the first shards of the largest; trains one BPE (--vocab_size) on a sample, then for each
 run times `python -m tst_jax.data.prepare` in a subprocess, sampling the summed RSS of it and
-its workers. Then, for each prepared store: the trainer's data startup (`loop.prepare_data` of
-`tokens:DIR` in a fresh process: time and peak RSS) and the reader (make_batches over the
+its workers. Then, for each prepared store and for stores of random tokens (--synthetic_gb,
+written in seconds): the trainer's data startup (`loop.prepare_data` of `tokens:DIR` in a
+fresh process: time, peak RSS, and its anonymous / file-backed parts) and the reader (make_batches over the
 memory-mapped store at the demo's phase-1 and phase-2 shapes). Prints one JSON object.
 """
 
@@ -110,7 +112,11 @@ def run_prepare(source, tokenizer, out, workers) -> dict:
   cmd = [sys.executable, "-m", "tst_jax.data.prepare", f"--source={source}",
          f"--tokenizer={tokenizer}", f"--out={out}", f"--workers={workers}"]
   t0 = time.time()
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  env = dict(os.environ)
+  if workers == 1:      # one core: no tokenizer threads either (prepare's workers run so)
+    env["RAYON_NUM_THREADS"] = "1"
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env)
   rss = PeakRss(proc.pid)
   stdout, stderr = proc.communicate()
   seconds = time.time() - t0
@@ -140,9 +146,12 @@ c = demo.get_config()
 c.data.source, c.data.tokenizer = "tokens:" + sys.argv[1], ""
 t1 = time.time()
 data = loop.prepare_data(c, sys.argv[2], int(sys.argv[3]), (0, 1))
-print(json.dumps(dict(import_s=round(imported, 2), prepare_data_s=round(time.time() - t1, 3),
-                      peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3),
-                      train_tokens=len(data.train))))
+seconds = time.time() - t1
+status = dict(line.split(":") for line in open("/proc/self/status") if ":" in line)
+mb = lambda key: round(int(status[key].split()[0]) / 1e3)
+print(json.dumps(dict(import_s=round(imported, 2), prepare_data_s=round(seconds, 3),
+                      peak_rss_mb=mb("VmHWM"), rss_anon_mb=mb("RssAnon"),
+                      rss_file_mb=mb("RssFile"), train_tokens=len(data.train))))
 """
 
 
@@ -151,6 +160,36 @@ def startup(store: str, workdir: str, vocab: int) -> dict:
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
                            os.path.abspath(__file__))))
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def synthetic_store(out: str, gigabytes: float, tokenizer: str) -> str:
+  """A store of random uint16 tokens (train: `gigabytes`, val: 1/50 of it) with a real
+  tokenizer: what startup and the reader see, made in seconds instead of tokenizing."""
+  from tst_jax.data import store as store_lib  # pylint: disable=g-import-not-at-top
+  from tst_jax.data.tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
+  os.makedirs(out)
+  shutil.copyfile(tokenizer, os.path.join(out, "tokenizer.json"))
+  tok = get_tokenizer(tokenizer, workdir=None, vocab_size=0)
+  rng, splits = np.random.default_rng(0), {}
+  for split, total in (("train", int(gigabytes * 1e9 / 2)), ("val", int(gigabytes * 1e9 / 100))):
+    shards, offset = [], 0
+    while offset < total:
+      n, name = min(2**28, total - offset), f"{split}-{len(shards):05d}.bin"
+      with open(os.path.join(out, name), "wb") as f:
+        for lo in range(0, n, 2**24):
+          rng.integers(0, tok.vocab_size, min(2**24, n - lo), dtype=np.uint16).tofile(f)
+      shards.append(dict(file=name, tokens=n, offset=offset, docs=0, sha256=""))
+      offset += n
+    splits[split] = dict(docs=0, tokens=total, shards=shards)
+  splits["train"]["unigram_entropy"] = float(np.log(tok.vocab_size))
+  manifest = dict(format=store_lib.FORMAT, version=store_lib.VERSION, request={}, seed=0,
+                  dtype="uint16", sources={}, splits=splits, created="",
+                  tokenizer=dict(file="tokenizer.json", fingerprint=tok.fingerprint(),
+                                 vocab_size=tok.vocab_size, eos_id=tok.eos_id))
+  manifest["fingerprint"] = store_lib.fingerprint(manifest)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump(manifest, f)
+  return out
 
 
 def reader(store: str, batches: int) -> dict:
@@ -182,6 +221,7 @@ def main():
   p.add_argument("--sizes_gb", default="0.5,2")
   p.add_argument("--runs", default="2:0,0.5:0,0.5:1", help="GB:workers (0: all cores)")
   p.add_argument("--vocab_size", type=int, default=32768)
+  p.add_argument("--synthetic_gb", default="0.5,4", help="random-token stores for startup")
   p.add_argument("--reader_batches", type=int, default=2000)
   p.add_argument("--keep", action="store_true", help="do not delete --root")
   args = p.parse_args()
@@ -222,12 +262,18 @@ def main():
       result["prepare"].append(r)
       print(json.dumps(r), file=sys.stderr, flush=True)
       stores[float(gb)] = out
-    for gb, out in sorted(stores.items()):
-      result["startup"][str(gb)] = startup(out, os.path.join(args.root, f"w-{gb}"),
-                                           args.vocab_size)
-      result["reader"][str(gb)] = reader(out, args.reader_batches)
-      print(json.dumps(dict(startup=result["startup"][str(gb)], reader=result["reader"][str(gb)])),
-            file=sys.stderr, flush=True)
+    stores = {f"prepared-{gb}": out for gb, out in sorted(stores.items())}
+    for gb in filter(None, args.synthetic_gb.split(",")):
+      stores[f"synthetic-{gb}"] = synthetic_store(os.path.join(args.root, f"synthetic-{gb}"),
+                                                  float(gb), tok_path)
+    for name, out in stores.items():
+      result["startup"][name] = startup(out, os.path.join(args.root, f"w-{name}"),
+                                        args.vocab_size)
+      result["reader"][name] = reader(out, args.reader_batches)
+      print(json.dumps(dict(store=name, startup=result["startup"][name],
+                            reader=result["reader"][name])), file=sys.stderr, flush=True)
+      if name.startswith("synthetic"):
+        shutil.rmtree(out)
   finally:
     if not args.keep:
       shutil.rmtree(args.root, ignore_errors=True)

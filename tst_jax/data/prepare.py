@@ -77,9 +77,11 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
     bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
                     desc="tokenize", disable=not progress)
     bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
+    tokens_so_far = 0
     for done in pool.imap_unordered(_tokenize_shard, jobs):
+      tokens_so_far += done["tokens"]
       bar.update(done["num_bytes"])
-      bar.set_postfix(tokens_per_s=f"{done['tokens'] / max(time.time() - t0, 1e-9):.3g}")
+      bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
     bar.close()
     inputs = [dict(index=i, **_read_json(_done_path(work, f"in-{i:05d}"))) for i, _, _ in tasks]
     if not any(d["docs"] for d in inputs):
