@@ -4,10 +4,11 @@ TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 20
 AdamW lr 2e-3, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
 Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
 
+  python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
+      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared
   python main.py --config configs/llama_600m.py --mode plan
   python main.py --config configs/llama_600m.py:20k \
-      --config.data.source='text:/data/dclm/**/*.txt' \
-      --config.data.tokenizer=/models/llama3/tokenizer.json --workdir /gcs/bucket/llama_600m_tst
+      --config.data.source=tokens:/data/tok/dclm-llama3 --workdir /gcs/bucket/llama_600m_tst
   baseline arm (same FLOPs, r = 0): --config configs/llama_600m.py:20k,baseline
 
 Expected final loss (paper, DCLM): baseline 3.019; TST 2.943.

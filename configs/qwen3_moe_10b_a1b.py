@@ -6,9 +6,10 @@ QK-norm GQA 16/4 heads of 128), Llama-3 vocabulary, untied: 10.10B total, 1.04B 
 Hardware in the paper: 64 B200 GPUs (TorchTitan, FSDP).
 
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan
+  python -m tst_jax.data.prepare --source='jsonl:/data/fineweb_edu_dclm/**/*.jsonl.zst' \\
+      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/fineweb_edu_dclm-llama3
   python main.py --config configs/qwen3_moe_10b_a1b.py --workdir /gcs/bucket/moe_tst \\
-      --config.data.source='text:/data/fineweb_edu_dclm/**/*.txt' \\
-      --config.data.tokenizer=/models/llama3/tokenizer.json
+      --config.data.source=tokens:/data/tok/fineweb_edu_dclm-llama3
   baseline arm (125,000 plain steps, same FLOPs per step): configs/qwen3_moe_10b_a1b.py:baseline
 
 Expected (paper): final loss TST 2.236 vs baseline 2.252, at 4768 vs 12311 B200-hours;

@@ -256,6 +256,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
   'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
   with `require_data` that data.source and data.tokenizer are set (else a warning)."""
   from tst_jax import configlib
+  from tst_jax.train.loop import missing_data_fields
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
   specs = []
@@ -264,11 +265,12 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
     if validate:
       loaded = validate_overrides(config, unit_overrides)
       check_batch(loaded, target)
-      missing = [f for f in ("source", "tokenizer") if not loaded.data[f]]
+      missing = missing_data_fields(loaded.data)
       if missing:
         message = (f"{config}: config.data.{' and data.'.join(missing)} empty; the run would "
-                   "stop at start. Set e.g. --config.data.source='text:gs://BUCKET/corpus/"
-                   "**/*.txt' --config.data.tokenizer=gs://BUCKET/tokenizer.json")
+                   "stop at start. Set e.g. --config.data.source=tokens:/gcs/BUCKET/store (made "
+                   "by python -m tst_jax.data.prepare), or --config.data.source='text:gs://"
+                   "BUCKET/corpus/**/*.txt' --config.data.tokenizer=gs://BUCKET/tokenizer.json")
         if require_data:
           raise ValueError(message)
         print(f"warning: {message}", file=sys.stderr)

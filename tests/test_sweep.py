@@ -143,13 +143,16 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
   assert all(f"{n}: final eval loss" in out for n in names)
   assert len(envs) == 4 and all(e["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.450" and
                                 e["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" for e in envs)
-  # One tokenizer and token stream, built once by the sweep: every point holds hard links
-  # to them, which the trainer found valid (a rebuilt cache would be a new file).
+  # One token store (with its tokenizer), built once by the sweep: every point holds hard
+  # links to its files, which the trainer found valid (a rebuilt store would be new files).
   shared = [p for p in os.listdir(tmp_path) if p.startswith("data_")]
   assert len(shared) == 1 and out.count("data prepared once") == 1
-  for name in ("tokenizer.json", "data/train.npy", "data/val.npy"):
-    inode = os.stat(tmp_path / shared[0] / name).st_ino
-    assert all(os.stat(tmp_path / n / name).st_ino == inode for n in names)
+  store = tmp_path / shared[0] / "data"
+  files = sorted(f for f in os.listdir(store) if (store / f).is_file())
+  assert "manifest.json" in files and any(f.endswith(".bin") for f in files), files
+  for name in files:
+    inode = os.stat(store / name).st_ino
+    assert all(os.stat(tmp_path / n / "data" / name).st_ino == inode for n in names)
   # The table: per arm, the mean and sd over seeds of each run's own final eval loss.
   result = json.loads((tmp_path / "results.json").read_text())
   finals = {n: json.loads((tmp_path / n / "summary.json").read_text())["final_eval_loss"]

@@ -14,8 +14,9 @@ W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean di
 the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
 config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
 to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.compare), and the
-figure-2 curves W/loss_vs_{flops,data}.png. The tokenizer and token streams are built once per
-data (W/data_<key>, hard-linked into each point), and all points share a persistent XLA cache.
+figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per data (a token store
+in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
+all points share a persistent XLA cache.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
     return "skipped"
   os.makedirs(point_dir, exist_ok=True)
   phases = plan.phases
-  link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
+  if not config.data.source.startswith("tokens:"):   # a tokens: store is read where it is
+    link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
   meta = dict(name=point.name, config=spec, overrides=overrides, grid=point.grid, arm=point.arm,
               seed=point.seed, baseline=point.baseline, data_key=_data_key(config),
               r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
@@ -184,17 +186,16 @@ def compilation_cache(path: str | None):
       os.environ["JAX_COMPILATION_CACHE_DIR"] = before[1]
 
 
-PREPARED = ("tokenizer.json", "tokenizer.model", "data/train.npy", "data/train.meta.json",
-            "data/val.npy", "data/val.meta.json")
-
-
 def shared_data_dir(workdir: str, config) -> str:
   return os.path.join(workdir, "data_" + hashlib.sha256(_data_key(config).encode()).hexdigest()[:12])
 
 
-def prepare_shared_data(workdir: str, config) -> str:
-  """Builds the tokenizer and token streams of `config`'s data once, in W/data_<key> (the
-  trainer's own prepare_data, cached there), for every point with the same data to link."""
+def prepare_shared_data(workdir: str, config):
+  """Prepares the token store of `config`'s data (with its BPE tokenizer) once, in
+  W/data_<key>/data (the trainer's own prepare_data), for every point with the same data to
+  link; a `tokens:` store needs nothing."""
+  if config.data.source.startswith("tokens:"):
+    return
   from tst_jax.train import loop
   path = shared_data_dir(workdir, config)
   done = os.path.join(path, "prepared.json")
@@ -205,20 +206,28 @@ def prepare_shared_data(workdir: str, config) -> str:
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
-  return path
 
 
 def link_prepared_data(source: str, point_dir: str):
-  """Hard-links (else copies) the prepared tokenizer and token streams into a point's workdir,
-  where the trainer finds them as its own caches (fingerprinted: rebuilt if they differ)."""
-  for name in PREPARED:
-    src, dst = os.path.join(source, name), os.path.join(point_dir, name)
-    if os.path.exists(src) and not os.path.exists(dst):
-      os.makedirs(os.path.dirname(dst), exist_ok=True)
-      try:
-        os.link(src, dst)
-      except OSError:
-        shutil.copyfile(src, dst)
+  """Hard-links the prepared token store (shards, manifest, tokenizer) into a fresh point's
+  <point>/data, where the trainer finds it as its own (the files are never written again;
+  copies only across filesystems). The trainer checks the manifest."""
+  store, target = os.path.join(source, "data"), os.path.join(point_dir, "data")
+  if os.path.exists(target) or not os.path.exists(os.path.join(store, "manifest.json")):
+    return
+  os.makedirs(target + ".tmp", exist_ok=True)
+  for name in os.listdir(store):
+    dst = os.path.join(target + ".tmp", name)
+    if not os.path.exists(dst):
+      _link_or_copy(os.path.join(store, name), dst)
+  os.replace(target + ".tmp", target)
+
+
+def _link_or_copy(src: str, dst: str):
+  try:
+    os.link(src, dst)
+  except OSError:
+    shutil.copyfile(src, dst)
 
 
 def _data_key(config) -> str:

@@ -1,5 +1,6 @@
-"""Data: corpora, tokenizers, and the token stream read in shuffled windows through Grain."""
+"""Data: corpora, tokenizers, the prepared token store, and its shuffled windows through Grain."""
 
+from tst_jax.data.errors import DataError
 from tst_jax.data.pipeline import (
     TokenStream,
     WindowSource,
@@ -9,10 +10,11 @@ from tst_jax.data.pipeline import (
     unigram_entropy,
 )
 from tst_jax.data.sources import load_documents, split_documents
+from tst_jax.data.store import StoreSplit, TokenStore
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer, train_bpe
 
 __all__ = [
     "TokenStream", "WindowSource", "eval_windows", "make_batches", "stream_position",
     "unigram_entropy", "load_documents", "split_documents", "Tokenizer", "get_tokenizer",
-    "train_bpe",
+    "train_bpe", "DataError", "StoreSplit", "TokenStore",
 ]

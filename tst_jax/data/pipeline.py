@@ -13,16 +13,14 @@ skipping or repeating a token.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
-import os
 from collections.abc import Sequence
 
 import grain
 import numpy as np
 from absl import logging
 
+from tst_jax.data.store import StoreSplit
 from tst_jax.data.tokenizer import Tokenizer
 
 _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
@@ -42,24 +40,11 @@ class TokenStream:
     return len(self.tokens)
 
   @classmethod
-  def build(cls, docs: Sequence[str], tokenizer: Tokenizer, seed: int,
-            cache_path: str | None = None) -> TokenStream:
-    """Tokenizes `docs` (shuffled by `seed`) into one stream, reusing `cache_path` if it matches.
-
-    The cache is `cache_path` (.npy) plus `<name>.meta.json` next to it; it is reused only
-    when the fingerprint of (docs, seed, tokenizer) matches, and rebuilt otherwise.
-    """
+  def build(cls, docs: Sequence[str], tokenizer: Tokenizer, seed: int) -> TokenStream:
+    """Tokenizes `docs` (shuffled by `seed`) into one stream in memory: the reference that a
+    one-shard split of a prepared store (tst_jax.data.prepare) equals token for token."""
     if not docs:
       raise ValueError("TokenStream.build got no documents")
-    if cache_path is not None:
-      if not cache_path.endswith(".npy"):
-        cache_path += ".npy"
-      meta_path = cache_path[:-len(".npy")] + ".meta.json"
-      fingerprint = _fingerprint(docs, seed, tokenizer)
-      stream = _load_cache(cache_path, meta_path, fingerprint)
-      if stream is not None:
-        return stream
-
     order = np.random.default_rng(seed).permutation(len(docs))
     chunks, batch, batch_chars = [], [], 0
     for n, i in enumerate(order):
@@ -70,43 +55,10 @@ class TokenStream:
         flat = itertools.chain.from_iterable(x + [tokenizer.eos_id] for x in ids)
         chunks.append(np.fromiter(flat, dtype=np.int32))
         batch, batch_chars = [], 0
-    stream = cls(np.concatenate(chunks), len(docs), tokenizer.vocab_size)
-
-    if cache_path is not None:
-      os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-      tmp = cache_path[:-len(".npy")] + ".tmp.npy"
-      np.save(tmp, stream.tokens)
-      os.replace(tmp, cache_path)
-      meta = {"num_docs": stream.num_docs, "num_tokens": len(stream), "seed": seed,
-              "vocab_size": stream.vocab_size, "fingerprint": fingerprint}
-      with open(meta_path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=1)
-      os.replace(meta_path + ".tmp", meta_path)
-    return stream
+    return cls(np.concatenate(chunks), len(docs), tokenizer.vocab_size)
 
 
-def _fingerprint(docs: Sequence[str], seed: int, tokenizer: Tokenizer) -> str:
-  h = hashlib.sha256(f"seed={seed};docs={len(docs)};tok={tokenizer.fingerprint()}".encode())
-  for d in docs:
-    b = d.encode("utf-8", errors="surrogatepass")
-    h.update(len(b).to_bytes(8, "little"))
-    h.update(b)
-  return h.hexdigest()
-
-
-def _load_cache(cache_path: str, meta_path: str, fingerprint: str) -> TokenStream | None:
-  if not (os.path.isfile(cache_path) and os.path.isfile(meta_path)):
-    return None
-  with open(meta_path) as f:
-    meta = json.load(f)
-  if meta.get("fingerprint") != fingerprint:
-    logging.info("Token cache %s is for other documents or tokenizer; rebuilding.", cache_path)
-    return None
-  tokens = np.load(cache_path)
-  if tokens.dtype != np.int32 or tokens.shape != (meta["num_tokens"],):
-    logging.warning("Token cache %s is damaged; rebuilding.", cache_path)
-    return None
-  return TokenStream(tokens, meta["num_docs"], meta["vocab_size"])
+Stream = TokenStream | np.ndarray | StoreSplit  # what the readers below accept
 
 
 def stream_position(start_pos: int, steps: int, batch_size: int, window: int) -> int:
@@ -131,10 +83,10 @@ class WindowSource:
   `num_batches`, or practically endless when that is None.
   """
 
-  def __init__(self, stream: TokenStream | np.ndarray, batch_size: int, window: int,
+  def __init__(self, stream: Stream, batch_size: int, window: int,
                start_pos: int = 0, *, seed: int = 0, process_index: int = 0,
                process_count: int = 1, num_batches: int | None = None, shuffle: bool = True):
-    tokens = stream.tokens if isinstance(stream, TokenStream) else np.asarray(stream)
+    tokens = _tokens(stream)
     if window < 2:
       raise ValueError(f"window must be >= 2 (inputs + shifted targets), got {window}")
     if batch_size < 1 or start_pos < 0:
@@ -220,14 +172,23 @@ class WindowSource:
             f"tokens={len(self.tokens)}, rows={len(self.rows)})")
 
 
-def _gather(tokens: np.ndarray, starts_b: np.ndarray, window: int) -> np.ndarray:
+def _tokens(stream: Stream) -> np.ndarray | StoreSplit:
+  """The tokens of an in-memory stream or array, or a memory-mapped store split as it is."""
+  if isinstance(stream, StoreSplit):
+    return stream
+  return stream.tokens if isinstance(stream, TokenStream) else np.asarray(stream)
+
+
+def _gather(tokens: np.ndarray | StoreSplit, starts_b: np.ndarray, window: int) -> np.ndarray:
   """int32 [b, W] rows tokens[s : s + W] for each start s, wrapping around the stream."""
+  if isinstance(tokens, StoreSplit):   # reads only these windows, across shards if need be
+    return tokens.gather(starts_b, window)
   if (starts_b + window <= len(tokens)).all():
     return np.stack([tokens[s:s + window] for s in starts_b.tolist()])
   return tokens[(starts_b[:, None] + np.arange(window)) % len(tokens)]
 
 
-def make_batches(stream: TokenStream, *, batch_size: int, window: int, start_pos: int,
+def make_batches(stream: Stream, *, batch_size: int, window: int, start_pos: int,
                  seed: int = 0, num_batches: int | None = None, process_index: int = 0,
                  process_count: int = 1,
                  read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
@@ -244,7 +205,7 @@ def make_batches(stream: TokenStream, *, batch_size: int, window: int, start_pos
   return iter(grain.MapDataset.source(source).to_iter_dataset(read_options))
 
 
-def eval_windows(val_stream: TokenStream, *, batch_size: int, window: int, num_batches: int,
+def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
   """`num_batches` int32 [B_local, W] batches of held-out windows spread evenly over the
   whole validation stream (so every held-out document region is represented), the same
@@ -258,14 +219,13 @@ def eval_windows(val_stream: TokenStream, *, batch_size: int, window: int, num_b
   if n < num_batches:
     logging.warning("Validation stream has only %d windows of %d x %d tokens (asked for %d).",
                     n, batch_size, window, num_batches)
-  tokens = val_stream.tokens if isinstance(val_stream, TokenStream) else np.asarray(val_stream)
+  tokens = _tokens(val_stream)
   count = n * batch_size                                # windows in all, globally
   stride = max(window - 1, (len(tokens) - window) // max(count - 1, 1))
   starts_KxB = (np.arange(count) * stride).reshape(n, batch_size)
   rows = batch_size // process_count
   starts_KxB = starts_KxB[:, process_index * rows:(process_index + 1) * rows]
-  return [np.stack([tokens[p:p + window] for p in starts]).astype(np.int32)
-          for starts in starts_KxB]
+  return [_gather(tokens, starts, window).astype(np.int32) for starts in starts_KxB]
 
 
 def unigram_entropy(stream: TokenStream | np.ndarray) -> float:

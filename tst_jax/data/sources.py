@@ -1,55 +1,124 @@
-"""Text corpora by name (builtin:pystdlib, text:<glob>, tfds:, seqio:) and a held-out split."""
+"""Text corpora by name, streamed per input shard (text, JSONL, Parquet, builtin, tfds, seqio),
+and the held-out split by document hash."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import gzip
 import hashlib
+import io
+import json
 import os
 import sysconfig
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tst_jax.data.errors import DataError
+
 _SKIP_DIRS = ("site-packages", "dist-packages")
+_GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size
+SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<glob>', "
+                "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
 
 
-def load_documents(source: str, max_bytes: int | None = None) -> list[str]:
-  """Returns the documents of `source` as strings, in a deterministic order.
+@dataclasses.dataclass(frozen=True)
+class InputShard:
+  """One unit of work of `prepare`: a group of text files, one JSONL or Parquet file, or a
+  whole tfds/seqio split. `num_bytes` (on disk) drives the progress bar."""
+  kind: str                 # text | jsonl | parquet | tfds | seqio
+  paths: tuple[str, ...]    # files (text: one document each), or (name, split) for tfds/seqio
+  num_bytes: int
+  text_field: str = "text"
+
+  @property
+  def name(self) -> str:
+    return self.paths[0] if len(self.paths) == 1 else f"{self.paths[0]} (+{len(self.paths) - 1})"
+
+
+def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
+  """The input shards of `source`, in the corpus order (sorted paths).
 
   Sources:
     builtin:pystdlib         every *.py file of this Python's stdlib (the offline default).
     text:<glob>              text files matched by the glob (`**` recurses), one document per file.
+    jsonl:<glob>             JSON lines (.jsonl, .jsonl.gz, .jsonl.zst), the `text_field` of each.
+    parquet:<glob>           Parquet files, the `text_field` column.
     tfds:<name>[:<split>]    the `text` feature of a TFDS dataset (split defaults to train).
     seqio:<task>[:<split>]   the `text` feature of a SeqIO task's raw source.
+  """
+  kind, _, arg = source.partition(":")
+  if kind == "builtin" and arg == "pystdlib":
+    return _grouped(_stdlib_files())
+  if kind in ("text", "jsonl", "parquet") and arg:
+    matches = glob.glob(os.path.expanduser(arg), recursive=True)
+    paths = sorted(p for p in matches if os.path.isfile(p))
+    if not paths:
+      raise DataError(f"data.source {source!r} matched no files")
+    if kind == "text":
+      return _grouped(paths)
+    return [InputShard(kind, (p,), os.path.getsize(p), text_field) for p in paths]
+  if kind in ("tfds", "seqio") and arg:
+    name, _, split = arg.partition(":")
+    return [InputShard(kind, (name, split or "train"), 0)]
+  raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
+
+
+def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
+  """The documents of one input shard as read (bytes or str), blank ones included."""
+  if shard.kind == "text":
+    return (_read_file(p) for p in shard.paths)
+  if shard.kind == "jsonl":
+    return _jsonl_texts(shard.paths[0], shard.text_field)
+  if shard.kind == "parquet":
+    return _parquet_texts(shard.paths[0], shard.text_field)
+  if shard.kind == "tfds":
+    return _tfds_texts(*shard.paths)
+  return _seqio_texts(*shard.paths)
+
+
+def shard_documents(shard: InputShard, max_bytes: int | None = None) -> Iterator[str]:
+  """The decoded, non-blank documents of one shard, cut after `max_bytes` (see `take`)."""
+  return (text for text, _ in take(raw_documents(shard), max_bytes))
+
+
+def byte_budgets(shards: list[InputShard], max_bytes: int | None) -> list[int | None]:
+  """Bytes of text each shard gives when the whole corpus is cut after `max_bytes` bytes:
+  `shard_documents(shards[i], budgets[i])` are then exactly that cut corpus's documents of
+  shard i. Reads the corpus up to `max_bytes` only; all None without a limit."""
+  if max_bytes is None:
+    return [None] * len(shards)
+  budgets, left = [], max_bytes
+  for shard in shards:
+    used = sum(n for _, n in take(raw_documents(shard), left)) if left else 0
+    budgets.append(used)
+    left -= used
+  return budgets
+
+
+def load_documents(source: str, max_bytes: int | None = None, text_field: str = "text"
+                   ) -> list[str]:
+  """Returns the documents of `source` as strings, in a deterministic order (all in memory:
+  for small corpora and references; `prepare` streams the same documents per shard).
 
   Files are read in sorted path order. Bytes that are not UTF-8 are decoded with
   errors="replace" (each bad byte becomes U+FFFD) rather than dropping the document;
   empty and whitespace-only documents are skipped. With `max_bytes`, reading stops once
   that many bytes of text were taken: the document crossing the limit is cut there.
   """
+  check_max_bytes(max_bytes)
+  shards = input_shards(source, text_field)
+  docs = [d for s, b in zip(shards, byte_budgets(shards, max_bytes)) if b != 0
+          for d in shard_documents(s, b)]
+  if not docs:
+    raise DataError(f"data.source {source!r} gave an empty corpus (no non-whitespace documents)")
+  return docs
+
+
+def check_max_bytes(max_bytes: int | None):
   if max_bytes is not None and max_bytes <= 0:
     raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-  kind, _, arg = source.partition(":")
-  if kind == "builtin" and arg == "pystdlib":
-    raw = (_read_file(p) for p in _stdlib_files())
-  elif kind == "text" and arg:
-    matches = glob.glob(os.path.expanduser(arg), recursive=True)
-    paths = sorted(p for p in matches if os.path.isfile(p))
-    if not paths:
-      raise ValueError(f"data.source {source!r} matched no files")
-    raw = (_read_file(p) for p in paths)
-  elif kind == "tfds" and arg:
-    raw = _tfds_texts(*_name_split(arg))
-  elif kind == "seqio" and arg:
-    raw = _seqio_texts(*_name_split(arg))
-  else:
-    raise ValueError(
-        f"unknown data.source {source!r}: expected 'builtin:pystdlib', 'text:<glob>', "
-        "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
-  docs = _take(raw, max_bytes)
-  if not docs:
-    raise ValueError(f"data.source {source!r} gave an empty corpus (no non-whitespace documents)")
-  return docs
 
 
 def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -60,9 +129,8 @@ def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[li
   documents land on the same side. With val_fraction > 0 and >= 2 documents, each side
   gets at least one document (the extreme hash is moved over).
   """
-  if not 0.0 <= val_fraction < 1.0:
-    raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-  u = np.array([_unit_hash(seed, d) for d in docs], dtype=np.float64)
+  check_val_fraction(val_fraction)
+  u = np.array([unit_hash(seed, d) for d in docs], dtype=np.float64)
   is_val = u < val_fraction
   if val_fraction > 0 and len(docs) >= 2:
     if not is_val.any():
@@ -74,10 +142,45 @@ def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[li
   return train, val
 
 
-def _unit_hash(seed: int, doc: str) -> float:
+def check_val_fraction(val_fraction: float):
+  if not 0.0 <= val_fraction < 1.0:
+    raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+
+
+def unit_hash(seed: int, doc: str) -> float:
   """A number in [0, 1) fixed by (seed, doc), the same on every machine and Python."""
   h = hashlib.sha256(f"{seed}\0".encode() + doc.encode("utf-8", errors="surrogatepass"))
   return int.from_bytes(h.digest()[:8], "big") / 2.0**64
+
+
+def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[str, int]]:
+  """(text, bytes taken) of each document: decoded, blank ones skipped, stopping after
+  `max_bytes` bytes of text (the document crossing the limit is cut there)."""
+  total = 0
+  for item in raw:
+    data = item.encode("utf-8", errors="replace") if isinstance(item, str) else item
+    if max_bytes is not None and total + len(data) > max_bytes:
+      data = data[:max_bytes - total]
+    text = data.decode("utf-8", errors="replace")
+    if text.strip():
+      yield text, len(data)
+      total += len(data)
+    if max_bytes is not None and total >= max_bytes:
+      return
+
+
+def _grouped(paths: list[str]) -> list[InputShard]:
+  """Consecutive files (one document each) in groups of about _GROUP_BYTES."""
+  shards, group, size = [], [], 0
+  for p in paths:
+    group.append(p)
+    size += os.path.getsize(p)
+    if size >= _GROUP_BYTES:
+      shards.append(InputShard("text", tuple(group), size))
+      group, size = [], 0
+  if group:
+    shards.append(InputShard("text", tuple(group), size))
+  return shards
 
 
 def _stdlib_files() -> list[str]:
@@ -94,25 +197,56 @@ def _read_file(path: str) -> bytes:
     return f.read()
 
 
-def _take(raw: Iterable[bytes | str], max_bytes: int | None) -> list[str]:
-  """Decodes documents, skips blank ones, and stops after `max_bytes` bytes of text."""
-  docs, total = [], 0
-  for item in raw:
-    data = item.encode("utf-8", errors="replace") if isinstance(item, str) else item
-    if max_bytes is not None and total + len(data) > max_bytes:
-      data = data[:max_bytes - total]
-    text = data.decode("utf-8", errors="replace")
-    if text.strip():
-      docs.append(text)
-      total += len(data)
-    if max_bytes is not None and total >= max_bytes:
-      break
-  return docs
+def _open_text(path: str) -> io.TextIOBase:
+  """A text reader for plain, .gz and .zst files (zstd needs the `data` extra)."""
+  if path.endswith(".gz"):
+    return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+  if path.endswith(".zst"):
+    try:
+      import zstandard  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise DataError(f"{path}: .zst input needs zstandard: pip install zstandard") from e
+    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+  return open(path, encoding="utf-8", errors="replace")
 
 
-def _name_split(arg: str) -> tuple[str, str]:
-  name, _, split = arg.partition(":")
-  return name, split or "train"
+def _jsonl_texts(path: str, field: str) -> Iterator[str]:
+  """The `field` of every JSON line. A line that is not a JSON object holding a string
+  `field` is an error naming the file and line: that is a wrong --text_field or another
+  format far more often than one odd record, and skipping would silently drop the corpus."""
+  with _open_text(path) as f:
+    for line_no, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise DataError(f"{path}:{line_no}: not a JSON line ({e})") from None
+      text = record.get(field) if isinstance(record, dict) else None
+      if not isinstance(text, str):
+        keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
+        raise DataError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
+                        "set --text_field to the field that holds the document")
+      yield text
+
+
+def _parquet_texts(path: str, field: str) -> Iterator[str]:
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise DataError(f"{path}: Parquet input needs pyarrow: pip install 'tst-jax[parquet]'") from e
+  f = pq.ParquetFile(path)
+  if field not in f.schema_arrow.names:
+    raise DataError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
+                    "set --text_field to the column that holds the document")
+  row = 0
+  for batch in f.iter_batches(columns=[field], batch_size=1024):
+    for text in batch.column(0).to_pylist():
+      if not isinstance(text, str):
+        raise DataError(f"{path}: row {row} of column {field!r} is {text!r}, not a string")
+      row += 1
+      yield text
 
 
 def _tfds_texts(name: str, split: str) -> Iterator[bytes]:

@@ -26,9 +26,12 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.init_from_hf = ""              # a Hugging Face folder (e.g. from tst_jax.export) to start from
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "builtin:pystdlib"  # builtin:pystdlib | text:<glob> | tfds:<name> | seqio:<task>
+  c.data.source = "builtin:pystdlib"  # tokens:<store dir> (read in place) | builtin:pystdlib |
+  #   text:<glob> | jsonl:<glob> | parquet:<glob> | tfds:<name> | seqio:<task> (prepared into
+  #   <workdir>/data first; big corpora: python -m tst_jax.data.prepare, see docs/data.md)
   c.data.max_bytes = 0              # read at most this many bytes of text (0: all)
-  c.data.tokenizer = "bpe"          # bpe (trained once, cached in the workdir) | tokenizer.json | .model
+  c.data.text_field = "text"        # the JSONL field / Parquet column holding each document
+  c.data.tokenizer = "bpe"          # bpe (trained once, kept with the store) | tokenizer.json | .model
   c.data.val_fraction = 0.02        # fraction of documents held out for eval (never trained on)
   c.data.seed = -1                  # held-out split, document order, BPE (-1: the run's seed)
   c.data.seq_len = 128              # L: positions the model sees (latent length in phase 1)
@@ -96,8 +99,8 @@ def paper_config(family: str, preset: str, arg: str, *, lr: float, steps: int, s
   """The paper's section-4 recipe at scale; `arg` is a comma list of '<N>k' (total steps)
   and 'baseline' (r = 0, the equal-FLOPs next-token run)."""
   c = base_config(family, preset)
-  c.data.source = ""                # required: the paper used DCLM; e.g. text:/data/dclm/**/*.txt
-  c.data.tokenizer = ""             # required: the Llama-3 tokenizer.json (128,256 tokens)
+  c.data.source = ""                # required: the paper used DCLM; e.g. tokens:/data/tok/dclm-llama3
+  c.data.tokenizer = ""             # the Llama-3 tokenizer.json (128,256 tokens); "" with tokens:
   c.data.seq_len = seq_len
   c.data.batch_size = batch_size
   c.data.eval_batches = 16

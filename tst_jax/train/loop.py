@@ -18,6 +18,7 @@ import tqdm
 
 from tst_jax import checkpoints_io, platform
 from tst_jax import data as data_lib
+from tst_jax.data import prepare as prepare_lib
 from tst_jax import models
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
@@ -30,6 +31,7 @@ from tst_jax.train.preemption import Preempted, PreemptionGuard
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
+STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
 
 
 def run(config, workdir: str, mode: str = "train") -> dict:
@@ -68,7 +70,7 @@ class Run:
     self.data_block = mesh_lib.process_batch_block(self.batch_sharding)  # rows this process loads
     os.makedirs(self.workdir, exist_ok=True)
     _check_workdir_config(config, self.workdir)
-    with distributed.primary_first("prepare_data"):   # process 0 builds the caches
+    with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       self.data = prepare_data(config, self.workdir, self.model_cfg.vocab_size,
                                self.data_block)
     handoffs = [p.first_step for p in plan.phases[1:]]
@@ -114,7 +116,8 @@ class Run:
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
-                data_start_pos=self.data_start(phase), window=phase.window)
+                data_start_pos=self.data_start(phase), window=phase.window,
+                data_fingerprint=self.data.fingerprint)
     self.checkpoints.save(step, state, meta, force=force)
 
   # -- data --------------------------------------------------------------------------------
@@ -327,44 +330,94 @@ def _scalars(metrics: dict) -> dict:
 
 
 class Data:
-  def __init__(self, tokenizer, train, val, eval_windows, unigram_entropy):
+  def __init__(self, tokenizer, train, val, eval_windows, unigram_entropy, fingerprint):
     self.tokenizer, self.train, self.val = tokenizer, train, val
     self.eval_windows, self.unigram_entropy = eval_windows, unigram_entropy
+    self.fingerprint = fingerprint   # of the token store: a workdir resumes on the same one
 
 
 def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
-  """Documents -> held-out split -> tokenizer (trained once, cached) -> token streams.
+  """The run's token store (`tokens:DIR` read in place, any other source prepared once into
+  <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
+  Nothing here reads more of the store than the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process).
   """
   d = config.data
-  for field in ("source", "tokenizer"):
-    if not d[field]:
-      raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need your "
-                        "copy of the data and the Llama-3 tokenizer.json; see the config's "
-                        "docstring)")
-  seed = data_seed(config)
-  docs = data_lib.load_documents(d.source, d.max_bytes or None)
-  train_docs, val_docs = data_lib.split_documents(docs, d.val_fraction, seed)
-  tokenizer = data_lib.get_tokenizer(d.tokenizer, workdir=workdir, vocab_size=model_vocab,
-                                     train_docs=train_docs)
-  if tokenizer.vocab_size > model_vocab:
-    raise ConfigError(f"config.model.vocab_size: the tokenizer {d.tokenizer!r} has "
-                      f"{tokenizer.vocab_size} tokens, more than the model's {model_vocab}")
-  cache = os.path.join(workdir, "data")
-  os.makedirs(cache, exist_ok=True)
-  train = data_lib.TokenStream.build(train_docs, tokenizer, seed,
-                                     cache_path=os.path.join(cache, "train.npy"))
-  val = data_lib.TokenStream.build(val_docs, tokenizer, seed,
-                                   cache_path=os.path.join(cache, "val.npy"))
+  for field in missing_data_fields(d):
+    raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need a token "
+                      "store of your copy of the data, or the data and the Llama-3 "
+                      "tokenizer.json; see the config's docstring)")
+  try:
+    store = _open_store(config, workdir, model_vocab)
+    _check_store_of_workdir(workdir, store, config.train.force_resume)
+    tokenizer = store.tokenizer(workdir)
+  except data_lib.DataError as e:
+    raise ConfigError(f"config.data.source: {e}") from e
+  _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
-  windows = data_lib.eval_windows(val, batch_size=d.batch_size, window=d.seq_len + 1,
-                                  num_batches=d.eval_batches,
-                                  process_index=index, process_count=count)
+  windows = []
+  if len(store.val) >= d.batch_size * (d.seq_len + 1):
+    windows = data_lib.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                    num_batches=d.eval_batches,
+                                    process_index=index, process_count=count)
   if not windows:
-    raise ConfigError(f"config.data.val_fraction: the held-out split has {len(val)} tokens, "
-                      f"too few for one {d.batch_size} x {d.seq_len + 1} eval batch")
-  return Data(tokenizer, train, val, windows, data_lib.unigram_entropy(train))
+    raise ConfigError(f"config.data.val_fraction: the held-out split of {store.directory} has "
+                      f"{len(store.val)} tokens, too few for one {d.batch_size} x "
+                      f"{d.seq_len + 1} eval batch")
+  if jax.process_index() == 0:    # the store this workdir trains on, from now on
+    _write_json(os.path.join(workdir, STORE_FILE),
+                dict(fingerprint=store.fingerprint, directory=store.directory))
+  return Data(tokenizer, store.train, store.val, windows, store.unigram_entropy,
+              store.fingerprint)
+
+
+def missing_data_fields(d) -> list[str]:
+  """The fields of config.data a run needs but leaves empty (a tokens: store has a tokenizer)."""
+  needed = ("source",) if d.source.startswith("tokens:") else ("source", "tokenizer")
+  return [f for f in needed if not d[f]]
+
+
+def _open_store(config, workdir: str, model_vocab: int) -> data_lib.TokenStore:
+  """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
+  store of data.source prepared into <workdir>/data (reused when already there)."""
+  d = config.data
+  named = None
+  if d.tokenizer not in ("", "bpe"):    # a file: checked before anything is tokenized
+    named = data_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0)
+    _check_vocab(named.vocab_size, model_vocab, repr(d.tokenizer))
+  if d.source.startswith("tokens:"):
+    store = data_lib.TokenStore(d.source[len("tokens:"):])
+    if named is not None and named.fingerprint() != store.manifest["tokenizer"]["fingerprint"]:
+      raise ConfigError(f"config.data.tokenizer {d.tokenizer!r} is not the tokenizer of the "
+                        f"store {store.directory} (its manifest names another); leave "
+                        "data.tokenizer empty to use the store's own")
+    return store
+  out = prepare_lib.prepare(d.source, os.path.join(workdir, "data"), tokenizer=d.tokenizer,
+                            vocab_size=model_vocab, seed=data_seed(config),
+                            val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
+                            text_field=d.text_field, workers=1, progress=False)
+  return data_lib.TokenStore(out)
+
+
+def _check_vocab(vocab_size: int, model_vocab: int, what: str):
+  if vocab_size > model_vocab:
+    raise ConfigError(f"config.model.vocab_size: the tokenizer of {what} has {vocab_size} "
+                      f"tokens, more than the model's {model_vocab}")
+
+
+def _check_store_of_workdir(workdir: str, store, force: bool):
+  """Refuse to resume a workdir on another store than the one it was trained on."""
+  path = os.path.join(workdir, STORE_FILE)
+  if not os.path.exists(path) or force:
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  if saved["fingerprint"] != store.fingerprint:
+    raise ConfigError(
+        f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
+        f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
+        "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
 def data_seed(config) -> int:
@@ -398,6 +451,10 @@ def _check_workdir_config(config, workdir: str):
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")
   if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(current, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    _write_json(path, current)
+
+
+def _write_json(path: str, obj: dict):
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(path + ".tmp", path)

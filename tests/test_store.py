@@ -1,0 +1,338 @@
+"""Tests for the prepared token store: prepare (sources, shards, resume) and the in-place reader."""
+
+import gzip
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax.data import (
+    DataError, TokenStore, TokenStream, WindowSource, eval_windows, load_documents, make_batches,
+    split_documents)
+from tst_jax.data import prepare as prepare_lib
+from tst_jax.data import store as store_lib
+from tst_jax.train import loop
+from tst_jax.train.plan import ConfigError
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
+         "rho sigma tau upsilon phi chi psi omega def return import class for while if else").split()
+
+
+def make_docs(n, seed=0):
+  """n documents of a few dozen words each, all different."""
+  rng = np.random.default_rng(seed)
+  return [f"doc {i}: " + " ".join(rng.choice(WORDS, rng.integers(5, 60))) + "\n"
+          for i in range(n)]
+
+
+def write_text_files(folder, docs):
+  os.makedirs(folder, exist_ok=True)
+  for i, d in enumerate(docs):
+    with open(os.path.join(folder, f"{i:04d}.txt"), "w", encoding="utf-8") as f:
+      f.write(d)
+  return f"text:{folder}/*.txt"
+
+
+def write_jsonl(folder, docs, parts=3, field="text"):
+  """docs in `parts` files: plain .jsonl, .jsonl.gz and .jsonl.zst, in that (sorted) order."""
+  import zstandard  # pylint: disable=g-import-not-at-top
+  os.makedirs(folder, exist_ok=True)
+  names = ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst"]
+  for k, chunk in enumerate(np.array_split(np.arange(len(docs)), parts)):
+    body = "".join(json.dumps({field: docs[i], "id": int(i)}) + "\n" for i in chunk).encode()
+    path = os.path.join(folder, names[k % 3].replace(".", f"{k}.", 1))
+    if path.endswith(".gz"):
+      body = gzip.compress(body)
+    elif path.endswith(".zst"):
+      body = zstandard.ZstdCompressor().compress(body)
+    with open(path, "wb") as f:
+      f.write(body)
+  return f"jsonl:{folder}/*.jsonl*"
+
+
+def prepare(source, out, **kw):
+  kw = dict(vocab_size=300, seed=1, val_fraction=0.1, workers=1, progress=False) | kw
+  return TokenStore(prepare_lib.prepare(source, str(out), **kw))
+
+
+def shard_bytes(directory):
+  return {f: open(os.path.join(directory, f), "rb").read() for f in sorted(os.listdir(directory))
+          if f.endswith(".bin")}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp("corpus")
+  docs = make_docs(120)
+  return docs, write_text_files(str(root / "txt"), docs), root
+
+
+@pytest.fixture(scope="module")
+def one_shard(corpus, tmp_path_factory):
+  _, source, _ = corpus
+  return prepare(source, tmp_path_factory.mktemp("store") / "s")
+
+
+def in_ram(source, store, seed=1, val_fraction=0.1):
+  """Today's in-memory streams of the same corpus, with the store's tokenizer."""
+  train, val = split_documents(load_documents(source), val_fraction, seed)
+  tok = store.tokenizer()
+  return TokenStream.build(train, tok, seed), TokenStream.build(val, tok, seed)
+
+
+# --- what prepare writes ---------------------------------------------------------------------
+
+
+def test_store_equals_the_in_ram_stream(corpus, one_shard):
+  _, source, _ = corpus
+  train, val = in_ram(source, one_shard)
+  assert one_shard.manifest["dtype"] == "uint16" and len(one_shard.train.files) == 1
+  assert np.array_equal(one_shard.train.read(0, len(one_shard.train)), train.tokens)
+  assert np.array_equal(one_shard.val.read(0, len(one_shard.val)), val.tokens)
+  m = one_shard.manifest
+  assert m["splits"]["train"]["tokens"] == len(train) and m["splits"]["val"]["docs"] == val.num_docs
+  assert m["tokenizer"]["vocab_size"] == 300 and m["seed"] == 1
+  counts = np.bincount(train.tokens)
+  p = counts[counts > 0] / len(train)
+  assert one_shard.unigram_entropy == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-12)
+
+
+def test_first_batches_and_eval_windows_are_identical_either_way(corpus, one_shard):
+  _, source, _ = corpus
+  train, val = in_ram(source, one_shard)
+  kw = dict(batch_size=4, window=9, start_pos=5, seed=3, num_batches=40)
+  a, b = make_batches(train, **kw), make_batches(one_shard.train, **kw)
+  for _ in range(40):
+    x, y = next(a), next(b)
+    assert x.dtype == y.dtype == np.int32 and np.array_equal(x, y)
+  ev = dict(batch_size=4, window=9, num_batches=3)
+  for x, y in zip(eval_windows(val, **ev), eval_windows(one_shard.val, **ev), strict=True):
+    assert np.array_equal(x, y)
+
+
+def test_windows_across_shard_boundaries(corpus, tmp_path):
+  docs, source, _ = corpus
+  store = prepare(source, tmp_path / "s", shard_tokens=97)
+  assert len(store.train.files) > 5
+  whole = np.concatenate([np.fromfile(f, np.uint16) for f in store.train.files]).astype(np.int32)
+  assert len(whole) == len(store.train)
+  n = len(whole)
+  for start in [0, 96, 97, 98, 500, n - 3, n - 1, n, 2 * n + 7]:
+    expected = whole[(start + np.arange(150)) % n]
+    assert np.array_equal(store.train.read(start, 150), expected)
+  # Documents are all there once, each followed by EOS, whatever the sharding.
+  tok = store.tokenizer()
+  pieces = np.split(whole, np.flatnonzero(whole == tok.eos_id) + 1)[:-1]
+  ram_train, _ = in_ram(source, store)
+  ram_pieces = np.split(ram_train.tokens, np.flatnonzero(ram_train.tokens == tok.eos_id) + 1)[:-1]
+  assert sorted(p.tolist() for p in pieces) == sorted(p.tolist() for p in ram_pieces)
+  src_store, src_ram = WindowSource(store.train, 4, 33, 11, seed=2), WindowSource(whole, 4, 33, 11,
+                                                                                seed=2)
+  for k in range(30):
+    assert np.array_equal(src_store[k], src_ram[k])
+
+
+def test_two_processes_rows_concatenate_to_the_global_batch(corpus, tmp_path):
+  _, source, _ = corpus
+  store = prepare(source, tmp_path / "s", shard_tokens=120)
+  kw = dict(batch_size=6, window=17, start_pos=3, seed=4, num_batches=20)
+  whole = make_batches(store.train, **kw)
+  p0 = make_batches(store.train, process_index=0, process_count=2, **kw)
+  p1 = make_batches(store.train, process_index=1, process_count=2, **kw)
+  for _ in range(20):
+    assert np.array_equal(np.concatenate([next(p0), next(p1)]), next(whole))
+  ev = dict(batch_size=6, window=17, num_batches=2)
+  halves = [eval_windows(store.val, process_index=i, process_count=2, **ev) for i in (0, 1)]
+  for a, b, g in zip(*halves, eval_windows(store.val, **ev), strict=True):
+    assert np.array_equal(np.concatenate([a, b]), g)
+
+
+def test_jsonl_gz_zst_and_parquet_give_the_text_files_documents(corpus, tmp_path):
+  docs, source, _ = corpus
+  expected = load_documents(source)
+  jsonl = write_jsonl(str(tmp_path / "j"), docs)
+  assert load_documents(jsonl) == expected
+  pq = pytest.importorskip("pyarrow.parquet")
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  os.makedirs(tmp_path / "p")
+  for k, chunk in enumerate(np.array_split(np.arange(len(docs)), 2)):
+    pq.write_table(pa.table({"body": [docs[i] for i in chunk]}), tmp_path / "p" / f"{k}.parquet")
+  assert load_documents(f"parquet:{tmp_path}/p/*.parquet", text_field="body") == expected
+  # One prepare per format: the same tokens.
+  a = prepare(jsonl, tmp_path / "sj", tokenizer=prepare_store_tokenizer(corpus, tmp_path))
+  b = prepare(f"parquet:{tmp_path}/p/*.parquet", tmp_path / "sp", text_field="body",
+              tokenizer=a.tokenizer_path)
+  assert shard_bytes(a.directory) == shard_bytes(b.directory)
+
+
+def prepare_store_tokenizer(corpus, tmp_path):
+  """A tokenizer.json file (trained by preparing the text files once)."""
+  _, source, _ = corpus
+  return prepare(source, tmp_path / "tok").tokenizer_path
+
+
+def test_interrupted_prepare_resumes_to_identical_shards(corpus, tmp_path, monkeypatch):
+  docs, _, _ = corpus
+  source = write_jsonl(str(tmp_path / "j"), docs)
+  reference = prepare(source, tmp_path / "ref", shard_tokens=400)
+  assert len(reference.train.files) > 2
+
+  real_tokenize, real_write = prepare_lib._tokenize_shard, prepare_lib._write_output_shard
+
+  def tokenize_then_die(job):
+    if job[0][0] == 2:                     # the third input shard
+      raise KeyboardInterrupt
+    return real_tokenize(job)
+
+  def write_then_die(job):
+    if job[1] == 2:                        # output shard 2 of a split
+      raise KeyboardInterrupt
+    return real_write(job)
+
+  out = tmp_path / "s"
+  for broken in [("_tokenize_shard", tokenize_then_die), ("_write_output_shard", write_then_die)]:
+    monkeypatch.setattr(prepare_lib, *broken)
+    with pytest.raises(KeyboardInterrupt):
+      prepare(source, out, shard_tokens=400)
+    monkeypatch.undo()
+    assert not os.path.exists(out / store_lib.MANIFEST)
+    with pytest.raises(DataError, match="not a prepared token store"):
+      TokenStore(str(out))
+  (out / "work" / "in-00002.bin.tmp").write_bytes(b"half")      # a half-written file
+  done_before = sorted(os.listdir(out / "work"))
+  assert "in-00000.done.json" in done_before and "train-00000.done.json" in done_before
+  resumed = prepare(source, out, shard_tokens=400)
+  assert shard_bytes(resumed.directory) == shard_bytes(reference.directory)
+  assert resumed.fingerprint == reference.fingerprint
+  assert sorted(os.listdir(out)) == sorted(os.listdir(reference.directory))   # no work left
+  again = prepare(source, out, shard_tokens=400)                  # idempotent: nothing rewritten
+  assert again.fingerprint == reference.fingerprint
+
+
+def test_prepare_with_two_workers_writes_the_same_store(corpus, tmp_path):
+  docs, _, _ = corpus
+  source = write_jsonl(str(tmp_path / "j"), docs)
+  one = prepare(source, tmp_path / "one", shard_tokens=400)
+  two = prepare(source, tmp_path / "two", shard_tokens=400, workers=2)
+  assert shard_bytes(one.directory) == shard_bytes(two.directory)
+
+
+def test_uint32_tokens_when_the_vocab_does_not_fit_uint16():
+  assert store_lib.token_dtype(2**16) == "uint16" and store_lib.token_dtype(2**16 + 1) == "uint32"
+
+
+# --- bad input: a clear error naming the file, nothing lost ----------------------------------
+
+
+def test_missing_or_truncated_shard(one_shard, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(one_shard.directory, copy)
+  shard = copy / "train-00000.bin"
+  shard.write_bytes(shard.read_bytes()[:-2])
+  with pytest.raises(DataError, match=f"shard {shard} has .* truncated"):
+    TokenStore(str(copy))
+  os.remove(shard)
+  with pytest.raises(DataError, match=f"shard {shard} of the store .* is missing"):
+    TokenStore(str(copy))
+
+
+def test_manifest_of_another_version_or_edited(one_shard, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(one_shard.directory, copy)
+  path = copy / store_lib.MANIFEST
+  manifest = json.loads(path.read_text())
+  path.write_text(json.dumps({**manifest, "version": 99}))
+  with pytest.raises(DataError, match=f"{path} has format version 99"):
+    TokenStore(str(copy))
+  manifest["splits"]["train"]["tokens"] += 1
+  path.write_text(json.dumps(manifest))
+  with pytest.raises(DataError, match="edited after it was written"):
+    TokenStore(str(copy))
+
+
+def test_store_of_another_tokenizer(one_shard, corpus, tmp_path):
+  _, source, _ = corpus
+  other = prepare(source, tmp_path / "other", vocab_size=320).tokenizer_path
+  config = tiny_config()
+  config.data.source = f"tokens:{one_shard.directory}"
+  config.data.tokenizer = other
+  config.data.seq_len, config.data.batch_size = 8, 2
+  with pytest.raises(ConfigError, match="is not the tokenizer of the store"):
+    loop.prepare_data(config, str(tmp_path / "w"), 512, (0, 1))
+  copy = tmp_path / "copy"
+  shutil.copytree(one_shard.directory, copy)
+  shutil.copyfile(other, copy / "tokenizer.json")
+  with pytest.raises(DataError, match="not the tokenizer the store"):
+    TokenStore(str(copy)).tokenizer()
+
+
+def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, tmp_path):
+  _, source, _ = corpus
+  config = tiny_config()
+  config.data.source = f"tokens:{one_shard.directory}"
+  config.data.seq_len, config.data.batch_size, config.data.eval_batches = 8, 2, 2
+  workdir = str(tmp_path / "w")
+  before = shard_bytes(one_shard.directory)
+  data = loop.prepare_data(config, workdir, 512, (0, 1))
+  assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
+  assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
+  assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
+  with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
+    loop.prepare_data(config, workdir, 299, (0, 1))
+  other = prepare(source, tmp_path / "other", seed=2)
+  config.data.source = f"tokens:{other.directory}"
+  with pytest.raises(ConfigError, match="was trained on the token store"):
+    loop.prepare_data(config, workdir, 512, (0, 1))
+  assert shard_bytes(one_shard.directory) == before
+
+
+def test_empty_source_and_missing_jsonl_field(tmp_path):
+  blank = write_text_files(str(tmp_path / "blank"), [" \n", "\t"])
+  with pytest.raises(DataError, match="empty corpus"):
+    prepare(blank, tmp_path / "s1")
+  with pytest.raises(DataError, match="empty corpus"):
+    prepare(blank, tmp_path / "s2", tokenizer=prepare_lib_tokenizer(tmp_path))
+  folder = tmp_path / "j"
+  os.makedirs(folder)
+  (folder / "x.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
+  with pytest.raises(DataError, match=f"{folder}/x.jsonl:2: no string field 'text'"):
+    prepare(f"jsonl:{folder}/*.jsonl", tmp_path / "s3", tokenizer=prepare_lib_tokenizer(tmp_path))
+  (folder / "x.jsonl").write_text('{"text": "fine"}\nnot json\n')
+  with pytest.raises(DataError, match=f"{folder}/x.jsonl:2: not a JSON line"):
+    load_documents(f"jsonl:{folder}/*.jsonl")
+
+
+def prepare_lib_tokenizer(tmp_path):
+  path = tmp_path / "bpe" / "tokenizer.json"
+  if not path.exists():
+    prepare(write_text_files(str(tmp_path / "bpe_docs"), make_docs(30)), tmp_path / "bpe")
+  return str(path)
+
+
+def test_output_folder_holding_something_else(one_shard, corpus, tmp_path):
+  _, source, _ = corpus
+  with pytest.raises(DataError, match="holds another store .*seed: 1 there, 5 asked"):
+    prepare(source, one_shard.directory, seed=5)
+  assert TokenStore(one_shard.directory).fingerprint == one_shard.fingerprint
+  mine = tmp_path / "mine"
+  os.makedirs(mine)
+  (mine / "notes.txt").write_text("keep me")
+  with pytest.raises(DataError, match="not empty and holds no store"):
+    prepare(source, mine)
+  assert os.listdir(mine) == ["notes.txt"]
+
+
+def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
+  _, source, _ = corpus
+  out = tmp_path / "s"
+  argv = [f"--source={source}", f"--out={out}", "--vocab_size=300", "--workers=1"]
+  assert prepare_lib.main(argv) == 0
+  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert printed["fingerprint"] == TokenStore(str(out)).fingerprint
+  assert prepare_lib.main([f"--source=text:{tmp_path}/none/*.txt", f"--out={tmp_path}/t",
+                           "--vocab_size=300"]) == 2
+  assert capsys.readouterr().out.strip() == f"error: data.source 'text:{tmp_path}/none/*.txt' " \
+                                            "matched no files"

@@ -1,0 +1,408 @@
+r"""Tokenize a corpus once into a sharded token store that every run reads in place.
+
+  python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
+      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3 [--workers=16]
+
+A tokenizer first (a file copied in, or `bpe` trained on the first 64 MB of training text),
+then two passes whose memory does not grow with the corpus:
+  1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) tokenizes its
+     documents into work/in-NNNNN.bin with a per-document index (offset, length, split hash);
+  2. one worker per output shard gathers its documents: those of its split (held out when the
+     document's hash (seed, text) < val_fraction, as `split_documents`) whose seeded bucket
+     hash falls in its range, shuffles them by seed, and writes each followed by EOS.
+A split of one shard is exactly `TokenStream.build(split_documents(...))`: the documents in
+corpus order permuted by np.random.default_rng(seed). Every file is written under a .tmp name
+and renamed when complete, with a done marker; a rerun skips what is done, and manifest.json,
+written last, makes the store readable. See docs/data.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import time
+
+import numpy as np
+import tqdm
+
+from tst_jax.data import sources as sources_lib
+from tst_jax.data import store as store_lib
+from tst_jax.data.errors import DataError
+from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
+
+log = logging.getLogger("tst_jax")
+SHARD_TOKENS = 2**28              # tokens per output shard (0.5 GB as uint16)
+BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on (the first train docs)
+_ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
+_WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
+_OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
+_INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
+
+
+def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | None = None,
+            seed: int = 0, val_fraction: float = 0.02, max_bytes: int | None = None,
+            text_field: str = "text", workers: int | None = None,
+            shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
+            progress: bool = True) -> str:
+  """Writes (or finishes, or finds already written) the store of `source` in `out`."""
+  sources_lib.check_val_fraction(val_fraction)
+  sources_lib.check_max_bytes(max_bytes)
+  if tokenizer == "bpe" and not vocab_size:
+    raise ValueError("tokenizer 'bpe' needs --vocab_size")
+  out = os.path.abspath(out)
+  request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
+                 max_bytes=max_bytes, shard_tokens=shard_tokens,
+                 tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))
+  if _claim(out, request):
+    return out
+  shards = sources_lib.input_shards(source, text_field)
+  budgets = sources_lib.byte_budgets(shards, max_bytes)
+  tasks = [(i, s, b) for i, (s, b) in enumerate(zip(shards, budgets)) if b != 0]
+  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, seed, val_fraction, bpe_sample_bytes)
+  dtype = store_lib.token_dtype(tok.vocab_size)
+  work = os.path.join(out, "work")
+  os.makedirs(work, exist_ok=True)
+  for name in os.listdir(work):     # half-written files of an interrupted run
+    if ".tmp" in name:
+      os.remove(os.path.join(work, name))
+  jobs = [(t, tok.path, dtype, seed, val_fraction, work) for t in tasks
+          if not os.path.exists(_done_path(work, f"in-{t[0]:05d}"))]
+  t0 = time.time()
+  with _pool(workers, len(jobs)) as pool:
+    bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
+                    desc="tokenize", disable=not progress)
+    bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
+    tokens_so_far = 0
+    for done in pool.imap_unordered(_tokenize_shard, jobs):
+      tokens_so_far += done["tokens"]
+      bar.update(done["num_bytes"])
+      bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
+    bar.close()
+    inputs = [dict(index=i, **_read_json(_done_path(work, f"in-{i:05d}"))) for i, _, _ in tasks]
+    if not any(d["docs"] for d in inputs):
+      raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents)")
+    plan = _plan_outputs(inputs, val_fraction, shard_tokens)
+    outputs = [(split, k, count, inputs, plan["moved"], seed, val_fraction, out, work, tok.eos_id,
+                dtype, tok.vocab_size) for split, count in plan["shards"].items()
+               for k in range(count)]
+    written = list(pool.imap(_write_output_shard, outputs))
+  seconds = time.time() - t0
+  docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
+  text_bytes = sum(d["text_bytes"] for d in inputs)
+  log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
+           "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
+           tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
+  _write_manifest(out, request, tok, dtype, shards, written, text_bytes)
+  shutil.rmtree(work)
+  os.remove(os.path.join(out, "prepare.json"))
+  return out
+
+
+def _size(task) -> int:
+  """Bytes of an input shard to read: on disk, or its share of max_bytes."""
+  _, shard, budget = task
+  return shard.num_bytes if budget is None else budget
+
+
+def _tokenizer_request(spec: str, vocab_size: int | None, sample_bytes: int) -> dict:
+  if spec == "bpe":
+    return dict(spec="bpe", vocab_size=vocab_size, sample_bytes=sample_bytes)
+  if not os.path.isfile(spec):
+    raise ValueError(f"tokenizer file {spec!r} does not exist")
+  return dict(spec=os.path.basename(spec),
+              fingerprint=get_tokenizer(spec, workdir=None, vocab_size=0).fingerprint())
+
+
+def _claim(out: str, request: dict) -> bool:
+  """True when `out` already holds this store; records the request in a fresh or resumed
+  `out`; refuses (touching nothing) a folder that holds or is making another store."""
+  manifest_path = os.path.join(out, store_lib.MANIFEST)
+  if os.path.exists(manifest_path):
+    manifest = store_lib.read_manifest(out)
+    if manifest["request"] == request:
+      return True
+    raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}); "
+                    "choose another --out or delete that store")
+  pending = os.path.join(out, "prepare.json")
+  if os.path.exists(pending):
+    saved = _read_json(pending)
+    if saved != request:
+      raise DataError(f"{out} holds an unfinished prepare of another store "
+                      f"({_differs(saved, request)}); choose another --out or delete it")
+    return False
+  if os.path.isdir(out) and os.listdir(out):
+    raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "
+                    "(prepare writes and deletes files there)")
+  os.makedirs(out, exist_ok=True)
+  _write_json(pending, request)
+  return False
+
+
+def _differs(saved: dict, request: dict) -> str:
+  keys = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+  return ", ".join(f"{k}: {saved.get(k)!r} there, {request.get(k)!r} asked" for k in keys)
+
+
+def _get_tokenizer(out, spec, vocab_size, tasks, seed, val_fraction, sample_bytes) -> Tokenizer:
+  """The store's tokenizer in `out`: copied from a file, or a BPE trained on the first
+  `sample_bytes` of training documents (never on held-out ones), in corpus order."""
+  if spec != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
+    return get_tokenizer(spec, workdir=out, vocab_size=vocab_size or 0)
+  sample, size = [], 0
+  for _, shard, budget in tasks:
+    for doc in sources_lib.shard_documents(shard, budget):
+      if sources_lib.unit_hash(seed, doc) >= val_fraction:
+        sample.append(doc)
+        size += len(doc.encode("utf-8", errors="surrogatepass"))
+      if size >= sample_bytes:
+        break
+    if size >= sample_bytes:
+      break
+  if not sample:
+    raise DataError(f"{tasks[0][1].name if tasks else 'the source'}: no training documents to "
+                    "train the BPE tokenizer on (an empty corpus, or every document held out)")
+  return get_tokenizer("bpe", workdir=out, vocab_size=vocab_size, train_docs=sample)
+
+
+class _Inline:
+  """Pool-like runner in this process (one worker: no process start, all tokenizer threads)."""
+  imap = imap_unordered = staticmethod(map)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def _pool(workers: int | None, jobs: int):
+  workers = workers or os.cpu_count() or 1
+  if workers == 1:
+    return _Inline()
+  ctx = multiprocessing.get_context("spawn")   # no fork of a process that may hold JAX threads
+  return ctx.Pool(workers, initializer=_one_thread_per_worker)
+
+
+def _one_thread_per_worker():
+  os.environ["RAYON_NUM_THREADS"] = "1"   # the HF tokenizer's threads: the workers are parallel
+
+
+def _done_path(work: str, name: str) -> str:
+  return os.path.join(work, name + ".done.json")
+
+
+def _tokenize_shard(job) -> dict:
+  """Pass 1 for one input shard: its tokens, a per-document index, then a done marker."""
+  (index, shard, budget), tok_path, dtype, seed, val_fraction, work = job
+  tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
+  name = os.path.join(work, f"in-{index:05d}")
+  rows, offset, batch, chars, text_bytes = [], 0, [], 0, 0
+  with open(name + ".bin.tmp", "wb") as f:
+    def flush():
+      nonlocal offset
+      for doc, ids in zip(batch, tok.encode_batch(batch)):
+        rows.append((offset, len(ids), sources_lib.unit_hash(seed, doc)))
+        np.asarray(ids, dtype=dtype).tofile(f)
+        offset += len(ids)
+    for doc, num_bytes in sources_lib.take(sources_lib.raw_documents(shard), budget):
+      batch.append(doc)
+      chars += len(doc)
+      text_bytes += num_bytes
+      if chars >= _ENCODE_CHARS:
+        flush()
+        batch, chars = [], 0
+    flush()
+  table = np.array(rows, dtype=_INDEX)
+  with open(name + ".idx.tmp", "wb") as f:
+    np.save(f, table)
+  os.replace(name + ".bin.tmp", name + ".bin")
+  os.replace(name + ".idx.tmp", name + ".idx.npy")
+  u = table["u"]
+  done = dict(docs=len(table), tokens=offset, num_bytes=_size(job[0]), text_bytes=text_bytes,
+              shard=shard.name,
+              val_docs=int((u < val_fraction).sum()),
+              val_tokens=int(table["length"][u < val_fraction].sum()),
+              min_u=float(u.min()) if len(u) else 1.0, min_doc=int(u.argmin()) if len(u) else -1,
+              max_u=float(u.max()) if len(u) else -1.0, max_doc=int(u.argmax()) if len(u) else -1)
+  _write_json(_done_path(work, f"in-{index:05d}"), done)
+  return done
+
+
+def _plan_outputs(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
+  """Output shards per split, and the documents `split_documents` moves across: with
+  val_fraction > 0 and >= 2 documents each split gets one (the first extreme hash)."""
+  docs = sum(d["docs"] for d in inputs)
+  val_docs = sum(d["val_docs"] for d in inputs)
+  moved = {}
+  if val_fraction > 0 and docs >= 2:
+    live = [d for d in inputs if d["docs"]]
+    if val_docs == 0:     # the document of the smallest hash goes to val
+      first = min(live, key=lambda d: d["min_u"])
+      moved[f"{first['index']}:{first['min_doc']}"] = "val"
+    if val_docs == docs:  # the document of the largest hash goes to train
+      first = max(live, key=lambda d: d["max_u"])
+      moved[f"{first['index']}:{first['max_doc']}"] = "train"
+  val_docs += sum(1 if to == "val" else -1 for to in moved.values())
+  val_tokens = sum(d["val_tokens"] for d in inputs)
+  sizes = dict(train=(docs - val_docs, sum(d["tokens"] for d in inputs) - val_tokens + docs),
+               val=(val_docs, val_tokens + val_docs))     # (documents, tokens with EOS)
+  shards = {s: max(1, -(-tokens // shard_tokens)) if n else 0 for s, (n, tokens) in sizes.items()}
+  return dict(shards=shards, moved=moved)
+
+
+def _write_output_shard(job) -> dict:
+  """Pass 2 for output shard k of a split: its documents from every input shard, in a
+  seeded order, each followed by EOS; then a done marker (skipped when already done)."""
+  split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
+  name = f"{split}-{k:05d}"
+  path, done_path = os.path.join(out, name + ".bin"), _done_path(work, name)
+  if os.path.exists(done_path) and os.path.exists(path):
+    return dict(split=split, **_read_json(done_path))
+  picked = []                    # (input shard, offsets, lengths) in corpus order
+  for d in inputs:
+    table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
+    is_val = table["u"] < val_fraction
+    for key, to in moved.items():
+      i, doc = map(int, key.split(":"))
+      if i == d["index"]:
+        is_val[doc] = to == "val"
+    bucket = np.floor(_bucket_hash(seed, d["index"], len(table)) * count).astype(np.int64)
+    mine = (is_val == (split == "val")) & (bucket == k)
+    picked.append((d["index"], table["offset"][mine], table["length"][mine]))
+  source = np.concatenate([np.full(len(o), i) for i, o, _ in picked]).astype(np.int64)
+  offsets = np.concatenate([o for _, o, _ in picked])
+  lengths = np.concatenate([n for _, _, n in picked])
+  order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
+  sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
+  eos_1 = np.array([eos], dtype=dtype)
+  with _InputReader(work, dtype) as inputs_bin, open(path + ".tmp", "wb") as f:
+    pieces, buffered = [], 0
+    for j in order.tolist() + [None]:
+      if j is not None:
+        pieces += [inputs_bin.read(int(source[j]), int(offsets[j]), int(lengths[j])), eos_1]
+        buffered += int(lengths[j]) + 1
+      if pieces and (buffered >= _WRITE_TOKENS or j is None):
+        chunk = np.concatenate(pieces)
+        f.write(chunk.tobytes())
+        sha.update(chunk.tobytes())
+        counts += np.bincount(chunk, minlength=vocab)[:vocab]
+        tokens += len(chunk)
+        pieces, buffered = [], 0
+  os.replace(path + ".tmp", path)
+  np.save(os.path.join(work, name + ".counts.npy"), counts)
+  done = dict(file=os.path.basename(path), tokens=tokens, docs=len(order),
+              sha256=sha.hexdigest())
+  _write_json(done_path, done)
+  return dict(split=split, **done)
+
+
+class _InputReader:
+  """Reads documents of the pass-1 token files with pread: their pages are not kept mapped
+  (a memory map would count every page touched in this process's RSS), and at most
+  _OPEN_FILES files are open at once."""
+
+  def __init__(self, work: str, dtype: str):
+    self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
+
+  def read(self, index: int, offset: int, length: int) -> np.ndarray:
+    if index not in self.fds:
+      if len(self.fds) >= _OPEN_FILES:
+        self.close()
+      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}.bin"), os.O_RDONLY)
+    size = self.dtype.itemsize
+    return np.frombuffer(os.pread(self.fds[index], length * size, offset * size), self.dtype)
+
+  def close(self):
+    for fd in self.fds.values():
+      os.close(fd)
+    self.fds = {}
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
+
+
+def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
+  """A number in [0, 1) per document of input shard `index`, fixed by (seed, index, doc)."""
+  return np.random.default_rng([seed, 1 << 32, index]).random(num_docs)
+
+
+def _write_manifest(out, request, tok, dtype, shards, written, text_bytes):
+  splits = {}
+  for split in store_lib.SPLITS:
+    mine = [w for w in written if w["split"] == split]
+    offsets = np.cumsum([0] + [w["tokens"] for w in mine]).tolist()
+    entry = dict(docs=sum(w["docs"] for w in mine), tokens=offsets[-1],
+                 shards=[dict(file=w["file"], tokens=w["tokens"], offset=o, docs=w["docs"],
+                              sha256=w["sha256"]) for w, o in zip(mine, offsets)])
+    if split == "train":
+      counts = sum(np.load(os.path.join(out, "work", w["file"][:-4] + ".counts.npy"))
+                   for w in mine)
+      p = counts[counts > 0] / max(counts.sum(), 1)
+      entry["unigram_entropy"] = float(-(p * np.log(p)).sum())
+    splits[split] = entry
+  manifest = dict(
+      format=store_lib.FORMAT, version=store_lib.VERSION, request=request, dtype=dtype,
+      tokenizer=dict(file=os.path.basename(tok.path), fingerprint=tok.fingerprint(),
+                     vocab_size=tok.vocab_size, eos_id=tok.eos_id),
+      seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
+                                         input_bytes=sum(s.num_bytes for s in shards),
+                                         text_bytes=text_bytes),
+      splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+  manifest["fingerprint"] = store_lib.fingerprint(manifest)
+  _write_json(os.path.join(out, store_lib.MANIFEST), manifest)
+
+
+def _read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, obj: dict):
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m tst_jax.data.prepare", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--source", required=True, help=f"one of {sources_lib.SOURCE_FORMS}")
+  p.add_argument("--out", required=True, help="the store folder (created; resumed if unfinished)")
+  p.add_argument("--tokenizer", default="bpe", help="bpe | tokenizer.json | .model")
+  p.add_argument("--vocab_size", type=int, default=None, help="ids of a bpe tokenizer")
+  p.add_argument("--seed", type=int, default=0, help="held-out split and document order")
+  p.add_argument("--val_fraction", type=float, default=0.02, help="documents held out")
+  p.add_argument("--max_bytes", type=int, default=None, help="read at most this much text")
+  p.add_argument("--text_field", default="text", help="JSONL field / Parquet column")
+  p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+  p.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per shard")
+  p.add_argument("--bpe_sample_bytes", type=int, default=BPE_SAMPLE_BYTES,
+                 help="text a bpe tokenizer is trained on")
+  args = p.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+  try:
+    out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                  seed=args.seed, val_fraction=args.val_fraction, max_bytes=args.max_bytes,
+                  text_field=args.text_field, workers=args.workers,
+                  shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes)
+  except ValueError as e:
+    print(f"error: {e}", flush=True)
+    return 2
+  manifest = store_lib.read_manifest(out)
+  print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
+                        **{f"{s}_tokens": manifest["splits"][s]["tokens"]
+                           for s in store_lib.SPLITS})))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""A prepared token store: its manifest, and the memory-mapped reader of its splits.
+
+Layout of a store folder (written by `python -m tst_jax.data.prepare`):
+  manifest.json             written last: the store exists once it does (see `read_manifest`)
+  tokenizer.json            the tokenizer the tokens were made with (or tokenizer.model)
+  train-00000.bin, ...      raw little-endian uint16 (vocab <= 65536) or uint32 tokens
+  val-00000.bin, ...
+Each split is one stream: its shards concatenated in order. Stream position p of a split is
+token p - offset of the shard that holds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from tst_jax.data.errors import DataError
+from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
+
+FORMAT = "tst-jax token store"
+VERSION = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val")
+
+
+def token_dtype(vocab_size: int) -> str:
+  return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def fingerprint(manifest: dict) -> str:
+  """sha256 of the manifest's content but its creation time: the same for the same corpus,
+  request and tokenizer wherever and whenever the store is prepared (each shard's sha256 is in
+  it), so it names the data a run was trained on without reading the shards."""
+  body = {k: v for k, v in manifest.items() if k not in ("fingerprint", "created")}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_manifest(directory: str) -> dict:
+  """The manifest of the store in `directory`, checked for format, version and fingerprint."""
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.isfile(path):
+    raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
+                    "with python -m tst_jax.data.prepare --out=" + directory)
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except ValueError as e:
+    raise DataError(f"{path} is not valid JSON ({e})") from None
+  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    raise DataError(f"{path} is not a {FORMAT} manifest")
+  if manifest.get("version") != VERSION:
+    raise DataError(f"{path} has format version {manifest.get('version')}, this tst-jax reads "
+                    f"version {VERSION}: prepare the store again with this version")
+  if manifest.get("fingerprint") != fingerprint(manifest):
+    raise DataError(f"{path} was edited after it was written (its fingerprint does not match)")
+  return manifest
+
+
+class StoreSplit:
+  """One split of a store as a read-only stream of N tokens, memory-mapped shard by shard.
+
+  Nothing is read at open but the file sizes; `gather` reads the windows asked for (a window
+  may span shards, and wraps around the end). Picklable: the maps reopen lazily.
+  """
+
+  def __init__(self, directory: str, manifest: dict, split: str):
+    entry = manifest["splits"][split]
+    self.directory, self.split, self.dtype = directory, split, np.dtype(manifest["dtype"])
+    self.files = [os.path.join(directory, s["file"]) for s in entry["shards"]]
+    counts = np.array([s["tokens"] for s in entry["shards"]], dtype=np.int64)
+    self.ends = np.cumsum(counts)            # shard i holds positions [ends[i-1], ends[i])
+    self.num_docs, self.vocab_size = entry["docs"], manifest["tokenizer"]["vocab_size"]
+    for path, count in zip(self.files, counts.tolist()):
+      if not os.path.isfile(path):
+        raise DataError(f"shard {path} of the store {directory} is missing")
+      size = os.path.getsize(path)
+      if size != count * self.dtype.itemsize:
+        raise DataError(f"shard {path} has {size} bytes, its manifest says {count} "
+                        f"{self.dtype} tokens ({count * self.dtype.itemsize} bytes): it is "
+                        "truncated or from another store; prepare the store again")
+    self._maps = None
+
+  def __len__(self) -> int:
+    return int(self.ends[-1]) if len(self.ends) else 0
+
+  def __getstate__(self):
+    return {**self.__dict__, "_maps": None}
+
+  def _shards(self) -> list[np.ndarray]:
+    if self._maps is None:
+      self._maps = [np.memmap(p, dtype=self.dtype, mode="r") if os.path.getsize(p)
+                    else np.zeros(0, self.dtype) for p in self.files]   # (no map of 0 bytes)
+    return self._maps
+
+  def read(self, start: int, length: int) -> np.ndarray:
+    """int32 tokens at stream positions start, ..., start + length - 1 (modulo N)."""
+    n, maps, pieces = len(self), self._shards(), []
+    pos = start % n
+    while length > 0:
+      i = int(np.searchsorted(self.ends, pos, side="right"))
+      lo = int(self.ends[i - 1]) if i else 0
+      count = min(length, int(self.ends[i]) - pos)
+      pieces.append(maps[i][pos - lo:pos - lo + count])
+      length -= count
+      pos = (pos + count) % n
+    return np.concatenate(pieces).astype(np.int32) if len(pieces) > 1 else pieces[0].astype(
+        np.int32)
+
+  def gather(self, starts_b: np.ndarray, window: int) -> np.ndarray:
+    """int32 [b, W]: the window of `window` tokens at each start."""
+    return np.stack([self.read(s, window) for s in np.asarray(starts_b).tolist()])
+
+  def __repr__(self) -> str:
+    return f"StoreSplit({self.directory!r}, {self.split}, tokens={len(self)})"
+
+
+class TokenStore:
+  """A prepared store opened for reading: manifest checked, shards sized; nothing scanned."""
+
+  def __init__(self, directory: str):
+    self.directory = os.path.abspath(directory)
+    self.manifest = read_manifest(self.directory)
+    self.fingerprint = self.manifest["fingerprint"]
+    self.train = StoreSplit(self.directory, self.manifest, "train")
+    self.val = StoreSplit(self.directory, self.manifest, "val")
+    self.unigram_entropy = self.manifest["splits"]["train"]["unigram_entropy"]
+    tok = self.manifest["tokenizer"]
+    self.tokenizer_path = os.path.join(self.directory, tok["file"])
+    self.vocab_size = tok["vocab_size"]
+
+  def tokenizer(self, workdir: str | None = None) -> Tokenizer:
+    """The store's tokenizer (copied into `workdir` when given), checked against the manifest."""
+    tok = get_tokenizer(self.tokenizer_path, workdir=None, vocab_size=0)
+    if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
+      raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "
+                      "was made with (its fingerprint differs from the manifest's); prepare the "
+                      "store again")
+    return get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0) if workdir else tok
+
+  def __repr__(self) -> str:
+    return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"
