@@ -284,5 +284,5 @@ def test_distributed_initialize_from_config_and_env(monkeypatch):
   with pytest.raises(RuntimeError, match="must start before any JAX computation"):
     distributed.initialize(cfg)                       # asked for, but JAX already runs here
   cfg.mode = "sometimes"
-  with pytest.raises(ValueError, match="config.distributed.mode must be one of"):
+  with pytest.raises(ValueError, match="config.distributed.mode: must be one of"):
     distributed.initialize(cfg)

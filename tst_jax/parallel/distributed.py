@@ -10,6 +10,8 @@ import jax
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from jax.experimental import multihost_utils
 
+from tst_jax.errors import ConfigError
+
 log = logging.getLogger("tst_jax")
 MODES = ("auto", "on", "off")
 
@@ -36,7 +38,7 @@ def initialize(cfg) -> bool:
   auto-detection and stay single-process if there is no cluster. Returns True if started.
   """
   if cfg.mode not in MODES:
-    raise ValueError(f"config.distributed.mode must be one of {MODES}, got {cfg.mode!r}")
+    raise ConfigError(f"config.distributed.mode: must be one of {MODES}, got {cfg.mode!r}")
   if cfg.cpu_devices:
     if not xla_bridge.backends_are_initialized():
       jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
@@ -54,10 +56,11 @@ def initialize(cfg) -> bool:
                          "computation; call tst_jax.parallel.distributed.initialize first")
     return False   # already running single-process (tests, notebooks)
   try:
-    jax.distributed.initialize(**settings, initialization_timeout=cfg.timeout_s)
+    jax.distributed.initialize(**settings, initialization_timeout=cfg.timeout_s,
+                               heartbeat_timeout_seconds=cfg.heartbeat_timeout_s)
   except ValueError as e:
     if requested or "should be defined" not in str(e):
-      raise ValueError(f"config.distributed: {e} (set coordinator_address, num_processes "
+      raise ConfigError(f"config.distributed: {e} (set coordinator_address, num_processes "
                        "and process_id, or the JAX_* variables; see docs/distributed.md)") from e
     return False   # 'auto' and no cluster found: a single process
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",

@@ -23,8 +23,9 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import optim, step as step_lib
-from tst_jax.train.plan import ConfigError, Plan, format_plan, make_plan
+from tst_jax.train import optim, plan as plan_lib, step as step_lib
+from tst_jax.errors import ConfigError, DataError, WorkdirError
+from tst_jax.train.plan import Plan, format_plan, make_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 
 log = logging.getLogger("tst_jax")
@@ -34,6 +35,7 @@ RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 def run(config, workdir: str, mode: str = "train") -> dict:
   """Entry point of `main.py`: mode is train (default), plan or eval."""
+  plan_lib.validate(config)                    # every field, before anything starts
   distributed.initialize(config.distributed)   # before anything touches a device
   plan = make_plan(config)
   resolved = platform.resolve(config)     # what `auto` means here, printed and recorded
@@ -41,9 +43,13 @@ def run(config, workdir: str, mode: str = "train") -> dict:
     print(format_plan(plan, resolved))
     return plan.to_json()
   if mode not in ("train", "eval"):
-    raise ConfigError(f"--mode must be train, plan or eval, got {mode!r}")
+    raise ConfigError(f"--mode: must be train, plan or eval, got {mode!r}")
   if not workdir:
-    raise ConfigError("--workdir is required for train and eval")
+    raise ConfigError("--workdir: required for train and eval: give a new directory, or a "
+                      "run's to resume it")
+  plan_lib.validate(config, num_devices=jax.device_count())
+  plan_lib.check_paths(config)
+  check_workdir(workdir)
   run = Run(config, workdir, plan, resolved=resolved)
   return run.evaluate_latest() if mode == "eval" else run.train()
 
@@ -378,13 +384,34 @@ def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, sharding
   mesh_lib.check_divisible(abstract_state.params, shardings.params)
 
 
+def check_workdir(workdir: str):
+  """The workdir is a directory this process may write to, or can be made as one (it is
+  made later, once the config has passed every check)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
+                       "directory, or a run's directory to resume it")
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise WorkdirError(f"--workdir {workdir}: {existing} is a file, so the workdir cannot be "
+                       "made: give another directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise WorkdirError(f"--workdir {workdir}: {existing} is not writable: fix its permissions "
+                       "or give another directory")
+
+
 def _check_workdir_config(config, workdir: str):
   """Write config.json on the first run; refuse to resume a workdir of another config."""
   path = os.path.join(workdir, "config.json")
   current = json.loads(config.to_json_best_effort())
   if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+      raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
+                      "run: restore it, or use another --workdir") from None
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
     if diff and not config.train.force_resume:
       raise ConfigError(
