@@ -89,7 +89,7 @@ def test_text_glob_recursive_sorted_replaces_bad_bytes_and_skips_blank(tmp_path)
 
 
 def test_source_errors(tmp_path):
-  with pytest.raises(ValueError, match="unknown data.source"):
+  with pytest.raises(ValueError, match="config.data.source: unknown source"):
     load_documents("hf:wikitext")
   with pytest.raises(ValueError, match="matched no files"):
     load_documents(f"text:{tmp_path}/*.nothing")

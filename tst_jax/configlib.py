@@ -71,6 +71,8 @@ def coerce(raw: str, kind: type | None, key: str = "value"):
       return raw
     if kind in (tuple, list):
       value = ast.literal_eval(raw)
+      if value is None:
+        return None
       return kind(value if isinstance(value, (tuple, list)) else (value,))
     if kind is None:
       try:
@@ -121,5 +123,8 @@ def _field_type(parent, leaf: str) -> type | None:
   value = parent[leaf]
   if value is not None:
     return type(value)
-  kind = parent.get_ref(leaf).get_type()   # placeholders (None defaults) keep their type
+  try:
+    kind = parent.get_ref(leaf).get_type()   # placeholders (None defaults) keep their type
+  except ValueError:                         # a field set to None: no type to keep
+    return None
   return None if kind is type(None) else kind

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tst_jax.errors import ConfigError
+
 _SKIP_DIRS = ("site-packages", "dist-packages")
 
 
@@ -36,19 +38,19 @@ def load_documents(source: str, max_bytes: int | None = None) -> list[str]:
     matches = glob.glob(os.path.expanduser(arg), recursive=True)
     paths = sorted(p for p in matches if os.path.isfile(p))
     if not paths:
-      raise ValueError(f"data.source {source!r} matched no files")
+      raise ConfigError(f"config.data.source: {source!r} matched no files")
     raw = (_read_file(p) for p in paths)
   elif kind == "tfds" and arg:
     raw = _tfds_texts(*_name_split(arg))
   elif kind == "seqio" and arg:
     raw = _seqio_texts(*_name_split(arg))
   else:
-    raise ValueError(
-        f"unknown data.source {source!r}: expected 'builtin:pystdlib', 'text:<glob>', "
+    raise ConfigError(
+        f"config.data.source: unknown source {source!r}: expected 'builtin:pystdlib', 'text:<glob>', "
         "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
   docs = _take(raw, max_bytes)
   if not docs:
-    raise ValueError(f"data.source {source!r} gave an empty corpus (no non-whitespace documents)")
+    raise ConfigError(f"config.data.source: {source!r} gave an empty corpus (no non-whitespace documents)")
   return docs
 
 

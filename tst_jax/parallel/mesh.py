@@ -60,7 +60,7 @@ def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
     except (ValueError, NotImplementedError, AssertionError):  # unusual topologies
       return np.asarray(devices).reshape(shape)
   if shape[0] % dcn_data:
-    raise ConfigError(f"config.mesh.dcn_data={dcn_data} must divide the data axis ({shape[0]})")
+    raise ConfigError(f"config.mesh.dcn_data: {dcn_data} must divide the data axis ({shape[0]})")
   ici = (shape[0] // dcn_data,) + tuple(shape[1:])
   return mesh_utils.create_hybrid_device_mesh(
       ici, (dcn_data, 1, 1, 1), devices,

@@ -176,6 +176,15 @@ class Run:
                     disable=not (cfg.progress_bar and distributed.is_primary()),
                     mininterval=1.0)
     self.preemption = PreemptionGuard()
+    try:
+      result = self.train_phases(state, start, writer, bar)
+    except BaseException:   # the first error is the one reported: close without raising
+      self.close(writer, bar, raising=False)
+      raise
+    self.close(writer, bar)
+    return result
+
+  def train_phases(self, state, start: int, writer, bar) -> dict:
     t_start = time.time()
     try:
       for phase in self.plan.phases:
@@ -192,11 +201,18 @@ class Run:
       print(f"preempted: checkpoint of step {stop.step} written to {self.checkpoints.directory};"
             " run the same command again to resume", flush=True)
       return dict(preempted_at_step=stop.step)
-    finally:   # also on errors: finish pending checkpoint writes and flush the metrics
+
+  def close(self, writer, bar, raising: bool = True):
+    """Finish pending checkpoint writes and flush the metrics (also after an error)."""
+    try:
       self.preemption.close()
       bar.close()
       writer.close()
       self.checkpoints.close()
+    except Exception as e:  # pylint: disable=broad-except
+      if raising:
+        raise
+      log.warning("while stopping after an error: %s: %s", type(e).__name__, e)
 
   def handoff(self, state, phase):
     """Phase switch: save, then restore that checkpoint (params, optimizer state, step,

@@ -105,6 +105,10 @@ MODEL_FIELDS = {
     "aux_loss_coef": _number(0),
     "router_z_loss_coef": _number(0),
     "norm_topk_prob": _BOOL,
+    "rope_scaling": ((lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4 and all(
+        _number(0, open_lo=True)[0](x) for x in v))),
+                     "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, "
+                     "original_len)"),
 }
 
 
@@ -117,8 +121,8 @@ def _require(ok: bool, field: str, message: str):
 
 def validate(config, num_devices: int | None = None) -> None:
   """Check every field of the run config and their combinations, before anything is built;
-  the first problem is a ConfigError naming the field. With `num_devices`, also the mesh
-  against that many devices."""
+  the first problem is a ConfigError naming the field. With `num_devices`, also what this
+  machine can run: the mesh against that many devices, the platform's kernels."""
   for field, (ok, must) in FIELDS.items():
     section, _, name = field.rpartition(".")
     node = config[section] if section else config
@@ -154,10 +158,13 @@ def validate(config, num_devices: int | None = None) -> None:
     _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
   if num_devices is not None:
-    try:
-      mesh_lib.mesh_shape(config.mesh, num_devices)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
+    model_cfg = models.model_config(config.model)
+    if model_cfg.attention_impl == "cudnn":
+      why_not = platform.cudnn_unavailable(model_cfg.dtype, model_cfg.head_dim)
+      _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
+    sizes = mesh_lib.mesh_shape(config.mesh, num_devices)
+    _require(sizes["data"] % config.mesh.dcn_data == 0, "mesh.dcn_data",
+             f"{config.mesh.dcn_data} must divide the data axis ({sizes['data']})")
 
 
 def _check_rules(rules):
