@@ -51,7 +51,9 @@ def run(config, workdir: str, mode: str = "train") -> dict:
   plan_lib.check_paths(config)
   check_workdir(workdir)
   run = Run(config, workdir, plan, resolved=resolved)
-  return run.evaluate_latest() if mode == "eval" else run.train()
+  result = run.evaluate_latest() if mode == "eval" else run.train()
+  distributed.finished()          # the other processes' watchdogs stop waiting for this one
+  return result
 
 
 class Run:
