@@ -1,5 +1,6 @@
 """Train, plan or evaluate a tst-jax run: python main.py --config configs/demo.py --workdir W."""
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -15,12 +16,26 @@ flags.mark_flags_as_required(["config"])
 
 
 def parse_flags(argv):
-  """A bad flag or config override is one `error:` line and exit status 2."""
+  """A bad flag, config file or config override is one `error:` line and exit status 2."""
   try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    sys.stderr.write(f"error: {' '.join(str(e).split())}\n")
-    sys.exit(errors.EXIT_STATUS)
+    argv = flags.FLAGS(argv)
+    path = flags.FLAGS["config"].config_filename.partition(":")[0]
+    if not os.path.isfile(path):
+      raise errors.ConfigError(f"--config {path}: no such file")
+    return argv
+  except flags.Error as e:   # a config file that raised: its traceback is in the message
+    head, _, trace = str(e).partition("Traceback")
+    last = trace.strip().splitlines()[-1] if trace.strip() else ""
+    line = f"error: {' '.join((head + last).split())}"
+  except (AttributeError, KeyError) as e:   # ml_collections: an unknown --config.<field>
+    name = str(e).strip("'\"")
+    flag = next((a for a in argv if a.startswith("--config.") and f".{name}" in a), name)
+    line = (f"error: {flag.partition('=')[0]}: the config has no field {name!r} "
+            "(every field: tst_jax/train/defaults.py)")
+  except errors.UserError as e:
+    line = errors.one_line(e)
+  sys.stderr.write(line + "\n")
+  sys.exit(errors.EXIT_STATUS)
 
 
 def main(argv):

@@ -197,6 +197,7 @@ def _main(*args, config="tests/tiny_config.py"):
     ("--config.data.source=text:/nonexistent/**/*.txt",
      "error: config.data.source: '/nonexistent/**/*.txt' matches no files"),
     ("--config.model.n_heads=abc", "error: flag --config.model.n_heads=abc"),
+    ("--config.tst.nope=1", "error: --config.tst.nope: the config has no field 'nope'"),
 ])
 def test_main_reports_one_line_and_exit_2(tmp_path, flag, message):
   result = _main("--workdir", str(tmp_path / "run"), flag)
