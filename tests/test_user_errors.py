@@ -110,7 +110,8 @@ def _layout_and_trace(config, plan):
   graphdef, _ = step_lib.abstract_model(model_cfg)
   abstract, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
-  loop._check_parallel(config, plan, batch_sharding, abstract, shardings)  # pylint: disable=protected-access
+  loop._check_parallel(  # pylint: disable=protected-access
+      config, plan, batch_sharding, abstract, shardings)
   for phase in plan.phases:
     loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
                else step_lib.ntp_loss_fn(config.loss))

@@ -46,11 +46,12 @@ def load_documents(source: str, max_bytes: int | None = None) -> list[str]:
     raw = _seqio_texts(*_name_split(arg))
   else:
     raise ConfigError(
-        f"config.data.source: unknown source {source!r}: expected 'builtin:pystdlib', 'text:<glob>', "
-        "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
+        f"config.data.source: unknown source {source!r}: expected 'builtin:pystdlib', "
+        "'text:<glob>', 'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
   docs = _take(raw, max_bytes)
   if not docs:
-    raise ConfigError(f"config.data.source: {source!r} gave an empty corpus (no non-whitespace documents)")
+    raise ConfigError(f"config.data.source: {source!r} gave an empty corpus (no "
+                      "non-whitespace documents)")
   return docs
 
 

@@ -89,9 +89,9 @@ FIELDS = {
     "distributed.coordinator_address": _STR,
     "distributed.num_processes": _integer(0),
     "distributed.process_id": _integer(-1),
-    "distributed.local_device_ids": ((lambda v: isinstance(v, str) and all(
-        p.strip().isdigit() for p in v.split(",")) if v else isinstance(v, str)),
-                                     "a comma list of device numbers, or ''"),
+    "distributed.local_device_ids": (
+        lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
+        "a comma list of device numbers, or ''"),
     "distributed.cpu_devices": _integer(0),
     "distributed.timeout_s": _integer(1),
     "distributed.heartbeat_timeout_s": _integer(1),
@@ -105,10 +105,10 @@ MODEL_FIELDS = {
     "aux_loss_coef": _number(0),
     "router_z_loss_coef": _number(0),
     "norm_topk_prob": _BOOL,
-    "rope_scaling": ((lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4 and all(
-        _number(0, open_lo=True)[0](x) for x in v))),
-                     "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, "
-                     "original_len)"),
+    "rope_scaling": (
+        lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4
+                                and all(_number(0, open_lo=True)[0](x) for x in v)),
+        "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, original_len)"),
 }
 
 
@@ -136,8 +136,8 @@ def validate(config, num_devices: int | None = None) -> None:
     models.model_config(config.model)
   except (ValueError, TypeError) as e:
     field, _, rest = str(e).partition(" ")   # 'model.<name> <what is wrong>'
-    raise ConfigError(f"config.{field}: {rest}" if field.startswith("model.") and field[-1].isalnum()
-                      else f"config.model: {e}") from None
+    named = field.startswith("model.") and field[-1].isalnum()
+    raise ConfigError(f"config.{field}: {rest}" if named else f"config.model: {e}") from None
   _check_rules(config.logical_axis_rules)
   tst, data, opt = config.tst, config.data, config.optimizer
   try:
