@@ -1,8 +1,12 @@
 """Train, plan or evaluate a tst-jax run: python main.py --config configs/demo.py --workdir W."""
 
+import os
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from tst_jax import errors
 from tst_jax.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
@@ -11,12 +15,36 @@ _MODE = flags.DEFINE_enum("mode", "train", ["train", "plan", "eval"], "What to d
 flags.mark_flags_as_required(["config"])
 
 
+def parse_flags(argv):
+  """A bad flag, config file or config override is one `error:` line and exit status 2."""
+  try:
+    argv = flags.FLAGS(argv)
+    path = flags.FLAGS["config"].config_filename.partition(":")[0]
+    if not os.path.isfile(path):
+      raise errors.ConfigError(f"--config {path}: no such file")
+    return argv
+  except flags.Error as e:   # a config file that raised: its traceback is in the message
+    head, _, trace = str(e).partition("Traceback")
+    last = trace.strip().splitlines()[-1] if trace.strip() else ""
+    line = f"error: {' '.join((head + last).split())}"
+  except (AttributeError, KeyError) as e:   # ml_collections: an unknown --config.<field>
+    name = str(e).strip("'\"")
+    flag = next((a for a in argv if a.startswith("--config.") and f".{name}" in a), name)
+    line = (f"error: {flag.partition('=')[0]}: the config has no field {name!r} "
+            "(every field: tst_jax/train/defaults.py)")
+  except errors.UserError as e:
+    line = errors.one_line(e)
+  sys.stderr.write(line + "\n")
+  sys.exit(errors.EXIT_STATUS)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.INFO)
-  loop.run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  debug = flags.FLAGS.verbosity >= 1          # --verbosity=1: tracebacks of user errors too
+  logging.set_verbosity(max(flags.FLAGS.verbosity, logging.INFO))
+  errors.main(loop.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -256,7 +256,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
   'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
   with `require_data` that data.source and data.tokenizer are set (else a warning)."""
   from tst_jax import configlib
-  from tst_jax.train.loop import missing_data_fields
+  from tst_jax.train.plan import missing_data_fields
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
   specs = []

@@ -1,5 +1,6 @@
 """Two processes (jax.distributed, gloo, 4 CPU devices each) train with FSDP over all 8
-devices, checkpoint, get killed, restart and resume: the same losses as one process."""
+devices, checkpoint, get killed, restart and resume: the same losses as one process. When
+only one is killed, the other stops within a bounded time instead of hanging."""
 
 import json
 import os
@@ -28,7 +29,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, cache, logs, tag):
+def _launch(workdir, cache, logs, tag, extra=()):
   """Start processes 0 and 1 of one run; each sees 4 CPU devices, the mesh spans all 8."""
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -41,7 +42,7 @@ def _launch(workdir, cache, logs, tag):
            "--config", os.path.join(ROOT, "tests", "tiny_config.py"), "--workdir", str(workdir),
            *FLAGS, f"--config.distributed.coordinator_address=localhost:{port}",
            "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
-           "--config.distributed.cpu_devices=4"]
+           "--config.distributed.cpu_devices=4", *extra]
     log = open(logs / f"{tag}_{i}.log", "w")
     procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
   return procs
@@ -96,3 +97,59 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
     np.testing.assert_allclose(summary["final_eval_loss"], expected["final_eval_loss"],
                                atol=1e-4)
   assert {4, 8} <= set(_steps(workdir))          # the phase handoff and the final checkpoint
+
+
+def _losses(workdir):
+  return {r["step"]: r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+          if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def two_process_reference(tmp_path_factory):
+  """The uninterrupted two-process run's losses."""
+  base = tmp_path_factory.mktemp("reference")
+  _finish(_launch(base / "run", base / "xla_cache", base, "reference"), base, "reference")
+  return _losses(base / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0])
+def test_killing_one_process_stops_the_other_and_both_resume(tmp_path, two_process_reference,
+                                                              victim):
+  """SIGKILL one process after the first checkpoint: the other exits within the heartbeat
+  timeout (10 s here) instead of blocking in its next collective: with one `error:` line
+  (exit 2) from the watchdog when process 1 died; when the coordinator (process 0) died,
+  JAX's client aborts at once with its own 'another task died' message. Restarting both
+  resumes from the checkpoint, loss for loss as the uninterrupted run."""
+  workdir, cache, logs = tmp_path / "run", tmp_path / "xla_cache", tmp_path
+  heartbeat = ["--config.distributed.heartbeat_timeout_s=10"]
+  procs = _launch(workdir, cache, logs, "first", heartbeat)
+  deadline = time.time() + 420
+  while time.time() < deadline and all(p.poll() is None for p in procs) and not _steps(workdir):
+    time.sleep(0.05)
+  assert all(p.poll() is None for p in procs) and 0 < max(_steps(workdir)) < 8
+  procs[victim].kill()
+  killed_at = time.time()
+  survivor = procs[1 - victim]
+  try:
+    survivor.wait(timeout=60)
+  except subprocess.TimeoutExpired:
+    survivor.kill()
+    pytest.fail("the surviving process still runs 60 s after the other was killed")
+  waited = time.time() - killed_at
+  procs[victim].wait()
+  log = (logs / f"first_{1 - victim}.log").read_text()
+  if victim == 1:
+    assert survivor.returncode == 2 and waited < 20, (survivor.returncode, waited)
+    assert ("error: process 0 of 2: process 1 has not been heard from for 10 s "
+            "(distributed.heartbeat_timeout_s)") in log, log[-3000:]
+  else:
+    assert survivor.returncode != 0 and waited < 20, (survivor.returncode, waited)
+    assert "another task died" in log, log[-3000:]
+  print(f"victim {victim}: the other process exited ({survivor.returncode}) {waited:.1f} s "
+        "after the kill")
+
+  _finish(_launch(workdir, cache, logs, "resumed", heartbeat), logs, "resumed")
+  assert _losses(workdir) == two_process_reference
+  steps = [r["step"] for r in metrics_lib.read(str(workdir / "metrics.jsonl")) if "loss" in r]
+  assert steps == list(range(1, 9))

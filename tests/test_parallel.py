@@ -268,7 +268,7 @@ def test_dcn_data_keeps_each_process_on_its_own_data_rows():
   devices = [FakeDevice(i, i % 2) for i in range(8)]
   grid = mesh_lib.device_grid((2, 4, 1, 1), 2, devices)
   assert [{d.process_index for d in row.ravel()} for row in grid] == [{0}, {1}]
-  with pytest.raises(ValueError, match="dcn_data=3 must divide the data axis"):
+  with pytest.raises(ValueError, match="dcn_data: 3 must divide the data axis"):
     mesh_lib.device_grid((2, 4, 1, 1), 3, devices)
 
 
@@ -284,5 +284,5 @@ def test_distributed_initialize_from_config_and_env(monkeypatch):
   with pytest.raises(RuntimeError, match="must start before any JAX computation"):
     distributed.initialize(cfg)                       # asked for, but JAX already runs here
   cfg.mode = "sometimes"
-  with pytest.raises(ValueError, match="config.distributed.mode must be one of"):
+  with pytest.raises(ValueError, match="config.distributed.mode: must be one of"):
     distributed.initialize(cfg)

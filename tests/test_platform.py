@@ -50,6 +50,6 @@ def test_resolve_applies_to_a_copy_and_prints_in_the_plan():
 def test_unknown_impls_are_refused():
   config = tiny_config()
   config.model.attention_impl = "flash"
-  with pytest.raises(ValueError, match="model.attention_impl must be one of"):
+  with pytest.raises(ValueError, match="config.model.attention_impl: must be one of"):
     make_plan(config)
   assert losses.LOSS_IMPLS == ("auto", "naive", "xla", "pallas")

@@ -1,5 +1,7 @@
-"""Reliability: the NaN/Inf guard, corrupted checkpoints, preemption signals."""
+"""Reliability: the NaN/Inf guard, corrupted checkpoints, preemption signals, failed
+checkpoint writes, a kill during the phase-switch checkpoint."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -10,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from tests.tiny import tiny_config
-from tst_jax import models
+from tst_jax import errors, models
 from tst_jax.train import loop, optim, step as step_lib
 from tst_jax.train import metrics as metrics_lib
 
@@ -140,3 +143,59 @@ def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
                                        r"\(2, (32, 64|64, 32)\) there but"):
     loop.run(wider, str(tmp_path))
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("code,reason", [(errno.ENOSPC, "No space left on device"),
+                                         (errno.EACCES, "Permission denied")])
+def test_failed_checkpoint_write_stops_clearly_and_resumes_from_the_last_complete(
+    tmp_path, monkeypatch, code, reason):
+  """The write of checkpoint 6 fails in orbax's background commit (as on a full disk or a
+  lost permission): the run stops with one clear error naming the intact checkpoint 4, and
+  the same command resumes from it, step for step as a run without the fault."""
+  config = tiny_config(steps=8)       # checkpoints 2, 4 (phase switch), 6, 8
+  reference = tmp_path / "reference"
+  loop.run(config, str(reference))
+  real_write = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+
+  async def failing_write(self, meta, directory):
+    if meta["step"] == 6:
+      raise OSError(code, reason, str(directory / "meta"))
+    return await real_write(self, meta, directory)
+
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", failing_write)
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.WorkdirError, match=rf"a checkpoint write failed \({reason}\); "
+                                                r"step 4 in .* is intact: .* resume") as e:
+    loop.run(config, str(workdir))
+  assert errors.one_line(e.value).startswith(f"error: {workdir}/checkpoints/6.orbax-checkpoint")
+  complete = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert complete == [2, 4]
+  monkeypatch.undo()
+  loop.run(config, str(workdir))
+  assert _losses(workdir) == _losses(reference)
+
+
+def test_kill_during_the_phase_switch_checkpoint_resumes_into_phase_2(tmp_path, uninterrupted):
+  """SIGKILL while checkpoint 6 (the end of phase 1) is being written: the restart resumes
+  from checkpoint 4, redoes steps 5-6 and switches phase as the uninterrupted run did."""
+  kill_at_switch = (
+      "import os, runpy, signal, sys\n"
+      "from orbax.checkpoint._src.handlers import json_checkpoint_handler as h\n"
+      "real_write = h.JsonCheckpointHandler._save_fn\n"
+      "async def killed(self, meta, directory):\n"
+      "  if meta['step'] == 6:\n"
+      "    os.kill(os.getpid(), signal.SIGKILL)\n"
+      "  return await real_write(self, meta, directory)\n"
+      "h.JsonCheckpointHandler._save_fn = killed\n"
+      "sys.argv = sys.argv[1:]\n"
+      "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+  killed = subprocess.run([sys.executable, "-c", kill_at_switch, *CMD[1:], "--workdir",
+                           str(tmp_path)], env=ENV, capture_output=True, text=True)
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+  names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  assert "6" not in names and any(n.startswith("6.orbax-checkpoint-tmp") for n in names), names
+  subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
+  assert _losses(tmp_path) == uninterrupted
+  phases = {r["step"]: r["phase"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
+            if "loss" in r}
+  assert [phases[s] for s in range(1, 13)] == ["tst"] * 6 + ["ntp"] * 6

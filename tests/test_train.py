@@ -90,10 +90,10 @@ def test_plan_of_paper_configs():
 
 @pytest.mark.parametrize("field,value,message", [
     ("tst.bag_size", 0, "config.tst.bag_size: must be an integer >= 1"),
-    ("tst.ratio", 1.5, r"config.tst.ratio: must be in \[0, 1\]"),
+    ("tst.ratio", 1.5, r"config.tst.ratio: must be a number in \[0, 1\]"),
     ("tst.weighting", "cubic", "config.tst.weighting: unknown weighting 'cubic'"),
     ("tst.mode", "both", "config.tst.mode"),
-    ("data.source", "text:/nonexistent/*.txt", "matched no files"),
+    ("data.source", "text:/nonexistent/*.txt", "matches no files"),
     ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
 ])
 def test_bad_config_fails_before_training(tmp_path, field, value, message):

@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from tst_jax import errors
+
 
 @dataclasses.dataclass
 class Run:
@@ -75,6 +77,9 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   import ml_collections
 
   from tst_jax.train.plan import make_plan
+  for needed in ("config.json", "metrics.jsonl"):
+    if not os.path.isfile(os.path.join(workdir, needed)):
+      raise errors.DataError(f"{workdir}: has no {needed}: give run directories of main.py")
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.tst.weighting = "uniform"      # FLOPs do not depend on it (and a fitted file may move)
@@ -86,7 +91,8 @@ def load_run(workdir: str, name: str | None = None) -> Run:
       if "eval_loss" in record:
         evals[record["step"]] = record      # the last line of a step wins (resumed runs)
   if not evals:
-    raise ValueError(f"{workdir}/metrics.jsonl has no eval lines")
+    raise errors.DataError(f"{workdir}/metrics.jsonl: has no eval lines: give runs that "
+                           "reached their first eval")
   rows = [evals[s] for s in sorted(evals)]
   phases = plan["phases"]
   tst = phases[0] if phases[0]["name"] == "tst" else None
@@ -418,6 +424,8 @@ def main(argv=None) -> int:
   p.add_argument("--baseline", default="",
                  help="the reference run (default: the first run with r = 0, else the first)")
   p.add_argument("--out", default="", help="output directory (default: the current one)")
+  p.add_argument("--verbosity", type=int, default=0,
+                 help="1: tracebacks of user errors too (else one 'error:' line)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   dirs = [d for d in args.runs.split(",") if d]
   if args.baseline and args.baseline not in dirs:
@@ -447,4 +455,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(errors.main(main, debug="--verbosity=1" in sys.argv))

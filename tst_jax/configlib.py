@@ -11,6 +11,8 @@ import os
 
 import ml_collections
 
+from tst_jax.errors import ConfigError
+
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -19,26 +21,26 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   as `config_flags.DEFINE_config_file` does."""
   path, _, arg = spec.partition(":") if not os.path.isfile(spec) else (spec, "", "")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} (from {spec!r}) does not exist")
+    raise ConfigError(f"--config {spec}: file {path!r} does not exist")
   name = "_tst_config_" + os.path.splitext(os.path.basename(path))[0]
   module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise AttributeError(f"config file {path!r} defines no get_config()")
+    raise ConfigError(f"--config {spec}: {path!r} defines no get_config()")
   return module.get_config(arg) if arg else module.get_config()
 
 
 def parse_override(text: str) -> tuple[str, str]:
   key, sep, value = text.partition("=")
   if not sep or not key.strip():
-    raise ValueError(f"override {text!r}: expected 'dotted.key=value'")
+    raise ConfigError(f"override {text!r}: expected 'dotted.key=value'")
   return key.strip(), value.strip()
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
   """Sets each 'a.b.c=value' on `config` (in place, also returned). The value is coerced to
-  the existing field's type; an unknown field or an impossible value is a ValueError."""
+  the existing field's type; an unknown field or an impossible value is a ConfigError."""
   for text in overrides:
     key, raw = parse_override(text)
     parent, leaf = _parent(config, key)
@@ -69,6 +71,8 @@ def coerce(raw: str, kind: type | None, key: str = "value"):
       return raw
     if kind in (tuple, list):
       value = ast.literal_eval(raw)
+      if value is None:
+        return None
       return kind(value if isinstance(value, (tuple, list)) else (value,))
     if kind is None:
       try:
@@ -76,8 +80,8 @@ def coerce(raw: str, kind: type | None, key: str = "value"):
       except (ValueError, SyntaxError):
         return raw
   except (ValueError, SyntaxError) as e:
-    raise ValueError(f"config.{key}: cannot read {raw!r} as {kind.__name__}: {e}") from None
-  raise ValueError(f"config.{key}: fields of type {kind.__name__} cannot be overridden")
+    raise ConfigError(f"config.{key}: cannot read {raw!r} as {kind.__name__}: {e}") from None
+  raise ConfigError(f"config.{key}: fields of type {kind.__name__} cannot be overridden")
 
 
 def parse_grid(text: str) -> list[list[str]]:
@@ -88,11 +92,11 @@ def parse_grid(text: str) -> list[list[str]]:
     key, raw = parse_override(part)
     values = [v.strip() for v in raw.split(",")]
     if not all(values):
-      raise ValueError(f"grid axis {part!r} has an empty value")
+      raise ConfigError(f"--grid: axis {part!r} has an empty value")
     axes.append([f"{key}={v}" for v in values])
   keys = [a[0].partition("=")[0] for a in axes]
   if len(set(keys)) != len(keys):
-    raise ValueError(f"grid {text!r} names a key twice")
+    raise ConfigError(f"--grid {text!r}: names a key twice")
   return [list(point) for point in itertools.product(*axes)]
 
 
@@ -106,11 +110,11 @@ def _parent(config, key: str):
       options = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
       close = difflib.get_close_matches(name, options, n=3)
       hint = f"; did you mean {', '.join(close)}?" if close else f"; fields: {options}"
-      raise ValueError(f"unknown config field {key!r}: {where} has no {name!r}{hint}")
+      raise ConfigError(f"config.{key}: unknown field: {where} has no {name!r}{hint}")
     if depth < len(path):
       node = node[name]
   if isinstance(node[leaf], ml_collections.ConfigDict):
-    raise ValueError(f"config.{key} is a section, not a field: set one of its fields "
+    raise ConfigError(f"config.{key}: is a section, not a field: set one of its fields "
                      f"{sorted(node[leaf].keys())}")
   return node, leaf
 
@@ -119,5 +123,8 @@ def _field_type(parent, leaf: str) -> type | None:
   value = parent[leaf]
   if value is not None:
     return type(value)
-  kind = parent.get_ref(leaf).get_type()   # placeholders (None defaults) keep their type
+  try:
+    kind = parent.get_ref(leaf).get_type()   # placeholders (None defaults) keep their type
+  except ValueError:                         # a field set to None: no type to keep
+    return None
   return None if kind is type(None) else kind

@@ -43,11 +43,21 @@ def attention_impl(requested: str | None, dtype: str, head_dim: int,
   platform = _platform(platform)
   if platform != "gpu":
     return "xla", f"XLA attention on {platform}"
+  why_not = cudnn_unavailable(dtype, head_dim, platform)
+  return ("xla", why_not) if why_not else ("cudnn", "cuDNN flash attention (GPU, 16-bit "
+                                                       "compute)")
+
+
+def cudnn_unavailable(dtype: str, head_dim: int, platform: str | None = None) -> str | None:
+  """Why cuDNN flash attention cannot run here (None: it can)."""
+  platform = _platform(platform)
+  if platform != "gpu":
+    return f"cuDNN flash attention needs a GPU, this is {platform}"
   if str(dtype) not in ("bfloat16", "float16"):
-    return "xla", f"cuDNN flash attention needs bfloat16/float16, model.dtype is {dtype}"
+    return f"cuDNN flash attention needs bfloat16/float16, model.dtype is {dtype}"
   if head_dim > 128 or head_dim % 8:
-    return "xla", f"cuDNN flash attention needs head_dim <= 128 and % 8 == 0, got {head_dim}"
-  return "cudnn", "cuDNN flash attention (GPU, 16-bit compute)"
+    return f"cuDNN flash attention needs head_dim <= 128 and % 8 == 0, got {head_dim}"
+  return None
 
 
 def loss_impl(requested: str, platform: str | None = None) -> tuple[str, str]:

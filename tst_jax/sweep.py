@@ -39,7 +39,7 @@ import traceback
 
 import numpy as np
 
-from tst_jax import configlib
+from tst_jax import configlib, errors
 
 POINT_FILE = "sweep_point.json"
 RATIO, BAG = "tst.ratio", "tst.bag_size"
@@ -152,7 +152,8 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
     _write_json(os.path.join(point_dir, POINT_FILE), meta)
-    traceback.print_exc()
+    line = errors.one_line(e)        # a user error: its one line, else the traceback
+    print(line, file=sys.stderr) if line and not args.verbosity else traceback.print_exc()
     print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
     return "failed"
   meta.update(status="done", wall_s=time.time() - t0)
@@ -480,6 +481,8 @@ def parse_args(argv):
                       "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
                       "each other's compiled steps")
   p.add_argument("--dry_run", action="store_true", help="list the points and exit")
+  p.add_argument("--verbosity", type=int, default=0,
+                 help="1: tracebacks of user errors too (else one 'error:' line)")
   return p.parse_args(argv)
 
 
@@ -551,4 +554,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(errors.main(main, debug="--verbosity=1" in sys.argv))

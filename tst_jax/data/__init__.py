@@ -1,6 +1,6 @@
 """Data: corpora, tokenizers, the prepared token store, and its shuffled windows through Grain."""
 
-from tst_jax.data.errors import DataError
+from tst_jax.errors import DataError
 from tst_jax.data.pipeline import (
     TokenStream,
     WindowSource,

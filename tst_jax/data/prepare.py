@@ -32,7 +32,7 @@ import tqdm
 
 from tst_jax.data import sources as sources_lib
 from tst_jax.data import store as store_lib
-from tst_jax.data.errors import DataError
+from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 log = logging.getLogger("tst_jax")

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from tst_jax.data.errors import DataError
+from tst_jax.errors import DataError
 
 _SKIP_DIRS = ("site-packages", "dist-packages")
 _GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size

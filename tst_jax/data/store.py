@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from tst_jax.data.errors import DataError
+from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 FORMAT = "tst-jax token store"

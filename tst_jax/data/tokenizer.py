@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from tst_jax.errors import ConfigError, DataError
+
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 BPE_EOS = "<|endoftext|>"
 _MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
@@ -89,9 +91,9 @@ def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
     raise ValueError(
         f"unknown tokenizer {spec!r}: expected 'bpe', a tokenizer.json or a .model file")
   if not os.path.isfile(spec):
-    raise ValueError(f"tokenizer file {spec!r} does not exist")
+    raise ConfigError(f"config.data.tokenizer: file {spec!r} does not exist")
   if spec.endswith(".json"):
-    hf = tokenizers.Tokenizer.from_file(spec)
+    hf = _read_json(spec, "config.data.tokenizer: give a valid tokenizer.json")
     path = _copy_into_workdir(spec, workdir, "tokenizer.json", _same_json)
     return Tokenizer(hf, eos_id=_find_eos(hf, spec), path=path)
   return _load_sentencepiece(spec, workdir)
@@ -100,11 +102,13 @@ def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
 def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
   cached = os.path.join(workdir, "tokenizer.json") if workdir else None
   if cached and os.path.isfile(cached):
-    hf = tokenizers.Tokenizer.from_file(cached)
+    hf = _read_json(cached, "it is the BPE this workdir's data and checkpoints were made with: "
+                    "restore it from a copy; only in a workdir without checkpoints, delete it "
+                    "and data/ to train them again; else use a fresh --workdir")
     tok = Tokenizer(hf, eos_id=_find_eos(hf, cached), path=cached)
     if tok.vocab_size != vocab_size:
-      raise ValueError(
-          f"{cached} has vocab size {tok.vocab_size} but data.vocab_size={vocab_size}: this "
+      raise DataError(
+          f"{cached}: has vocab size {tok.vocab_size} but model.vocab_size={vocab_size}: this "
           "workdir belongs to another config; use a fresh workdir or the matching vocab size")
     return tok
   if not train_docs:
@@ -116,6 +120,13 @@ def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None)
     hf.save(tmp)
     os.replace(tmp, cached)
   return Tokenizer(hf, eos_id=hf.token_to_id(BPE_EOS), path=cached)
+
+
+def _read_json(path: str, recovery: str) -> tokenizers.Tokenizer:
+  try:
+    return tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # tokenizers raises a bare Exception for unreadable files
+    raise DataError(f"{path}: cannot be read as a tokenizer.json ({e}); {recovery}") from e
 
 
 def train_bpe(docs: list[str], vocab_size: int) -> tokenizers.Tokenizer:
@@ -146,7 +157,8 @@ def _find_eos(hf: tokenizers.Tokenizer, path: str) -> int:
     i = hf.token_to_id(t)
     if i is not None:
       return i
-  raise ValueError(f"tokenizer {path!r} has no EOS token (looked for {', '.join(EOS_CANDIDATES)})")
+  raise DataError(f"{path}: the tokenizer has no EOS token (looked for "
+                  f"{', '.join(EOS_CANDIDATES)}); use a tokenizer with one")
 
 
 def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
@@ -169,8 +181,8 @@ def _copy_into_workdir(src: str, workdir: str | None, name: str, same) -> str:
   dst = os.path.join(workdir, name)
   if os.path.isfile(dst):
     if not same(src, dst):
-      raise ValueError(
-          f"{dst} exists and differs from tokenizer {src!r}: this workdir belongs to another "
+      raise DataError(
+          f"{dst}: exists and differs from tokenizer {src!r}: this workdir belongs to another "
           "config; use a fresh workdir or the tokenizer it was made with")
     return dst
   os.makedirs(workdir, exist_ok=True)
@@ -185,7 +197,15 @@ def _same_bytes(a: str, b: str) -> bool:
 
 
 def _same_json(a: str, b: str) -> bool:
+  """Whether tokenizer.json `b` (a workdir's copy) holds what `a` holds."""
   if _same_bytes(a, b):
     return True
-  with open(a, encoding="utf-8") as fa, open(b, encoding="utf-8") as fb:
-    return json.load(fa) == json.load(fb)
+  with open(a, encoding="utf-8") as fa:
+    want = json.load(fa)
+  try:
+    with open(b, encoding="utf-8") as fb:
+      return json.load(fb) == want
+  except (ValueError, UnicodeDecodeError) as e:
+    raise DataError(f"{b}: cannot be read as a tokenizer.json ({e}); it is this workdir's copy "
+                    f"of {a}: restore it from a copy or delete it (it is copied again), or use "
+                    "another --workdir") from None

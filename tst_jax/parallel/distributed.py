@@ -5,10 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import threading
+import time
 
 import jax
+from jax._src import distributed as distributed_state  # its client: the key-value store
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from jax.experimental import multihost_utils
+
+from tst_jax.errors import EXIT_STATUS, ConfigError
 
 log = logging.getLogger("tst_jax")
 MODES = ("auto", "on", "off")
@@ -36,7 +42,7 @@ def initialize(cfg) -> bool:
   auto-detection and stay single-process if there is no cluster. Returns True if started.
   """
   if cfg.mode not in MODES:
-    raise ValueError(f"config.distributed.mode must be one of {MODES}, got {cfg.mode!r}")
+    raise ConfigError(f"config.distributed.mode: must be one of {MODES}, got {cfg.mode!r}")
   if cfg.cpu_devices:
     if not xla_bridge.backends_are_initialized():
       jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
@@ -54,16 +60,79 @@ def initialize(cfg) -> bool:
                          "computation; call tst_jax.parallel.distributed.initialize first")
     return False   # already running single-process (tests, notebooks)
   try:
-    jax.distributed.initialize(**settings, initialization_timeout=cfg.timeout_s)
+    # JAX's own heartbeat aborts with a C++ stack trace: give the watchdog time to go first.
+    jax.distributed.initialize(**settings, initialization_timeout=cfg.timeout_s,
+                               heartbeat_timeout_seconds=2 * cfg.heartbeat_timeout_s + 10)
   except ValueError as e:
     if requested or "should be defined" not in str(e):
-      raise ValueError(f"config.distributed: {e} (set coordinator_address, num_processes "
+      raise ConfigError(f"config.distributed: {e} (set coordinator_address, num_processes "
                        "and process_id, or the JAX_* variables; see docs/distributed.md)") from e
     return False   # 'auto' and no cluster found: a single process
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",
            jax.process_index(), jax.process_count(), jax.local_device_count(),
            jax.device_count())
+  Watchdog(cfg.heartbeat_timeout_s).start()
   return True
+
+
+class Watchdog(threading.Thread):
+  """Ends this process with one `error:` line (exit 2) when another process of the run has
+  died, instead of waiting forever in a collective it will never join.
+
+  Every process bumps its own key in the coordination service's key-value store every
+  timeout/4 seconds and reads the others'; one whose key has not changed for `timeout_s`,
+  or a coordinator that no longer answers, means the run cannot go on. A process that ends
+  normally marks its key 'done' (`finished`), so the others do not wait for it.
+  """
+
+  PREFIX = "tst_jax/alive/"
+
+  def __init__(self, timeout_s: float):
+    super().__init__(name="tst_jax-watchdog", daemon=True)
+    self.timeout_s = timeout_s
+    self.client = distributed_state.global_state.client
+
+  def run(self):
+    me, beat, seen, failures = jax.process_index(), 0, {}, 0
+    while threading.main_thread().is_alive():   # not while exiting: others may then stop
+      try:
+        self.client.key_value_set(f"{self.PREFIX}{me}", str(beat), allow_overwrite=True)
+        values = dict(self.client.key_value_dir_get(self.PREFIX))
+        failures = 0
+      except Exception as e:  # pylint: disable=broad-except
+        failures += 1
+        if failures * self.timeout_s / 4 >= self.timeout_s / 2:
+          _stop(f"the coordinator (process 0) does not answer ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]})")
+        time.sleep(self.timeout_s / 4)
+        continue
+      now, beat = time.monotonic(), beat + 1
+      for key, value in values.items():
+        other = int(key.rsplit("/", 1)[-1])
+        if other == me or value == "done":
+          continue
+        if seen.get(other, (None,))[0] != value:
+          seen[other] = (value, now)
+        elif now - seen[other][1] > self.timeout_s:
+          _stop(f"process {other} has not been heard from for {self.timeout_s} s "
+                "(distributed.heartbeat_timeout_s)")
+      time.sleep(self.timeout_s / 4)
+
+
+def finished():
+  """Tell the other processes' watchdogs that this one ends normally."""
+  client = distributed_state.global_state.client
+  if jax.process_count() > 1 and client is not None:
+    client.key_value_set(f"{Watchdog.PREFIX}{jax.process_index()}", "done",
+                         allow_overwrite=True)
+
+
+def _stop(why: str):
+  sys.stderr.write(f"error: process {jax.process_index()} of {jax.process_count()}: {why}; "
+                   "it died or hangs, so this one stops: see its log, then start every "
+                   "process again to resume from the last checkpoint\n")
+  sys.stderr.flush()
+  os._exit(EXIT_STATUS)   # no Python cleanup: it would wait on the other process
 
 
 def is_primary() -> bool:

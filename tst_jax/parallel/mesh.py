@@ -9,6 +9,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from tst_jax.errors import ConfigError
 from tst_jax.parallel.logical import logical_to_spec, mesh_axes
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
@@ -20,12 +21,12 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
   fill = [a for a, n in sizes.items() if n == -1]
   if len(fill) > 1:
-    raise ValueError(f"config.mesh: at most one axis may be -1, got {fill}")
+    raise ConfigError(f"config.mesh: at most one axis may be -1, got {fill}")
   if any(n == 0 or n < -1 for n in sizes.values()):
-    raise ValueError(f"config.mesh: axis sizes must be >= 1 or -1, got {sizes}")
+    raise ConfigError(f"config.mesh: axis sizes must be >= 1 or -1, got {sizes}")
   known = math.prod(n for n in sizes.values() if n != -1)
   if num_devices % known:
-    raise ValueError(f"config.mesh {sizes}: {known} devices do not divide the {num_devices} "
+    raise ConfigError(f"config.mesh {sizes}: {known} devices do not divide the {num_devices} "
                      "available devices")
   if fill:
     sizes[fill[0]] = num_devices // known
@@ -39,7 +40,7 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   shape = tuple(sizes[a] for a in MESH_AXES)
   if math.prod(shape) < len(devices):
     if jax.process_count() > 1:
-      raise ValueError(f"config.mesh {sizes} uses {math.prod(shape)} of the {len(devices)} "
+      raise ConfigError(f"config.mesh {sizes} uses {math.prod(shape)} of the {len(devices)} "
                        "devices; a multi-process mesh must use them all (set an axis to -1)")
     devices = devices[:math.prod(shape)]   # e.g. a one-device run on a host of 8
   grid = device_grid(shape, int(mesh_cfg.dcn_data), devices)
@@ -59,7 +60,7 @@ def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
     except (ValueError, NotImplementedError, AssertionError):  # unusual topologies
       return np.asarray(devices).reshape(shape)
   if shape[0] % dcn_data:
-    raise ValueError(f"config.mesh.dcn_data={dcn_data} must divide the data axis ({shape[0]})")
+    raise ConfigError(f"config.mesh.dcn_data: {dcn_data} must divide the data axis ({shape[0]})")
   ici = (shape[0] // dcn_data,) + tuple(shape[1:])
   return mesh_utils.create_hybrid_device_mesh(
       ici, (dcn_data, 1, 1, 1), devices,
@@ -112,7 +113,7 @@ def check_batch(batch_size: int, sharding: NamedSharding, what: str):
   n = shards(sharding, 0)
   if batch_size % n:
     axes = {a: sharding.mesh.shape[a] for a in _axes(sharding, 0) if sharding.mesh.shape[a] > 1}
-    raise ValueError(f"{what} do not divide over the {n} batch shards of mesh axes {axes}; "
+    raise ConfigError(f"{what} do not divide over the {n} batch shards of mesh axes {axes}; "
                      f"use a multiple of {n}")
 
 
@@ -129,7 +130,7 @@ def check_divisible(abstract_tree, shardings, what: str = "parameter"):
 
   jax.tree_util.tree_map_with_path(check, abstract_tree, shardings)
   if problems:
-    raise ValueError(f"config.mesh / logical_axis_rules: {len(problems)} {what} dimensions do "
+    raise ConfigError(f"config.mesh / logical_axis_rules: {len(problems)} {what} dimensions do "
                      "not divide over their mesh axes: " + "; ".join(problems[:3]) +
                      (" ..." if len(problems) > 3 else "") + " (change the mesh or the model "
                      "shape, or map that logical axis to None)")

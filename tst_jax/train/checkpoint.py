@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
+
+from tst_jax.errors import ConfigError, WorkdirError
 
 
 class Checkpoints:
@@ -39,8 +42,9 @@ class Checkpoints:
       return False
     if not force and not (self.every and step % self.every == 0):
       return False
-    return self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    with self._write_faults():    # also reports a failure of the previous (async) write
+      return self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
   def restore(self, step: int, abstract_state):
     """(state, meta) of `step`; `abstract_state` carries shapes, dtypes and shardings."""
@@ -56,15 +60,37 @@ class Checkpoints:
       return
     for name, shape in _leaf_shapes(abstract_state).items():
       if name in saved and saved[name] != shape:
-        raise ValueError(f"checkpoint {step} in {self.directory} does not fit the model: "
+        raise ConfigError(f"checkpoint {step} in {self.directory} does not fit the model: "
                          f"{name} has shape {saved[name]} there but {shape} in this config")
 
   def wait(self):
-    self.manager.wait_until_finished()
+    with self._write_faults():
+      self.manager.wait_until_finished()
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+
+  @contextlib.contextmanager
+  def _write_faults(self):
+    """A checkpoint write that fails on the file system (full disk, permissions) becomes a
+    WorkdirError naming the last complete checkpoint, which is left as it was: orbax writes
+    each step into a temporary folder and renames it only once complete."""
+    try:
+      yield
+    except Exception as e:  # orbax re-raises the background write's error, maybe wrapped
+      cause = _os_error(e)
+      if cause is None:
+        raise
+      complete = sorted(int(p) for p in os.listdir(self.directory) if p.isdigit())
+      last = (f"step {complete[-1]} in {self.directory} is intact" if complete else
+              "there is no complete checkpoint yet")
+      raise WorkdirError(
+          f"{cause.filename or self.directory}: a checkpoint write failed "
+          f"({cause.strerror or cause}); {last}: free space or fix permissions, then run the "
+          "same command again to resume") from e
 
 
 def abstract_with_shardings(abstract_state, shardings):
@@ -72,6 +98,17 @@ def abstract_with_shardings(abstract_state, shardings):
                       abstract_state, shardings)
 
 
+
+
+def _os_error(e: BaseException | None) -> OSError | None:
+  """The OSError behind `e` (itself, its cause or context), if any."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, OSError):
+      return e
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def _leaf_shapes(tree) -> dict[str, tuple]:

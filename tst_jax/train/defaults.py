@@ -91,6 +91,7 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.distributed.local_device_ids = ""  # comma list of this process's accelerators ("": all visible)
   c.distributed.cpu_devices = 0     # >0: this many CPU devices per process (tests, CPU clusters)
   c.distributed.timeout_s = 300     # seconds to wait for every process to join
+  c.distributed.heartbeat_timeout_s = 100  # a process silent this long is dead: others stop
   return c
 
 

@@ -24,8 +24,9 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import optim, step as step_lib
-from tst_jax.train.plan import ConfigError, Plan, format_plan, make_plan
+from tst_jax.train import optim, plan as plan_lib, step as step_lib
+from tst_jax.errors import ConfigError, DataError, WorkdirError
+from tst_jax.train.plan import Plan, format_plan, make_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 
 log = logging.getLogger("tst_jax")
@@ -36,6 +37,7 @@ STORE_FILE = "store.json"   # the fingerprint of the token store a workdir train
 
 def run(config, workdir: str, mode: str = "train") -> dict:
   """Entry point of `main.py`: mode is train (default), plan or eval."""
+  plan_lib.validate(config)                    # every field, before anything starts
   distributed.initialize(config.distributed)   # before anything touches a device
   plan = make_plan(config)
   resolved = platform.resolve(config)     # what `auto` means here, printed and recorded
@@ -43,11 +45,17 @@ def run(config, workdir: str, mode: str = "train") -> dict:
     print(format_plan(plan, resolved))
     return plan.to_json()
   if mode not in ("train", "eval"):
-    raise ConfigError(f"--mode must be train, plan or eval, got {mode!r}")
+    raise ConfigError(f"--mode: must be train, plan or eval, got {mode!r}")
   if not workdir:
-    raise ConfigError("--workdir is required for train and eval")
+    raise ConfigError("--workdir: required for train and eval: give a new directory, or a "
+                      "run's to resume it")
+  plan_lib.validate(config, num_devices=jax.device_count())
+  plan_lib.check_paths(config)
+  check_workdir(workdir)
   run = Run(config, workdir, plan, resolved=resolved)
-  return run.evaluate_latest() if mode == "eval" else run.train()
+  result = run.evaluate_latest() if mode == "eval" else run.train()
+  distributed.finished()          # the other processes' watchdogs stop waiting for this one
+  return result
 
 
 class Run:
@@ -173,6 +181,15 @@ class Run:
                     disable=not (cfg.progress_bar and distributed.is_primary()),
                     mininterval=1.0)
     self.preemption = PreemptionGuard()
+    try:
+      result = self.train_phases(state, start, writer, bar)
+    except BaseException:   # the first error is the one reported: close without raising
+      self.close(writer, bar, raising=False)
+      raise
+    self.close(writer, bar)
+    return result
+
+  def train_phases(self, state, start: int, writer, bar) -> dict:
     t_start = time.time()
     try:
       for phase in self.plan.phases:
@@ -189,11 +206,18 @@ class Run:
       print(f"preempted: checkpoint of step {stop.step} written to {self.checkpoints.directory};"
             " run the same command again to resume", flush=True)
       return dict(preempted_at_step=stop.step)
-    finally:   # also on errors: finish pending checkpoint writes and flush the metrics
+
+  def close(self, writer, bar, raising: bool = True):
+    """Finish pending checkpoint writes and flush the metrics (also after an error)."""
+    try:
       self.preemption.close()
       bar.close()
       writer.close()
       self.checkpoints.close()
+    except Exception as e:  # pylint: disable=broad-except
+      if raising:
+        raise
+      log.warning("while stopping after an error: %s: %s", type(e).__name__, e)
 
   def handoff(self, state, phase):
     """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
@@ -344,16 +368,10 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
   `block` (index, count): this process's rows of the eval batches (default: by process).
   """
   d = config.data
-  for field in missing_data_fields(d):
-    raise ConfigError(f"config.data.{field} is empty: set it (the paper configs need a token "
-                      "store of your copy of the data, or the data and the Llama-3 "
-                      "tokenizer.json; see the config's docstring)")
-  try:
-    store = _open_store(config, workdir, model_vocab)
-    _check_store_of_workdir(workdir, store, config.train.force_resume)
-    tokenizer = store.tokenizer(workdir)
-  except data_lib.DataError as e:
-    raise ConfigError(f"config.data.source: {e}") from e
+  plan_lib.check_paths(config)
+  store = _open_store(config, workdir, model_vocab)
+  _check_store_of_workdir(workdir, store, config.train.force_resume)
+  tokenizer = store.tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
   windows = []
@@ -370,12 +388,6 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None) -> Data:
                 dict(fingerprint=store.fingerprint, directory=store.directory))
   return Data(tokenizer, store.train, store.val, windows, store.unigram_entropy,
               store.fingerprint)
-
-
-def missing_data_fields(d) -> list[str]:
-  """The fields of config.data a run needs but leaves empty (a tokens: store has a tokenizer)."""
-  needed = ("source",) if d.source.startswith("tokens:") else ("source", "tokenizer")
-  return [f for f in needed if not d[f]]
 
 
 def _open_store(config, workdir: str, model_vocab: int) -> data_lib.TokenStore:
@@ -438,13 +450,34 @@ def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, sharding
   mesh_lib.check_divisible(abstract_state.params, shardings.params)
 
 
+def check_workdir(workdir: str):
+  """The workdir is a directory this process may write to, or can be made as one (it is
+  made later, once the config has passed every check)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
+                       "directory, or a run's directory to resume it")
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise WorkdirError(f"--workdir {workdir}: {existing} is a file, so the workdir cannot be "
+                       "made: give another directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise WorkdirError(f"--workdir {workdir}: {existing} is not writable: fix its permissions "
+                       "or give another directory")
+
+
 def _check_workdir_config(config, workdir: str):
   """Write config.json on the first run; refuse to resume a workdir of another config."""
   path = os.path.join(workdir, "config.json")
   current = json.loads(config.to_json_best_effort())
   if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+      raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
+                      "run: restore it, or use another --workdir") from None
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
     if diff and not config.train.force_resume:
       raise ConfigError(

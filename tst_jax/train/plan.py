@@ -3,16 +3,113 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
+import math
+import os
 
-from tst_jax import losses, models
+from tst_jax import losses, models, platform
+from tst_jax.errors import ConfigError
+from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.superposition import MODES
 
 EQUAL_FLOPS = ("seq", "batch")
 
 
-class ConfigError(ValueError):
-  """A bad run config, raised before anything is trained or written."""
+def _integer(lo: int, hi: int | None = None):
+  ok = lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+                  and (hi is None or v <= hi))
+  return ok, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+
+
+def _number(lo: float, hi: float = math.inf, *, open_lo=False, open_hi=False):
+  def ok(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+      return False
+    return (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
+  interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+  return ok, (f"a number > {lo:g}" if hi == math.inf and open_lo
+              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}")
+
+
+def _one_of(options):
+  return (lambda v: isinstance(v, str) and v in options), f"one of {tuple(options)}"
+
+
+_BOOL = (lambda v: isinstance(v, bool)), "True or False"
+_STR = (lambda v: isinstance(v, str)), "a string"
+_MESH_AXIS = (lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
+              "an integer >= 1, or -1 (all remaining devices)")
+
+# Every field of the run config but the model's (its dataclass checks those) -> (check, what
+# it must be). validate() reports the first failure as 'config.<field>: must be ..., got ...'.
+FIELDS = {
+    "seed": _integer(0),
+    "init_from_hf": _STR,
+    "data.source": _STR,
+    "data.max_bytes": _integer(0),
+    "data.tokenizer": _STR,
+    "data.val_fraction": _number(0, 1, open_lo=True, open_hi=True),
+    "data.seq_len": _integer(1),
+    "data.batch_size": _integer(1),
+    "data.eval_batches": _integer(1),
+    "tst.bag_size": _integer(1),
+    "tst.ratio": _number(0, 1),
+    "tst.mode": _one_of(MODES),
+    "tst.weighting": _STR,
+    "tst.variant": _one_of(losses.VARIANTS),
+    "tst.equal_flops": _one_of(EQUAL_FLOPS),
+    "tst.reinit_at_switch": _BOOL,
+    "loss.impl": _one_of(platform.LOSS_IMPLS),
+    "optimizer.lr": _number(0, open_lo=True),
+    "optimizer.b1": _number(0, 1, open_hi=True),
+    "optimizer.b2": _number(0, 1, open_hi=True),
+    "optimizer.eps": _number(0, open_lo=True),
+    "optimizer.weight_decay": _number(0),
+    "optimizer.grad_clip": _number(0, open_lo=True),
+    "optimizer.warmup_steps": _integer(0),
+    "optimizer.decay_fraction": _number(0, 1),
+    "optimizer.final_lr_fraction": _number(0, 1),
+    "optimizer.grad_accum": _integer(1),
+    "train.steps": _integer(1),
+    "train.log_every": _integer(1),
+    "train.eval_every": _integer(1),
+    "train.checkpoint_every": _integer(0),
+    "train.keep_checkpoints": _integer(1),
+    "train.progress_bar": _BOOL,
+    "train.force_resume": _BOOL,
+    "train.nan_policy": _one_of(("stop", "skip")),
+    "train.max_nan_skips": _integer(0),
+    "mesh.data": _MESH_AXIS,
+    "mesh.fsdp": _MESH_AXIS,
+    "mesh.tensor": _MESH_AXIS,
+    "mesh.expert": _MESH_AXIS,
+    "mesh.dcn_data": _integer(1),
+    "distributed.mode": _one_of(distributed.MODES),
+    "distributed.coordinator_address": _STR,
+    "distributed.num_processes": _integer(0),
+    "distributed.process_id": _integer(-1),
+    "distributed.local_device_ids": (
+        lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
+        "a comma list of device numbers, or ''"),
+    "distributed.cpu_devices": _integer(0),
+    "distributed.timeout_s": _integer(1),
+    "distributed.heartbeat_timeout_s": _integer(1),
+}
+# Numeric model fields its dataclass does not range-check (MoE fields only where present).
+MODEL_FIELDS = {
+    "rope_theta": _number(0, open_lo=True),
+    "norm_eps": _number(0, open_lo=True),
+    "init_std": _number(0, open_lo=True),
+    "tie_embeddings": _BOOL,
+    "aux_loss_coef": _number(0),
+    "router_z_loss_coef": _number(0),
+    "norm_topk_prob": _BOOL,
+    "rope_scaling": (
+        lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4
+                                and all(_number(0, open_lo=True)[0](x) for x in v)),
+        "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, original_len)"),
+}
 
 
 def _require(ok: bool, field: str, message: str):
@@ -20,41 +117,101 @@ def _require(ok: bool, field: str, message: str):
     raise ConfigError(f"config.{field}: {message}")
 
 
-def validate(config) -> None:
-  """Check every field the trainer relies on; one clear message naming the field."""
-  tst, data, train, opt = config.tst, config.data, config.train, config.optimizer
-  _require(isinstance(tst.bag_size, int) and tst.bag_size >= 1, "tst.bag_size",
-           f"must be an integer >= 1, got {tst.bag_size!r}")
-  _require(0.0 <= tst.ratio <= 1.0, "tst.ratio", f"must be in [0, 1], got {tst.ratio}")
-  _require(tst.mode in MODES, "tst.mode", f"must be one of {MODES}, got {tst.mode!r}")
-  _require(tst.equal_flops in EQUAL_FLOPS, "tst.equal_flops",
-           f"must be one of {EQUAL_FLOPS}, got {tst.equal_flops!r}")
+
+
+def validate(config, num_devices: int | None = None) -> None:
+  """Check every field of the run config and their combinations, before anything is built;
+  the first problem is a ConfigError naming the field. With `num_devices`, also what this
+  machine can run: the mesh against that many devices, the platform's kernels."""
+  for field, (ok, must) in FIELDS.items():
+    section, _, name = field.rpartition(".")
+    node = config[section] if section else config
+    if name in node:     # fields newer than an old run's config.json are not checked
+      _require(ok(node[name]), field, f"must be {must}, got {node[name]!r}")
+  for name, (ok, must) in MODEL_FIELDS.items():
+    if name in config.model:
+      _require(ok(config.model[name]), f"model.{name}", f"must be {must}, got "
+               f"{config.model[name]!r}")
+  try:
+    models.model_config(config.model)
+  except (ValueError, TypeError) as e:
+    field, _, rest = str(e).partition(" ")   # 'model.<name> <what is wrong>'
+    named = field.startswith("model.") and field[-1].isalnum()
+    raise ConfigError(f"config.{field}: {rest}" if named else f"config.model: {e}") from None
+  _check_rules(config.logical_axis_rules)
+  tst, data, opt = config.tst, config.data, config.optimizer
   try:
     losses.bag_weights(tst.weighting, tst.bag_size)
-  except ValueError as e:
+  except (ValueError, TypeError) as e:
     raise ConfigError(f"config.tst.weighting: {e}") from None
-  _require(tst.variant in losses.VARIANTS, "tst.variant",
-           f"must be one of {losses.VARIANTS}, got {tst.variant!r}")
-  _require(train.steps >= 1, "train.steps", f"must be >= 1, got {train.steps}")
-  _require(train.nan_policy in ("stop", "skip"), "train.nan_policy",
-           f"must be 'stop' or 'skip', got {train.nan_policy!r}")
-  _require(data.seq_len >= 1 and data.batch_size >= 1, "data.seq_len/batch_size",
-           "must be >= 1")
   if tst.equal_flops == "batch" and tst.mode != "output_only":
     _require(data.seq_len % tst.bag_size == 0, "data.seq_len",
              f"{data.seq_len} must be divisible by tst.bag_size {tst.bag_size} when "
              "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
-  _require(opt.grad_accum >= 1 and data.batch_size % opt.grad_accum == 0,
-           "optimizer.grad_accum",
-           f"{opt.grad_accum} must be >= 1 and divide data.batch_size {data.batch_size}")
-  _require(0.0 <= opt.decay_fraction <= 1.0, "optimizer.decay_fraction",
-           f"must be in [0, 1], got {opt.decay_fraction}")
-  _require(opt.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
-  _require(opt.lr > 0, "optimizer.lr", f"must be > 0, got {opt.lr}")
-  try:
-    models.model_config(config.model)
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f"config.model: {e}") from None
+  _require(data.batch_size % opt.grad_accum == 0, "optimizer.grad_accum",
+           f"{opt.grad_accum} must divide data.batch_size {data.batch_size}")
+  if data.tokenizer == "bpe":
+    _require(config.model.vocab_size >= 257, "model.vocab_size",
+             f"{config.model.vocab_size} is too small for data.tokenizer='bpe', which needs "
+             "256 byte tokens + EOS: use >= 257")
+  elif data.tokenizer:
+    _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
+             f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
+  if num_devices is not None:
+    model_cfg = models.model_config(config.model)
+    if model_cfg.attention_impl == "cudnn":
+      why_not = platform.cudnn_unavailable(model_cfg.dtype, model_cfg.head_dim)
+      _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
+    sizes = mesh_lib.mesh_shape(config.mesh, num_devices)
+    _require(sizes["data"] % config.mesh.dcn_data == 0, "mesh.dcn_data",
+             f"{config.mesh.dcn_data} must divide the data axis ({sizes['data']})")
+
+
+def _check_rules(rules):
+  """logical_axis_rules: (logical name, None | mesh axis | tuple of mesh axes) pairs."""
+  def axes_ok(target):
+    names = (target,) if isinstance(target, str) else target
+    return target is None or (isinstance(names, (tuple, list))
+                              and all(n in mesh_lib.MESH_AXES for n in names))
+  for rule in rules if isinstance(rules, (tuple, list)) else [None]:
+    _require(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+             and axes_ok(rule[1]), "logical_axis_rules",
+             f"each rule must be (logical name, None | a mesh axis of {mesh_lib.MESH_AXES} | "
+             f"a tuple of them), got {rule!r}")
+
+
+def missing_data_fields(d) -> list[str]:
+  """The fields of config.data a run needs but leaves empty (a tokens: store has a tokenizer)."""
+  needed = ("source",) if d.source.startswith("tokens:") else ("source", "tokenizer")
+  return [f for f in needed if not d[f]]
+
+
+def check_paths(config) -> None:
+  """The files a train or eval run reads exist (plan mode does not need them)."""
+  d = config.data
+  for field in missing_data_fields(d):
+    _require(False, f"data.{field}", "is empty: set it (the paper configs need a token store of "
+             "your copy of the data, or the data and the Llama-3 tokenizer.json; see the "
+             "config's docstring)")
+  kind, _, pattern = d.source.partition(":")
+  if kind in ("text", "jsonl", "parquet"):
+    matches = glob.iglob(os.path.expanduser(pattern), recursive=True)
+    _require(any(os.path.isfile(p) for p in matches), "data.source",
+             f"{pattern!r} matches no files: give a glob of {kind} files, e.g. "
+             f"'{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
+  if kind == "tokens":
+    _require(os.path.isfile(os.path.join(os.path.expanduser(pattern), "manifest.json")),
+             "data.source", f"{pattern!r} is not a token store (no manifest.json): make one "
+             "with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
+    return           # the store's own tokenizer; a named one is compared with it later
+  if d.tokenizer != "bpe":
+    _require(os.path.isfile(d.tokenizer), "data.tokenizer",
+             f"file {d.tokenizer!r} does not exist: give the path of a tokenizer.json or .model, "
+             "or 'bpe' to train one on the data")
+  if config.init_from_hf:
+    _require(os.path.isdir(config.init_from_hf), "init_from_hf",
+             f"{config.init_from_hf!r} is not a folder: give a Hugging Face model folder "
+             "(e.g. one written by python -m tst_jax.export), or '' to start from scratch")
 
 
 @dataclasses.dataclass(frozen=True)

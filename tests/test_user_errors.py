@@ -1,0 +1,263 @@
+"""Bad input as a user meets it: every config override either plans (and its train steps
+trace) or is a ConfigError naming a field; main.py turns user errors into one line, exit 2."""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.tiny import tiny_config
+from tst_jax import configlib, models, platform
+from tst_jax.errors import ConfigError, UserError
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
+
+
+def _leaves(config, prefix=""):
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}"
+
+
+def moe_config():
+  c = tiny_config()
+  c.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512)
+  return c
+
+
+BASES = {"llama": tiny_config, "qwen3_moe": moe_config}
+FIELDS = {family: sorted(_leaves(make())) for family, make in BASES.items()}
+DEFAULTS = {family: make() for family, make in BASES.items()}
+# Raw override strings: boundaries, wrong types, every option name of the surface, paths.
+OPTIONS = ["auto", "naive", "xla", "pallas", "cudnn", "ragged", "blocked", "dense", "full",
+           "input_only", "output_only", "seq", "batch", "mce", "alt", "uniform", "power",
+           "exponential", "first", "fitted:/nonexistent.json", "stop", "skip", "on", "off",
+           "none", "save_dots", "bfloat16", "float16", "float32", "llama", "qwen3_moe", "bpe",
+           "/nonexistent/tokenizer.json", "x.model", "text:/nonexistent/*.txt",
+           "builtin:pystdlib", "bogus", ""]
+NUMBERS = ["-5", "-1", "0", "1", "2", "3", "4", "6", "8", "12", "16", "64", "100", "4096",
+           "0.0", "0.5", "0.999", "1.0", "1.5", "-0.5", "1e-9", "nan", "inf", "-inf"]
+ODD = ["True", "False", "None", "abc", "(1, 2)", "()", "((\"batch\", \"bogus\"),)", "[1]",
+       "0,1", "1,x"]
+# Python values a notebook could assign (ConfigDict accepts None and bools in any field).
+PYTHON = [None, True, False, float("nan"), float("inf")]
+NAMES_A_FIELD = re.compile(r"^(config\.[\w.]+|--\w+)[ :]")
+OUTCOMES = collections.Counter()
+
+
+def _of_its_type(family, field):
+  """Raw values of the field's own type (often valid): its default, then candidates."""
+  section, _, name = field.rpartition(".")
+  value = (DEFAULTS[family][section] if section else DEFAULTS[family])[name]
+  if isinstance(value, bool):
+    return ["True", "False"]
+  if isinstance(value, int):
+    return [str(value), "0", "1", "2", "3", "4", "8", "16", "-1"]
+  if isinstance(value, float):
+    return [str(value), "0.0", "1e-3", "0.1", "0.5", "1.0", "2.0"]
+  if isinstance(value, str):
+    return [value] + OPTIONS
+  return [str(value)] + ODD
+
+
+@st.composite
+def overrides(draw):
+  """1-3 (field, value) pairs: a raw string through configlib (the --set / --config.x path),
+  mostly of the field's type, sometimes of any; or a Python value assigned directly."""
+  family = draw(st.sampled_from(sorted(BASES)))
+  picks = []
+  for _ in range(draw(st.integers(1, 3))):
+    field = draw(st.sampled_from(FIELDS[family]))
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+      picks.append((field, draw(st.sampled_from(PYTHON))))
+    elif kind <= 2:
+      picks.append((field, draw(st.sampled_from(OPTIONS + NUMBERS + ODD))))
+    else:
+      picks.append((field, draw(st.sampled_from(_of_its_type(family, field)))))
+  return family, picks
+
+
+def _apply(config, picks) -> bool:
+  """False when ConfigDict's own type check refuses a Python value at assignment."""
+  for field, value in picks:
+    if isinstance(value, str):
+      configlib.apply_overrides(config, [f"{field}={value}"])
+      continue
+    section, _, name = field.rpartition(".")
+    try:
+      (config[section] if section else config)[name] = value
+    except TypeError:
+      return False
+  return True
+
+
+def _layout_and_trace(config, plan):
+  """What Run builds before compiling: mesh, shardings, parallel checks, then each phase's
+  train step traced abstractly (no compile, no data)."""
+  config = platform.apply(config, platform.resolve(config))
+  model_cfg = models.model_config(config.model)
+  tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = tuple((k, v) for k, v in config.logical_axis_rules)
+  graphdef, _ = step_lib.abstract_model(model_cfg)
+  abstract, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
+  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
+  loop._check_parallel(  # pylint: disable=protected-access
+      config, plan, batch_sharding, abstract, shardings)
+  for phase in plan.phases:
+    loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
+               else step_lib.ntp_loss_fn(config.loss))
+    train_step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule,
+                                          config.optimizer.grad_accum)
+    jax.eval_shape(train_step, abstract,
+                   jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
+
+
+def _check(family, picks):
+  config = BASES[family]()
+  try:
+    if not _apply(config, picks):
+      OUTCOMES["refused by ConfigDict's type check"] += 1
+      return
+    plan = plan_lib.make_plan(config)
+    plan_lib.validate(config, num_devices=jax.device_count())
+    plan_lib.check_paths(config)
+    _layout_and_trace(config, plan)
+  except ConfigError as e:
+    assert NAMES_A_FIELD.match(str(e)), (picks, str(e))
+    named = NAMES_A_FIELD.match(str(e)).group(1).removeprefix("config.")
+    assert named.startswith("-") or named.split(".")[0] in config, (picks, str(e))
+    OUTCOMES["config error naming a field"] += 1
+    return
+  OUTCOMES["plans, lays out and traces"] += 1
+
+
+def _run_property(max_examples):
+  OUTCOMES.clear()
+
+  @settings(max_examples=max_examples, deadline=None, derandomize=True,
+            suppress_health_check=list(HealthCheck))
+  @given(overrides())
+  def property_holds(case):
+    _check(*case)
+
+  property_holds()
+  print(f"\n{sum(OUTCOMES.values())} override sets: {dict(OUTCOMES)}")
+  assert OUTCOMES["config error naming a field"] and OUTCOMES["plans, lays out and traces"]
+
+
+def test_config_overrides_plan_or_name_a_field():
+  _run_property(60)
+
+
+@pytest.mark.slow
+def test_config_overrides_plan_or_name_a_field_many():
+  _run_property(1000)
+
+
+@pytest.mark.parametrize("picks,message", [
+    ([("loss.impl", "foo")], "config.loss.impl: must be one of"),
+    ([("mesh.data", "3")], r"config.mesh .*3 devices do not divide the 8"),
+    ([("optimizer.lr", "nan")], "config.optimizer.lr: must be a number > 0"),
+    ([("model.n_heads", "3")], "config.model.dim: 32 is not divisible by n_heads 3"),
+    ([("model.vocab_size", "100")], "config.model.vocab_size: 100 is too small"),
+    ([("distributed.heartbeat_timeout_s", "0")], "config.distributed.heartbeat_timeout_s"),
+    ([("logical_axis_rules", "((\"batch\", \"bogus\"),)")], "config.logical_axis_rules"),
+])
+def test_examples_name_their_field(picks, message):
+  config = tiny_config()
+  with pytest.raises(ConfigError, match=message):
+    _apply(config, picks)
+    plan_lib.validate(config, num_devices=8)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+
+
+def _main(*args, config="tests/tiny_config.py"):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config",
+                         os.path.join(ROOT, config), *args], env=ENV, capture_output=True,
+                        text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.model.n_heads=3", "error: config.model.dim: 32 is not divisible by n_heads 3"),
+    ("--config.tst.mode=bogus", "error: config.tst.mode: must be one of"),
+    ("--config.loss.impl=foo", "error: config.loss.impl: must be one of"),
+    ("--config.data.tokenizer=/nonexistent.json",
+     "error: config.data.tokenizer: file '/nonexistent.json' does not exist"),
+    ("--config.data.source=text:/nonexistent/**/*.txt",
+     "error: config.data.source: '/nonexistent/**/*.txt' matches no files"),
+    ("--config.model.n_heads=abc", "error: flag --config.model.n_heads=abc"),
+    ("--config.tst.nope=1", "error: --config.tst.nope: the config has no field 'nope'"),
+])
+def test_main_reports_one_line_and_exit_2(tmp_path, flag, message):
+  result = _main("--workdir", str(tmp_path / "run"), flag)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+  assert result.stderr.startswith(message), result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_workdir_faults_are_one_line(tmp_path):
+  """A workdir that is a file; a workdir's copy of the tokenizer that is corrupt, or the
+  store's tokenizer changed (each named, with the way out, and left as it was);
+  --verbosity=1 adds the traceback."""
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  result = _main("--workdir", str(afile))
+  assert result.returncode == 2
+  assert result.stderr.strip() == (f"error: --workdir {afile}: is a file, not a directory: "
+                                   "give a new directory, or a run's directory to resume it")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.json").write_text("{not json")
+  result = _main("--workdir", str(workdir), "--config.train.steps=1")
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+  assert result.stderr.startswith(f"error: {workdir / 'tokenizer.json'}: cannot be read as a "
+                                  "tokenizer.json"), result.stderr
+  assert "restore it from a copy or delete it" in result.stderr
+  assert (workdir / "tokenizer.json").read_text() == "{not json"
+  # The token store's own tokenizer, changed after the store was made: named, left as it is.
+  (workdir / "tokenizer.json").unlink()
+  store_tokenizer = workdir / "data" / "tokenizer.json"
+  text = store_tokenizer.read_text()
+  store_tokenizer.write_text(text.replace('"<|endoftext|>"', '"<|eot|>"', 1) + " ")
+  result = _main("--workdir", str(workdir), "--config.train.steps=1")
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith(f"error: {store_tokenizer}"), result.stderr
+  assert not (workdir / "checkpoints").exists()
+  assert not (workdir / "checkpoints").exists()
+  debug = _main("--workdir", str(workdir), "--verbosity=1")
+  assert debug.returncode == 2 and "Traceback" in debug.stderr
+  assert any(line.startswith("error: ") for line in debug.stderr.splitlines())
+
+
+def test_environment_os_errors_are_one_line(capsys):
+  import errno
+
+  def full():
+    raise OSError(errno.ENOSPC, "No space left on device", "/run/metrics.jsonl")
+
+  def bug():
+    raise KeyError("a bug keeps its traceback")
+
+  from tst_jax import errors
+  with pytest.raises(SystemExit) as stop:
+    errors.main(full)
+  assert stop.value.code == 2
+  assert capsys.readouterr().err == ("error: /run/metrics.jsonl: the disk is full: free space, "
+                                     "then run the same command again\n")
+  with pytest.raises(KeyError):
+    errors.main(bug)
+  assert issubclass(ConfigError, UserError)

@@ -1,0 +1,62 @@
+"""Errors a user can fix, reported as one line: `error: <field or file>: <what to do>`, exit 2."""
+
+from __future__ import annotations
+
+import errno
+import sys
+import traceback
+
+# OSErrors that mean the machine, not the code: reported as one line like a UserError.
+_ENVIRONMENT = {errno.ENOSPC: "the disk is full: free space",
+                errno.EDQUOT: "the disk quota is exceeded: free space",
+                errno.EACCES: "permission denied: fix the permissions",
+                errno.EPERM: "operation not permitted: fix the permissions",
+                errno.EROFS: "the file system is read-only: use a writable place"}
+EXIT_STATUS = 2
+
+
+class UserError(Exception):
+  """A mistake or fault the user can fix. The message reads '<field or file>: <what is wrong
+  and what to do>'; entry points print it as one line (`main` below), no traceback."""
+
+
+class ConfigError(UserError, ValueError):
+  """A bad run config (a field, a flag, a combination), raised before anything is built."""
+
+
+class DataError(UserError, ValueError):
+  """A data file, cache or store that is missing, corrupt or of another run; the message
+  names the file and says how to recover (nothing is rebuilt over a run's own files)."""
+
+
+class WorkdirError(UserError):
+  """The workdir cannot be used or written (a file, no permission, a full disk), including
+  a checkpoint write that failed; the last complete checkpoint is left as it was."""
+
+
+def one_line(e: BaseException) -> str | None:
+  """The `error: ...` line for a user error or an environment OSError; None for a bug."""
+  if isinstance(e, UserError):
+    text = str(e)
+  elif isinstance(e, OSError) and e.errno in _ENVIRONMENT:
+    where = e.filename or "a file"
+    text = f"{where}: {_ENVIRONMENT[e.errno]}, then run the same command again"
+  else:
+    return None
+  return "error: " + " ".join(text.split())
+
+
+def main(fn, *args, debug: bool = False, **kwargs):
+  """fn(*args, **kwargs), with a user error printed as one line on stderr and exit status 2
+  (after the traceback when `debug`); any other exception propagates with its traceback."""
+  try:
+    return fn(*args, **kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    line = one_line(e)
+    if line is None:
+      raise
+    if debug:
+      traceback.print_exc()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    sys.exit(EXIT_STATUS)
