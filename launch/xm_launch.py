@@ -9,7 +9,7 @@ per grid point, each a JobSet of multi-host TPU or GPU pods.
       --config.data.source='text:gs://DATA/dclm/**/*.txt' --config.data.tokenizer=gs://DATA/tok.json
 
 --dry_run prints the job specs as a JSON list (hosts, accelerator per host, image, env, the
-command on every host) and contacts nothing. Otherwise XManager (`pip install xmanager`)
+command on every host) and contacts nothing. Otherwise XManager (`pip install -e '.[xm]'`)
 builds launch/Dockerfile.<platform> and pushes it to --image, records the experiment, and each
 work unit creates its JobSet (launch/gke/render.py) through the Kubernetes API of the current
 kubectl context. Why JobSets and not xm_local's executors: its Kubernetes executor makes one

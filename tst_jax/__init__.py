@@ -1,3 +1,18 @@
-"""tst-jax: Token-Superposition Training for JAX/Flax language models."""
+"""tst-jax: Token-Superposition Training for JAX/Flax language models.
+
+Shape letters, one meaning each in every file (`hidden_BxLxD`, `targets_NxS`, `# [B, L, S]`):
+
+  B  batch rows                          N  tokens of a flattened batch, B·L
+  L  positions the model sees            D  model dim
+  S  bag size (1 in the ntp phase)       F  ffw dim (an expert's, in MoE)
+  T  data tokens per row, S·L            V  vocab
+  W  window: a batch row, T + 1          H  query heads
+  E  experts                             K  kv heads
+  P  experts per token (top-k)           G  head dim
+  A  expert assignments, N·P             M  cached positions (decoding)
+  R  assignments padded to whole blocks  C  rows of one tile / block (kernels, MoE)
+
+Counts that are not array dimensions get words: `total_steps`, `top_k`, `stream_len`.
+"""
 
 __version__ = "0.1.0"

@@ -1,6 +1,7 @@
 """Token superposition: fold tokens into bags, shift targets causally, average embeddings.
 
-Shapes: B batch, L data length, l = L // S latent length, S bag size, D model dim, V vocab.
+Shapes (letters as in the package docstring): B batch, T = S·L data tokens per row, L positions
+the model sees, S bag size, W = T + 1 window, D model dim, V vocab.
 Everything here is a pure array transformation; the trainer picks one by `tst.mode`.
 """
 
@@ -17,74 +18,74 @@ def _check_bag_size(bag_size: int) -> None:
     raise ValueError(f"bag_size must be an integer >= 1, got {bag_size!r}")
 
 
-def fold(tokens_BxL, bag_size: int):
-  """[B, L] tokens -> [B, L // S, S] non-overlapping bags (the paper's input folding)."""
+def fold(tokens_BxT, bag_size: int):
+  """[B, T] tokens -> [B, T // S, S] non-overlapping bags (the paper's input folding)."""
   _check_bag_size(bag_size)
-  *lead, length = tokens_BxL.shape
+  *lead, length = tokens_BxT.shape
   if length % bag_size:
     raise ValueError(
         f"sequence length {length} is not a multiple of bag_size {bag_size}")
-  return tokens_BxL.reshape(*lead, length // bag_size, bag_size)
+  return tokens_BxT.reshape(*lead, length // bag_size, bag_size)
 
 
-def bag_targets(labels_BxL, bag_size: int, ignore_index: int = IGNORE_INDEX):
-  """Next-token labels [B, L] -> next-bag targets [B, L // S, S].
+def bag_targets(labels_BxT, bag_size: int, ignore_index: int = IGNORE_INDEX):
+  """Next-token labels [B, T] -> next-bag targets [B, T // S, S].
 
   Labels are shifted left by S - 1 (padding the end with `ignore_index`) before
   folding, so the bag of inputs at [t, t+S-1] predicts the tokens at [t+S, t+2S-1].
   """
   _check_bag_size(bag_size)
-  pad = [(0, 0)] * (labels_BxL.ndim - 1) + [(0, bag_size - 1)]
-  shifted = jnp.pad(labels_BxL, pad, constant_values=ignore_index)[..., bag_size - 1:]
+  pad = [(0, 0)] * (labels_BxT.ndim - 1) + [(0, bag_size - 1)]
+  shifted = jnp.pad(labels_BxT, pad, constant_values=ignore_index)[..., bag_size - 1:]
   return fold(shifted, bag_size)
 
 
-def window_targets(labels_BxL, bag_size: int, ignore_index: int = IGNORE_INDEX):
-  """Next-token labels [B, L] -> the next S tokens of every position [B, L, S].
+def window_targets(labels_BxT, bag_size: int, ignore_index: int = IGNORE_INDEX):
+  """Next-token labels [B, T] -> the next S tokens of every position [B, T, S].
 
   The output-only ablation: position t (a single token) predicts [t+1, t+S].
   """
   _check_bag_size(bag_size)
-  length = labels_BxL.shape[-1]
-  pad = [(0, 0)] * (labels_BxL.ndim - 1) + [(0, bag_size - 1)]
-  padded = jnp.pad(labels_BxL, pad, constant_values=ignore_index)
+  length = labels_BxT.shape[-1]
+  pad = [(0, 0)] * (labels_BxT.ndim - 1) + [(0, bag_size - 1)]
+  padded = jnp.pad(labels_BxT, pad, constant_values=ignore_index)
   return jnp.stack([padded[..., i:i + length] for i in range(bag_size)], axis=-1)
 
 
-def superpose(table_VxD, bags_BxlxS):
-  """Mean of the S embeddings of every bag, summed in float32: [B, l, S] -> [B, l, D].
+def superpose(table_VxD, bags_BxLxS):
+  """Mean of the S embeddings of every bag, summed in float32: [B, L, S] -> [B, L, D].
 
   Cast back to the table's dtype, as in the paper's listing. S = 1 is the plain lookup.
   """
-  bag_size = bags_BxlxS.shape[-1]
+  bag_size = bags_BxLxS.shape[-1]
   if bag_size == 1:
-    return jnp.take(table_VxD, bags_BxlxS[..., 0], axis=0)
-  # A running float32 sum keeps only one [B, l, D] float32 buffer alive.
-  h_BxlxD = jnp.take(table_VxD, bags_BxlxS[..., 0], axis=0).astype(jnp.float32)
+    return jnp.take(table_VxD, bags_BxLxS[..., 0], axis=0)
+  # A running float32 sum keeps only one [B, L, D] float32 buffer alive.
+  h_BxLxD = jnp.take(table_VxD, bags_BxLxS[..., 0], axis=0).astype(jnp.float32)
   for i in range(1, bag_size):
-    h_BxlxD = h_BxlxD + jnp.take(table_VxD, bags_BxlxS[..., i], axis=0).astype(jnp.float32)
-  return (h_BxlxD / bag_size).astype(table_VxD.dtype)
+    h_BxLxD = h_BxLxD + jnp.take(table_VxD, bags_BxLxS[..., i], axis=0).astype(jnp.float32)
+  return (h_BxLxD / bag_size).astype(table_VxD.dtype)
 
 
-def ntp_view(window_BxT):
+def ntp_view(window_BxW):
   """A packed window of data_len + 1 tokens -> plain next-token (inputs, targets)."""
-  return window_BxT[:, :-1], window_BxT[:, 1:]
+  return window_BxW[:, :-1], window_BxW[:, 1:]
 
 
-def tst_view(window_BxT, bag_size: int, mode: str = "full",
+def tst_view(window_BxW, bag_size: int, mode: str = "full",
              ignore_index: int = IGNORE_INDEX):
   """A packed window of data_len + 1 tokens -> phase-1 (inputs, targets).
 
-  full:        inputs bags [B, l, S],  targets next bag [B, l, S]
-  input_only:  inputs bags [B, l, S],  targets the single next token [B, l, 1]
-  output_only: inputs tokens [B, L],   targets the next S tokens [B, L, S]
+  full:        inputs bags [B, L, S],  targets next bag [B, L, S]
+  input_only:  inputs bags [B, L, S],  targets the single next token [B, L, 1]
+  output_only: inputs tokens [B, T],   targets the next S tokens [B, T, S]
   """
-  inputs_BxL, labels_BxL = ntp_view(window_BxT)
+  inputs_BxT, labels_BxT = ntp_view(window_BxW)
   if mode == "full":
-    return fold(inputs_BxL, bag_size), bag_targets(labels_BxL, bag_size, ignore_index)
+    return fold(inputs_BxT, bag_size), bag_targets(labels_BxT, bag_size, ignore_index)
   if mode == "input_only":
-    return (fold(inputs_BxL, bag_size),
-            bag_targets(labels_BxL, bag_size, ignore_index)[..., :1])
+    return (fold(inputs_BxT, bag_size),
+            bag_targets(labels_BxT, bag_size, ignore_index)[..., :1])
   if mode == "output_only":
-    return inputs_BxL, window_targets(labels_BxL, bag_size, ignore_index)
+    return inputs_BxT, window_targets(labels_BxT, bag_size, ignore_index)
   raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")

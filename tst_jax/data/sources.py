@@ -255,9 +255,9 @@ def _tfds_texts(name: str, split: str) -> Iterator[bytes]:
   except ImportError as e:
     raise ValueError(
         f"data.source 'tfds:{name}' needs tensorflow-datasets: pip install 'tst-jax[tfds]'") from e
-  ds = tfds.load(name, split=split, shuffle_files=False)
-  for ex in tfds.as_numpy(ds):
-    yield ex["text"]
+  source = tfds.data_source(name, split=split)   # ArrayRecord, read without TensorFlow
+  for i in range(len(source)):
+    yield source[i]["text"]
 
 
 def _seqio_texts(task: str, split: str) -> Iterator[bytes]:

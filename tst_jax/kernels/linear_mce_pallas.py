@@ -14,7 +14,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from tst_jax.superposition import IGNORE_INDEX
 
-# Letters: N tokens, D model dim, V vocabulary, S bag size; bn/bd/bv the tile sizes.
+# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile or chunk;
+# bn/bd/bv the tile sizes.
 # Kernels see row-vectors as [bn, 1] so the same tile math serves both backends.
 BACKENDS = ("auto", "triton", "mosaic_tpu")
 # Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16; its
@@ -132,20 +133,20 @@ def _mask_padded(logits, cols, cfg):
   return jnp.where(cols < cfg.v_true, logits, -jnp.inf)
 
 
-def _online_lse(m_Bx1, l_Bx1, logits):
-  m_new = jnp.maximum(m_Bx1, logits.max(axis=1, keepdims=True))
-  l_new = l_Bx1 * jnp.exp(m_Bx1 - m_new) + jnp.exp(logits - m_new).sum(axis=1, keepdims=True)
+def _online_lse(m_Cx1, l_Cx1, logits):
+  m_new = jnp.maximum(m_Cx1, logits.max(axis=1, keepdims=True))
+  l_new = l_Cx1 * jnp.exp(m_Cx1 - m_new) + jnp.exp(logits - m_new).sum(axis=1, keepdims=True)
   return m_new, l_new
 
 
-def _gather(logits, cols, target_Bx1):
+def _gather(logits, cols, target_Cx1):
   """The logit at each row's target column if it lies in this tile, else 0: [bn, 1]."""
-  return jnp.where(cols == target_Bx1, logits, 0.0).sum(axis=1, keepdims=True)
+  return jnp.where(cols == target_Cx1, logits, 0.0).sum(axis=1, keepdims=True)
 
 
-def _d_logits(logits, cols, lse_Bx1, d_lse_Bx1, t_ref, d_z_ref):
+def _d_logits(logits, cols, lse_Cx1, d_lse_Cx1, t_ref, d_z_ref):
   """d loss / d logits = d_lse * softmax + d_z scattered onto the target columns."""
-  d = jnp.exp(logits - lse_Bx1) * d_lse_Bx1
+  d = jnp.exp(logits - lse_Cx1) * d_lse_Cx1
   for s in range(t_ref.shape[1]):  # S is small and static: one compare per bag slot
     d = d + jnp.where(cols == t_ref[:, s:s + 1], d_z_ref[:, s:s + 1], 0.0)
   return d
@@ -245,7 +246,7 @@ def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
   splits = -(-num_v // per_split)
   kernel = functools.partial(_fwd_kernel_triton, cfg=cfg, num_v=num_v,
                              num_d=d // cfg.block_d, per_split=per_split)
-  lse_PxNx1, z_PxNxS = pl.pallas_call(
+  lse_splitsxNx1, z_splitsxNxS = pl.pallas_call(
       kernel,
       grid=(n // bn, splits),
       in_specs=[pl.BlockSpec((bn, d), lambda i, p: (i, 0)),
@@ -260,7 +261,7 @@ def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
       name="linear_mce_fwd",
   )(hidden_NxD, head_DxV, targets_NxS)
   # Each split holds a partial logsumexp; a target lies in exactly one split.
-  return jax.nn.logsumexp(lse_PxNx1[..., 0], axis=0), z_PxNxS.sum(axis=0)
+  return jax.nn.logsumexp(lse_splitsxNx1[..., 0], axis=0), z_splitsxNxS.sum(axis=0)
 
 
 def _dlogits_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, *, cfg,

@@ -10,6 +10,8 @@ from jax import lax
 
 from tst_jax.superposition import IGNORE_INDEX
 
+# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile (block_n).
+
 # (block_n, block_v) by platform. CPU: tuned in docs/kernels.md, a 4 MiB float32 tile
 # keeps the matmuls efficient and the softmax passes in cache. GPU/TPU: large tiles so
 # that each while-loop step is a big matmul (a 4096 x 16384 float32 tile is 256 MiB).
@@ -58,19 +60,19 @@ def _fit(block, size):
   return block
 
 
-def _logits_tile(h_BxD, head_DxV, j, block_v, v_true):
+def _logits_tile(h_CxD, head_DxV, j, block_v, v_true):
   """Float32 logits of one [block_n, block_v] tile; padded vocabulary columns are -inf."""
-  w_DxB = lax.dynamic_slice_in_dim(head_DxV, j * block_v, block_v, axis=1)
-  logits = jnp.dot(h_BxD, w_DxB, preferred_element_type=jnp.float32)
+  w_tile = lax.dynamic_slice_in_dim(head_DxV, j * block_v, block_v, axis=1)
+  logits = jnp.dot(h_CxD, w_tile, preferred_element_type=jnp.float32)
   if v_true % block_v:
     cols = j * block_v + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
     logits = jnp.where(cols < v_true, logits, -jnp.inf)
-  return logits, w_DxB
+  return logits, w_tile
 
 
-def _in_tile(targets_BxS, j, block_v):
+def _in_tile(targets_CxS, j, block_v):
   """Tile-local column of each target and whether it falls inside tile j."""
-  local = targets_BxS - j * block_v
+  local = targets_CxS - j * block_v
   inside = (local >= 0) & (local < block_v)
   return jnp.clip(local, 0, block_v - 1), inside
 
@@ -86,21 +88,21 @@ def _forward(hidden_NxD, head_DxV, targets_NxS, v_true, block_n, block_v):
   num_v = head_DxV.shape[1] // block_v
 
   def row_block(args):
-    h_BxD, t_BxS = args
+    h_CxD, t_CxS = args
 
     def v_step(j, carry):
-      m_B, l_B, z_BxS = carry
-      logits, _ = _logits_tile(h_BxD, head_DxV, j, block_v, v_true)
-      m_new = jnp.maximum(m_B, logits.max(axis=1))
-      l_B = l_B * jnp.exp(m_B - m_new) + jnp.exp(logits - m_new[:, None]).sum(axis=1)
-      local, inside = _in_tile(t_BxS, j, block_v)
-      z_BxS = z_BxS + jnp.where(inside, jnp.take_along_axis(logits, local, axis=1), 0.0)
-      return m_new, l_B, z_BxS
+      m_C, l_C, z_CxS = carry
+      logits, _ = _logits_tile(h_CxD, head_DxV, j, block_v, v_true)
+      m_new = jnp.maximum(m_C, logits.max(axis=1))
+      l_C = l_C * jnp.exp(m_C - m_new) + jnp.exp(logits - m_new[:, None]).sum(axis=1)
+      local, inside = _in_tile(t_CxS, j, block_v)
+      z_CxS = z_CxS + jnp.where(inside, jnp.take_along_axis(logits, local, axis=1), 0.0)
+      return m_new, l_C, z_CxS
 
     init = (jnp.full((block_n,), -jnp.inf, jnp.float32), jnp.zeros((block_n,), jnp.float32),
             jnp.zeros((block_n, s), jnp.float32))
-    m_B, l_B, z_BxS = lax.fori_loop(0, num_v, v_step, init)
-    return m_B + jnp.log(l_B), z_BxS
+    m_C, l_C, z_CxS = lax.fori_loop(0, num_v, v_step, init)
+    return m_C + jnp.log(l_C), z_CxS
 
   lse, z = lax.map(row_block, (hidden_NxD.reshape(-1, block_n, d),
                                targets_NxS.reshape(-1, block_n, s)))
@@ -119,29 +121,29 @@ def _chunked_bwd(v_true, block_n, block_v, res, cts):
   n, d = hidden_NxD.shape
   s = targets_NxS.shape[1]
   num_v = head_DxV.shape[1] // block_v
-  rows_BxS = lax.broadcasted_iota(jnp.int32, (block_n, s), 0)
+  rows_CxS = lax.broadcasted_iota(jnp.int32, (block_n, s), 0)
 
   def row_block(d_head_DxV, args):
-    h_BxD, t_BxS, lse_B, d_lse_B, d_z_BxS = args
+    h_CxD, t_CxS, lse_C, d_lse_C, d_z_CxS = args
 
     def v_step(j, carry):
-      d_h_BxD, d_head_DxV = carry
-      logits, w_DxB = _logits_tile(h_BxD, head_DxV, j, block_v, v_true)
-      d_logits = jnp.exp(logits - lse_B[:, None]) * d_lse_B[:, None]
-      local, inside = _in_tile(t_BxS, j, block_v)
-      d_logits = d_logits.at[rows_BxS, local].add(jnp.where(inside, d_z_BxS, 0.0))
+      d_h_CxD, d_head_DxV = carry
+      logits, w_tile = _logits_tile(h_CxD, head_DxV, j, block_v, v_true)
+      d_logits = jnp.exp(logits - lse_C[:, None]) * d_lse_C[:, None]
+      local, inside = _in_tile(t_CxS, j, block_v)
+      d_logits = d_logits.at[rows_CxS, local].add(jnp.where(inside, d_z_CxS, 0.0))
       d_logits = d_logits.astype(head_DxV.dtype)
-      d_h_BxD += jnp.dot(d_logits, w_DxB.T, preferred_element_type=jnp.float32)
-      d_w_DxB = jnp.dot(h_BxD.T, d_logits, preferred_element_type=jnp.float32)
+      d_h_CxD += jnp.dot(d_logits, w_tile.T, preferred_element_type=jnp.float32)
+      d_w_tile = jnp.dot(h_CxD.T, d_logits, preferred_element_type=jnp.float32)
       d_head_DxV = lax.dynamic_update_slice_in_dim(
           d_head_DxV,
-          lax.dynamic_slice_in_dim(d_head_DxV, j * block_v, block_v, axis=1) + d_w_DxB,
+          lax.dynamic_slice_in_dim(d_head_DxV, j * block_v, block_v, axis=1) + d_w_tile,
           j * block_v, axis=1)
-      return d_h_BxD, d_head_DxV
+      return d_h_CxD, d_head_DxV
 
-    d_h_BxD, d_head_DxV = lax.fori_loop(
+    d_h_CxD, d_head_DxV = lax.fori_loop(
         0, num_v, v_step, (jnp.zeros((block_n, d), jnp.float32), d_head_DxV))
-    return d_head_DxV, d_h_BxD
+    return d_head_DxV, d_h_CxD
 
   blocks = (hidden_NxD.reshape(-1, block_n, d), targets_NxS.reshape(-1, block_n, s),
             lse_N.reshape(-1, block_n), d_lse_N.reshape(-1, block_n),

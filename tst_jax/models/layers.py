@@ -1,8 +1,9 @@
 """Blocks shared by every model family: embedding, RMSNorm, RoPE, GQA attention, SwiGLU, decoder.
 
-Letters: B batch, L length, S bag size, D model dim, H heads, K kv heads, G head dim,
-F ffw dim, V vocab. Parameters are float32 (`param_dtype`), matmuls run in `dtype`.
-Every parameter carries logical axis names (`sharding_names`) for the mesh rules.
+Letters (the package docstring's): B batch, L positions, S bag size, D model dim, H heads,
+K kv heads, G head dim, F ffw dim, V vocab, M cached positions. Parameters are float32
+(`param_dtype`), matmuls run in `dtype`. Every parameter carries logical axis names
+(`sharding_names`) for the mesh rules.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
 
 
 class Embedding(nnx.Module):
-  """Token embedding table [V, D]; bags [B, l, S] are superposed (mean, summed in float32)."""
+  """Token embedding table [V, D]; bags [B, L, S] are superposed (mean, summed in float32)."""
 
   def __init__(self, vocab_size: int, dim: int, rngs: nnx.Rngs, std: float = 0.02):
     self.table = param(rngs, (vocab_size, dim), ("vocab", "embed"), std=std)

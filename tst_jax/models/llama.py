@@ -1,7 +1,7 @@
 """Llama-3 decoder in Flax NNX, with the paper's model presets (270M, 600M, 3B) and tiny shapes.
 
-Calling the model on tokens [B, L] gives logits [B, L, V]; on bags [B, l, S] it superposes
-them at the embedding and runs the same network over l positions.
+Calling the model on tokens [B, L] gives logits [B, L, V]; on bags [B, L, S] it superposes
+them at the embedding and runs the same network over the L positions.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Llama(nnx.Module):
         dtype=self.dtype, rngs=rngs)
 
   def forward(self, tokens):
-    """tokens [B, L] or bags [B, l, S] -> (final hidden states [B, L, D], per-layer aux)."""
+    """tokens [B, L] or bags [B, L, S] -> (final hidden states [B, L, D], per-layer aux)."""
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))

@@ -1,10 +1,12 @@
 """Qwen3-style Mixture-of-Experts decoder (the paper's 10B-A1B) on the shared Llama blocks.
 
-Letters: N tokens (B·L flattened), E experts, K experts per token (top-k), D model dim,
-F expert ffw dim. Attention, norms, RoPE and the decoder block come from `layers`; only the
-feed-forward differs: a float32 softmax router picks K of E SwiGLU experts per token, and the
-experts run dropless as one grouped matmul (`jax.lax.ragged_dot`) over the assignments sorted
-by expert. No shared expert, QK-norm attention, untied head (as Qwen3-30B-A3B).
+Letters (the package docstring's): N tokens (B·L flattened), E experts, P experts per token
+(top-k), A = N·P assignments, R assignment rows padded to whole blocks of C, D model dim,
+F expert ffw dim, I/O a matmul's input/output dim. Attention, norms, RoPE and the decoder
+block come from `layers`; only the feed-forward differs: a float32 softmax router picks P of E
+SwiGLU experts per token, and the experts run dropless as one grouped matmul
+(`jax.lax.ragged_dot`) over the assignments sorted by expert. No shared expert, QK-norm
+attention, untied head (as Qwen3-30B-A3B).
 
 Dense and sparse layers follow Hugging Face's rule (`mlp_only_layers`, `decoder_sparse_step`).
 The stack stays scanned whatever the pattern: it is split into a few *stages*, each a unit of
@@ -33,9 +35,9 @@ EXPERT_IMPLS = platform.EXPERT_IMPLS
 class MoEConfig(llama.LlamaConfig):
   """LlamaConfig plus the experts; `ffw_dim` is the width of the dense (mlp_only) layers."""
   n_experts: int                     # E
-  n_experts_per_token: int           # K, the top-k
+  n_experts_per_token: int           # P, the top-k
   moe_ffw_dim: int                   # F of every expert
-  norm_topk_prob: bool = True        # renormalise the K router weights to sum to 1
+  norm_topk_prob: bool = True        # renormalise the P router weights to sum to 1
   aux_loss_coef: float = 0.001       # load-balancing loss weight (HF router_aux_loss_coef)
   router_z_loss_coef: float = 0.0    # weight of mean(logsumexp(router logits)^2)
   mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
@@ -81,7 +83,7 @@ PRESETS = {
 def stage_plan(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], ...]:
   """Layer pattern -> ((unit, repeats), ...): greedily the unit that repeats over most layers.
 
-  [D, S, S, S] -> (((D,), 1), ((S,), 3));  [D, S, D, S] -> (((D, S), 2),).
+  d dense, s sparse: [d, s, s, s] -> (((d,), 1), ((s,), 3));  [d, s, d, s] -> (((d, s), 2),).
   """
   plan, i, n = [], 0, len(sparse)
   while i < n:
@@ -99,110 +101,110 @@ def stage_plan(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], 
 
 
 def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
-  """float32 softmax router -> (logits [N, E], probs [N, E], top-k weights [N, K], ids [N, K])."""
+  """float32 softmax router -> (logits [N, E], probs [N, E], top-k weights [N, P], ids [N, P])."""
   logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE)
   probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
-  weights_NxK, ids_NxK = jax.lax.top_k(probs_NxE, k)
+  weights_NxP, ids_NxP = jax.lax.top_k(probs_NxE, k)
   if norm_topk_prob:
-    weights_NxK = weights_NxK / jnp.sum(weights_NxK, axis=-1, keepdims=True)
-  return logits_NxE, probs_NxE, weights_NxK, ids_NxK
+    weights_NxP = weights_NxP / jnp.sum(weights_NxP, axis=-1, keepdims=True)
+  return logits_NxE, probs_NxE, weights_NxP, ids_NxP
 
 
-def _group_by_expert(ids_NxK, n_experts: int):
-  """The N·K assignments in expert order: (order [M], sorted ids [M], group sizes [E]).
+def _group_by_expert(ids_NxP, n_experts: int):
+  """The N·P assignments in expert order: (order [A], sorted ids [A], group sizes [E]).
 
   An id >= n_experts (an expert another shard holds, see `experts_sharded`) belongs to no
   group: it sorts after every group and is computed by no expert.
   """
-  ids_M = ids_NxK.reshape(-1)
-  order_M = jnp.argsort(ids_M, stable=True)
-  return order_M, ids_M[order_M], jnp.bincount(ids_M, length=n_experts).astype(jnp.int32)
+  ids_A = ids_NxP.reshape(-1)
+  order_A = jnp.argsort(ids_A, stable=True)
+  return order_A, ids_A[order_A], jnp.bincount(ids_A, length=n_experts).astype(jnp.int32)
 
 
-def _combine(y_MxD, order_M, weights_NxK):
+def _combine(y_AxD, order_A, weights_NxP):
   """Expert outputs in sorted order -> [N, D]: unsort, then the top-k weighted sum."""
-  n, k = weights_NxK.shape
-  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
-  y_NxKxD = jnp.take(y_MxD, inverse_M, axis=0).reshape(n, k, -1)
-  return jnp.einsum("nkd,nk->nd", y_NxKxD, weights_NxK.astype(y_NxKxD.dtype))
+  n, k = weights_NxP.shape
+  inverse_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(n * k, dtype=order_A.dtype))
+  y_NxPxD = jnp.take(y_AxD, inverse_A, axis=0).reshape(n, k, -1)
+  return jnp.einsum("nkd,nk->nd", y_NxPxD, weights_NxP.astype(y_NxPxD.dtype))
 
 
 def _swiglu(matmul, x, gate, up, down):
   return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
 
 
-def experts_ragged(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Dropless experts: sort the N·K assignments by expert, three grouped matmuls, unsort.
+def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """Dropless experts: sort the N·P assignments by expert, three grouped matmuls, unsort.
 
   Each ragged_dot multiplies row block e (group_sizes[e] rows) by expert e's weights only: a
-  grouped-GEMM backend does N·K rows of work whatever E is. TPU lowers ragged_dot natively; on
+  grouped-GEMM backend does N·P rows of work whatever E is. TPU lowers ragged_dot natively; on
   GPU set `jax_ragged_dot_use_gpu_pallas_triton_lowering` (or XLA's cuDNN ragged-dot fusion),
   otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does
   (there, `experts_blocked` is the one whose cost follows the active parameters).
   """
-  k = ids_NxK.shape[1]
-  order_M, sorted_M, sizes_E = _group_by_expert(ids_NxK, gate_ExDxF.shape[0])
-  x_MxD = jnp.take(x_NxD, order_M // k, axis=0)
-  y_MxD = _swiglu(lambda a, w: jax.lax.ragged_dot(a, w, sizes_E), x_MxD,
+  k = ids_NxP.shape[1]
+  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, gate_ExDxF.shape[0])
+  x_AxD = jnp.take(x_NxD, order_A // k, axis=0)
+  y_AxD = _swiglu(lambda a, w: jax.lax.ragged_dot(a, w, sizes_E), x_AxD,
                   gate_ExDxF, up_ExDxF, down_ExFxD)
   # Rows past the groups (other shards' experts) are left undefined by grouped GEMMs.
-  y_MxD = jnp.where((sorted_M < gate_ExDxF.shape[0])[:, None], y_MxD, 0)
-  return _combine(y_MxD, order_M, weights_NxK)
+  y_AxD = jnp.where((sorted_A < gate_ExDxF.shape[0])[:, None], y_AxD, 0)
+  return _combine(y_AxD, order_A, weights_NxP)
 
 
 def block_rows(assignments: int, n_experts: int) -> int:
-  """Rows per block of `experts_blocked`: the largest power of two <= M / (4E), at most 512,
-  so that padding every expert's group to whole blocks adds at most ~25% to the M rows."""
+  """Rows per block of `experts_blocked`: the largest power of two <= A / (4E), at most 512,
+  so that padding every expert's group to whole blocks adds at most ~25% to the A rows."""
   return 1 << min(9, max(0, (assignments // (4 * n_experts)).bit_length() - 1))
 
 
-def experts_blocked(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):
   """Dropless experts as a batched matmul over fixed-size row blocks, one expert per block.
 
   The assignments, sorted by expert, are written into a buffer where each expert's group is
   padded to a whole number of `block` rows; block b is multiplied by the weights of its
-  expert (a gather of [blocks, D, F]). Work is (N·K + E·block) rows, so the compiled FLOPs
+  expert (a gather of [blocks, D, F]). Work is (N·P + E·block) rows, so the compiled FLOPs
   follow the active parameters on every backend, XLA:CPU included; the price is the
   gathered weights, blocks x D x F per matrix, which is why TPU and GPU use ragged_dot.
   """
-  n, k = ids_NxK.shape
+  n, k = ids_NxP.shape
   e = gate_ExDxF.shape[0]
   m = n * k
   block = block_rows(m, e) if block is None else block
-  order_M, sorted_M, sizes_E = _group_by_expert(ids_NxK, e)
+  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, e)
   padded_E = -(-sizes_E // block) * block
   starts_E = jnp.cumsum(sizes_E) - sizes_E
   padded_ends_E = jnp.cumsum(padded_E)
-  # sum_e ceil(size_e / block) <= (M + min(E, M) (block - 1)) / block blocks in all.
+  # sum_e ceil(size_e / block) <= (A + min(E, A) (block - 1)) / block blocks in all.
   n_blocks = (m + min(e, m) * (block - 1)) // block
-  valid_M = sorted_M < e
-  expert_M = jnp.minimum(sorted_M, e - 1)
-  row_M = padded_ends_E[expert_M] - padded_E[expert_M] + jnp.arange(m) - starts_E[expert_M]
-  row_M = jnp.where(valid_M, row_M, n_blocks * block)           # out of range: dropped
-  x_RxD = jnp.zeros((n_blocks * block, x_NxD.shape[1]), x_NxD.dtype).at[row_M].set(
-      jnp.take(x_NxD, order_M // k, axis=0), mode="drop")
-  expert_B = jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block, side="right")
-  expert_B = jnp.minimum(expert_B, e - 1)        # blocks past the last group hold zeros
+  valid_A = sorted_A < e
+  expert_A = jnp.minimum(sorted_A, e - 1)
+  row_A = padded_ends_E[expert_A] - padded_E[expert_A] + jnp.arange(m) - starts_E[expert_A]
+  row_A = jnp.where(valid_A, row_A, n_blocks * block)           # out of range: dropped
+  x_RxD = jnp.zeros((n_blocks * block, x_NxD.shape[1]), x_NxD.dtype).at[row_A].set(
+      jnp.take(x_NxD, order_A // k, axis=0), mode="drop")
+  block_expert = jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block, side="right")
+  block_expert = jnp.minimum(block_expert, e - 1)    # blocks past the last group hold zeros
 
   def matmul(a_RxI, w_ExIxO):
-    a_BxTxI = a_RxI.reshape(n_blocks, block, -1)
-    return jnp.einsum("bti,bio->bto", a_BxTxI, jnp.take(w_ExIxO, expert_B, axis=0)).reshape(
+    a_blocks = a_RxI.reshape(n_blocks, block, -1)      # [blocks, C, I]
+    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w_ExIxO, block_expert, axis=0)).reshape(
         n_blocks * block, -1)
 
   y_RxD = _swiglu(matmul, x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
-  y_MxD = jnp.take(y_RxD, row_M, axis=0, mode="fill", fill_value=0)
-  return _combine(y_MxD, order_M, weights_NxK)
+  y_AxD = jnp.take(y_RxD, row_A, axis=0, mode="fill", fill_value=0)
+  return _combine(y_AxD, order_A, weights_NxP)
 
 
-def experts_dense(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
   """Reference: every expert on every token, combined with the top-k weights (0 elsewhere)."""
   e = gate_ExDxF.shape[0]
   gate_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, gate_ExDxF)
   up_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, up_ExDxF)
   y_ExNxD = jnp.einsum("enf,efd->end", jax.nn.silu(gate_ExNxF) * up_ExNxF, down_ExFxD)
-  combine_NxE = jnp.einsum("nke,nk->ne", jax.nn.one_hot(ids_NxK, e, dtype=weights_NxK.dtype),
-                           weights_NxK)
+  combine_NxE = jnp.einsum("nke,nk->ne", jax.nn.one_hot(ids_NxP, e, dtype=weights_NxP.dtype),
+                           weights_NxP)
   return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
 
 
@@ -214,20 +216,20 @@ def expert_fn(impl: str):
   return EXPERTS[platform.expert_impl(impl)[0]]
 
 
-def experts_sharded(experts, x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
   """`experts(...)` with expert parallelism written out: shard_map over the mesh.
 
   Under `axis_rules` with the E axis of the expert weights split over mesh axes (rule
   'expert'), each device holds E/ep experts and its own token rows. Inside one expert group
   the tokens are all-gathered (with their top-k ids and weights), every device runs only its
-  experts on the assignments routed to them, and a reduce-scatter sums each token's K
+  experts on the assignments routed to them, and a reduce-scatter sums each token's P
   outputs back onto the device that owns the token. This is dropless and needs no capacity;
   its traffic, ~(ep-1)/ep of the group's tokens each way, is at most an all-to-all's
-  K(ep-1)/ep when ep <= K. Expert weights split over 'tensor' (rule 'mlp') add a psum.
+  P(ep-1)/ep when ep <= P. Expert weights split over 'tensor' (rule 'mlp') add a psum.
   Without a mesh, or when nothing is split, it is `experts(...)` itself.
   """
   context = logical.current()
-  args = (x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD)
+  args = (x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
   if context is None:
     return experts(*args)
   mesh, rules = context
@@ -246,20 +248,20 @@ def experts_sharded(experts, x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, 
   gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_spec[0]))
   replicated = tuple(a for a in ep_axes if a not in gathered)   # tokens on every shard
 
-  def local(x_NxD, ids_NxK, weights_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
+  def local(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
     if gathered:
-      x_NxD, ids_NxK, weights_NxK = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
-                                     for a in (x_NxD, ids_NxK, weights_NxK))
+      x_NxD, ids_NxP, weights_NxP = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
+                                     for a in (x_NxD, ids_NxP, weights_NxP))
     if replicated:   # same tokens on every expert shard: say so, so that AD sums their
                      # gradients over the shards (without it, on jax 0.10.2, the ragged and
                      # blocked paths' input gradient came out unsummed: tests/test_parallel)
-      x_NxD, weights_NxK = (jax.lax.pcast(a, replicated, to="varying")
-                            for a in (x_NxD, weights_NxK))
+      x_NxD, weights_NxP = (jax.lax.pcast(a, replicated, to="varying")
+                            for a in (x_NxD, weights_NxP))
     e_local = gate_ExDxF.shape[0]
-    ids_NxK = ids_NxK - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxK
-    mine_NxK = (ids_NxK >= 0) & (ids_NxK < e_local)
-    y_NxD = experts(x_NxD, jnp.where(mine_NxK, ids_NxK, e_local),
-                    jnp.where(mine_NxK, weights_NxK, 0), gate_ExDxF, up_ExDxF, down_ExFxD)
+    ids_NxP = ids_NxP - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxP
+    mine_NxP = (ids_NxP >= 0) & (ids_NxP < e_local)
+    y_NxD = experts(x_NxD, jnp.where(mine_NxP, ids_NxP, e_local),
+                    jnp.where(mine_NxP, weights_NxP, 0), gate_ExDxF, up_ExDxF, down_ExFxD)
     if gathered:
       y_NxD = jax.lax.psum_scatter(y_NxD, gathered, scatter_dimension=0, tiled=True)
     if replicated or tp_axes:
@@ -286,15 +288,15 @@ class SparseMoE(nnx.Module):
     cfg, dt = self.cfg, self.dtype
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
-    logits_NxE, probs_NxE, weights_NxK, ids_NxK = _route(
+    logits_NxE, probs_NxE, weights_NxP, ids_NxP = _route(
         x_NxD, self.router[...], cfg.n_experts_per_token, cfg.norm_topk_prob)
-    out_NxD = experts_sharded(expert_fn(cfg.expert_impl), x_NxD, ids_NxK, weights_NxK,
+    out_NxD = experts_sharded(expert_fn(cfg.expert_impl), x_NxD, ids_NxP, weights_NxP,
                               self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
                               self.down_proj[...].astype(dt))
     # Switch / HF Qwen3-MoE load balancing: frac_E counts top-k assignments per token (sums
-    # to K), prob_E is the mean router probability; balanced routing gives lb_loss = K.
+    # to P), prob_E is the mean router probability; balanced routing gives lb_loss = P.
     n = b * length
-    frac_E = jnp.bincount(ids_NxK.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
+    frac_E = jnp.bincount(ids_NxP.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
     prob_E = jnp.mean(probs_NxE, axis=0)
     aux = {
         "lb_loss": cfg.n_experts * jnp.sum(frac_E * prob_E),
@@ -384,8 +386,8 @@ class Qwen3MoE(llama.Llama):
 
 def param_counts(cfg: MoEConfig) -> tuple[int, int]:
   """(total, active) parameters, from shapes only. Active = every parameter except the
-  E - K unused experts of each sparse layer: embeddings, head, attention, norms, routers and
-  dense layers count in full, plus K experts per sparse layer."""
+  E - P unused experts of each sparse layer: embeddings, head, attention, norms, routers and
+  dense layers count in full, plus P experts per sparse layer."""
   total = llama.param_count(Qwen3MoE, cfg)
   unused = sum(cfg.sparse_layers()) * (cfg.n_experts - cfg.n_experts_per_token)
   return total, total - unused * 3 * cfg.dim * cfg.moe_ffw_dim
@@ -393,7 +395,7 @@ def param_counts(cfg: MoEConfig) -> tuple[int, int]:
 
 def matmul_params_active(cfg: MoEConfig) -> int:
   """The 'N' of the 6N rule for MoE: matmul parameters a token goes through (attention,
-  dense MLPs, routers, K experts per sparse layer, head; not the embedding lookup or norms).
+  dense MLPs, routers, P experts per sparse layer, head; not the embedding lookup or norms).
   Pass it to `llama.flops_per_token(cfg, seq_len, active_matmul_params=...)`."""
   d, g = cfg.dim, cfg.head_dim
   n_sparse = sum(cfg.sparse_layers())

@@ -269,7 +269,7 @@ class Run:
         pending = None
         writer.write(dict(step=done, phase=phase.name, eval_loss=self.evaluate(state.params),
                           **self.tokens_at(done)))
-      stop = self.preemption.should_stop()      # agreed by every process
+      stop = self.preemption.should_stop(done)  # agreed by every process
       self.save(state, done, force=stop or done == phase.last_step)
       if stop:
         if pending is not None:

@@ -10,6 +10,7 @@ import threading
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 log = logging.getLogger("tst_jax")
 
@@ -25,18 +26,36 @@ class Preempted(Exception):
 class PreemptionGuard:
   """Turns SIGTERM/SIGINT into a request the loop honours after the current step.
 
-  On several processes the request is agreed with an all-gather every step, so every
-  process stops (and checkpoints) at the same step, whichever of them got the signal.
+  One process: a Python signal handler sets a flag, read every step (no communication).
+
+  Several processes must stop (and checkpoint) at the same step, whichever of them got the
+  signal, without a collective per step. JAX's preemption service (on by default with
+  `jax.distributed`) owns SIGTERM: its notice reaches every process through the coordination
+  service in the background, and `reached_preemption_sync_point(step)` (also what Orbax's
+  CheckpointManager asks) turns true at the same step everywhere; a local call per step.
+  SIGINT is passed on to it as SIGTERM. With the service off
+  (`jax_enable_preemption_service=False`) the processes all-gather their flags every
+  `agree_every` steps instead.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, agree_every: int = 10):
     self.requested = False
+    self.agree_every = agree_every
     self._previous = {}
+    self._calls = 0
+    multi = jax.process_count() > 1
+    self.service = multi and bool(jax.config.jax_enable_preemption_service)
+    if self.service:   # SIGTERM stays with JAX's notifier; SIGINT is forwarded to it
+      self._install((signal.SIGINT,), self._forward)
+    else:
+      self._install(self.SIGNALS, self._handle)
+
+  def _install(self, signals, handler):
     if threading.current_thread() is threading.main_thread():
-      for sig in self.SIGNALS:
-        self._previous[sig] = signal.signal(sig, self._handle)
+      for sig in signals:
+        self._previous.setdefault(sig, signal.signal(sig, handler))
 
   def _handle(self, signum, frame):
     del frame
@@ -48,13 +67,36 @@ class PreemptionGuard:
     log.warning("%s received: finishing this step, then checkpointing and exiting (send it "
                 "again to exit at once)", signal.Signals(signum).name)
 
-  def should_stop(self) -> bool:
+  def _forward(self, signum, frame):
+    self._handle(signum, frame)
+    os.kill(os.getpid(), signal.SIGTERM)   # JAX's notifier tells the other processes
+
+  def should_stop(self, step: int | None = None) -> bool:
+    """True at the step where every process stops; call it once per step, after `step`
+    steps are done (the number Orbax's CheckpointManager.save is given)."""
+    self._calls += 1
     if jax.process_count() == 1:
       return self.requested
-    from jax.experimental import multihost_utils
+    if self.service:
+      if step is None:
+        raise TypeError("should_stop(step): several processes agree on a step number")
+      try:
+        stop = multihost_utils.reached_preemption_sync_point(step)
+      except RuntimeError as e:   # no sync manager after all: agree by all-gather
+        log.warning("JAX preemption service unavailable (%s); processes agree on a stop "
+                    "every %d steps instead", e, self.agree_every)
+        self.service = False
+        self._install(self.SIGNALS, self._handle)
+        return False
+      if stop:
+        log.warning("preemption notice: every process stops after step %s", step)
+      return stop
+    if self._calls % self.agree_every:
+      return False
     return bool(np.max(multihost_utils.process_allgather(np.int32(self.requested))))
 
   def close(self):
     for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
+      if handler is not None:   # None: a handler not set from Python (JAX's), still in place
+        signal.signal(sig, handler)
     self._previous = {}

@@ -1,8 +1,9 @@
 """Train state, sharded init, and the pure jitted train/eval steps of each phase.
 
-A batch is a packed window of tokens [B, data_len + 1]. The phase decides the view:
-the tst step folds it into bags (`superposition.tst_view`) and uses the MCE loss; the
-ntp step is the ordinary language-model step (shift by one, cross-entropy).
+A batch is a packed window of tokens [B, W], W = S·L + 1 (letters: the package docstring).
+The phase decides the view: the tst step folds it into bags (`superposition.tst_view`) and
+uses the MCE loss; the ntp step is the ordinary language-model step (shift by one,
+cross-entropy).
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
 
 def ntp_loss_fn(loss_cfg):
   """The ordinary next-token loss of a window; no superposition code on this path."""
-  def loss_of_window(model, window_BxT):
-    inputs_BxL, labels_BxL = sp.ntp_view(window_BxT)
+  def loss_of_window(model, window_BxW):
+    inputs_BxL, labels_BxL = sp.ntp_view(window_BxW)
     hidden_BxLxD, aux = model.forward(inputs_BxL)
     return lm_loss(model, hidden_BxLxD, labels_BxL[..., None], loss_cfg), aux
   return loss_of_window
@@ -79,10 +80,10 @@ def ntp_loss_fn(loss_cfg):
 
 def tst_loss_fn(tst_cfg, loss_cfg):
   """Phase 1: superposed inputs and the next-bag MCE loss (or an ablation mode)."""
-  def loss_of_window(model, window_BxT):
-    inputs, targets_BxlxS = sp.tst_view(window_BxT, tst_cfg.bag_size, tst_cfg.mode)
-    hidden_BxlxD, aux = model.forward(inputs)
-    return lm_loss(model, hidden_BxlxD, targets_BxlxS, loss_cfg, weighting=tst_cfg.weighting,
+  def loss_of_window(model, window_BxW):
+    inputs, targets_BxLxS = sp.tst_view(window_BxW, tst_cfg.bag_size, tst_cfg.mode)
+    hidden_BxLxD, aux = model.forward(inputs)
+    return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, weighting=tst_cfg.weighting,
                    variant=tst_cfg.variant), aux
   return loss_of_window
 
@@ -98,12 +99,12 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
 
   grad_fn = jax.value_and_grad(loss_and_aux, has_aux=True)
 
-  def train_step(state: TrainState, window_BxT):
+  def train_step(state: TrainState, window_BxW):
     if grad_accum == 1:
-      (_, (loss, aux_metrics)), grads = grad_fn(state.params, window_BxT)
+      (_, (loss, aux_metrics)), grads = grad_fn(state.params, window_BxW)
     else:
       # Row r goes to micro-batch r % grad_accum, so each keeps the batch sharding.
-      micro = window_BxT.reshape(-1, grad_accum, window_BxT.shape[-1]).swapaxes(0, 1)
+      micro = window_BxW.reshape(-1, grad_accum, window_BxW.shape[-1]).swapaxes(0, 1)
       micro = constrain(micro, (None, "batch", None))
       zeros = jax.tree.map(jnp.zeros_like, state.params)
 
@@ -132,9 +133,9 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
 
 def make_eval_step(graphdef):
   """eval_step(params, window) -> (sum of next-token NLL, number of tokens), in nats."""
-  def eval_step(params, window_BxT):
+  def eval_step(params, window_BxW):
     model = nnx.merge(graphdef, params)
-    inputs_BxL, labels_BxL = sp.ntp_view(window_BxT)
+    inputs_BxL, labels_BxL = sp.ntp_view(window_BxW)
     per_token, mask = losses.mce_loss_per_position(model(inputs_BxL), labels_BxL[..., None])
     return jnp.sum(per_token * mask), jnp.sum(mask)
   return eval_step

@@ -1,0 +1,54 @@
+"""Dependencies: the tested versions satisfy the declared ranges; the tfds reader needs no
+TensorFlow."""
+
+import os
+import sys
+import types
+
+import pytest
+from packaging.requirements import Requirement
+
+from tst_jax.data import sources
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pins() -> dict[str, str]:
+  pins = {}
+  with open(os.path.join(ROOT, "constraints.txt")) as f:
+    for line in f:
+      line = line.split("#")[0].strip()
+      if line:
+        name, version = line.split("==")
+        pins[name.lower().replace("_", "-")] = version
+  return pins
+
+
+def test_tested_versions_satisfy_pyproject():
+  tomllib = pytest.importorskip("tomllib")
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    project = tomllib.load(f)["project"]
+  pins = _pins()
+  for line in project["dependencies"] + project["optional-dependencies"]["test"]:
+    req = Requirement(line)
+    name = req.name.lower().replace("_", "-")
+    assert name in pins, f"{name} is declared but its tested version is not in constraints.txt"
+    assert req.specifier.contains(pins[name], prereleases=True), (line, pins[name])
+
+
+def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
+  """`tfds:` reads the ArrayRecord data source (random access, no TensorFlow), not
+  tfds.load's tf.data pipeline."""
+  calls = []
+  docs = [{"text": b"first document"}, {"text": b"second"}]
+
+  def data_source(name, split):
+    calls.append((name, split))
+    return docs
+
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.data_source = data_source
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  monkeypatch.setitem(sys.modules, "tensorflow", None)     # importing it would fail
+  assert list(sources._tfds_texts("lm1b", "test")) == [b"first document", b"second"]
+  assert calls == [("lm1b", "test")]
