@@ -41,8 +41,11 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  debug = flags.FLAGS.verbosity >= 1          # --verbosity=1: tracebacks of user errors too
-  logging.set_verbosity(max(flags.FLAGS.verbosity, logging.INFO))
+  # Library logs (orbax, jax) are warnings only, unless asked for: --verbosity=0 shows INFO,
+  # --verbosity=1 also DEBUG and the traceback of a user error.
+  verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else logging.WARNING
+  debug = verbosity >= 1
+  logging.set_verbosity(verbosity)
   errors.main(loop.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug)
 
 

@@ -8,7 +8,7 @@ Generates JSONL.zst shards (64 MB of text each) of the Python stdlib repeated wi
 header (so every document differs); a smaller size is the first shards of the largest; trains one BPE (--vocab_size) on a sample, then for each
 run times `python -m tst_jax.data.prepare` in a subprocess, sampling the summed RSS of it and
 its workers. Then, for each prepared store and for stores of random tokens (--synthetic_gb,
-written in seconds): the trainer's data startup (`loop.prepare_data` of `tokens:DIR` in a
+written in seconds): the trainer's data startup (`run_data.prepare_data` of `tokens:DIR` in a
 fresh process: time, peak RSS, and its anonymous / file-backed parts) and the reader (make_batches over the
 memory-mapped store at the demo's phase-1 and phase-2 shapes). Prints one JSON object.
 """
@@ -139,13 +139,13 @@ def run_prepare(source, tokenizer, out, workers) -> dict:
 _STARTUP = r"""
 import json, resource, sys, time
 t0 = time.time()
-from tst_jax.train import loop
+from tst_jax.data import run_data
 from configs import demo
 imported = time.time() - t0
 c = demo.get_config()
 c.data.source, c.data.tokenizer = "tokens:" + sys.argv[1], ""
 t1 = time.time()
-data = loop.prepare_data(c, sys.argv[2], int(sys.argv[3]), (0, 1))
+data = run_data.prepare_data(c, sys.argv[2], int(sys.argv[3]), (0, 1))
 seconds = time.time() - t1
 status = dict(line.split(":") for line in open("/proc/self/status") if ":" in line)
 mb = lambda key: round(int(status[key].split()[0]) / 1e3)

@@ -55,8 +55,7 @@ def build(config, phase_name):
   tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
-             else step_lib.ntp_loss_fn(config.loss))
+  loss_fn = step_lib.loss_fn(phase, config.loss)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
   train_step = step_lib.jit_step(
       step_lib.make_train_step(graphdef, loss_fn, tx, schedule, config.optimizer.grad_accum),

@@ -12,6 +12,7 @@ import transformers
 
 from tests import trained
 from tst_jax import checkpoints_io, export, models
+from tst_jax.data import run_data
 from tst_jax.train import loop, plan as plan_lib
 
 
@@ -50,7 +51,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
   assert tokenizer(text).input_ids == ours.encode(text)
   assert tokenizer.decode(ours.encode(text)) == text
 
-  data = loop.prepare_data(trained.config(), workdir, model.config.vocab_size)
+  data = run_data.prepare_data(trained.config(), workdir, model.config.vocab_size)
   expected = trained.summary(workdir)["final_eval_loss"]   # tst_jax's eval at the last step
   assert _hf_eval_loss(model, data.eval_windows) == pytest.approx(expected, abs=1e-3)
 
@@ -83,7 +84,7 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
   config = trained.config()
   config.init_from_hf = hf_dir
   config.data.tokenizer = os.path.join(hf_dir, "tokenizer.json")
-  run = loop.Run(config, str(tmp_path / "run"), plan_lib.make_plan(config))
+  run = loop.Setup(config, str(tmp_path / "run"), plan_lib.make_plan(config))
   state, step = run.restore_or_init()
   assert step == 0 and int(state.step) == 0
   assert run.evaluate(state.params) == pytest.approx(

@@ -41,15 +41,14 @@ def train_losses(config, workdir, init=None):
   a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
   """
   plan = plan_lib.make_plan(config)
-  run = loop.Run(config, str(workdir), plan)
+  run = loop.Setup(config, str(workdir), plan)
   if init is None:
     state = step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
   else:
     state = jax.device_put(init, run.shardings)
   losses, firsts = [], []
   for phase in plan.phases:
-    loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
-               else step_lib.ntp_loss_fn(config.loss))
+    loss_fn = step_lib.loss_fn(phase, config.loss)
     step = step_lib.jit_step(step_lib.make_train_step(run.graphdef, loss_fn, run.tx,
                                                       run.schedule),
                              run.shardings, run.batch_sharding, run.mesh, run.rules)
@@ -85,7 +84,7 @@ def reference(tmp_path_factory):
   def get(family):
     if family not in cache:
       config = mesh_config(family=family)
-      run = loop.Run(config, str(tmp_path_factory.mktemp("init")), plan_lib.make_plan(config))
+      run = loop.Setup(config, str(tmp_path_factory.mktemp("init")), plan_lib.make_plan(config))
       init = jax.device_get(step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh,
                                                 run.rules))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
@@ -175,7 +174,7 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   scalars stay replicated), initialised directly into their shards."""
   def state_on(mesh):
     config = mesh_config(mesh)
-    run = loop.Run(config, str(tmp_path / str(mesh[1])), plan_lib.make_plan(config))
+    run = loop.Setup(config, str(tmp_path / str(mesh[1])), plan_lib.make_plan(config))
     return step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))

@@ -53,7 +53,7 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
                      r"the update was not applied. Last good checkpoint: step \d+ in .*"
                      rf"{count} non-finite steps"):
     loop.run(config, str(tmp_path))
-  run = loop.Run(config, str(tmp_path), loop.make_plan(config))
+  run = loop.Setup(config, str(tmp_path), loop.make_plan(config))
   state, step = run.restore_or_init()
   assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
@@ -128,7 +128,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   for p in victims:                      # truncate the array data of the latest step
     with open(p, "r+b") as f:
       f.truncate(p.stat().st_size // 3)
-  run = loop.Run(config, str(tmp_path), loop.make_plan(config))
+  run = loop.Setup(config, str(tmp_path), loop.make_plan(config))
   with caplog.at_level("WARNING", logger="tst_jax"):
     state, step = run.restore_or_init()
   assert step == 2

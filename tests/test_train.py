@@ -52,8 +52,8 @@ def test_phase_flops_equal_in_compiled_cost_analysis():
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), np.int32)
     return jax.jit(step).lower(state, window).compile().cost_analysis()["flops"]
 
-  tst = flops(tst_phase, step_lib.tst_loss_fn(config.tst, config.loss))
-  ntp = flops(ntp_phase, step_lib.ntp_loss_fn(config.loss))
+  tst = flops(tst_phase, step_lib.loss_fn(tst_phase, config.loss))
+  ntp = flops(ntp_phase, step_lib.loss_fn(ntp_phase, config.loss))
   assert abs(tst - ntp) / ntp < 0.02, (tst, ntp)
 
 
@@ -161,3 +161,29 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
     losses[impl] = [r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)
+
+
+def test_a_phase_is_the_single_source_of_its_batches_and_loss():
+  """The loss of a phase is built from its own bag size, mode, weighting and variant (the
+  slow, obvious version: the MCE of superposed inputs written out here), a window of the
+  wrong length is refused, and a Phase whose data length is not S x L cannot be made."""
+  from flax import nnx
+  from tst_jax import losses, models
+  from tst_jax import superposition as sp
+  config = tiny_config(bag_size=4)
+  config.tst.update(weighting="exponential", variant="alt")
+  tst = plan_lib.make_plan(config).phases[0]
+  assert (tst.bag_size, tst.mode, tst.weighting, tst.variant) == (4, "full", "exponential",
+                                                                  "alt")
+  assert tst.window - 1 == tst.bag_size * tst.latent_seq_len
+  model = models.build(models.model_config(config.model), nnx.Rngs(0))
+  window = np.asarray(jax.random.randint(jax.random.key(1), (2, tst.window), 0, 512))
+  loss, _ = step_lib.loss_fn(tst, config.loss)(model, window)
+  inputs, targets = sp.fold(window[:, :-1], 4), sp.bag_targets(window[:, 1:], 4)
+  hidden, _ = model.forward(inputs)
+  want = losses.mce_loss(model.logits(hidden), targets, weighting="exponential", variant="alt")
+  np.testing.assert_allclose(loss, want, rtol=1e-6)
+  with pytest.raises(ValueError, match="windows of 33 tokens, the plan says 65"):
+    step_lib.loss_fn(tst, config.loss)(model, window[:, :33])
+  with pytest.raises(ValueError, match="that mode reads 64"):
+    plan_lib.Phase("tst", 0, 1, 4, "full", 16, 32, 2, 1.0)

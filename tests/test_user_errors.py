@@ -113,8 +113,7 @@ def _layout_and_trace(config, plan):
   loop._check_parallel(  # pylint: disable=protected-access
       config, plan, batch_sharding, abstract, shardings)
   for phase in plan.phases:
-    loss_fn = (step_lib.tst_loss_fn(config.tst, config.loss) if phase.name == "tst"
-               else step_lib.ntp_loss_fn(config.loss))
+    loss_fn = step_lib.loss_fn(phase, config.loss)
     train_step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule,
                                           config.optimizer.grad_accum)
     jax.eval_shape(train_step, abstract,

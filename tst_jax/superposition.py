@@ -67,6 +67,14 @@ def superpose(table_VxD, bags_BxLxS):
   return (h_BxLxD / bag_size).astype(table_VxD.dtype)
 
 
+def data_length(latent_len: int, bag_size: int, mode: str) -> int:
+  """T, the data tokens per row that `tst_view` folds into L model positions: S·L for full
+  and input_only (L bags of S tokens), L for output_only (single tokens in)."""
+  if mode not in MODES:
+    raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
+  return latent_len if mode == "output_only" else bag_size * latent_len
+
+
 def ntp_view(window_BxW):
   """A packed window of data_len + 1 tokens -> plain next-token (inputs, targets)."""
   return window_BxW[:, :-1], window_BxW[:, 1:]

@@ -197,12 +197,12 @@ def prepare_shared_data(workdir: str, config):
   link; a `tokens:` store needs nothing."""
   if config.data.source.startswith("tokens:"):
     return
-  from tst_jax.train import loop
+  from tst_jax.data import run_data
   path = shared_data_dir(workdir, config)
   done = os.path.join(path, "prepared.json")
   if not os.path.exists(done):
     t0 = time.time()
-    data = loop.prepare_data(config, path, config.model.vocab_size, block=(0, 1))
+    data = run_data.prepare_data(config, path, config.model.vocab_size, block=(0, 1))
     _write_json(done, dict(data_key=_data_key(config), train_tokens=len(data.train),
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
@@ -233,7 +233,7 @@ def _link_or_copy(src: str, dst: str):
 
 def _data_key(config) -> str:
   """What the tokenizer and token streams of a run depend on."""
-  from tst_jax.train.loop import data_seed
+  from tst_jax.data.run_data import data_seed
   return json.dumps(dict(seed=data_seed(config), data=config.data.to_dict(),
                          vocab_size=config.model.vocab_size), sort_keys=True)
 

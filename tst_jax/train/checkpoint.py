@@ -6,6 +6,8 @@ import contextlib
 import os
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -98,6 +100,22 @@ def abstract_with_shardings(abstract_state, shardings):
                       abstract_state, shardings)
 
 
+def init_from_hf(path: str, model_cfg, family: str, tx, shardings, mesh, rules):
+  """A step-0 TrainState holding the weights of a Hugging Face folder (sharded as
+  `shardings`), with a fresh optimizer state."""
+  from tst_jax import checkpoints_io                  # pylint: disable=g-import-not-at-top
+  from tst_jax.parallel.logical import axis_rules     # pylint: disable=g-import-not-at-top
+  from tst_jax.train.step import TrainState           # pylint: disable=g-import-not-at-top
+  try:
+    host = checkpoints_io.hf_params(path, model_cfg, family)
+  except (ValueError, FileNotFoundError) as e:
+    raise ConfigError(f"config.init_from_hf: {e}") from e
+  params = jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+      host, shardings.params)
+  fresh = lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
+  with axis_rules(mesh, rules):
+    return jax.jit(fresh, out_shardings=shardings)(params)
 
 
 def _os_error(e: BaseException | None) -> OSError | None:

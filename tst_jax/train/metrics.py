@@ -37,6 +37,22 @@ class MetricsWriter:
       self.tb.close()
 
 
+def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
+  """The run's summary (final held-out loss, the phase-1-end eval, steps, token counts, and
+  `fields`); with `write`, to <workdir>/summary.json with the loss plot <workdir>/loss.png."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  evals = {r["step"]: r["eval_loss"] for r in read(path) if "eval_loss" in r}
+  switch = plan.phases[0].last_step if len(plan.phases) > 1 else None
+  summary = dict(final_eval_loss=final_eval, steps=plan.total_steps,
+                 phase1_end_eval_loss=evals.get(switch), **fields,
+                 **plan.tokens_at(plan.total_steps))
+  if write:
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+    plot_losses(path, os.path.join(workdir, "loss.png"), switch_step=switch)
+  return summary
+
+
 def read(path: str) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]

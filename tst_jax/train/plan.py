@@ -11,6 +11,7 @@ import os
 from tst_jax import losses, models, platform
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax import superposition as sp
 from tst_jax.superposition import MODES
 
 EQUAL_FLOPS = ("seq", "batch")
@@ -203,8 +204,7 @@ def check_paths(config) -> None:
     _require(os.path.isfile(os.path.join(os.path.expanduser(pattern), "manifest.json")),
              "data.source", f"{pattern!r} is not a token store (no manifest.json): make one "
              "with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
-    return           # the store's own tokenizer; a named one is compared with it later
-  if d.tokenizer != "bpe":
+  if d.tokenizer not in ("", "bpe"):     # "" only with a store, which has its own
     _require(os.path.isfile(d.tokenizer), "data.tokenizer",
              f"file {d.tokenizer!r} does not exist: give the path of a tokenizer.json or .model, "
              "or 'bpe' to train one on the data")
@@ -216,15 +216,31 @@ def check_paths(config) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
+  """One phase's settings: the single source of its batches (window, rows) and its loss
+  (bag size, mode, weighting, variant)."""
   name: str            # "tst" (token superposition) or "ntp" (next-token prediction)
   first_step: int      # global optimizer step at which the phase starts
   steps: int
   bag_size: int        # S (1 for ntp)
   mode: str            # full | input_only | output_only (ntp: "ntp")
-  latent_seq_len: int  # positions the model sees
-  data_seq_len: int    # data tokens per row (window = data_seq_len + 1)
-  batch_size: int
+  latent_seq_len: int  # L, positions the model sees
+  data_seq_len: int    # T, data tokens per row (window W = T + 1)
+  batch_size: int      # B, global rows
   flops_per_step: float
+  weighting: str = "uniform"   # the MCE's bag weighting (tst)
+  variant: str = "mce"         # mce | alt (tst)
+
+  def __post_init__(self):
+    want = (self.latent_seq_len if self.mode == "ntp" else
+            sp.data_length(self.latent_seq_len, self.bag_size, self.mode))
+    if self.data_seq_len != want or (self.mode == "ntp") != (self.bag_size == 1):
+      raise ValueError(f"phase {self.name}: {self.data_seq_len} data tokens per row for "
+                       f"L={self.latent_seq_len}, S={self.bag_size}, mode {self.mode!r}; "
+                       f"that mode reads {want}")
+
+  @property
+  def is_tst(self) -> bool:
+    return self.mode != "ntp"
 
   @property
   def window(self) -> int:
@@ -245,6 +261,7 @@ class Phase:
 
   def to_json(self) -> dict:
     return dict(name=self.name, steps=self.steps, bag_size=self.bag_size, mode=self.mode,
+                weighting=self.weighting, variant=self.variant,
                 latent_seq_len=self.latent_seq_len, data_seq_len=self.data_seq_len,
                 batch_size=self.batch_size, data_tokens=self.steps * self.data_tokens_per_step,
                 equivalent_tokens=self.steps * self.equivalent_tokens_per_step,
@@ -267,6 +284,18 @@ class Plan:
         return phase
     return self.phases[-1]
 
+  def data_start(self, phase: Phase) -> int:
+    """Stream position where `phase` starts: right where the previous phases stopped (each
+    reads steps x B x T tokens, as data.stream_position)."""
+    earlier = self.phases[:self.phases.index(phase)]
+    return sum(p.steps * p.data_tokens_per_step for p in earlier)
+
+  def tokens_at(self, step: int) -> dict:
+    """Data tokens and equivalent tokens (model positions) consumed by the end of `step`."""
+    done = [(min(max(step - p.first_step, 0), p.steps), p) for p in self.phases]
+    return dict(data_tokens=sum(n * p.data_tokens_per_step for n, p in done),
+                equivalent_tokens=sum(n * p.equivalent_tokens_per_step for n, p in done))
+
   def to_json(self) -> dict:
     phases = [p.to_json() for p in self.phases]
     return dict(params_total=self.params_total, params_active=self.params_active,
@@ -288,25 +317,25 @@ def make_plan(config) -> Plan:
   steps_total = config.train.steps
   tst_steps = round(tst.ratio * steps_total) if s > 1 else 0
 
-  def phase(name, first, steps, bag, mode, latent, data_len, rows):
+  def phase(name, first, steps, bag, mode, latent, rows):
     flops = family.flops_per_token(model_cfg, latent) * latent * rows
-    return Phase(name, first, steps, bag, mode, latent, data_len, rows, flops)
+    data_len = latent if mode == "ntp" else sp.data_length(latent, bag, mode)
+    loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
+    return Phase(name, first, steps, bag, mode, latent, data_len, rows, flops, **loss)
 
   phases = []
   if tst_steps:
-    if tst.mode == "output_only":      # single tokens in, next bag out: data = latent
-      phases.append(phase("tst", 0, tst_steps, s, tst.mode, seq, seq, batch))
-    elif tst.equal_flops == "seq":     # the paper's choice: data sequence S * L
-      phases.append(phase("tst", 0, tst_steps, s, tst.mode, seq, s * seq, batch))
-    else:                              # S x the batch of L-token rows, L / S bags each
-      phases.append(phase("tst", 0, tst_steps, s, tst.mode, seq // s, seq, s * batch))
+    if tst.equal_flops == "batch" and tst.mode != "output_only":
+      phases.append(phase("tst", 0, tst_steps, s, tst.mode, seq // s, s * batch))
+    else:   # the paper's choice: L positions of S-token bags, a data sequence of S x L
+      phases.append(phase("tst", 0, tst_steps, s, tst.mode, seq, batch))
   if steps_total - tst_steps:
-    phases.append(phase("ntp", tst_steps, steps_total - tst_steps, 1, "ntp", seq, seq, batch))
+    phases.append(phase("ntp", tst_steps, steps_total - tst_steps, 1, "ntp", seq, batch))
   return Plan(total, active, tuple(phases))
 
 
-def format_plan(plan: Plan, resolved=None) -> str:
-  """A readable table (and the platform's resolved defaults) then the plan as JSON."""
+def format_plan(plan: Plan, resolved=None, with_json: bool = True) -> str:
+  """A readable table (and the platform's resolved defaults), then the plan as JSON."""
   def human(x):
     for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
                         ("K", 1e3)):
@@ -330,5 +359,6 @@ def format_plan(plan: Plan, resolved=None) -> str:
                f"{human(summary['flops_total'])} FLOPs")
   if resolved is not None:
     lines.append(resolved.line())
-  lines.append(json.dumps(summary))
+  if with_json:
+    lines.append(json.dumps(summary))
   return "\n".join(lines)

@@ -69,6 +69,12 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
                                 variant=variant, impl=loss_cfg.impl)
 
 
+def loss_fn(phase, loss_cfg):
+  """loss_of_window(model, window_BxW) -> (loss, aux) of a plan Phase, built from its own
+  settings: the next-token loss in ntp, superposed inputs and the MCE in tst."""
+  return ntp_loss_fn(loss_cfg) if not phase.is_tst else tst_loss_fn(phase, loss_cfg)
+
+
 def ntp_loss_fn(loss_cfg):
   """The ordinary next-token loss of a window; no superposition code on this path."""
   def loss_of_window(model, window_BxW):
@@ -78,13 +84,17 @@ def ntp_loss_fn(loss_cfg):
   return loss_of_window
 
 
-def tst_loss_fn(tst_cfg, loss_cfg):
-  """Phase 1: superposed inputs and the next-bag MCE loss (or an ablation mode)."""
+def tst_loss_fn(phase, loss_cfg):
+  """Phase 1: superposed inputs and the next-bag MCE loss (or an ablation mode), with the
+  phase's bag size, mode, weighting and variant."""
   def loss_of_window(model, window_BxW):
-    inputs, targets_BxLxS = sp.tst_view(window_BxW, tst_cfg.bag_size, tst_cfg.mode)
+    if window_BxW.shape[1] != phase.window:
+      raise ValueError(f"phase {phase.name}: windows of {window_BxW.shape[1]} tokens, the plan "
+                       f"says {phase.window} (T + 1 = {phase.data_seq_len} + 1)")
+    inputs, targets_BxLxS = sp.tst_view(window_BxW, phase.bag_size, phase.mode)
     hidden_BxLxD, aux = model.forward(inputs)
-    return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, weighting=tst_cfg.weighting,
-                   variant=tst_cfg.variant), aux
+    return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, weighting=phase.weighting,
+                   variant=phase.variant), aux
   return loss_of_window
 
 

@@ -1,0 +1,75 @@
+"""What a user watches: main.py's console off a terminal, and the bar on one."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tst_jax.train import console as console_lib
+from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import plan as plan_lib
+from tests.tiny import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CMD = [sys.executable, os.path.join(ROOT, "main.py"),
+       "--config", os.path.join(ROOT, "tests", "tiny_config.py")]
+ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path):
+  """The data lines, the plan table, a line per logged step (step, phase, loss, tokens/s,
+  ETA), each eval, the switch and the final block, all matching metrics.jsonl and
+  summary.json; stderr holds no absl/orbax INFO lines and stdout no carriage returns.
+  --verbosity=0 brings the library INFO logs back."""
+  workdir = tmp_path / "run"
+  result = subprocess.run(CMD + ["--workdir", str(workdir)], env=ENV, capture_output=True,
+                          text=True, check=True)
+  out = result.stdout
+  assert "\r" not in out
+  assert not [l for l in result.stderr.splitlines() if re.match(r"[IW]\d{4} ", l)], result.stderr
+  lines = out.splitlines()
+  assert lines[0].startswith(f"data: tokenizing builtin:pystdlib into {workdir}/data")
+  assert re.match(r"data: [\d,]+ training and [\d,]+ held-out tokens in ", lines[1])
+  assert lines[2].startswith("parameters: ") and not any(l.startswith("{") for l in lines)
+  records = metrics_lib.read(str(workdir / "metrics.jsonl"))
+  train = [r for r in records if "loss" in r]
+  steps = [l for l in lines if l.startswith("step ")]
+  assert len(steps) == len(train) == 12
+  for line, r in zip(steps, train):
+    phase = "tst S=2" if r["phase"] == "tst" else "ntp"
+    assert re.fullmatch(rf"step +{r['step']}/12  {phase} +loss {r['loss']:.4f}  \S+ tok/s  "
+                        r"ETA \d+(m\d\ds|s)", line), line
+  evals = [r for r in records if "eval_loss" in r]
+  assert [l for l in lines if l.startswith("eval ")] == [
+      f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}" for r in evals]
+  assert "phase switch at step 6: restored the tst checkpoint, now ntp" in lines
+  summary = json.loads((workdir / "summary.json").read_text())
+  final = lines[lines.index(next(l for l in lines if l.startswith("done: "))):]
+  assert final[0].startswith(f"done: 12 steps (") and final[0].endswith(
+      f"held-out loss {summary['final_eval_loss']:.4f} "
+      f"(end of phase 1: {summary['phase1_end_eval_loss']:.4f})")
+  assert f"tensorboard --logdir {workdir}/tensorboard" in final[3]
+  assert "the same command resumes" in final[4]
+  # Resumed (finished): one line saying so instead of the plan, then the final block.
+  again = subprocess.run(CMD + ["--workdir", str(workdir), "--mode", "eval", "--verbosity=0"],
+                         env=ENV, capture_output=True, text=True, check=True)
+  assert json.loads(again.stdout.splitlines()[-1])["step"] == 12
+  assert re.search(r"^I\d{4} .*(orbax|checkpoint)", again.stderr, re.M), again.stderr[-2000:]
+
+
+def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
+  out = io.StringIO()
+  monkeypatch.setattr(sys, "stdout", out)
+  plan = plan_lib.make_plan(tiny_config())
+  console = console_lib.Console(plan.total_steps, 0, bar=True)
+  for step in range(1, 5):
+    console.step(step, plan.phases[0], dict(loss=5.0 + step), 1e3, logged=True)
+  console.eval(4, 4.5)
+  console.close()
+  text = out.getvalue()
+  assert "eval  step 4: held-out next-token loss 4.5000\n" in text
+  assert "tst S=2" in text and "loss=9.000" in text and "4/12" in text
+  assert not re.search(r"^step ", text, re.M)          # no per-step lines with a bar
+  assert console_lib.duration(3725) == "1h02m" and console_lib.duration(65) == "1m05s"

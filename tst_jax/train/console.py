@@ -1,0 +1,88 @@
+"""What a user watches: the plan, one line per log_every (a bar on a terminal), each eval, the
+phase switch and a final block. Only process 0 prints; library INFO logs stay off (main.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import tqdm
+
+
+def duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def rate(x: float) -> str:
+  for unit, scale in (("M", 1e6), ("k", 1e3)):
+    if x >= scale:
+      return f"{x / scale:.1f}{unit}"
+  return f"{x:.0f}"
+
+
+class Console:
+  """Prints to stdout; `bar` (a terminal and train.progress_bar) turns the per-step lines into
+  a tqdm bar, with the other lines written above it."""
+
+  def __init__(self, total_steps: int, start: int, *, enabled: bool = True,
+               bar: bool | None = None):
+    self.total, self.start, self.enabled = total_steps, start, enabled
+    self.t0 = time.time()
+    use_bar = enabled and (sys.stdout.isatty() if bar is None else bar)
+    self.bar = (tqdm.tqdm(total=total_steps, initial=start, unit="step", mininterval=1.0,
+                          file=sys.stdout) if use_bar else None)
+
+  def print(self, text: str):
+    if not self.enabled:
+      return
+    if self.bar is not None:
+      self.bar.write(text, file=sys.stdout)
+    else:
+      print(text, flush=True)
+
+  def step(self, step: int, phase, metrics: dict, data_tokens_per_s: float, logged: bool):
+    """Every step's metrics (bar) and, on a logged step, one line without a bar."""
+    if not self.enabled:
+      return
+    if self.bar is not None:
+      self.bar.update(step - self.bar.n)
+      self.bar.set_description(_phase_name(phase), refresh=False)
+      self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", refresh=False)
+      return
+    if logged:
+      done = step - self.start
+      eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
+      width = len(str(self.total))
+      print(f"step {step:>{width}}/{self.total}  {_phase_name(phase):<8} loss "
+            f"{metrics['loss']:.4f}  {rate(data_tokens_per_s)} tok/s  ETA {duration(eta)}",
+            flush=True)
+
+  def eval(self, step: int, loss: float):
+    self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}")
+
+  def final(self, summary: dict, workdir: str):
+    """Held-out loss, where the files are, how to resume or look at it."""
+    self.close()
+    lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
+             f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
+    if summary.get("phase1_end_eval_loss") is not None:
+      lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
+    lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
+              f"  metrics: {os.path.join(workdir, 'metrics.jsonl')}, plot: "
+              f"{os.path.join(workdir, 'loss.png')}",
+              f"  tensorboard --logdir {os.path.join(workdir, 'tensorboard')}",
+              f"  checkpoints: {os.path.join(workdir, 'checkpoints')} (the same command "
+              "resumes from the latest)"]
+    self.print("\n".join(lines))
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
+
+
+def _phase_name(phase) -> str:
+  return phase.name + (f" S={phase.bag_size}" if phase.bag_size > 1 else "")
