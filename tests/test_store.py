@@ -15,6 +15,7 @@ from tst_jax.data import (
 from tst_jax.data import prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
+from tst_jax.train import loop
 from tst_jax.train.plan import ConfigError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
@@ -287,6 +288,33 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   with pytest.raises(ConfigError, match="was trained on the token store"):
     run_data.prepare_data(config, workdir, 512, (0, 1))
   assert shard_bytes(one_shard.directory) == before
+
+
+def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
+  """The store's fingerprint is in each checkpoint's metadata: a store prepared again in the
+  same folder (same tokenizer, other seed) with the workdir's store.json gone is still one
+  clear error on resume, and nothing is written; force_resume continues."""
+  _, source, _ = corpus
+  store = tmp_path / "store"
+  shutil.copytree(one_shard.directory, store)
+  config = tiny_config(steps=4, ratio=0.5)
+  config.data.update(source=f"tokens:{store}", tokenizer="", seq_len=8, batch_size=2,
+                     eval_batches=1)
+  config.model.vocab_size = 300
+  workdir = tmp_path / "w"
+  loop.run(config, str(workdir))
+  os.remove(workdir / run_data.STORE_FILE)
+  tokenizer = shutil.copy(store / "tokenizer.json", tmp_path / "tokenizer.json")
+  shutil.rmtree(store)
+  other = prepare(source, store, seed=2, tokenizer=str(tokenizer))   # same tokenizer
+  before = sorted(os.listdir(workdir / "checkpoints"))
+  with pytest.raises(DataError, match=r"checkpoints/4: this checkpoint was trained on the token "
+                     rf"store with fingerprint {one_shard.fingerprint[:12]}, not on {store} "
+                     rf"\({other.fingerprint[:12]}\)"):
+    loop.run(config, str(workdir))
+  assert sorted(os.listdir(workdir / "checkpoints")) == before
+  config.train.force_resume = True
+  assert loop.run(config, str(workdir))["steps"] == 4
 
 
 def test_empty_source_and_missing_jsonl_field(tmp_path):

@@ -168,12 +168,25 @@ class Setup:
     for step in sorted(self.checkpoints.all_steps(), reverse=True):
       self.checkpoints.check_shapes(step, self.abstract_state)
       try:
-        state, _ = self.checkpoints.restore(step, self.abstract_state)
-        return state, step
+        state, meta = self.checkpoints.restore(step, self.abstract_state)
       except Exception as e:  # a truncated or corrupted step: fall back to the previous one
         log.warning("checkpoint %d in %s cannot be restored (%s: %s); trying the previous one",
                     step, self.checkpoints.directory, type(e).__name__, str(e)[:300])
+        continue
+      self.check_data_of(step, meta)
+      return state, step
     raise ConfigError(f"no checkpoint in {self.checkpoints.directory} can be restored")
+
+  def check_data_of(self, step: int, meta: dict):
+    """A checkpoint continues only on the token store it was trained on (its manifest's
+    fingerprint is in the checkpoint's metadata)."""
+    saved = meta.get("data_fingerprint")
+    if saved and saved != self.data.fingerprint and not self.config.train.force_resume:
+      raise DataError(
+          f"{self.checkpoints.directory}/{step}: this checkpoint was trained on the token store "
+          f"with fingerprint {saved[:12]}, not on {self.data.train.directory} "
+          f"({self.data.fingerprint[:12]}): give data.source that store, or "
+          "--config.train.force_resume=True to continue on this one")
 
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
