@@ -8,15 +8,23 @@ docs/demo.md. Baseline arm (r = 0, same FLOPs per step):
   python main.py --config configs/demo.py:baseline --workdir /tmp/tst_demo_baseline
 """
 
-from tst_jax.train.defaults import base_config
+from tst_jax.train import defaults
 
 
 def get_config(arg: str = ""):
-  c = base_config("llama", "tiny")
+  c = defaults.base_config("llama", "tiny")  # D 128, 4 layers, 4 / 2 heads, F 384: 1.84M params
+  # data: the embedded Python standard library, BPE-tokenized
   c.data.max_bytes = 6_000_000      # a 6 MB slice of the stdlib keeps tokenizing fast
+  c.data.seq_len = 128              # L
+  c.data.batch_size = 16            # B
   c.model.vocab_size = 4096         # BPE trained to this size on the training documents
-  if arg == "baseline":
-    c.tst.ratio = 0.0               # r = 0: plain next-token training throughout
-  elif arg:
-    raise ValueError(f"configs/demo.py takes '' or 'baseline', got {arg!r}")
-  return c
+  # tst
+  c.tst.bag_size = 4                # S
+  c.tst.ratio = 0.3                 # r: 90 of 300 steps in phase 1
+  # optimizer: AdamW, WSD (linear warmup, constant, linear decay)
+  c.optimizer.lr = 3e-3
+  c.optimizer.warmup_steps = 20
+  c.optimizer.decay_fraction = 0.1  # the last 10% of the steps
+  # train
+  c.train.steps = 300               # T: both phases
+  return defaults.apply_arms(c, arg, "configs/demo.py")

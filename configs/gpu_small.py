@@ -23,11 +23,11 @@ Expected held-out next-token loss (mean ± sd over seeds 0, 1): tst 1.894 ± 0.0
 1.945 ± 0.006; reinit 1.989 ± 0.011; seed 0 only: input_only 1.896, output_only 1.928.
 """
 
-from tst_jax.train.defaults import apply_arms, base_config
+from tst_jax.train import defaults
 
 
 def get_config(arg: str = ""):
-  c = base_config("llama", "tiny")
+  c = defaults.base_config("llama", "tiny")
   # data
   c.data.max_bytes = 200_000_000    # ~60M tokens (est.): the tst arm reads 125M data tokens (two
                                     # passes), the baseline 66M; 400 MB: one pass, 2x tokenizing
@@ -55,4 +55,4 @@ def get_config(arg: str = ""):
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 1      # ~400 MB each (params + Adam moments)
   c.train.progress_bar = False      # arms run as subprocesses with their logs in files
-  return apply_arms(c, arg, "configs/gpu_small.py")
+  return defaults.apply_arms(c, arg, "configs/gpu_small.py")

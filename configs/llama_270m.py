@@ -15,9 +15,21 @@ Expected final loss (paper, DCLM): baseline 3.212 (20k) / 3.092 (100k); TST 3.14
 Table 1 data tokens at 20k steps: TST 75B (phase 1) + 30B = 105B; baseline 42B.
 """
 
-from tst_jax.train.defaults import paper_config
+from tst_jax.train import defaults
 
 
 def get_config(arg: str = "20k"):
-  return paper_config("llama", "270m", arg, lr=2e-3, steps=20_000, seq_len=2048,
-                      batch_size=1024, bag_size=6, tst_steps=6_000)
+  c = defaults.paper_base_config("llama", "270m")  # bf16, remat, fused loss, FSDP
+  # data: set data.source (and data.tokenizer unless tokens:), see the commands above
+  c.data.seq_len = 2048             # L
+  c.data.batch_size = 1024          # B: 2M tokens per step
+  # tst
+  c.tst.bag_size = 6                # S
+  c.tst.ratio = 6_000 / 20_000      # r: 6,000 TST steps of 20,000 (the same fraction at <N>k)
+  # optimizer: AdamW, WSD (linear warmup, constant, linear decay)
+  c.optimizer.lr = 2e-3
+  c.optimizer.warmup_steps = 2000
+  c.optimizer.decay_fraction = 0.1  # the last 10% of the steps
+  # train
+  c.train.steps = 20_000            # T: both phases ('<N>k': N x 1000)
+  return defaults.apply_arms(c, arg, "configs/llama_270m.py")

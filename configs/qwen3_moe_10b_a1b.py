@@ -16,14 +16,23 @@ Expected (paper): final loss TST 2.236 vs baseline 2.252, at 4768 vs 12311 B200-
 data tokens TST 1.68T (phase 1) of 2T total, baseline 1.05T.
 """
 
-from tst_jax.train.defaults import paper_config
+from tst_jax.train import defaults
 
 
 def get_config(arg: str = ""):
-  if arg not in ("", "baseline"):
-    raise ValueError(f"configs/qwen3_moe_10b_a1b.py takes '' or 'baseline', got {arg!r}")
-  if arg == "baseline":
-    return paper_config("qwen3_moe", "10b_a1b", "baseline", lr=3e-4, steps=125_000,
-                        seq_len=2048, batch_size=4096, bag_size=16, tst_steps=0)
-  return paper_config("qwen3_moe", "10b_a1b", "", lr=3e-4, steps=49_983, seq_len=2048,
-                      batch_size=4096, bag_size=16, tst_steps=12_483)
+  c = defaults.paper_base_config("qwen3_moe", "10b_a1b")  # bf16, remat, fused loss, FSDP
+  # data: set data.source (and data.tokenizer unless tokens:), see the commands above
+  c.data.seq_len = 2048             # L
+  c.data.batch_size = 4096          # B: 8M tokens per step
+  # tst
+  c.tst.bag_size = 16               # S
+  c.tst.ratio = 12_483 / 49_983     # r: 12,483 TST steps of 49,983 (the same fraction at <N>k)
+  # optimizer: AdamW, WSD (linear warmup, constant, linear decay)
+  c.optimizer.lr = 3e-4
+  c.optimizer.warmup_steps = 2000
+  c.optimizer.decay_fraction = 0.1  # the last 10% of the steps
+  # train
+  c.train.steps = 49_983            # T: both phases ('<N>k': N x 1000)
+  if "baseline" in defaults.arms(arg):
+    c.train.steps = 125_000         # the paper's baseline: 125,000 next-token steps
+  return defaults.apply_arms(c, arg, "configs/qwen3_moe_10b_a1b.py")

@@ -22,7 +22,7 @@ def test_overrides_coerce_to_the_field_type_and_reject_unknown_fields():
   c = configlib.load_config(os.path.join(ROOT, "configs", "demo.py") + ":baseline")
   assert c.tst.ratio == 0.0
   configlib.apply_overrides(c, ["tst.ratio=1", "tst.bag_size=6", "train.progress_bar=false",
-                                "data.max_bytes=1e6", "model.attention_impl=cudnn"])
+                                "data.max_bytes=1000000", "model.attention_impl=cudnn"])
   assert (c.tst.ratio, c.tst.bag_size, c.train.progress_bar) == (1.0, 6, False)
   assert isinstance(c.tst.ratio, float) and c.data.max_bytes == 1_000_000
   assert c.model.attention_impl == "cudnn"            # a typed None placeholder
@@ -30,6 +30,8 @@ def test_overrides_coerce_to_the_field_type_and_reject_unknown_fields():
     configlib.apply_overrides(c, ["tst.ratoi=0.1"])
   with pytest.raises(ValueError, match="as int"):
     configlib.apply_overrides(c, ["tst.bag_size=2.5"])
+  with pytest.raises(ValueError, match="as int"):      # as --config.data.max_bytes=1e6 is
+    configlib.apply_overrides(c, ["data.max_bytes=1e6"])
   with pytest.raises(ValueError, match="is a section"):
     configlib.apply_overrides(c, ["tst=1"])
   with pytest.raises(ValueError, match="dotted.key=value"):

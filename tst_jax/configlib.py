@@ -1,19 +1,17 @@
-"""Config files by name, `key=value` overrides with type coercion, and cartesian grids."""
+"""Config files by name, `key=value` overrides read as `--config.key=value`, and grids."""
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import difflib
 import importlib.util
 import itertools
 import os
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from tst_jax.errors import ConfigError
-
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -39,49 +37,24 @@ def parse_override(text: str) -> tuple[str, str]:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
-  """Sets each 'a.b.c=value' on `config` (in place, also returned). The value is coerced to
-  the existing field's type; an unknown field or an impossible value is a ConfigError."""
+  """Sets each 'a.b.c=value' on `config` (in place, also returned), one after the other, each
+  read as main.py reads `--config.a.b.c=value`: by ml_collections.config_flags, with the
+  field's absl parser. An unknown field or an unreadable value is a ConfigError."""
   for text in overrides:
     key, raw = parse_override(text)
     parent, leaf = _parent(config, key)
-    with config.unlocked() if config.is_locked else contextlib.nullcontext():
-      parent[leaf] = coerce(raw, _field_type(parent, leaf), key)
+    argv = ["configlib", f"--config.{key}={raw}"]
+    flag_values = flags.FlagValues()
+    try:
+      config_flags.DEFINE_config_dict("config", config, flag_values=flag_values,
+                                      lock_config=False, sys_argv=argv)
+      flag_values(argv)
+    except flags.Error as e:
+      kind = parent.get_type(leaf)
+      reason = ("a field set to None has no type to read a value as" if kind is type(None)
+                else str(e).removeprefix(f"flag {argv[1]}: "))
+      raise ConfigError(f"config.{key}: cannot read {raw!r} as {kind.__name__}: {reason}") from None
   return config
-
-
-def coerce(raw: str, kind: type | None, key: str = "value"):
-  """The string `raw` as type `kind` (None: a Python literal if it parses, else the string)."""
-  try:
-    if kind is bool:
-      if raw.lower() in _TRUE:
-        return True
-      if raw.lower() in _FALSE:
-        return False
-      raise ValueError("expected true/false")
-    if kind is int:
-      value = ast.literal_eval(raw)
-      if isinstance(value, float) and value.is_integer():
-        value = int(value)                       # 1e3 -> 1000
-      if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError("expected an integer")
-      return value
-    if kind is float:
-      return float(raw)
-    if kind is str:
-      return raw
-    if kind in (tuple, list):
-      value = ast.literal_eval(raw)
-      if value is None:
-        return None
-      return kind(value if isinstance(value, (tuple, list)) else (value,))
-    if kind is None:
-      try:
-        return ast.literal_eval(raw)
-      except (ValueError, SyntaxError):
-        return raw
-  except (ValueError, SyntaxError) as e:
-    raise ConfigError(f"config.{key}: cannot read {raw!r} as {kind.__name__}: {e}") from None
-  raise ConfigError(f"config.{key}: fields of type {kind.__name__} cannot be overridden")
 
 
 def parse_grid(text: str) -> list[list[str]]:
@@ -117,14 +90,3 @@ def _parent(config, key: str):
     raise ConfigError(f"config.{key}: is a section, not a field: set one of its fields "
                      f"{sorted(node[leaf].keys())}")
   return node, leaf
-
-
-def _field_type(parent, leaf: str) -> type | None:
-  value = parent[leaf]
-  if value is not None:
-    return type(value)
-  try:
-    kind = parent.get_ref(leaf).get_type()   # placeholders (None defaults) keep their type
-  except ValueError:                         # a field set to None: no type to keep
-    return None
-  return None if kind is type(None) else kind

@@ -470,7 +470,8 @@ def parse_args(argv):
                  help="also run r = 0 (plain next-token training, same FLOPs) per seed")
   p.add_argument("--seeds", default=None, help="comma list, e.g. 0,1,2 (default: the config's)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="override applied to every point (repeatable)")
+                 help="override applied to every point (repeatable), read as main.py reads "
+                      "--config.KEY=VALUE")
   p.add_argument("--subprocess", action="store_true",
                  help="train each point with `python main.py` instead of in this process")
   p.add_argument("--parallel", type=int, default=1, metavar="N",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import types
+import typing
 
 import ml_collections
 
@@ -26,16 +28,21 @@ def preset_config(family: str, preset: str, **overrides) -> ml_collections.Confi
   fields = {f.name: f.default for f in dataclasses.fields(module.CONFIG_CLS)
             if f.default is not dataclasses.MISSING}
   fields.update(module.PRESETS[preset], **overrides)
-  # None defaults become typed placeholders so `--config.model.attention_impl=cudnn` works.
-  kinds = {f.name: f.type for f in dataclasses.fields(module.CONFIG_CLS)}
+  # None defaults become typed placeholders so `--config.model.rope_scaling=(8, 1, 4, 8192)`
+  # works: `tuple | None` -> placeholder(tuple).
+  hints = typing.get_type_hints(module.CONFIG_CLS)
   for name, value in fields.items():
     if value is None:
-      kind = str(kinds[name]).split("|")[0].strip()
-      fields[name] = ml_collections.config_dict.placeholder(_PLACEHOLDER_TYPES[kind])
+      fields[name] = ml_collections.config_dict.placeholder(_optional_type(hints[name], name))
   return ml_collections.ConfigDict(dict(family=family, **fields))
 
 
-_PLACEHOLDER_TYPES = {"str": str, "tuple": tuple, "int": int, "float": float}
+def _optional_type(hint, name: str) -> type:
+  """`T | None` (or Optional[T]) -> T: the type a None-defaulted field holds when set."""
+  kinds = [k for k in typing.get_args(hint) if k is not type(None)]
+  if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(kinds) != 1:
+    raise TypeError(f"model.{name}: a None default needs a `T | None` annotation, got {hint}")
+  return typing.get_origin(kinds[0]) or kinds[0]    # tuple[int, ...] -> tuple
 
 
 def model_config(model_cfg):

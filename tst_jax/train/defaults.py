@@ -1,4 +1,5 @@
-"""The base run config every configs/*.py file starts from, one comment per field."""
+"""The base run configs every configs/*.py file starts from (one comment per field) and the
+`:arg` arms they all take."""
 
 import ml_collections
 
@@ -95,48 +96,36 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   return c
 
 
-def paper_config(family: str, preset: str, arg: str, *, lr: float, steps: int, seq_len: int,
-                 batch_size: int, bag_size: int, tst_steps: int) -> ml_collections.ConfigDict:
-  """The paper's section-4 recipe at scale; `arg` is a comma list of '<N>k' (total steps)
-  and 'baseline' (r = 0, the equal-FLOPs next-token run)."""
+def paper_base_config(family: str, preset: str) -> ml_collections.ConfigDict:
+  """base_config at the paper's scale: a prepared corpus, bf16, remat, the fused loss, FSDP and
+  sparse logging. Each paper config sets its recipe (shape, batch, schedule, S, r) on it."""
   c = base_config(family, preset)
   c.data.source = ""                # required: the paper used DCLM; e.g. tokens:/data/tok/dclm-llama3
   c.data.tokenizer = ""             # the Llama-3 tokenizer.json (128,256 tokens); "" with tokens:
-  c.data.seq_len = seq_len
-  c.data.batch_size = batch_size
   c.data.eval_batches = 16
   c.data.val_fraction = 0.001
   c.model.dtype = "bfloat16"        # bf16 compute, float32 master weights
   c.model.remat = "save_dots"
   c.loss.impl = "auto"              # fused linear + MCE: no [N, V] logits
-  c.optimizer.lr = lr
-  c.optimizer.warmup_steps = 2000   # the paper: 2000 warmup steps, decay over the last 10%
-  c.optimizer.decay_fraction = 0.1
-  c.tst.bag_size = bag_size
   c.mesh.data, c.mesh.fsdp = 1, -1  # FSDP over every device, as in the paper
   c.train.log_every = 50
   c.train.eval_every = 1000
   c.train.checkpoint_every = 1000
-  c.train.steps = steps
-  for part in filter(None, (arg or "").split(",")):
-    if part == "baseline":
-      c.tst.ratio = 0.0
-    elif part.endswith("k") and part[:-1].isdigit():
-      c.train.steps = int(part[:-1]) * 1000
-    else:
-      raise ValueError(f"config arg {part!r}: expected '<N>k' (total steps) or 'baseline'")
-  if c.tst.ratio:
-    c.tst.ratio = tst_steps / steps   # the paper's TST steps, scaled with the total
   return c
 
 
+def arms(arg: str) -> list[str]:
+  """A config's `:arg`, 'baseline, 20k' -> ['baseline', '20k']."""
+  return [part for part in (p.strip() for p in (arg or "").split(",")) if part]
+
+
 def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collections.ConfigDict:
-  """Sets the TST arm named by `arg` (in place, also returned): a comma list of
-  'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
+  """Sets the arm named by `arg`, every config file's `:arg` (in place, also returned): a comma
+  list of 'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
   'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
   (superposition at one end only), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k'
   (total steps). `name` is the config file, for the error message."""
-  for part in filter(None, (p.strip() for p in (arg or "").split(","))):
+  for part in arms(arg):
     if part == "tst":
       continue
     if part == "baseline":
