@@ -72,7 +72,7 @@ LEFT=$(( TOTAL_S - ($(date +%s) - START) - 25 ))     # 25 s kept for stopping an
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep: arms $ARMS, seeds $SEEDS, $PARALLEL at once, ${LEFT} s left; ${SET[*]:-}"
 # shellcheck disable=SC2086
-timeout -k 10 "$LEFT" python3 -m tst_jax.sweep --config "${CONFIG:-configs/gpu_small.py}" \
+timeout -k 10 "$LEFT" python3 -m tst_jax.tools.sweep --config "${CONFIG:-configs/gpu_small.py}" \
     --workdir "$WORKDIR" --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" \
     "${SET[@]}" ${EXTRA:-} 2>&1 | tee "$OUT_DIR/sweep.txt" | grep -v '^|'
 echo "sweep exit status ${PIPESTATUS[0]} (124: out of time; the finished arms are in the table)"

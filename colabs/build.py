@@ -75,8 +75,8 @@ import os, tempfile
 import jax
 import matplotlib.pyplot as plt
 
-from tst_jax import checkpoints_io, configlib
-from tst_jax.sample import Sampler
+from tst_jax import trained_run, configlib
+from tst_jax.tools.sample import Sampler
 from tst_jax.train import loop, metrics
 from tst_jax.train.plan import format_plan, make_plan
 
@@ -161,13 +161,13 @@ for label, s in summary.items():
     ("md", '''
 ## Sample
 
-`checkpoints_io.load` restores a run's latest parameters with its config and tokenizer;
-`Sampler` decodes with a KV cache (the command line: `python -m tst_jax.sample --workdir W`).
+`trained_run.load` restores a run's latest parameters with its config and tokenizer;
+`Sampler` decodes with a KV cache (the command line: `python -m tst_jax.tools.sample --workdir W`).
 '''),
     ("code", '''
 prompt = "def main("
 for label, workdir in runs.items():
-  trained = checkpoints_io.load(workdir)
+  trained = trained_run.load(workdir)
   tok = trained.tokenizer
   [new] = Sampler(trained.model).generate(
       [[tok.eos_id] + tok.encode(prompt)], 24 if TST_SMALL else 150, temperature=0.7,

@@ -9,7 +9,7 @@ numbers below read up to 200 MB of Python source instead:
       --config.data.source='text:/path/to/site-packages/**/*.py'
   python main.py --config configs/gpu_small.py:baseline --workdir /tmp/gpu_small_base ...
   # every arm and seed on one tokenized corpus, the table and figure-2 curves:
-  bash benchmarks/gpu_small.sh "$OUT"     # = python -m tst_jax.sweep --config configs/gpu_small.py \
+  bash benchmarks/gpu_small.sh "$OUT"     # = python -m tst_jax.tools.sweep --config configs/gpu_small.py \
       #   --arms baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5 --seeds 0,1 \
       #   --parallel 4 --workdir runs/gpu_small --set data.source='text:...'
 

@@ -210,7 +210,7 @@ def run_name(base: str, suffix: str = "", max_len: int = 40) -> str:
 
 
 def unit_suffix(overrides) -> str:
-  """'tst.ratio=0.1', 'tst.bag_size=4' -> 'ratio0.1_bag_size4' (as tst_jax.sweep names points)."""
+  """'tst.ratio=0.1', 'tst.bag_size=4' -> 'ratio0.1_bag_size4' (as tst_jax.tools.sweep names points)."""
   return "_".join(f"{k.split('.')[-1]}{v}" for k, _, v in (o.partition("=") for o in overrides))
 
 

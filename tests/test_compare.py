@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax import compare
+from tst_jax.tools import compare
 from tst_jax.train.plan import make_plan
 
 

@@ -54,7 +54,7 @@ def _main_py(config_file, field, raw):
 
 
 def _configlib(config_file, field, raw):
-  """What `python -m tst_jax.sweep --set <field>=<raw>` makes of it, or REFUSED."""
+  """What `python -m tst_jax.tools.sweep --set <field>=<raw>` makes of it, or REFUSED."""
   config = configlib.load_config(config_file)
   try:
     configlib.apply_overrides(config, [f"{field}={raw}"])

@@ -11,7 +11,8 @@ import torch
 import transformers
 
 from tests import trained
-from tst_jax import checkpoints_io, export, models
+from tst_jax import trained_run, models
+from tst_jax.tools import export
 from tst_jax.data import run_data
 from tst_jax.train import loop, plan as plan_lib
 
@@ -43,7 +44,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
                                         "tokenizer_config.json"]
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-  ours = checkpoints_io.load_tokenizer(workdir, model.config.vocab_size)
+  ours = trained_run.load_tokenizer(workdir, model.config.vocab_size)
   assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == ours.eos_id
   assert model.config.eos_token_id == ours.eos_id
   assert model.config.max_position_embeddings == trained.config().data.seq_len
@@ -95,6 +96,6 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
   config.model.dim, config.model.ffw_dim = 64, 96
   with pytest.raises(ValueError, match=r"differs from config.model in: dim \(checkpoint 32, "
                                        r"config 64\), ffw_dim \(checkpoint 64, config 96\)"):
-    checkpoints_io.hf_params(hf_dir, models.model_config(config.model), "llama")
+    trained_run.hf_params(hf_dir, models.model_config(config.model), "llama")
   with pytest.raises(ValueError, match="holds a 'llama' model but config.model.family is"):
-    checkpoints_io.hf_params(hf_dir, models.model_config(config.model), "qwen3_moe")
+    trained_run.hf_params(hf_dir, models.model_config(config.model), "qwen3_moe")

@@ -12,7 +12,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from tests import trained  # noqa: E402
-from tst_jax import checkpoints_io, eval as tst_eval, export  # noqa: E402
+from tst_jax import trained_run  # noqa: E402
+from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 
 TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "mc_task")
 
@@ -26,7 +27,7 @@ def workdir(tmp_path_factory):
 def models(workdir, tmp_path_factory):
   """(native, hf): the final checkpoint in JAX, and its export through transformers."""
   hf_dir = export.export(workdir, tmp_path_factory.mktemp("lm_eval") / "hf")
-  native = tst_eval.TstJaxLM(trained=checkpoints_io.load(workdir), batch_size=4)
+  native = tst_eval.TstJaxLM(trained=trained_run.load(workdir), batch_size=4)
   hf = HFLM(pretrained=str(hf_dir), dtype="float32", batch_size=4, device="cpu")
   assert hf.max_length == native.max_length == trained.config().data.seq_len
   return native, hf

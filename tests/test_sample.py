@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from tests import trained
-from tst_jax import checkpoints_io, sample
+from tst_jax import trained_run
+from tst_jax.tools import sample
 from tst_jax.models.llama import Llama, LlamaConfig
 
 
@@ -19,7 +20,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def final(workdir):
-  return checkpoints_io.load(workdir)
+  return trained_run.load(workdir)
 
 
 def _greedy_by_full_forward(model, prompt, n):

@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax import configlib, sweep
+from tst_jax import configlib
+from tst_jax.tools import sweep
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.plan import make_plan
 

@@ -100,7 +100,7 @@ def _apply(config, picks) -> bool:
 
 
 def _layout_and_trace(config, plan):
-  """What Run builds before compiling: mesh, shardings, parallel checks, then each phase's
+  """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
   config = platform.apply(config, platform.resolve(config))
   model_cfg = models.model_config(config.model)

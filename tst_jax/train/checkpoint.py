@@ -103,11 +103,11 @@ def abstract_with_shardings(abstract_state, shardings):
 def init_from_hf(path: str, model_cfg, family: str, tx, shardings, mesh, rules):
   """A step-0 TrainState holding the weights of a Hugging Face folder (sharded as
   `shardings`), with a fresh optimizer state."""
-  from tst_jax import checkpoints_io                  # pylint: disable=g-import-not-at-top
+  from tst_jax import trained_run                  # pylint: disable=g-import-not-at-top
   from tst_jax.parallel.logical import axis_rules     # pylint: disable=g-import-not-at-top
   from tst_jax.train.step import TrainState           # pylint: disable=g-import-not-at-top
   try:
-    host = checkpoints_io.hf_params(path, model_cfg, family)
+    host = trained_run.hf_params(path, model_cfg, family)
   except (ValueError, FileNotFoundError) as e:
     raise ConfigError(f"config.init_from_hf: {e}") from e
   params = jax.tree.map(

@@ -24,7 +24,7 @@ LOGICAL_AXIS_RULES = (
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0                        # model init, batch order (and the data unless data.seed)
-  c.init_from_hf = ""              # a Hugging Face folder (e.g. from tst_jax.export) to start from
+  c.init_from_hf = ""              # a Hugging Face folder (e.g. from tst_jax.tools.export) to start from
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "builtin:pystdlib"  # tokens:<store dir> (read in place) | builtin:pystdlib |

@@ -211,7 +211,7 @@ def check_paths(config) -> None:
   if config.init_from_hf:
     _require(os.path.isdir(config.init_from_hf), "init_from_hf",
              f"{config.init_from_hf!r} is not a folder: give a Hugging Face model folder "
-             "(e.g. one written by python -m tst_jax.export), or '' to start from scratch")
+             "(e.g. one written by python -m tst_jax.tools.export), or '' to start from scratch")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """lm-eval harness tasks on a trained run, natively in JAX: lm-eval's model `tst_jax`.
 
-  python -m tst_jax.eval --workdir W --tasks arc_easy,hellaswag [--num_fewshot 0] [--limit N]
+  python -m tst_jax.tools.eval --workdir W --tasks arc_easy,hellaswag [--num_fewshot 0] [--limit N]
       [--include_path DIR] [--step N] [--batch_size 16]
 
 prints lm-eval's table and merges the results into <W>/lm_eval/step_<N>.json. Contexts are
@@ -11,7 +11,7 @@ powers of two), and only continuation tokens are scored.
 The alternative, with no tst_jax at evaluation time: export, then lm-eval's `hf` model; both
 give the same scores (tests/test_lm_eval.py):
 
-  python -m tst_jax.export --workdir W --out D
+  python -m tst_jax.tools.export --workdir W --out D
   lm_eval --model hf --model_args pretrained=D,dtype=float32 --tasks arc_easy
 """
 
@@ -36,9 +36,10 @@ try:
   from lm_eval.models import utils as lm_models_utils
   from lm_eval import utils as lm_utils
 except ImportError as e:   # an optional dependency
-  raise ImportError("tst_jax.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
+  raise ImportError("tst_jax.tools.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
 
-from tst_jax import checkpoints_io, sample
+from tst_jax import trained_run
+from tst_jax.tools import sample
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -56,18 +57,18 @@ def _score(graphdef, state, inputs_BxL, targets_BxL, mask_BxL):
 @register_model("tst_jax")
 class TstJaxLM(TemplateLM):
   """lm-eval's LM on a tst_jax checkpoint: `--model tst_jax --model_args workdir=W,step=N`
-  (after importing this module), or `TstJaxLM(trained=checkpoints_io.load(W))`."""
+  (after importing this module), or `TstJaxLM(trained=trained_run.load(W))`."""
 
   def __init__(self, workdir: str | None = None, step: int | None = None,
                batch_size: int | str = 16, max_length: int | None = None,
                max_gen_toks: int = 256, dtype: str | None = None,
-               trained: checkpoints_io.Trained | None = None, **harness_args):
+               trained: trained_run.Trained | None = None, **harness_args):
     del harness_args   # lm-eval's device / max_batch_size: JAX places the arrays itself
     super().__init__()
     if trained is None:
       if not workdir:
         raise ValueError("TstJaxLM needs workdir= (or trained=)")
-      trained = checkpoints_io.load(workdir, None if step is None else int(step), dtype=dtype)
+      trained = trained_run.load(workdir, None if step is None else int(step), dtype=dtype)
     self.trained, self.tok = trained, trained.tokenizer
     self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16   # "auto": 16
     self._max_length = int(max_length or trained.max_length)
@@ -222,7 +223,7 @@ def write_results(results: dict, workdir: str, step: int) -> str:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m tst_jax.eval", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m tst_jax.tools.eval", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="the run's directory")
   parser.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
@@ -235,7 +236,7 @@ def main(argv=None):
                       help="context length (default: the run's data.seq_len)")
   args = parser.parse_args(argv)
   try:
-    trained = checkpoints_io.load(args.workdir, args.step)
+    trained = trained_run.load(args.workdir, args.step)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"eval: {e}")
   if trained.phase1_only:

@@ -1,12 +1,12 @@
 """Export a trained run as a Hugging Face model folder that transformers loads on its own.
 
-  python -m tst_jax.export --workdir W --out D [--step N] [--overwrite]
+  python -m tst_jax.tools.export --workdir W --out D [--step N] [--overwrite]
 
 D gets config.json and float32 model.safetensors (`tst_jax.convert.hf.to_hf`), and the run's
 tokenizer as tokenizer.json + tokenizer_config.json, so that
 `AutoModelForCausalLM.from_pretrained(D)` and `AutoTokenizer.from_pretrained(D)` work without
 tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at
-(lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.eval` does).
+(lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.tools.eval` does).
 The reverse: `--config.init_from_hf=D` starts a run from such a folder.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tokenizers
 
-from tst_jax import checkpoints_io
+from tst_jax import trained_run
 from tst_jax.convert import hf as convert_hf
 
 log = logging.getLogger("tst_jax")
@@ -39,7 +39,7 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
     raise ValueError(f"--out {out} exists and is not a folder")
   if out.exists() and any(out.iterdir()) and not overwrite:
     raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
-  trained = checkpoints_io.load(workdir, step, dtype="float32")
+  trained = trained_run.load(workdir, step, dtype="float32")
   tokenizer_file = Path(trained.workdir) / "tokenizer.json"
   if not tokenizer_file.is_file():
     raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
@@ -64,7 +64,7 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m tst_jax.export", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m tst_jax.tools.export", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="the run's directory")
   parser.add_argument("--out", required=True, help="the Hugging Face folder to write")

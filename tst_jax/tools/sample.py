@@ -1,6 +1,6 @@
 """Sample text from a trained run with a KV cache and a jitted decode step, streaming it out.
 
-  python -m tst_jax.sample --workdir W --prompt "def main(" [--max_new_tokens 100]
+  python -m tst_jax.tools.sample --workdir W --prompt "def main(" [--max_new_tokens 100]
       [--temperature 0.8] [--top_p 0.95] [--seed 0] [--step N] [--force]
 
 `--temperature 0` decodes greedily. The prompt follows an end-of-text token, as a document
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tst_jax import checkpoints_io
+from tst_jax import trained_run
 
 
 def filter_top_p(logits_BxV, top_p):
@@ -142,7 +142,7 @@ def phase1_message(trained) -> str:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m tst_jax.sample", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m tst_jax.tools.sample", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="the run's directory")
   parser.add_argument("--prompt", default="", help="text to continue")
@@ -154,7 +154,7 @@ def main(argv=None):
   parser.add_argument("--force", action="store_true", help="sample a phase-1 checkpoint")
   args = parser.parse_args(argv)
   try:
-    trained = checkpoints_io.load(args.workdir, args.step)
+    trained = trained_run.load(args.workdir, args.step)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"sample: {e}")
   if trained.phase1_only and not args.force:

@@ -1,8 +1,8 @@
 r"""Run a grid of TST configs, or named arms, point by point (resumable) and tabulate them.
 
-  python -m tst_jax.sweep --config configs/demo.py --workdir W \
+  python -m tst_jax.tools.sweep --config configs/demo.py --workdir W \
       --grid "tst.ratio=0.1,0.3,0.5;tst.bag_size=2,4,6,8" --include_baseline --seeds 0,1
-  python -m tst_jax.sweep --config configs/gpu_small.py --workdir W \
+  python -m tst_jax.tools.sweep --config configs/gpu_small.py --workdir W \
       --arms baseline,tst,reinit,s8+r0.5 --seeds 0,1 --parallel 4
 
 Each point trains in W/<name> (in this process, or `python main.py` with --subprocess or
@@ -13,7 +13,7 @@ rows), rewritten after each point. A grid gives W/sweep.csv, W/sweep.md and
 W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean difference to
 the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
 config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
-to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.compare), and the
+to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.compare), and the
 figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per data (a token store
 in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
 all points share a persistent XLA cache.
@@ -43,7 +43,8 @@ from tst_jax import configlib, errors
 
 POINT_FILE = "sweep_point.json"
 RATIO, BAG = "tst.ratio", "tst.bag_size"
-_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "main.py")
+_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "main.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,7 +445,7 @@ def plot_heatmap(records: list[dict], out_path: str):
 def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   """results.json, results.md and the figure-2 curves of every arm point under `workdir`
   (the finished ones; failed ones are listed with their error); returns the paths."""
-  from tst_jax import compare
+  from tst_jax.tools import compare
   runs, failed = [], []
   for name, meta in points_under(workdir):
     if not meta.get("arm"):
@@ -458,7 +459,7 @@ def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
 
 # -- command line ----------------------------------------------------------------------------
 def parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m tst_jax.sweep", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m tst_jax.tools.sweep", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")
   p.add_argument("--grid", default="", help="'key=v1,v2;key2=w1,w2': the cartesian product")
@@ -518,7 +519,7 @@ def main(argv=None) -> int:
     # persistent cache (docs/distributed.md); compiling it afresh is correct.
     print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
     cache = "none"
-  command = "python -m tst_jax.sweep " + " ".join(
+  command = "python -m tst_jax.tools.sweep " + " ".join(
       f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
 
   def report() -> dict:

@@ -1,6 +1,6 @@
 """Compare runs as the paper's figure 2: loss vs FLOPs, loss vs data tokens, equal-loss speedup.
 
-  python -m tst_jax.compare --runs W_base,W_tst [--baseline W_base] [--out DIR]
+  python -m tst_jax.tools.compare --runs W_base,W_tst [--baseline W_base] [--out DIR]
 
 Reads each run's metrics.jsonl (held-out eval lines) and config.json (for the plan's FLOPs per
 step of each phase). For every non-baseline run it reports
@@ -10,7 +10,7 @@ step of each phase). For every non-baseline run it reports
                linearly interpolated between its eval points (or "not reached").
 Several baselines (r = 0) in --runs also give the paper's own equal-loss view: the final losses
 of those runs against their FLOPs. Writes DIR/compare.{md,json,png}. `write_arms` is the
-same comparison per seed, summarised per arm over seeds (`python -m tst_jax.sweep --arms`).
+same comparison per seed, summarised per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from tst_jax import errors
 
 
 @dataclasses.dataclass
-class Run:
+class EvalCurve:
+  """A finished run's held-out loss curve and plan, read from its workdir."""
   name: str
   workdir: str
   steps: np.ndarray         # eval steps
@@ -72,7 +73,7 @@ class Run:
     return int(sum(p["data_tokens"] for p in self.phases))
 
 
-def load_run(workdir: str, name: str | None = None) -> Run:
+def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """A run directory of `main.py` -> its eval curve and plan."""
   import ml_collections
 
@@ -96,7 +97,7 @@ def load_run(workdir: str, name: str | None = None) -> Run:
   rows = [evals[s] for s in sorted(evals)]
   phases = plan["phases"]
   tst = phases[0] if phases[0]["name"] == "tst" else None
-  return Run(name or os.path.basename(os.path.normpath(workdir)), workdir,
+  return EvalCurve(name or os.path.basename(os.path.normpath(workdir)), workdir,
              np.array([r["step"] for r in rows], float), np.array([r["eval_loss"] for r in rows]),
              np.array([r["data_tokens"] for r in rows], float), phases,
              r=float(config.tst.ratio) if tst else 0.0,
@@ -125,7 +126,7 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
   return float(np.interp(at, x, y))
 
 
-def compare(runs: list[Run], baseline: Run) -> list[dict]:
+def compare(runs: list[EvalCurve], baseline: EvalCurve) -> list[dict]:
   """One row per run other than the baseline: the three views."""
   rows = []
   base_flops = baseline.flops
@@ -171,7 +172,7 @@ def _human(x):
   return f"{x:.3g}"
 
 
-def format_table(rows: list[dict], runs: list[Run]) -> str:
+def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | final eval loss |",
            "|---|---|---|---|---|---|---|"]
   for run in runs:
@@ -210,7 +211,7 @@ def format_table(rows: list[dict], runs: list[Run]) -> str:
   return "\n".join(lines)
 
 
-def plot(runs: list[Run], baseline: Run, rows: list[dict], out_path: str):
+def plot(runs: list[EvalCurve], baseline: EvalCurve, rows: list[dict], out_path: str):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -253,7 +254,7 @@ def plot(runs: list[Run], baseline: Run, rows: list[dict], out_path: str):
   plt.close(fig)
 
 
-# -- arms over seeds (python -m tst_jax.sweep --arms) -----------------------------------------
+# -- arms over seeds (python -m tst_jax.tools.sweep --arms) -----------------------------------------
 def spread(values) -> dict | None:
   """mean, sd (n - 1; None for one value), min, max and n of `values`; None if empty."""
   v = np.asarray(list(values), dtype=np.float64)
@@ -263,7 +264,7 @@ def spread(values) -> dict | None:
               min=float(v.min()), max=float(v.max()), n=int(v.size))
 
 
-def summarize_arms(runs: list[tuple[str, int, Run]], order=()) -> tuple[list[dict], list[dict]]:
+def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()) -> tuple[list[dict], list[dict]]:
   """(per-arm rows, per-run rows) of (arm, seed, run) triples. Each run is compared with the
   reference of its seed (the r = 0 run with the most FLOPs, whose curve covers the others);
   each arm's final loss, loss minus the reference's at equal FLOPs, and equal-loss speed-up
@@ -351,7 +352,7 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def plot_arms(runs: list[tuple[str, int, Run]], out_dir: str) -> list[str]:
+def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]:
   """The figure-2 curves of every run, one colour per arm: held-out loss vs training FLOPs
   (loss_vs_flops.png) and vs data tokens (loss_vs_data.png). Returns the paths."""
   import matplotlib
@@ -386,7 +387,7 @@ def plot_arms(runs: list[tuple[str, int, Run]], out_dir: str) -> list[str]:
   return paths
 
 
-def write_arms(out: str, runs: list[tuple[str, int, Run]], failed=(), command: str = "",
+def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), command: str = "",
                order=()) -> dict:
   """out/results.json, out/results.md and the curves of `plot_arms`; returns the paths."""
   paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
@@ -418,7 +419,7 @@ def write_arms(out: str, runs: list[tuple[str, int, Run]], failed=(), command: s
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m tst_jax.compare", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m tst_jax.tools.compare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--runs", required=True, help="comma list of run workdirs")
   p.add_argument("--baseline", default="",
@@ -445,7 +446,7 @@ def main(argv=None) -> int:
   out = args.out or "."
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "compare.md"), "w") as f:
-    f.write(f"# Comparison against {baseline.name}\n\n```\npython -m tst_jax.compare "
+    f.write(f"# Comparison against {baseline.name}\n\n```\npython -m tst_jax.tools.compare "
             f"{' '.join(sys.argv[1:] if argv is None else argv)}\n```\n\n{table}\n\n"
             "![comparison](compare.png)\n")
   with open(os.path.join(out, "compare.json"), "w") as f:

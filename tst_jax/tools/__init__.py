@@ -1,0 +1,3 @@
+"""The user-facing commands around training (`python -m tst_jax.tools.<name>`): `sweep` (grids
+and arms of runs), `compare` (runs against their baseline), `eval` (lm-eval tasks), `sample`
+(text from a checkpoint) and `export` (a Hugging Face folder)."""
