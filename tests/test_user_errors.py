@@ -4,6 +4,7 @@ trace) or is a ConfigError naming a field; main.py turns user errors into one li
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -260,3 +261,39 @@ def test_environment_os_errors_are_one_line(capsys):
   with pytest.raises(KeyError):
     errors.main(bug)
   assert issubclass(ConfigError, UserError)
+
+
+def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
+  """A truncated or missing shard of the run's store, and another store copied over it: one
+  line naming the shard or the store, exit 2, no file of the store rewritten and no
+  checkpoint added (a tokens: store changed under a workdir: test_store.py)."""
+  workdir = tmp_path / "run"
+  args = ("--workdir", str(workdir), "--config.train.steps=2")
+  assert _main(*args).returncode == 0
+  store = workdir / "data"
+  shard = store / "train-00000.bin"
+  checkpoints = sorted(os.listdir(workdir / "checkpoints"))
+  data = shard.read_bytes()
+  shard.write_bytes(data[:-6])
+  result = _main(*args)
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith(f"error: shard {shard} has {len(data) - 6} bytes, its "
+                                  "manifest says"), result.stderr
+  assert shard.read_bytes() == data[:-6]
+  shard.unlink()
+  result = _main(*args)
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith(f"error: shard {shard} of the store {store} is missing")
+  assert not shard.exists()
+  shard.write_bytes(data)
+  # Another store in the workdir's place (prepared with another data.seed).
+  other = tmp_path / "other"
+  assert _main("--workdir", str(other), "--config.train.steps=2",
+               "--config.data.seed=7").returncode == 0
+  shutil.rmtree(store)
+  shutil.copytree(other / "data", store)
+  result = _main(*args)
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert result.stderr.startswith(f"error: {store} holds another store (seed: 7 there, 0 "
+                                  "asked): nothing was changed"), result.stderr
+  assert sorted(os.listdir(workdir / "checkpoints")) == checkpoints

@@ -126,8 +126,9 @@ def _claim(out: str, request: dict) -> bool:
     manifest = store_lib.read_manifest(out)
     if manifest["request"] == request:
       return True
-    raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}); "
-                    "choose another --out or delete that store")
+    raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}): "
+                    "nothing was changed; write this one elsewhere (another --out, or another "
+                    "--workdir for a run), or delete that store to prepare it again")
   pending = os.path.join(out, "prepare.json")
   if os.path.exists(pending):
     saved = _read_json(pending)
