@@ -222,10 +222,10 @@ def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batche
   tokens = _tokens(val_stream)
   count = n * batch_size                                # windows in all, globally
   stride = max(window - 1, (len(tokens) - window) // max(count - 1, 1))
-  starts_KxB = (np.arange(count) * stride).reshape(n, batch_size)
+  starts = (np.arange(count) * stride).reshape(n, batch_size)      # [n batches, B]
   rows = batch_size // process_count
-  starts_KxB = starts_KxB[:, process_index * rows:(process_index + 1) * rows]
-  return [_gather(tokens, starts, window).astype(np.int32) for starts in starts_KxB]
+  starts = starts[:, process_index * rows:(process_index + 1) * rows]
+  return [_gather(tokens, row_starts, window).astype(np.int32) for row_starts in starts]
 
 
 def unigram_entropy(stream: TokenStream | np.ndarray) -> float:

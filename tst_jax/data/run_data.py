@@ -24,7 +24,7 @@ class RunData:
   tokenizer: tokenizer_lib.Tokenizer
   train: object                      # StoreSplit: the training stream, memory-mapped
   val: object                        # StoreSplit: the held-out stream
-  eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, L + 1]
+  eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, W]
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
 

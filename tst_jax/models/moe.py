@@ -187,9 +187,9 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   block_expert = jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block, side="right")
   block_expert = jnp.minimum(block_expert, e - 1)    # blocks past the last group hold zeros
 
-  def matmul(a_RxI, w_ExIxO):
-    a_blocks = a_RxI.reshape(n_blocks, block, -1)      # [blocks, C, I]
-    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w_ExIxO, block_expert, axis=0)).reshape(
+  def matmul(a, w):                                    # a [R, in], w [E, in, out] -> [R, out]
+    a_blocks = a.reshape(n_blocks, block, -1)          # [blocks, C, in]
+    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
         n_blocks * block, -1)
 
   y_RxD = _swiglu(matmul, x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
