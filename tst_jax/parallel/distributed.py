@@ -103,7 +103,7 @@ class Watchdog(threading.Thread):
         failures += 1
         if failures * self.timeout_s / 4 >= self.timeout_s / 2:
           _stop(f"the coordinator (process 0) does not answer ({type(e).__name__}: "
-                f"{' '.join(str(e).split())[:200]})")
+                f"{' '.join(str(e).split())[:200]}): it died or hangs")
         time.sleep(self.timeout_s / 4)
         continue
       now, beat = time.monotonic(), beat + 1
@@ -115,7 +115,7 @@ class Watchdog(threading.Thread):
           seen[other] = (value, now)
         elif now - seen[other][1] > self.timeout_s:
           _stop(f"process {other} has not been heard from for {self.timeout_s} s "
-                "(distributed.heartbeat_timeout_s)")
+                "(distributed.heartbeat_timeout_s): it died or hangs")
       time.sleep(self.timeout_s / 4)
 
 
@@ -127,9 +127,18 @@ def finished():
                          allow_overwrite=True)
 
 
+def stop_if_peer_lost(e: BaseException):
+  """In a multi-process run, a collective that failed in the runtime (Gloo/NCCL: a closed
+  connection) means another process died: one `error:` line and exit 2 now, before JAX's
+  exit-time shutdown waits on (and aborts for) the dead process. Otherwise returns."""
+  if jax.process_count() > 1 and isinstance(e, jax.errors.JaxRuntimeError):
+    _stop(f"a collective with the other processes failed ({type(e).__name__}: "
+          f"{' '.join(str(e).split())[:200]}): another process died or hangs")
+
+
 def _stop(why: str):
-  sys.stderr.write(f"error: process {jax.process_index()} of {jax.process_count()}: {why}; "
-                   "it died or hangs, so this one stops: see its log, then start every "
+  sys.stderr.write(f"error: process {jax.process_index()} of {jax.process_count()}: {why}, "
+                   "so this one stops: see the other processes' logs, then start every "
                    "process again to resume from the last checkpoint\n")
   sys.stderr.flush()
   os._exit(EXIT_STATUS)   # no Python cleanup: it would wait on the other process

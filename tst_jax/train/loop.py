@@ -51,8 +51,12 @@ def run(config, workdir: str, mode: str = "train") -> dict:
   plan_lib.validate(config, num_devices=jax.device_count())
   plan_lib.check_paths(config)
   check_workdir(workdir)
-  setup = Setup(config, workdir, plan, resolved=resolved)
-  result = setup.evaluate_latest() if mode == "eval" else train(setup)
+  try:
+    setup = Setup(config, workdir, plan, resolved=resolved)
+    result = setup.evaluate_latest() if mode == "eval" else train(setup)
+  except jax.errors.JaxRuntimeError as e:
+    distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
+    raise
   distributed.finished()          # the other processes' watchdogs stop waiting for this one
   return result
 
@@ -100,6 +104,7 @@ def train(s: Setup) -> dict:
         s.workdir, plan, s.evaluate(state.params), write=primary,
         unigram_entropy=s.data.unigram_entropy, seconds_this_session=time.time() - t0,
         resolved=s.resolved.to_json())
+    log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
     console.final(summary, s.workdir)
     return summary
   except Preempted as stop:
