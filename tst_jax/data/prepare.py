@@ -30,6 +30,7 @@ import time
 import numpy as np
 import tqdm
 
+from tst_jax import fileio
 from tst_jax.data import sources as sources_lib
 from tst_jax.data import store as store_lib
 from tst_jax.errors import DataError
@@ -140,7 +141,7 @@ def _claim(out: str, request: dict) -> bool:
     raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "
                     "(prepare writes and deletes files there)")
   os.makedirs(out, exist_ok=True)
-  _write_json(pending, request)
+  fileio.write_json(pending, request)
   return False
 
 
@@ -230,7 +231,7 @@ def _tokenize_shard(job) -> dict:
               val_tokens=int(table["length"][u < val_fraction].sum()),
               min_u=float(u.min()) if len(u) else 1.0, min_doc=int(u.argmin()) if len(u) else -1,
               max_u=float(u.max()) if len(u) else -1.0, max_doc=int(u.argmax()) if len(u) else -1)
-  _write_json(_done_path(work, f"in-{index:05d}"), done)
+  fileio.write_json(_done_path(work, f"in-{index:05d}"), done)
   return done
 
 
@@ -298,7 +299,7 @@ def _write_output_shard(job) -> dict:
   np.save(os.path.join(work, name + ".counts.npy"), counts)
   done = dict(file=os.path.basename(path), tokens=tokens, docs=len(order),
               sha256=sha.hexdigest())
-  _write_json(done_path, done)
+  fileio.write_json(done_path, done)
   return dict(split=split, **done)
 
 
@@ -359,18 +360,12 @@ def _write_manifest(out, request, tok, dtype, shards, written, text_bytes):
                                          text_bytes=text_bytes),
       splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
   manifest["fingerprint"] = store_lib.fingerprint(manifest)
-  _write_json(os.path.join(out, store_lib.MANIFEST), manifest)
+  fileio.write_json(os.path.join(out, store_lib.MANIFEST), manifest)
 
 
 def _read_json(path: str) -> dict:
   with open(path) as f:
     return json.load(f)
-
-
-def _write_json(path: str, obj: dict):
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(path + ".tmp", path)
 
 
 def main(argv=None) -> int:

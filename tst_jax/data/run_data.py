@@ -11,6 +11,7 @@ import time
 import jax
 import numpy as np
 
+from tst_jax import fileio
 from tst_jax.data import pipeline, prepare as prepare_lib, tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
@@ -54,8 +55,9 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None, say=None) -
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
   if jax.process_index() == 0:    # the store this workdir trains on, from now on
-    _write_json(os.path.join(workdir, STORE_FILE),
-                dict(fingerprint=store.fingerprint, directory=store.directory))
+    fileio.write_json(os.path.join(workdir, STORE_FILE),
+                      dict(fingerprint=store.fingerprint, directory=store.directory),
+                      sort_keys=True)
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint)
 
@@ -116,9 +118,3 @@ def data_seed(config) -> int:
   """The seed of the held-out split and the token streams: data.seed, else the run's seed.
   Runs of several seeds with one data.seed share one tokenized corpus and held-out set."""
   return config.data.seed if config.data.seed >= 0 else config.seed
-
-
-def _write_json(path: str, obj: dict):
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(path + ".tmp", path)

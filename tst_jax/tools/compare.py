@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from tst_jax import errors
+from tst_jax import errors, fileio
 
 
 @dataclasses.dataclass
@@ -392,9 +392,8 @@ def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), comm
   """out/results.json, out/results.md and the curves of `plot_arms`; returns the paths."""
   paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
   arms, per_run = summarize_arms(runs, order) if runs else ([], [])
-  with open(paths["json"] + ".tmp", "w") as f:
-    json.dump(dict(command=command, arms=arms, runs=per_run, failed=list(failed)), f, indent=1)
-  os.replace(paths["json"] + ".tmp", paths["json"])
+  fileio.write_json(paths["json"],
+                    dict(command=command, arms=arms, runs=per_run, failed=list(failed)))
   lines = ["# TST arms against the equal-FLOPs baseline", ""]
   if command:
     lines += ["```", command, "```", ""]

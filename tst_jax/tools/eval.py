@@ -38,7 +38,7 @@ try:
 except ImportError as e:   # an optional dependency
   raise ImportError("tst_jax.tools.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
 
-from tst_jax import trained_run
+from tst_jax import fileio, trained_run
 from tst_jax.tools import sample
 
 
@@ -216,9 +216,7 @@ def write_results(results: dict, workdir: str, step: int) -> str:
     record.setdefault(section, {}).update(results.get(section, {}))
   record.update(workdir=workdir, step=step)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, default=lm_utils.handle_non_serializable)
-  os.replace(path + ".tmp", path)
+  fileio.write_json(path, record, default=lm_utils.handle_non_serializable)
   return path
 
 

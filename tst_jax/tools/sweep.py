@@ -39,7 +39,7 @@ import traceback
 
 import numpy as np
 
-from tst_jax import configlib, errors
+from tst_jax import configlib, errors, fileio
 
 POINT_FILE = "sweep_point.json"
 RATIO, BAG = "tst.ratio", "tst.bag_size"
@@ -137,7 +137,7 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
               seed=point.seed, baseline=point.baseline, data_key=_data_key(config),
               r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
               S=phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(), status="running")
-  _write_json(os.path.join(point_dir, POINT_FILE), meta)
+  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
   t0 = time.time()
   try:
@@ -152,13 +152,13 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
       loop.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
-    _write_json(os.path.join(point_dir, POINT_FILE), meta)
+    fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
     line = errors.one_line(e)        # a user error: its one line, else the traceback
     print(line, file=sys.stderr) if line and not args.verbosity else traceback.print_exc()
     print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
     return "failed"
   meta.update(status="done", wall_s=time.time() - t0)
-  _write_json(os.path.join(point_dir, POINT_FILE), meta)
+  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
   print(f"[{index}/{total}] {point.name}: final eval loss "
         f"{final_eval(point_dir, plan.total_steps):.4f} ({meta['wall_s']:.0f} s)", flush=True)
   return "done"
@@ -204,7 +204,7 @@ def prepare_shared_data(workdir: str, config):
   if not os.path.exists(done):
     t0 = time.time()
     data = run_data.prepare_data(config, path, config.model.vocab_size, block=(0, 1))
-    _write_json(done, dict(data_key=_data_key(config), train_tokens=len(data.train),
+    fileio.write_json(done, dict(data_key=_data_key(config), train_tokens=len(data.train),
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
@@ -244,12 +244,6 @@ def _cli_value(config, dotted: str) -> str:
   for name in dotted.split("."):
     value = value[name]
   return str(value)
-
-
-def _write_json(path: str, obj):
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(path + ".tmp", path)
 
 
 # -- tables ----------------------------------------------------------------------------------

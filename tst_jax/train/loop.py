@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import models, platform
+from tst_jax import fileio, models, platform
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
@@ -377,10 +377,4 @@ def _check_workdir_config(config, workdir: str):
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")
   if jax.process_index() == 0:
-    _write_json(path, current)
-
-
-def _write_json(path: str, obj: dict):
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(path + ".tmp", path)
+    fileio.write_json(path, current, sort_keys=True)
