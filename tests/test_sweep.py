@@ -1,6 +1,7 @@
 """Config overrides and grids; the sweep command end to end on tiny runs (tables, resume)."""
 
 import csv
+import inspect
 import json
 import os
 import statistics
@@ -9,6 +10,7 @@ import pytest
 
 from tests.tiny import tiny_config
 from tst_jax import configlib
+from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.tools import sweep
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.plan import make_plan
@@ -17,6 +19,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
 STEPS = 8
 FAST = ["--set", f"train.steps={STEPS}", "--set", "train.checkpoint_every=100"]
+
+
+def test_points_share_a_store_exactly_when_its_prepare_arguments_agree():
+  """The sweep's store key is the trainer's own prepare request: seq_len, batch size and the
+  TST fields do not change the store; the held-out fraction, data seed, tokenizer and
+  vocabulary do."""
+  base = tiny_config()
+  key = sweep._data_key(base)
+  same = [dict(data=dict(seq_len=64, batch_size=8, eval_batches=3)),
+          dict(bag_size=8, ratio=0.25, tst=dict(mode="input_only"))]
+  other = [dict(data=dict(val_fraction=0.2)), dict(data=dict(seed=7)),
+           dict(data=dict(max_bytes=1000)), dict(data=dict(tokenizer="/t/tokenizer.json")),
+           dict(model=dict(vocab_size=1024))]
+  assert all(sweep._data_key(tiny_config(**f)) == key for f in same)
+  assert all(sweep._data_key(tiny_config(**f)) != key for f in other)
+  pinned = tiny_config(data=dict(seed=0))     # data.seed set: the run's seed no longer counts
+  reseeded = tiny_config(data=dict(seed=0))
+  reseeded.seed = 1
+  assert sweep._data_key(pinned) == sweep._data_key(reseeded) == key
+  arguments = set(inspect.signature(prepare_lib.prepare).parameters)
+  assert set(run_data.store_request(base, 512)) <= arguments
 
 
 def test_overrides_coerce_to_the_field_type_and_reject_unknown_fields():

@@ -83,9 +83,7 @@ def _open_store(config, workdir: str, model_vocab: int, say) -> TokenStore:
       say(f"data: tokenizing {d.source} into {out} (tokenizer {d.tokenizer}"
           + (f", trained first on up to {prepare_lib.BPE_SAMPLE_BYTES / 1e6:.0f} MB of it"
              if d.tokenizer == "bpe" else "") + ")")
-    prepare_lib.prepare(d.source, out, tokenizer=d.tokenizer, vocab_size=model_vocab,
-                        seed=data_seed(config), val_fraction=d.val_fraction,
-                        max_bytes=d.max_bytes or None, text_field=d.text_field, workers=1,
+    prepare_lib.prepare(out=out, **store_request(config, model_vocab), workers=1,
                         progress=False)
     store = TokenStore(out)
   seconds = time.time() - t0
@@ -112,6 +110,15 @@ def _check_store_of_workdir(workdir: str, store, force: bool):
         f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
         f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
         "use another --workdir, or --config.train.force_resume=True to resume anyway")
+
+
+def store_request(config, model_vocab: int) -> dict:
+  """What a run's prepared store depends on: the arguments of `prepare.prepare` (all but the
+  folder). Runs with equal requests can share one store (the sweep does)."""
+  d = config.data
+  return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab,
+              seed=data_seed(config), val_fraction=d.val_fraction,
+              max_bytes=d.max_bytes or None, text_field=d.text_field)
 
 
 def data_seed(config) -> int:

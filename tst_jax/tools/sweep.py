@@ -14,7 +14,7 @@ W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean di
 the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
 config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
 to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.compare), and the
-figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per data (a token store
+figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per prepare request (a store
 in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
 all points share a persistent XLA cache.
 """
@@ -233,10 +233,10 @@ def _link_or_copy(src: str, dst: str):
 
 
 def _data_key(config) -> str:
-  """What the tokenizer and token streams of a run depend on."""
-  from tst_jax.data.run_data import data_seed
-  return json.dumps(dict(seed=data_seed(config), data=config.data.to_dict(),
-                         vocab_size=config.model.vocab_size), sort_keys=True)
+  """What the prepared store of a run depends on (not seq_len or batch_size: points that
+  differ only in those share one store)."""
+  from tst_jax.data.run_data import store_request
+  return json.dumps(store_request(config, config.model.vocab_size), sort_keys=True)
 
 
 def _cli_value(config, dotted: str) -> str:
