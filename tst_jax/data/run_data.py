@@ -15,6 +15,7 @@ from tst_jax import fileio
 from tst_jax.data import pipeline, prepare as prepare_lib, tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
+from tst_jax.parallel import distributed
 from tst_jax.train import plan as plan_lib
 
 STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
@@ -54,7 +55,7 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None, say=None) -
     raise ConfigError(f"config.data.val_fraction: the held-out split of {store.directory} has "
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
-  if jax.process_index() == 0:    # the store this workdir trains on, from now on
+  if distributed.is_primary():    # the store this workdir trains on, from now on
     fileio.write_json(os.path.join(workdir, STORE_FILE),
                       dict(fingerprint=store.fingerprint, directory=store.directory),
                       sort_keys=True)

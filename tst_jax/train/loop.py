@@ -237,14 +237,12 @@ class Setup:
     fresh = step_lib.init_state(self.model_cfg, self.tx, self.config.seed + 1, self.mesh,
                                 self.rules)
 
-    def is_io(path):
-      return any(str(getattr(k, "key", "")) in ("embed", "lm_head") for k in path)
-
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, old, new: new if is_io(path) else old, state.params, fresh.params)
-    opt_state = jax.tree_util.tree_map_with_path(
-        lambda path, old, new: new if is_io(path) else old, state.opt_state, fresh.opt_state)
-    return state.replace(params=params, opt_state=opt_state)
+    def take_io(old, new):   # the embedding and head leaves of `new`, the rest of `old`
+      is_io = lambda path: any(str(getattr(k, "key", "")) in ("embed", "lm_head") for k in path)
+      return jax.tree_util.tree_map_with_path(lambda path, o, n: n if is_io(path) else o,
+                                              old, new)
+    return state.replace(params=take_io(state.params, fresh.params),
+                         opt_state=take_io(state.opt_state, fresh.opt_state))
 
   def evaluate(self, params) -> float:
     """Held-out next-token loss (nats/token) on the same validation windows every time."""
@@ -376,5 +374,5 @@ def _check_workdir_config(config, workdir: str):
       raise ConfigError(
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")
-  if jax.process_index() == 0:
+  if distributed.is_primary():
     fileio.write_json(path, current, sort_keys=True)

@@ -214,6 +214,11 @@ def check_paths(config) -> None:
              "(e.g. one written by python -m tst_jax.tools.export), or '' to start from scratch")
 
 
+def _data_length(latent_len: int, bag_size: int, mode: str) -> int:
+  """T of a phase: L for ntp, else what its superposition mode reads."""
+  return latent_len if mode == "ntp" else sp.data_length(latent_len, bag_size, mode)
+
+
 @dataclasses.dataclass(frozen=True)
 class Phase:
   """One phase's settings: the single source of its batches (window, rows) and its loss
@@ -231,8 +236,7 @@ class Phase:
   variant: str = "mce"         # mce | alt (tst)
 
   def __post_init__(self):
-    want = (self.latent_seq_len if self.mode == "ntp" else
-            sp.data_length(self.latent_seq_len, self.bag_size, self.mode))
+    want = _data_length(self.latent_seq_len, self.bag_size, self.mode)
     if self.data_seq_len != want or (self.mode == "ntp") != (self.bag_size == 1):
       raise ValueError(f"phase {self.name}: {self.data_seq_len} data tokens per row for "
                        f"L={self.latent_seq_len}, S={self.bag_size}, mode {self.mode!r}; "
@@ -319,9 +323,9 @@ def make_plan(config) -> Plan:
 
   def phase(name, first, steps, bag, mode, latent, rows):
     flops = family.flops_per_token(model_cfg, latent) * latent * rows
-    data_len = latent if mode == "ntp" else sp.data_length(latent, bag, mode)
     loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
-    return Phase(name, first, steps, bag, mode, latent, data_len, rows, flops, **loss)
+    return Phase(name, first, steps, bag, mode, latent, _data_length(latent, bag, mode), rows,
+                 flops, **loss)
 
   phases = []
   if tst_steps:
