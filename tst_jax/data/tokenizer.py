@@ -93,7 +93,7 @@ def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
   if not os.path.isfile(spec):
     raise ConfigError(f"config.data.tokenizer: file {spec!r} does not exist")
   if spec.endswith(".json"):
-    hf = _read_json(spec, "config.data.tokenizer: give a valid tokenizer.json")
+    hf = _load_tokenizer_json(spec, "config.data.tokenizer: give a valid tokenizer.json")
     path = _copy_into_workdir(spec, workdir, "tokenizer.json", _same_json)
     return Tokenizer(hf, eos_id=_find_eos(hf, spec), path=path)
   return _load_sentencepiece(spec, workdir)
@@ -102,9 +102,10 @@ def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
 def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
   cached = os.path.join(workdir, "tokenizer.json") if workdir else None
   if cached and os.path.isfile(cached):
-    hf = _read_json(cached, "it is the BPE this workdir's data and checkpoints were made with: "
-                    "restore it from a copy; only in a workdir without checkpoints, delete it "
-                    "and data/ to train them again; else use a fresh --workdir")
+    hf = _load_tokenizer_json(
+        cached, "it is the BPE this workdir's data and checkpoints were made with: restore it "
+        "from a copy; only in a workdir without checkpoints, delete it and data/ to train them "
+        "again; else use a fresh --workdir")
     tok = Tokenizer(hf, eos_id=_find_eos(hf, cached), path=cached)
     if tok.vocab_size != vocab_size:
       raise DataError(
@@ -122,7 +123,7 @@ def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None)
   return Tokenizer(hf, eos_id=hf.token_to_id(BPE_EOS), path=cached)
 
 
-def _read_json(path: str, recovery: str) -> tokenizers.Tokenizer:
+def _load_tokenizer_json(path: str, recovery: str) -> tokenizers.Tokenizer:
   try:
     return tokenizers.Tokenizer.from_file(path)
   except Exception as e:  # tokenizers raises a bare Exception for unreadable files

@@ -6,6 +6,8 @@ import json
 import math
 import os
 
+from tst_jax import fileio
+
 
 class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
@@ -47,8 +49,7 @@ def summarize(workdir: str, plan, final_eval: float, write: bool = True, **field
                  phase1_end_eval_loss=evals.get(switch), **fields,
                  **plan.tokens_at(plan.total_steps))
   if write:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
+    fileio.write_json(os.path.join(workdir, "summary.json"), summary)
     plot_losses(path, os.path.join(workdir, "loss.png"), switch_step=switch)
   return summary
 
