@@ -19,10 +19,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from tst_jax import models, platform
 from tst_jax.parallel import mesh as mesh_lib
-from tst_jax.train import optim, step as step_lib
-from tst_jax.train.plan import make_plan
+from tst_jax.train import optim, spec as spec_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")
@@ -45,26 +43,28 @@ def peak_flops(device) -> float | None:
 
 
 def build(config, phase_name):
-  plan = make_plan(config)
+  """The jitted step of phase `phase_name` of a run config, with the defaults a run gets on
+  this platform (`auto` resolved)."""
+  spec = spec_lib.build(config)
+  plan = spec.plan
   phase = next((p for p in plan.phases if p.name == phase_name), None)
   if phase is None:
-    raise ValueError(f"the config has no {phase_name!r} phase (r = {config.tst.ratio})")
-  model_cfg = models.model_config(config.model)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = tuple(tuple(r) for r in config.logical_axis_rules)
-  tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+    raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
+  model_cfg, rules = spec.model, spec.rules
+  mesh = mesh_lib.make_mesh(spec.mesh)
+  tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  loss_fn = step_lib.loss_fn(phase, config.loss)
+  loss_fn = step_lib.loss_fn(phase, spec.loss)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
-  train_step = step_lib.jit_step(
-      step_lib.make_train_step(graphdef, loss_fn, tx, schedule, config.optimizer.grad_accum),
+  train_step = step_lib.JitStep(
+      step_lib.make_train_step(graphdef, loss_fn, tx, schedule, spec.optimizer.grad_accum),
       shardings, batch_sharding, mesh, rules)
-  return plan, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding
+  return spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding
 
 
 def bench_phase(config, phase_name) -> dict:
-  plan, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding = build(config,
+  spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding = build(config,
                                                                               phase_name)
   rng = np.random.default_rng(0)
   windows = [jax.device_put(rng.integers(0, model_cfg.vocab_size,
@@ -92,8 +92,8 @@ def bench_phase(config, phase_name) -> dict:
   return dict(
       phase=phase.name, bag_size=phase.bag_size, batch_size=phase.batch_size,
       latent_seq_len=phase.latent_seq_len, data_seq_len=phase.data_seq_len,
-      n_layers=model_cfg.n_layers, params=plan.params_total, dtype=model_cfg.dtype,
-      loss_impl=config.loss.impl, remat=model_cfg.remat,
+      n_layers=model_cfg.n_layers, params=spec.plan.params_total, dtype=model_cfg.dtype,
+      loss_impl=spec.loss.impl, remat=model_cfg.remat,
       expert_impl=getattr(model_cfg, "expert_impl", None),
       attention_impl=model_cfg.attention_impl, compile_s=compile_s, step_s=step_s,
       step_s_min=min(times), data_tokens_per_s=phase.data_tokens_per_step / step_s,
@@ -110,9 +110,9 @@ def bench_phase(config, phase_name) -> dict:
 
 def main(argv):
   del argv
-  resolved = platform.resolve(_CONFIG.value)   # the defaults a run gets on this platform
-  print(json.dumps(dict(resolved=resolved.to_json())), flush=True)
-  config = platform.apply(_CONFIG.value, resolved)
+  spec = spec_lib.build(_CONFIG.value)   # the defaults a run gets on this platform
+  print(json.dumps(dict(resolved=spec.resolved.to_json())), flush=True)
+  config = _CONFIG.value
   phases = ["tst", "ntp"] if _PHASE.value == "both" else [_PHASE.value]
   results = {}
   for name in phases:

@@ -78,7 +78,8 @@ import matplotlib.pyplot as plt
 from tst_jax import trained_run, configlib
 from tst_jax.tools.sample import Sampler
 from tst_jax.train import loop, metrics
-from tst_jax.train.plan import format_plan, make_plan
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.plan import format_plan
 
 {SMALL_FLAG}
 print("JAX", jax.__version__, jax.devices())
@@ -107,7 +108,7 @@ def demo_config(arg=""):
 ROOT = os.environ.get("TST_WORKDIR") or tempfile.mkdtemp(prefix="tst_quickstart_")
 runs = {"TST": os.path.join(ROOT, "tst"), "baseline": os.path.join(ROOT, "baseline")}
 tst_config, base_config = demo_config(), demo_config("baseline")
-plan = make_plan(tst_config)
+plan = spec_lib.check(tst_config).plan
 print(format_plan(plan))
 '''),
     ("md", '''

@@ -256,7 +256,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
   'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
   with `require_data` that data.source and data.tokenizer are set (else a warning)."""
   from tst_jax import configlib
-  from tst_jax.train.plan import missing_data_fields
+  from tst_jax.data.run_data import DataSpec
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
   specs = []
@@ -265,7 +265,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
     if validate:
       loaded = validate_overrides(config, unit_overrides)
       check_batch(loaded, target)
-      missing = missing_data_fields(loaded.data)
+      missing = DataSpec.of(loaded.data, loaded.seed).missing_fields()
       if missing:
         message = (f"{config}: config.data.{' and data.'.join(missing)} empty; the run would "
                    "stop at start. Set e.g. --config.data.source=tokens:/gcs/BUCKET/store (made "
@@ -286,11 +286,11 @@ def validate_overrides(config: str, overrides):
   """Load the config as main.py would, apply the overrides, and check the plan: a typo
   fails here, not on 128 chips."""
   from tst_jax import configlib
-  from tst_jax.train.plan import make_plan
+  from tst_jax.train import spec as spec_lib
   path, sep, arg = container_config(config).partition(":")
   config = configlib.apply_overrides(
       configlib.load_config(os.path.join(REPO, path) + sep + arg), overrides)
-  make_plan(config)
+  spec_lib.check(config)
   return config
 
 

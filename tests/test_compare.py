@@ -7,14 +7,14 @@ import pytest
 
 from tests.tiny import tiny_config
 from tst_jax.tools import compare
-from tst_jax.train.plan import make_plan
+from tst_jax.train import spec as spec_lib
 
 
 def _fake_run(path, config, evals):
   """A run directory as main.py leaves it: config.json and eval lines of metrics.jsonl."""
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
-  plan = make_plan(config)
+  plan = spec_lib.check(config).plan
   lines = []
   for step, loss in evals:
     data = sum(min(max(step - p.first_step, 0), p.steps) * p.data_tokens_per_step
@@ -121,7 +121,7 @@ def test_arms_mean_spread_and_equal_loss_speedup_over_seeds(tmp_path):
       dict(mean=0.75, sd=0.25 / 2**0.5, min=0.625, max=0.875, n=2))
   assert arms["tst"]["not_reached"] == 0
   flops = {r["run"]: r for r in per_run}["tst0"]["baseline_flops_to_equal_loss"]
-  assert flops == pytest.approx(10 * make_plan(tiny_config(steps=16)).phases[0].flops_per_step)
+  assert flops == pytest.approx(10 * spec_lib.check(tiny_config(steps=16)).plan.phases[0].flops_per_step)
   # s4: seed 0 ends below anything its baseline reached (not reached, > 16/16); seed 1 at
   # 3.2, which its baseline reaches exactly at its eval of step 12.
   assert arms["s4"]["speedup_flops"] == pytest.approx(

@@ -9,7 +9,7 @@ import sys
 
 from tst_jax.train import console as console_lib
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import plan as plan_lib
+from tst_jax.train import spec as spec_lib
 from tests.tiny import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +62,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
 def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   out = io.StringIO()
   monkeypatch.setattr(sys, "stdout", out)
-  plan = plan_lib.make_plan(tiny_config())
+  plan = spec_lib.check(tiny_config()).plan
   console = console_lib.Console(plan.total_steps, 0, bar=True)
   for step in range(1, 5):
     console.step(step, plan.phases[0], dict(loss=5.0 + step), 1e3, logged=True)

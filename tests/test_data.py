@@ -8,9 +8,10 @@ import sysconfig
 import numpy as np
 import pytest
 
+from tests.reference import TokenStream
 from tst_jax.data import (
-    TokenStream, WindowSource, eval_windows, get_tokenizer, load_documents, make_batches,
-    split_documents, stream_position, unigram_entropy)
+    WindowSource, eval_windows, get_tokenizer, load_documents, make_batches,
+    split_documents, unigram_entropy)
 from tst_jax.data import pipeline
 
 CORPUS = [
@@ -219,7 +220,6 @@ def test_windows_match_slow_reference(monkeypatch, max_block, num_batches):
     expected = [slow_window(TOKENS, 5 + slow_perm(4 * k + r, 1003 // 32, end, 7, max_block) * 32,
                             33) for r in range(4)]
     np.testing.assert_array_equal(window_BxW, expected)
-  assert stream_position(5, 3, 4, 17) == 5 + 3 * 4 * 16
 
 
 @pytest.mark.parametrize("start_pos", [0, 100, 2000])
@@ -252,10 +252,11 @@ def test_batches_are_shuffled_and_seeded():
 
 
 def test_phase_switch_reads_disjoint_regions_that_tile_the_stream():
-  """k1 batches of W1, then k2 of W2 from stream_position: the targets tile the stream prefix."""
+  """k1 batches of W1, then k2 of W2 from where the first stopped (k1·B·(W1-1), as
+  Plan.data_start): the targets tile the stream prefix."""
   b, k1, w1, k2, w2 = 4, 3, 17, 9, 9
   phase1 = WindowSource(POSITIONS, b, w1, seed=5, num_batches=k1)
-  start2 = stream_position(0, k1, b, w1)
+  start2 = k1 * b * (w1 - 1)
   phase2 = WindowSource(POSITIONS, b, w2, start2, seed=5, num_batches=k2)
   rows1 = sorted((r.tolist() for k in range(k1) for r in phase1[k]), key=lambda r: r[0])
   rows2 = sorted((r.tolist() for k in range(k2) for r in phase2[k]), key=lambda r: r[0])

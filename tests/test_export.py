@@ -14,7 +14,7 @@ from tests import trained
 from tst_jax import trained_run, models
 from tst_jax.tools import export
 from tst_jax.data import run_data
-from tst_jax.train import loop, plan as plan_lib
+from tst_jax.train import loop, spec as spec_lib
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,8 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
   assert tokenizer(text).input_ids == ours.encode(text)
   assert tokenizer.decode(ours.encode(text)) == text
 
-  data = run_data.prepare_data(trained.config(), workdir, model.config.vocab_size)
+  data = run_data.prepare_data(spec_lib.check(trained.config()).data, workdir,
+                                model.config.vocab_size)
   expected = trained.summary(workdir)["final_eval_loss"]   # tst_jax's eval at the last step
   assert _hf_eval_loss(model, data.eval_windows) == pytest.approx(expected, abs=1e-3)
 
@@ -85,7 +86,7 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
   config = trained.config()
   config.init_from_hf = hf_dir
   config.data.tokenizer = os.path.join(hf_dir, "tokenizer.json")
-  run = loop.Setup(config, str(tmp_path / "run"), plan_lib.make_plan(config))
+  run = loop.Setup(spec_lib.build(config), str(tmp_path / "run"))
   state, step = run.restore_or_init()
   assert step == 0 and int(state.step) == 0
   assert run.evaluate(state.params) == pytest.approx(

@@ -14,7 +14,7 @@ from tst_jax.models import moe
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
+from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.defaults import LOGICAL_AXIS_RULES
 
 AXES = ("data", "fsdp", "tensor", "expert")
@@ -40,8 +40,8 @@ def train_losses(config, workdir, init=None):
   Returns (per-step losses, first batch of each phase, final state). `init` (a host copy of
   a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
   """
-  plan = plan_lib.make_plan(config)
-  run = loop.Setup(config, str(workdir), plan)
+  run = loop.Setup(spec_lib.build(config), str(workdir))
+  plan = run.plan
   if init is None:
     state = step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
   else:
@@ -49,7 +49,7 @@ def train_losses(config, workdir, init=None):
   losses, firsts = [], []
   for phase in plan.phases:
     loss_fn = step_lib.loss_fn(phase, config.loss)
-    step = step_lib.jit_step(step_lib.make_train_step(run.graphdef, loss_fn, run.tx,
+    step = step_lib.JitStep(step_lib.make_train_step(run.graphdef, loss_fn, run.tx,
                                                       run.schedule),
                              run.shardings, run.batch_sharding, run.mesh, run.rules)
     batches = run.batches(phase, phase.first_step)
@@ -84,7 +84,7 @@ def reference(tmp_path_factory):
   def get(family):
     if family not in cache:
       config = mesh_config(family=family)
-      run = loop.Setup(config, str(tmp_path_factory.mktemp("init")), plan_lib.make_plan(config))
+      run = loop.Setup(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
       init = jax.device_get(step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh,
                                                 run.rules))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
@@ -174,7 +174,7 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   scalars stay replicated), initialised directly into their shards."""
   def state_on(mesh):
     config = mesh_config(mesh)
-    run = loop.Setup(config, str(tmp_path / str(mesh[1])), plan_lib.make_plan(config))
+    run = loop.Setup(spec_lib.build(config), str(tmp_path / str(mesh[1])))
     return step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))
@@ -195,7 +195,7 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
   def layout(mesh):
     config = mesh_config(mesh)
     tx, _ = optim.make_optimizer(config.optimizer, 10)
-    return step_lib.state_shardings(models.model_config(config.model), tx,
+    return step_lib.state_shardings(spec_lib.check(config).model, tx,
                                     mesh_lib.make_mesh(config.mesh), config.logical_axis_rules)
 
   abstract, fsdp = layout((1, 8, 1, 1))

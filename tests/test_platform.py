@@ -3,8 +3,10 @@
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax import losses, platform
-from tst_jax.train.plan import format_plan, make_plan
+from tst_jax import platform
+from tst_jax.errors import ConfigError
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.plan import format_plan
 
 
 @pytest.mark.parametrize("dtype,head_dim,where,expected,reason", [
@@ -35,21 +37,27 @@ def test_loss_and_experts_auto(where, loss, experts):
 def test_resolve_applies_to_a_copy_and_prints_in_the_plan():
   config = tiny_config()
   config.loss.impl = "auto"
-  resolved = platform.resolve(config)            # the test machine is a CPU
+  checked = spec_lib.check(config)
+  spec = checked.on_platform()                   # the test machine is a CPU
+  resolved = spec.resolved
   assert resolved.platform == "cpu"
   assert resolved.choices["loss.impl"][0] == "xla"
   assert resolved.choices["model.attention_impl"][0] == "xla"
-  applied = platform.apply(config, resolved)
-  assert (applied.loss.impl, applied.model.attention_impl) == ("xla", "xla")
+  assert (spec.loss.impl, spec.config.model.attention_impl) == ("xla", "xla")
+  assert spec.model.attention_impl == "xla"
   assert (config.loss.impl, config.model.attention_impl) == ("auto", "auto")  # untouched
-  text = format_plan(make_plan(config), resolved)
+  assert (checked.loss.impl, checked.model.attention_impl) == ("auto", "auto")
+  text = format_plan(spec.plan, resolved)
   assert "platform cpu" in text and "loss.impl=xla" in text.splitlines()[-2]
   assert resolved.to_json()["loss.impl"]["reason"].startswith("fastest on CPU")
+  on_gpu = platform.resolve(checked.model, "auto", "gpu")
+  assert on_gpu.choices["loss.impl"][0] == "pallas"
 
 
 def test_unknown_impls_are_refused():
   config = tiny_config()
   config.model.attention_impl = "flash"
-  with pytest.raises(ValueError, match="config.model.attention_impl: must be one of"):
-    make_plan(config)
-  assert losses.LOSS_IMPLS == ("auto", "naive", "xla", "pallas")
+  with pytest.raises(ConfigError, match="config.model.attention_impl: must be one of") as e:
+    spec_lib.check(config)
+  assert e.value.field == "model.attention_impl"
+  assert platform.LOSS_IMPLS == ("auto", "naive", "xla", "pallas")

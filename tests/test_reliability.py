@@ -16,7 +16,7 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from tests.tiny import tiny_config
 from tst_jax import errors, models
-from tst_jax.train import loop, optim, step as step_lib
+from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
 from tst_jax.train import metrics as metrics_lib
 
 
@@ -53,7 +53,7 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
                      r"the update was not applied. Last good checkpoint: step \d+ in .*"
                      rf"{count} non-finite steps"):
     loop.run(config, str(tmp_path))
-  run = loop.Setup(config, str(tmp_path), loop.make_plan(config))
+  run = loop.Setup(spec_lib.build(config), str(tmp_path))
   state, step = run.restore_or_init()
   assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
@@ -128,7 +128,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   for p in victims:                      # truncate the array data of the latest step
     with open(p, "r+b") as f:
       f.truncate(p.stat().st_size // 3)
-  run = loop.Setup(config, str(tmp_path), loop.make_plan(config))
+  run = loop.Setup(spec_lib.build(config), str(tmp_path))
   with caplog.at_level("WARNING", logger="tst_jax"):
     state, step = run.restore_or_init()
   assert step == 2

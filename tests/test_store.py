@@ -8,15 +8,16 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.reference import TokenStream
 from tests.tiny import tiny_config
 from tst_jax.data import (
-    DataError, TokenStore, TokenStream, WindowSource, eval_windows, load_documents, make_batches,
+    DataError, TokenStore, WindowSource, eval_windows, load_documents, make_batches,
     split_documents)
 from tst_jax.data import prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
 from tst_jax.train import loop
-from tst_jax.train.plan import ConfigError
+from tst_jax.errors import ConfigError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
          "rho sigma tau upsilon phi chi psi omega def return import class for while if else").split()
@@ -262,7 +263,7 @@ def test_store_of_another_tokenizer(one_shard, corpus, tmp_path):
   config.data.tokenizer = other
   config.data.seq_len, config.data.batch_size = 8, 2
   with pytest.raises(ConfigError, match="is not the tokenizer of the store"):
-    run_data.prepare_data(config, str(tmp_path / "w"), 512, (0, 1))
+    run_data.prepare_data(_data(config), str(tmp_path / "w"), 512, (0, 1))
   copy = tmp_path / "copy"
   shutil.copytree(one_shard.directory, copy)
   shutil.copyfile(other, copy / "tokenizer.json")
@@ -277,16 +278,16 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   config.data.seq_len, config.data.batch_size, config.data.eval_batches = 8, 2, 2
   workdir = str(tmp_path / "w")
   before = shard_bytes(one_shard.directory)
-  data = run_data.prepare_data(config, workdir, 512, (0, 1))
+  data = run_data.prepare_data(_data(config), workdir, 512, (0, 1))
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
   assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
   assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
   with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
-    run_data.prepare_data(config, workdir, 299, (0, 1))
+    run_data.prepare_data(_data(config), workdir, 299, (0, 1))
   other = prepare(source, tmp_path / "other", seed=2)
   config.data.source = f"tokens:{other.directory}"
   with pytest.raises(ConfigError, match="was trained on the token store"):
-    run_data.prepare_data(config, workdir, 512, (0, 1))
+    run_data.prepare_data(_data(config), workdir, 512, (0, 1))
   assert shard_bytes(one_shard.directory) == before
 
 
@@ -364,3 +365,8 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
                            "--vocab_size=300"]) == 2
   assert capsys.readouterr().out.strip() == f"error: data.source 'text:{tmp_path}/none/*.txt' " \
                                             "matched no files"
+
+
+def _data(config):
+  """A tiny config's data settings as the trainer's spec makes them."""
+  return run_data.DataSpec.of(config.data, config.seed)

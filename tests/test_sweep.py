@@ -13,7 +13,7 @@ from tst_jax import configlib
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.tools import sweep
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train.plan import make_plan
+from tst_jax.train import spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
@@ -39,7 +39,7 @@ def test_points_share_a_store_exactly_when_its_prepare_arguments_agree():
   reseeded.seed = 1
   assert sweep._data_key(pinned) == sweep._data_key(reseeded) == key
   arguments = set(inspect.signature(prepare_lib.prepare).parameters)
-  assert set(run_data.store_request(base, 512)) <= arguments
+  assert set(run_data.store_request(spec_lib.check(base).data, 512)) <= arguments
 
 
 def test_overrides_coerce_to_the_field_type_and_reject_unknown_fields():
@@ -89,7 +89,7 @@ def _check_tables(workdir, expected):
     assert f"{final[-1]:.4f}" in md
     assert (int(row["data_tokens"]), int(row["equivalent_tokens"])) == (
         last["data_tokens"], last["equivalent_tokens"])
-    plan = make_plan(tiny_config(steps=STEPS, ratio=ratio, bag_size=bag)).to_json()
+    plan = spec_lib.check(tiny_config(steps=STEPS, ratio=ratio, bag_size=bag)).plan.to_json()
     assert float(row["flops"]) == plan["flops_total"]
     assert (float(row["r"]), int(row["S"])) == ((ratio, bag) if ratio else (0.0, 1))
     assert float(row["delta_vs_baseline"]) == pytest.approx(final[-1] - base[row["seed"]])
@@ -135,7 +135,7 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
       "r1.0": (4, 1.0, "full", False), "s2": (2, 0.3, "full", False),
       "s8": (8, 0.3, "full", False), "r0.2": (4, 0.2, "full", False),
       "r0.5": (4, 0.5, "full", False), "s8+r0.5": (8, 0.5, "full", False)}
-  base_plan = make_plan(configlib.load_config(gpu_small + ":baseline"))
+  base_plan = spec_lib.check(configlib.load_config(gpu_small + ":baseline")).plan
   assert [p.name for p in base_plan.phases] == ["ntp"] and base_plan.total_steps == 2000
   assert 33_000_000 < base_plan.params_total < 34_000_000
   per_step = base_plan.phases[0].flops_per_step
@@ -145,7 +145,7 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
         bag, ratio, mode, reinit), arm
     assert (c.model.dim, c.model.n_layers, c.model.vocab_size, c.data.batch_size,
             c.data.seq_len, c.data.seed) == (512, 8, 8192, 64, 512, 0)
-    plan = make_plan(c)
+    plan = spec_lib.check(c).plan
     assert all(p.flops_per_step == per_step for p in plan.phases), arm     # equal FLOPs
     assert plan.phases[0].steps == (round(ratio * 2000) if ratio else 2000)
   assert configlib.load_config(gpu_small + ":baseline,4k").train.steps == 4000

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax.train import loop, plan as plan_lib, step as step_lib
+from tst_jax.train import loop, plan as plan_lib, spec as spec_lib, step as step_lib
 from tst_jax.train import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,10 +38,10 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
 
 def test_phase_flops_equal_in_compiled_cost_analysis():
   config = tiny_config()
-  plan = plan_lib.make_plan(config)
+  plan = spec_lib.check(config).plan
   tst_phase, ntp_phase = plan.phases
   assert tst_phase.flops_per_step == ntp_phase.flops_per_step
-  model_cfg = loop.models.model_config(config.model)
+  model_cfg = spec_lib.check(config).model
   from tst_jax.train import optim
   tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
   graphdef, _ = step_lib.abstract_model(model_cfg)
@@ -67,7 +67,7 @@ def test_plan_of_paper_configs():
                                                                      f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return plan_lib.make_plan(module.get_config(arg)).to_json()
+    return spec_lib.check(module.get_config(arg)).plan.to_json()
 
   # (V, D, layers, H, K, G, F) of SmolLM2-135M / SmolLM2-360M / SmolLM3-3B with the Llama-3
   # vocabulary and untied embeddings; the paper rounds these to 270M / 600M / 3B.
@@ -172,11 +172,11 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
   from tst_jax import superposition as sp
   config = tiny_config(bag_size=4)
   config.tst.update(weighting="exponential", variant="alt")
-  tst = plan_lib.make_plan(config).phases[0]
+  tst = spec_lib.check(config).plan.phases[0]
   assert (tst.bag_size, tst.mode, tst.weighting, tst.variant) == (4, "full", "exponential",
                                                                   "alt")
   assert tst.window - 1 == tst.bag_size * tst.latent_seq_len
-  model = models.build(models.model_config(config.model), nnx.Rngs(0))
+  model = models.build(spec_lib.check(config).model, nnx.Rngs(0))
   window = np.asarray(jax.random.randint(jax.random.key(1), (2, tst.window), 0, 512))
   loss, _ = step_lib.loss_fn(tst, config.loss)(model, window)
   inputs, targets = sp.fold(window[:, :-1], 4), sp.bag_targets(window[:, 1:], 4)
@@ -185,5 +185,24 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
   np.testing.assert_allclose(loss, want, rtol=1e-6)
   with pytest.raises(ValueError, match="windows of 33 tokens, the plan says 65"):
     step_lib.loss_fn(tst, config.loss)(model, window[:, :33])
-  with pytest.raises(ValueError, match="that mode reads 64"):
-    plan_lib.Phase("tst", 0, 1, 4, "full", 16, 32, 2, 1.0)
+  assert plan_lib.Phase("tst", 0, 1, 4, "full", 16, 2, 1.0).data_seq_len == 64
+  assert plan_lib.Phase("tst", 0, 1, 4, "output_only", 16, 2, 1.0).data_seq_len == 16
+  with pytest.raises(ValueError, match="the ntp phase and only it has S = 1"):
+    plan_lib.Phase("tst", 0, 1, 1, "full", 16, 2, 1.0)
+
+
+def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
+  """tests/testdata/config_683731c.json is the config.json the trainer wrote for tiny_config()
+  at 683731c, before the typed run spec: the trainer now writes the same file, so resuming
+  such a workdir finds its config equal and leaves the file as it was; another config is
+  still refused."""
+  from tst_jax.errors import ConfigError
+  old = os.path.join(ROOT, "tests", "testdata", "config_683731c.json")
+  with open(old) as f:
+    written_then = json.load(f)
+  path = tmp_path / "config.json"
+  path.write_text(open(old).read())
+  loop._check_workdir_config(spec_lib.build(tiny_config()), str(tmp_path))  # pylint: disable=protected-access
+  assert json.loads(path.read_text()) == written_then
+  with pytest.raises(ConfigError, match=r"holds a run of a different config \(sections \['tst'\]"):
+    loop._check_workdir_config(spec_lib.build(tiny_config(bag_size=4)), str(tmp_path))  # pylint: disable=protected-access

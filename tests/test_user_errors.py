@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.tiny import tiny_config
-from tst_jax import configlib, models, platform
+from tst_jax import configlib, models
 from tst_jax.errors import ConfigError, UserError
 from tst_jax.parallel import mesh as mesh_lib
-from tst_jax.train import loop, optim, plan as plan_lib, step as step_lib
+from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
 
 
 def _leaves(config, prefix=""):
@@ -100,23 +100,20 @@ def _apply(config, picks) -> bool:
   return True
 
 
-def _layout_and_trace(config, plan):
+def _layout_and_trace(spec):
   """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
-  config = platform.apply(config, platform.resolve(config))
-  model_cfg = models.model_config(config.model)
-  tx, schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = tuple((k, v) for k, v in config.logical_axis_rules)
-  graphdef, _ = step_lib.abstract_model(model_cfg)
-  abstract, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
+  tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+  mesh = mesh_lib.make_mesh(spec.mesh)
+  graphdef, _ = step_lib.abstract_model(spec.model)
+  abstract, shardings = step_lib.state_shardings(spec.model, tx, mesh, spec.rules)
+  batch_sharding = mesh_lib.batch_sharding(mesh, spec.rules, 2)
   loop._check_parallel(  # pylint: disable=protected-access
-      config, plan, batch_sharding, abstract, shardings)
-  for phase in plan.phases:
-    loss_fn = step_lib.loss_fn(phase, config.loss)
+      spec, batch_sharding, abstract, shardings)
+  for phase in spec.plan.phases:
+    loss_fn = step_lib.loss_fn(phase, spec.loss)
     train_step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule,
-                                          config.optimizer.grad_accum)
+                                          spec.optimizer.grad_accum)
     jax.eval_shape(train_step, abstract,
                    jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
 
@@ -127,12 +124,12 @@ def _check(family, picks):
     if not _apply(config, picks):
       OUTCOMES["refused by ConfigDict's type check"] += 1
       return
-    plan = plan_lib.make_plan(config)
-    plan_lib.validate(config, num_devices=jax.device_count())
-    plan_lib.check_paths(config)
-    _layout_and_trace(config, plan)
+    spec = spec_lib.build(config, num_devices=jax.device_count())
+    spec.check_paths()
+    _layout_and_trace(spec)
   except ConfigError as e:
     assert NAMES_A_FIELD.match(str(e)), (picks, str(e))
+    assert e.field is None or str(e).startswith(f"config.{e.field}: "), (picks, str(e))
     named = NAMES_A_FIELD.match(str(e)).group(1).removeprefix("config.")
     assert named.startswith("-") or named.split(".")[0] in config, (picks, str(e))
     OUTCOMES["config error naming a field"] += 1
@@ -176,7 +173,7 @@ def test_examples_name_their_field(picks, message):
   config = tiny_config()
   with pytest.raises(ConfigError, match=message):
     _apply(config, picks)
-    plan_lib.validate(config, num_devices=8)
+    spec_lib.check(config).on_platform().check_devices(8)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -53,7 +53,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
       kind = parent.get_type(leaf)
       reason = ("a field set to None has no type to read a value as" if kind is type(None)
                 else str(e).removeprefix(f"flag {argv[1]}: "))
-      raise ConfigError(f"config.{key}: cannot read {raw!r} as {kind.__name__}: {reason}") from None
+      raise ConfigError(key, f"cannot read {raw!r} as {kind.__name__}: {reason}") from None
   return config
 
 
@@ -83,10 +83,10 @@ def _parent(config, key: str):
       options = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
       close = difflib.get_close_matches(name, options, n=3)
       hint = f"; did you mean {', '.join(close)}?" if close else f"; fields: {options}"
-      raise ConfigError(f"config.{key}: unknown field: {where} has no {name!r}{hint}")
+      raise ConfigError(key, f"unknown field: {where} has no {name!r}{hint}")
     if depth < len(path):
       node = node[name]
   if isinstance(node[leaf], ml_collections.ConfigDict):
-    raise ConfigError(f"config.{key}: is a section, not a field: set one of its fields "
+    raise ConfigError(key, f"is a section, not a field: set one of its fields "
                      f"{sorted(node[leaf].keys())}")
   return node, leaf

@@ -21,7 +21,22 @@ class UserError(Exception):
 
 
 class ConfigError(UserError, ValueError):
-  """A bad run config (a field, a flag, a combination), raised before anything is built."""
+  """A bad run config (a field, a flag, a combination), raised before anything is built.
+
+  `ConfigError("tst.bag_size", "must be ...")` names its field as data (`.field`, read by the
+  tools and tests, never parsed from the text) and prints as 'config.tst.bag_size: must be
+  ...'; a flag ('--mode') prints as itself; `ConfigError(message)` names no single field.
+  """
+
+  def __init__(self, field: str | None, message: str | None = None):
+    if message is None:
+      field, message = None, field
+    self.field, self.message = field, message
+    where = field if field is None or field.startswith("-") else f"config.{field}"
+    super().__init__(f"{where}: {message}" if field else message)
+
+  def __reduce__(self):   # picklable across processes with both arguments
+    return type(self), (self.field, self.message)
 
 
 class DataError(UserError, ValueError):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tst_jax import platform
-from tst_jax.kernels import sharded
+from tst_jax.kernels import linear_mce_pallas, linear_mce_xla, sharded
 from tst_jax.superposition import IGNORE_INDEX
 
 WEIGHTINGS = ("uniform", "power", "exponential", "first")
@@ -191,9 +191,6 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
   return mce_loss(logits, labels[..., None], ignore_index=ignore_index)
 
 
-LOSS_IMPLS = platform.LOSS_IMPLS
-
-
 def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", variant="mce",
                     ignore_index: int = IGNORE_INDEX, impl: str = "auto", **chunk_kwargs):
   """`mce_loss(hidden @ head, targets)` without materialising the [N, V] logits.
@@ -204,8 +201,8 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
   chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`). Under
   `axis_rules` with a mesh, xla/pallas run per shard (`tst_jax.kernels.sharded`).
   """
-  if impl not in LOSS_IMPLS:
-    raise ValueError(f"unknown impl {impl!r}: expected one of {LOSS_IMPLS}")
+  if impl not in platform.LOSS_IMPLS:
+    raise ValueError(f"unknown impl {impl!r}: expected one of {platform.LOSS_IMPLS}")
   if variant not in VARIANTS:
     raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
   if hidden_NxD.shape[:-1] != targets_NxS.shape[:-1]:
@@ -220,10 +217,7 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
     logits_NxV = jnp.dot(hidden_NxD, head_DxV, preferred_element_type=jnp.float32)
     return mce_loss(logits_NxV, targets_NxS, weighting=weighting, variant=variant,
                     ignore_index=ignore_index)
-  if impl == "xla":  # imported here: the kernels pull in Pallas, which mce_loss users never need
-    from tst_jax.kernels import linear_mce_xla as kernel
-  else:
-    from tst_jax.kernels import linear_mce_pallas as kernel
+  kernel = linear_mce_xla if impl == "xla" else linear_mce_pallas
   lse_N, z_NxS = sharded.lse_and_target_logits(kernel.lse_and_target_logits, hidden_NxD,
                                                head_DxV, targets_NxS, ignore_index=ignore_index,
                                                **chunk_kwargs)

@@ -90,19 +90,19 @@ class Resolved:
     return f"platform {self.platform} ({self.device_kind}): {parts}"
 
 
-def resolve(config) -> Resolved:
-  """Resolve every `auto` of a run config on the platform this process runs on."""
-  platform = jax.default_backend()
-  from tst_jax import models   # here: models import this module
-  model_cfg = models.model_config(config.model)
+def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
+  """Resolve every `auto` of a run (its model config dataclass and `loss.impl`) on
+  `platform` (default: the one this process runs on)."""
+  platform = _platform(platform)
   choices = {
       "model.attention_impl": attention_impl(model_cfg.attention_impl, model_cfg.dtype,
                                              model_cfg.head_dim, platform),
-      "loss.impl": loss_impl(config.loss.impl, platform),
+      "loss.impl": loss_impl(loss, platform),
   }
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform)
-  return Resolved(platform, jax.devices()[0].device_kind, choices)
+  kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
+  return Resolved(platform, kind, choices)
 
 
 def apply(config, resolved: Resolved):

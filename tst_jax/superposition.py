@@ -10,7 +10,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 IGNORE_INDEX = -100
-MODES = ("full", "input_only", "output_only")
+MODES = ("full", "input_only", "output_only")   # tst.mode: the phase-1 views
+PHASE_MODES = ("ntp",) + MODES                  # a phase's mode: ntp reads plain tokens
 
 
 def _check_bag_size(bag_size: int) -> None:
@@ -68,11 +69,16 @@ def superpose(table_VxD, bags_BxLxS):
 
 
 def data_length(latent_len: int, bag_size: int, mode: str) -> int:
-  """T, the data tokens per row that `tst_view` folds into L model positions: S·L for full
-  and input_only (L bags of S tokens), L for output_only (single tokens in)."""
-  if mode not in MODES:
+  """T, the data tokens per row that a phase's view turns into L model positions:
+  S·L for full and input_only (L bags of S tokens), L for output_only (single tokens in) and
+  for the ntp phase."""
+  _check_mode(mode)
+  return latent_len if mode in ("ntp", "output_only") else bag_size * latent_len
+
+
+def _check_mode(mode: str) -> None:
+  if mode not in PHASE_MODES:
     raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
-  return latent_len if mode == "output_only" else bag_size * latent_len
 
 
 def ntp_view(window_BxW):

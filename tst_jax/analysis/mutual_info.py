@@ -37,6 +37,8 @@ import sys
 
 import numpy as np
 
+from tst_jax import data as data_lib
+
 ESTIMATORS = ("miller_madow", "plugin")
 
 
@@ -130,7 +132,6 @@ def weights_from_fit(fit: dict, max_distance: int) -> list[float]:
 # -- command line ----------------------------------------------------------------------------
 def load_token_docs(source: str, tokenizer_spec: str, vocab_size: int, max_bytes: int | None,
                     tokenizer_dir: str | None) -> tuple[list[np.ndarray], str]:
-  from tst_jax import data as data_lib
   docs = data_lib.load_documents(source, max_bytes or None)
   tokenizer = data_lib.get_tokenizer(tokenizer_spec, workdir=tokenizer_dir,
                                      vocab_size=vocab_size, train_docs=docs)

@@ -2,11 +2,9 @@
 
 from tst_jax.errors import DataError
 from tst_jax.data.pipeline import (
-    TokenStream,
     WindowSource,
     eval_windows,
     make_batches,
-    stream_position,
     unigram_entropy,
 )
 from tst_jax.data.sources import load_documents, split_documents
@@ -14,7 +12,6 @@ from tst_jax.data.store import StoreSplit, TokenStore
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer, train_bpe
 
 __all__ = [
-    "TokenStream", "WindowSource", "eval_windows", "make_batches", "stream_position",
-    "unigram_entropy", "load_documents", "split_documents", "Tokenizer", "get_tokenizer",
+    "WindowSource", "eval_windows", "make_batches", "unigram_entropy", "load_documents", "split_documents", "Tokenizer", "get_tokenizer",
     "train_bpe", "DataError", "StoreSplit", "TokenStore",
 ]

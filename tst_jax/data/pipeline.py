@@ -5,69 +5,25 @@ Letters: B global batch size, W window length (the trainer's data length + 1), N
 Window i of a phase starts at stream position `start_pos + i*(W-1)` modulo N, so consecutive
 windows share one token and every token is a target once per pass. Batches draw the phase's
 windows in a seeded shuffled order (not document order, so batches are not correlated over
-time), but a phase of k batches reads exactly the region [start_pos, stream_position(start_pos,
-k, B, W)): phase 2 (W2 = L+1) starts right where phase 1 (W1 = S*L+1) stopped, without
+time), but a phase of k batches reads exactly the region [start_pos, start_pos + k*B*(W-1)):
+phase 2 (W2 = L+1) starts right where phase 1 (W1 = S*L+1) stopped (`Plan.data_start`), without
 skipping or repeating a token.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-from collections.abc import Sequence
 
 import grain
 import numpy as np
 from absl import logging
 
 from tst_jax.data.store import StoreSplit
-from tst_jax.data.tokenizer import Tokenizer
 
 _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
 _MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory (8 MiB).
-_ENCODE_CHUNK_CHARS = 4_000_000  # Text per encode_batch call: bounds the memory of its results.
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class TokenStream:
-  """All documents of a split, each followed by EOS, concatenated in a seeded order."""
-
-  tokens: np.ndarray  # (N,) int32
-  num_docs: int
-  vocab_size: int
-
-  def __len__(self) -> int:
-    return len(self.tokens)
-
-  @classmethod
-  def build(cls, docs: Sequence[str], tokenizer: Tokenizer, seed: int) -> TokenStream:
-    """Tokenizes `docs` (shuffled by `seed`) into one stream in memory: the reference that a
-    one-shard split of a prepared store (tst_jax.data.prepare) equals token for token."""
-    if not docs:
-      raise ValueError("TokenStream.build got no documents")
-    order = np.random.default_rng(seed).permutation(len(docs))
-    chunks, batch, batch_chars = [], [], 0
-    for n, i in enumerate(order):
-      batch.append(docs[i])
-      batch_chars += len(docs[i])
-      if batch_chars >= _ENCODE_CHUNK_CHARS or n == len(order) - 1:
-        ids = tokenizer.encode_batch(batch)
-        flat = itertools.chain.from_iterable(x + [tokenizer.eos_id] for x in ids)
-        chunks.append(np.fromiter(flat, dtype=np.int32))
-        batch, batch_chars = [], 0
-    return cls(np.concatenate(chunks), len(docs), tokenizer.vocab_size)
-
-
-Stream = TokenStream | np.ndarray | StoreSplit  # what the readers below accept
-
-
-def stream_position(start_pos: int, steps: int, batch_size: int, window: int) -> int:
-  """Stream position after `steps` batches of `batch_size` windows of length `window`.
-
-  Where the next phase starts: a phase of `steps` batches reads exactly the region
-  [start_pos, stream_position(...)) of the stream (modulo its length), in shuffled order.
-  """
-  return start_pos + steps * batch_size * (window - 1)
+Stream = np.ndarray | StoreSplit  # what the readers below accept (a store split is read in place)
 
 
 class WindowSource:
@@ -176,7 +132,7 @@ def _tokens(stream: Stream) -> np.ndarray | StoreSplit:
   """The tokens of an in-memory stream or array, or a memory-mapped store split as it is."""
   if isinstance(stream, StoreSplit):
     return stream
-  return stream.tokens if isinstance(stream, TokenStream) else np.asarray(stream)
+  return np.asarray(stream)
 
 
 def _gather(tokens: np.ndarray | StoreSplit, starts_b: np.ndarray, window: int) -> np.ndarray:
@@ -228,9 +184,9 @@ def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batche
   return [_gather(tokens, row_starts, window).astype(np.int32) for row_starts in starts]
 
 
-def unigram_entropy(stream: TokenStream | np.ndarray) -> float:
+def unigram_entropy(stream: np.ndarray) -> float:
   """Entropy (nats/token) of the stream's token frequencies: the loss of a unigram model."""
-  tokens = stream.tokens if isinstance(stream, TokenStream) else np.asarray(stream)
+  tokens = np.asarray(stream)
   counts = np.bincount(tokens.ravel())
   p = counts[counts > 0] / tokens.size
   return float(-(p * np.log(p)).sum())

@@ -4,6 +4,7 @@ into <workdir>/data), the tokenizer, and the held-out eval windows of this proce
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import time
@@ -16,9 +17,55 @@ from tst_jax.data import pipeline, prepare as prepare_lib, tokenizer as tokenize
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed
-from tst_jax.train import plan as plan_lib
 
 STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """A run's data settings, checked (tst_jax.train.spec): config.data with its seed resolved."""
+  source: str          # tokens:<store> | builtin:pystdlib | text:<glob> | jsonl: | parquet: | ...
+  tokenizer: str       # bpe | a tokenizer.json | a SentencePiece .model | "" (a store's own)
+  max_bytes: int       # of text read (0: all)
+  text_field: str      # the JSONL field / Parquet column of each document
+  val_fraction: float  # of documents held out
+  seed: int            # of the split, document order and BPE: data.seed, else the run's seed
+  seq_len: int         # L
+  batch_size: int      # B, global rows
+  eval_batches: int    # held-out batches per eval
+
+  @classmethod
+  def of(cls, data_cfg, run_seed: int) -> DataSpec:
+    """From config.data; data.seed = -1 means the run's seed, so runs of several seeds with
+    one data.seed share one tokenized corpus and held-out set."""
+    fields = {f.name: data_cfg[f.name] for f in dataclasses.fields(cls)}
+    return cls(**{**fields, "seed": data_cfg.seed if data_cfg.seed >= 0 else run_seed})
+
+  def missing_fields(self) -> list[str]:
+    """The fields a run needs but leaves empty (a tokens: store has its own tokenizer)."""
+    needed = ("source",) if self.source.startswith("tokens:") else ("source", "tokenizer")
+    return [f for f in needed if not getattr(self, f)]
+
+
+def check_paths(data: DataSpec) -> None:
+  """The files a train or eval run reads exist (plan mode does not need them)."""
+  for field in data.missing_fields():
+    raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "
+                      "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
+                      "the config's docstring)")
+  kind, _, pattern = data.source.partition(":")
+  if kind in ("text", "jsonl", "parquet"):
+    matches = glob.iglob(os.path.expanduser(pattern), recursive=True)
+    if not any(os.path.isfile(p) for p in matches):
+      raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
+                        f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
+  if kind == "tokens" and not os.path.isfile(
+      os.path.join(os.path.expanduser(pattern), MANIFEST)):
+    raise ConfigError("data.source", f"{pattern!r} is not a token store (no manifest.json): "
+                      "make one with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
+  if data.tokenizer not in ("", "bpe") and not os.path.isfile(data.tokenizer):
+    raise ConfigError("data.tokenizer", f"file {data.tokenizer!r} does not exist: give the path "
+                      "of a tokenizer.json or .model, or 'bpe' to train one on the data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +78,19 @@ class RunData:
   fingerprint: str                   # of the token store: a workdir resumes on the same one
 
 
-def prepare_data(config, workdir: str, model_vocab: int, block=None, say=None) -> RunData:
+def prepare_data(d: DataSpec, workdir: str, model_vocab: int, block=None, say=None, *,
+                 force_resume: bool = False) -> RunData:
   """The run's token store (`tokens:DIR` read in place, any other source prepared once into
   <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
   Nothing here reads more of the store than the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process);
-  `say`: prints what is done (reading, tokenizing: minutes to hours at scale).
+  `say`: prints what is done (reading, tokenizing: minutes to hours at scale);
+  `force_resume`: the workdir may have trained on another store. The caller has checked
+  the paths (`check_paths`).
   """
-  d = config.data
-  plan_lib.check_paths(config)
-  store = _open_store(config, workdir, model_vocab, say or (lambda text: None))
-  _check_store_of_workdir(workdir, store, config.train.force_resume)
+  store = _open_store(d, workdir, model_vocab, say or (lambda text: None))
+  _check_store_of_workdir(workdir, store, force_resume)
   tokenizer = store.tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
@@ -52,7 +100,7 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None, say=None) -
                                     num_batches=d.eval_batches,
                                     process_index=index, process_count=count)
   if not windows:
-    raise ConfigError(f"config.data.val_fraction: the held-out split of {store.directory} has "
+    raise ConfigError("data.val_fraction", f"the held-out split of {store.directory} has "
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
   if distributed.is_primary():    # the store this workdir trains on, from now on
@@ -63,10 +111,9 @@ def prepare_data(config, workdir: str, model_vocab: int, block=None, say=None) -
                  store.fingerprint)
 
 
-def _open_store(config, workdir: str, model_vocab: int, say) -> TokenStore:
+def _open_store(d: DataSpec, workdir: str, model_vocab: int, say) -> TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
   store of data.source prepared into <workdir>/data (reused when already there)."""
-  d = config.data
   named = None
   if d.tokenizer not in ("", "bpe"):    # a file: checked before anything is tokenized
     named = tokenizer_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0)
@@ -75,7 +122,7 @@ def _open_store(config, workdir: str, model_vocab: int, say) -> TokenStore:
   if d.source.startswith("tokens:"):
     store = TokenStore(d.source[len("tokens:"):])
     if named is not None and named.fingerprint() != store.manifest["tokenizer"]["fingerprint"]:
-      raise ConfigError(f"config.data.tokenizer {d.tokenizer!r} is not the tokenizer of the "
+      raise ConfigError("data.tokenizer", f"{d.tokenizer!r} is not the tokenizer of the "
                         f"store {store.directory} (its manifest names another); leave "
                         "data.tokenizer empty to use the store's own")
   else:
@@ -84,7 +131,7 @@ def _open_store(config, workdir: str, model_vocab: int, say) -> TokenStore:
       say(f"data: tokenizing {d.source} into {out} (tokenizer {d.tokenizer}"
           + (f", trained first on up to {prepare_lib.BPE_SAMPLE_BYTES / 1e6:.0f} MB of it"
              if d.tokenizer == "bpe" else "") + ")")
-    prepare_lib.prepare(out=out, **store_request(config, model_vocab), workers=1,
+    prepare_lib.prepare(out=out, **store_request(d, model_vocab), workers=1,
                         progress=False)
     store = TokenStore(out)
   seconds = time.time() - t0
@@ -95,7 +142,7 @@ def _open_store(config, workdir: str, model_vocab: int, say) -> TokenStore:
 
 def _check_vocab(vocab_size: int, model_vocab: int, what: str):
   if vocab_size > model_vocab:
-    raise ConfigError(f"config.model.vocab_size: the tokenizer of {what} has {vocab_size} "
+    raise ConfigError("model.vocab_size", f"the tokenizer of {what} has {vocab_size} "
                       f"tokens, more than the model's {model_vocab}")
 
 
@@ -113,16 +160,9 @@ def _check_store_of_workdir(workdir: str, store, force: bool):
         "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
-def store_request(config, model_vocab: int) -> dict:
+def store_request(d: DataSpec, model_vocab: int) -> dict:
   """What a run's prepared store depends on: the arguments of `prepare.prepare` (all but the
   folder). Runs with equal requests can share one store (the sweep does)."""
-  d = config.data
-  return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab,
-              seed=data_seed(config), val_fraction=d.val_fraction,
-              max_bytes=d.max_bytes or None, text_field=d.text_field)
-
-
-def data_seed(config) -> int:
-  """The seed of the held-out split and the token streams: data.seed, else the run's seed.
-  Runs of several seeds with one data.seed share one tokenized corpus and held-out set."""
-  return config.data.seed if config.data.seed >= 0 else config.seed
+  return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.seed,
+              val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
+              text_field=d.text_field)

@@ -91,7 +91,7 @@ def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
     raise ValueError(
         f"unknown tokenizer {spec!r}: expected 'bpe', a tokenizer.json or a .model file")
   if not os.path.isfile(spec):
-    raise ConfigError(f"config.data.tokenizer: file {spec!r} does not exist")
+    raise ConfigError("data.tokenizer", f"file {spec!r} does not exist")
   if spec.endswith(".json"):
     hf = _load_tokenizer_json(spec, "config.data.tokenizer: give a valid tokenizer.json")
     path = _copy_into_workdir(spec, workdir, "tokenizer.json", _same_json)

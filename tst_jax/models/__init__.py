@@ -9,6 +9,8 @@ import typing
 
 import ml_collections
 
+from tst_jax.errors import ConfigError
+
 # family -> module; each module defines CONFIG_CLS, MODEL_CLS, PRESETS, param_counts(cfg)
 # (total, active) and flops_per_token(cfg, seq_len).
 FAMILIES = {"llama": "tst_jax.models.llama", "qwen3_moe": "tst_jax.models.moe"}
@@ -16,7 +18,7 @@ FAMILIES = {"llama": "tst_jax.models.llama", "qwen3_moe": "tst_jax.models.moe"}
 
 def family_module(family: str):
   if family not in FAMILIES:
-    raise ValueError(f"model.family must be one of {tuple(FAMILIES)}, got {family!r}")
+    raise ConfigError("model.family", f"must be one of {tuple(FAMILIES)}, got {family!r}")
   return importlib.import_module(FAMILIES[family])
 
 
@@ -52,7 +54,8 @@ def model_config(model_cfg):
   known = {f.name for f in dataclasses.fields(module.CONFIG_CLS)}
   unknown = sorted(set(fields) - known)
   if unknown:
-    raise ValueError(f"unknown model fields {unknown} for {module.CONFIG_CLS.__name__}")
+    raise ConfigError("model", f"unknown model fields {unknown} for "
+                      f"{module.CONFIG_CLS.__name__}")
   return module.CONFIG_CLS(**fields)
 
 

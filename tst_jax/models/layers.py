@@ -110,7 +110,7 @@ class Attention(nnx.Module):
   def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
     """Causal attention over x; with a `cache`, x's keys and values are written into it at
     `positions` (consecutive per row) and x attends to every cached position up to its own.
-    Returns the output, and the updated cache when one is given."""
+    Returns (output, the updated cache), the cache None when none is given."""
     dt = self.dtype
     q = jnp.einsum("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt))
     k = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt))
@@ -125,7 +125,7 @@ class Attention(nnx.Module):
       impl, _ = platform.attention_impl(self.cfg.attention_impl, jnp.dtype(dt).name,
                                         self.cfg.head_dim)
       out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
-      return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt))
+      return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), None
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
     start_B = positions_BxL[:, 0]
     cache = KVCache(write(cache.k, k.astype(cache.k.dtype), start_B),
@@ -165,17 +165,15 @@ class Block(nnx.Module):
     self.ffw = make_ffw(rngs)
 
   def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
-    """(output, aux), or (output, aux, updated cache) when given a KV cache."""
-    attn = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache)
-    if cache is not None:
-      attn, cache = attn
+    """(output, aux, the updated KV cache: None when none is given)."""
+    attn, cache = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache)
     x_BxLxD = x_BxLxD + attn
     out = self.ffw(self.post_attn_norm(x_BxLxD))
     aux = {}
     if isinstance(out, tuple):   # MoE layers also return auxiliary losses/statistics
       out, aux = out
     out = constrain(x_BxLxD + out, ("batch", "length", "embed"))
-    return (out, aux) if cache is None else (out, aux, cache)
+    return out, aux, cache
 
 
 def stacked(n: int, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
@@ -201,15 +199,17 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
               cache: KVCache | None = None):
   """Apply stacked blocks with lax.scan: compile time stays flat in depth.
 
-  Returns the output and the per-layer auxiliary outputs stacked on axis 0; with a stacked
-  KV cache (scanned with the layers' parameters), also the updated cache.
+  Returns (output, the per-layer auxiliary outputs stacked on axis 0, the updated stacked KV
+  cache: scanned with the layers' parameters, None when none is given).
   """
   graphdef, state = nnx.split(blocks)
 
   if cache is None:
     def body(h, layer_state):
-      return nnx.merge(graphdef, layer_state)(h, positions_BxL)
-    return jax.lax.scan(_remat(body, remat), x_BxLxD, state)
+      h, aux, _ = nnx.merge(graphdef, layer_state)(h, positions_BxL)
+      return h, aux
+    h, aux = jax.lax.scan(_remat(body, remat), x_BxLxD, state)
+    return h, aux, None
 
   def cached_body(h, layer):
     layer_state, layer_cache = layer

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tst_jax import platform
+from tst_jax.errors import ConfigError
 from tst_jax.models import layers
 from tst_jax.parallel.logical import constrain
 
@@ -41,24 +42,25 @@ class LlamaConfig:
   def __post_init__(self):
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffw_dim"):
       if getattr(self, name) < 1:
-        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
     if not self.head_dim:
       if self.dim % self.n_heads:
-        raise ValueError(f"model.dim {self.dim} is not divisible by n_heads {self.n_heads}; "
-                         "set model.head_dim")
+        raise ConfigError("model.dim", f"{self.dim} is not divisible by n_heads "
+                          f"{self.n_heads}; set model.head_dim")
       object.__setattr__(self, "head_dim", self.dim // self.n_heads)
     if self.head_dim % 2:
-      raise ValueError(f"model.head_dim must be even for RoPE, got {self.head_dim}")
+      raise ConfigError("model.head_dim", f"must be even for RoPE, got {self.head_dim}")
     if self.n_heads % self.n_kv_heads:
-      raise ValueError(f"model.n_heads {self.n_heads} must be a multiple of n_kv_heads "
-                       f"{self.n_kv_heads}")
+      raise ConfigError("model.n_heads", f"{self.n_heads} must be a multiple of n_kv_heads "
+                        f"{self.n_kv_heads}")
     if self.dtype not in DTYPES:
-      raise ValueError(f"model.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+      raise ConfigError("model.dtype", f"must be one of {tuple(DTYPES)}, got {self.dtype!r}")
     if self.attention_impl not in platform.ATTENTION_IMPLS:
-      raise ValueError(f"model.attention_impl must be one of {platform.ATTENTION_IMPLS}, got "
-                       f"{self.attention_impl!r}")
+      raise ConfigError("model.attention_impl", f"must be one of {platform.ATTENTION_IMPLS}, "
+                        f"got {self.attention_impl!r}")
     if self.remat not in layers.REMAT_POLICIES:
-      raise ValueError(f"model.remat must be one of {layers.REMAT_POLICIES}, got {self.remat!r}")
+      raise ConfigError("model.remat", f"must be one of {layers.REMAT_POLICIES}, got "
+                        f"{self.remat!r}")
     if self.rope_scaling is not None:
       object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
 
@@ -101,7 +103,7 @@ class Llama(nnx.Module):
     self.blocks = layers.stacked(self.cfg.n_layers, self.make_block, rngs)
 
   def run_layers(self, h_BxLxD, positions_BxL, cache=None):
-    """(h, aux), or (h, aux, cache) with a KV cache: the scanned stack of `make_layers`."""
+    """(h, aux, the updated KV cache: None without one): the scanned stack of `make_layers`."""
     return layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat, cache=cache)
 
   def make_block(self, rngs: nnx.Rngs) -> layers.Block:
@@ -116,7 +118,7 @@ class Llama(nnx.Module):
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    h_BxLxD, aux = self.run_layers(h_BxLxD, positions_BxL)
+    h_BxLxD, aux, _ = self.run_layers(h_BxLxD, positions_BxL)
     return self.final_norm(h_BxLxD), aux
 
   def aux_loss(self, aux):

@@ -25,11 +25,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from tst_jax import platform
+from tst_jax.errors import ConfigError
 from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
-
-EXPERT_IMPLS = platform.EXPERT_IMPLS
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoEConfig(llama.LlamaConfig):
@@ -48,17 +46,18 @@ class MoEConfig(llama.LlamaConfig):
   def __post_init__(self):
     super().__post_init__()
     object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(self.mlp_only_layers))))
-    if self.n_experts < 1 or self.moe_ffw_dim < 1 or self.decoder_sparse_step < 1:
-      raise ValueError("model.n_experts, moe_ffw_dim and decoder_sparse_step must be >= 1")
+    for name in ("n_experts", "moe_ffw_dim", "decoder_sparse_step"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
     if not 1 <= self.n_experts_per_token <= self.n_experts:
-      raise ValueError(f"model.n_experts_per_token must be in [1, {self.n_experts}], "
-                       f"got {self.n_experts_per_token}")
+      raise ConfigError("model.n_experts_per_token", f"must be in [1, {self.n_experts}], "
+                        f"got {self.n_experts_per_token}")
     if any(not 0 <= i < self.n_layers for i in self.mlp_only_layers):
-      raise ValueError(f"model.mlp_only_layers {self.mlp_only_layers} out of range "
-                       f"[0, {self.n_layers})")
-    if self.expert_impl not in EXPERT_IMPLS:
-      raise ValueError(f"model.expert_impl must be one of {EXPERT_IMPLS}, "
-                       f"got {self.expert_impl!r}")
+      raise ConfigError("model.mlp_only_layers", f"{self.mlp_only_layers} out of range "
+                        f"[0, {self.n_layers})")
+    if self.expert_impl not in platform.EXPERT_IMPLS:
+      raise ConfigError("model.expert_impl", f"must be one of {platform.EXPERT_IMPLS}, "
+                        f"got {self.expert_impl!r}")
 
   def sparse_layers(self) -> tuple[bool, ...]:
     """Which layers are MoE: Hugging Face Qwen3-MoE's rule, layer by layer."""
@@ -320,19 +319,17 @@ class Period(nnx.Module):
         for s in unit])
 
   def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None):
+    """(output, aux of the unit's sparse blocks, the updated caches: None without a cache)."""
     auxes, caches = [], []
     for i, block in enumerate(self.blocks):
-      if cache is None:
-        x_BxLxD, aux = block(x_BxLxD, positions_BxL)
-      else:
-        x_BxLxD, aux, layer_cache = block(x_BxLxD, positions_BxL,
-                                          layers.KVCache(cache.k[i], cache.v[i]))
-        caches.append(layer_cache)
+      layer_cache = None if cache is None else layers.KVCache(cache.k[i], cache.v[i])
+      x_BxLxD, aux, layer_cache = block(x_BxLxD, positions_BxL, layer_cache)
+      caches.append(layer_cache)
       if aux:
         auxes.append(aux)
     aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes) if auxes else {}  # [sparse in unit]
     if cache is None:
-      return x_BxLxD, aux
+      return x_BxLxD, aux, None
     return x_BxLxD, aux, jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
 
@@ -351,18 +348,17 @@ class Qwen3MoE(llama.Llama):
         for unit, repeats in self.plan])
 
   def run_layers(self, h_BxLxD, positions_BxL, cache=None):
-    """The stages in order; aux of every sparse layer stacked in layer order, and with a
-    cache (one per stage, [repeats, unit, B, M, K, G]) the updated caches."""
+    """(h, aux of every sparse layer stacked in layer order, the updated caches: one per stage,
+    [repeats, unit, B, M, K, G], None without a cache)."""
     auxes, caches = [], []
     for i, stage in enumerate(self.stages):
-      out = layers.run_stack(stage, h_BxLxD, positions_BxL, self.cfg.remat,
-                             cache=None if cache is None else cache[i])
-      h_BxLxD, aux = out[:2]
-      caches.append(out[2] if cache is not None else None)
+      h_BxLxD, aux, stage_cache = layers.run_stack(
+          stage, h_BxLxD, positions_BxL, self.cfg.remat, cache=None if cache is None else cache[i])
+      caches.append(stage_cache)
       if aux:   # [repeats, sparse in unit, ...] -> [layers, ...]
         auxes.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), aux))
     aux = jax.tree.map(lambda *a: jnp.concatenate(a), *auxes) if auxes else {}
-    return (h_BxLxD, aux) if cache is None else (h_BxLxD, aux, caches)
+    return h_BxLxD, aux, None if cache is None else caches
 
   def init_cache(self, batch: int, max_len: int):
     return [self.empty_cache((repeats, len(unit)), batch, max_len)

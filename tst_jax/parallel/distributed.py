@@ -42,7 +42,7 @@ def initialize(cfg) -> bool:
   auto-detection and stay single-process if there is no cluster. Returns True if started.
   """
   if cfg.mode not in MODES:
-    raise ConfigError(f"config.distributed.mode: must be one of {MODES}, got {cfg.mode!r}")
+    raise ConfigError("distributed.mode", f"must be one of {MODES}, got {cfg.mode!r}")
   if cfg.cpu_devices:
     if not xla_bridge.backends_are_initialized():
       jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
@@ -65,7 +65,7 @@ def initialize(cfg) -> bool:
                                heartbeat_timeout_seconds=2 * cfg.heartbeat_timeout_s + 10)
   except ValueError as e:
     if requested or "should be defined" not in str(e):
-      raise ConfigError(f"config.distributed: {e} (set coordinator_address, num_processes "
+      raise ConfigError("distributed", f"{e} (set coordinator_address, num_processes "
                        "and process_id, or the JAX_* variables; see docs/distributed.md)") from e
     return False   # 'auto' and no cluster found: a single process
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",

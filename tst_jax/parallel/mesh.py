@@ -21,9 +21,9 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
   fill = [a for a, n in sizes.items() if n == -1]
   if len(fill) > 1:
-    raise ConfigError(f"config.mesh: at most one axis may be -1, got {fill}")
+    raise ConfigError("mesh", f"at most one axis may be -1, got {fill}")
   if any(n == 0 or n < -1 for n in sizes.values()):
-    raise ConfigError(f"config.mesh: axis sizes must be >= 1 or -1, got {sizes}")
+    raise ConfigError("mesh", f"axis sizes must be >= 1 or -1, got {sizes}")
   known = math.prod(n for n in sizes.values() if n != -1)
   if num_devices % known:
     raise ConfigError(f"config.mesh {sizes}: {known} devices do not divide the {num_devices} "
@@ -60,7 +60,7 @@ def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
     except (ValueError, NotImplementedError, AssertionError):  # unusual topologies
       return np.asarray(devices).reshape(shape)
   if shape[0] % dcn_data:
-    raise ConfigError(f"config.mesh.dcn_data: {dcn_data} must divide the data axis ({shape[0]})")
+    raise ConfigError("mesh.dcn_data", f"{dcn_data} must divide the data axis ({shape[0]})")
   ici = (shape[0] // dcn_data,) + tuple(shape[1:])
   return mesh_utils.create_hybrid_device_mesh(
       ici, (dcn_data, 1, 1, 1), devices,

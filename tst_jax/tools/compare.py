@@ -21,9 +21,12 @@ import json
 import os
 import sys
 
+import ml_collections
 import numpy as np
 
 from tst_jax import errors, fileio
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.console import human
 
 
 @dataclasses.dataclass
@@ -75,16 +78,13 @@ class EvalCurve:
 
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """A run directory of `main.py` -> its eval curve and plan."""
-  import ml_collections
-
-  from tst_jax.train.plan import make_plan
   for needed in ("config.json", "metrics.jsonl"):
     if not os.path.isfile(os.path.join(workdir, needed)):
       raise errors.DataError(f"{workdir}: has no {needed}: give run directories of main.py")
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.tst.weighting = "uniform"      # FLOPs do not depend on it (and a fitted file may move)
-  plan = make_plan(config).to_json()
+  plan = spec_lib.check(config).plan.to_json()
   evals = {}
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     for line in filter(str.strip, f):
@@ -163,21 +163,12 @@ def _f(x, fmt=".4f"):
   return "--" if x is None else format(x, fmt)
 
 
-def _human(x):
-  if x is None:
-    return "--"
-  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-    if abs(x) >= scale:
-      return f"{x / scale:.3g}{unit}"
-  return f"{x:.3g}"
-
-
 def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | final eval loss |",
            "|---|---|---|---|---|---|---|"]
   for run in runs:
     lines.append(f"| {run.name} | {run.r:g} | {run.S} | {run.total_steps} | "
-                 f"{_human(run.total_flops)} | {_human(run.total_data_tokens)} | "
+                 f"{human(run.total_flops)} | {human(run.total_data_tokens)} | "
                  f"{run.final_loss:.4f} |")
   lines += ["", "| run | vs baseline | equal-FLOPs: baseline loss (Δ) | "
             "equal-data: baseline loss (Δ) | equal-loss: baseline steps (FLOPs) | speedup |",
@@ -190,7 +181,7 @@ def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
       speed = f"> {row['speedup_lower_bound']:.2f}x"
     else:
       equal = (f"{row['baseline_steps_to_equal_loss']:.1f} "
-               f"({_human(row['baseline_flops_to_equal_loss'])})")
+               f"({human(row['baseline_flops_to_equal_loss'])})")
       bound = ""
       if row["equal_loss_note"]:       # reached by the first eval: an upper bound
         equal += f", {row['equal_loss_note']}"
@@ -206,7 +197,7 @@ def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
       fx = row.get("frontier_flops_to_equal_loss")
       note = row.get("frontier_note", "")
       bound = "≤ " if note and fx is not None else ""
-      lines.append(f"| {row['run']} | {_human(fx)}{', ' + note if note else ''} | "
+      lines.append(f"| {row['run']} | {human(fx)}{', ' + note if note else ''} | "
                    f"{bound}{_f(row.get('frontier_speedup_flops'), '.2f')}x |")
   return "\n".join(lines)
 
@@ -331,8 +322,8 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
            "(mean ± sd [min, max]) | Δ vs baseline at equal FLOPs | equal-loss speed-up (FLOPs) |",
            "|---" * 10 + "|"]
   for a in arms:
-    lines.append(f"| {a['arm']} | {a['r']:g} | {a['S']} | {a['steps']} | {_human(a['flops'])} | "
-                 f"{_human(a['data_tokens'])} | {','.join(map(str, a['seeds']))} | "
+    lines.append(f"| {a['arm']} | {a['r']:g} | {a['S']} | {a['steps']} | {human(a['flops'])} | "
+                 f"{human(a['data_tokens'])} | {','.join(map(str, a['seeds']))} | "
                  f"{_spread_text(a['final_loss'])} | "
                  f"{_spread_text(a['delta_equal_flops'], sign='+')} | {speedup_text(a)} |")
   lines += ["", "| run | arm | seed | final eval loss | reference | reference loss at equal FLOPs "
@@ -348,7 +339,7 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
              ("≤ " if r["equal_loss_note"] else "") + f"{r['speedup_flops']:.2f}x")
     lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
                  f"{r['baseline']} | {_f(r['baseline_loss_at_equal_flops'])} | "
-                 f"{_human(needed)} | {speed} |")
+                 f"{human(needed)} | {speed} |")
   return "\n".join(lines)
 
 

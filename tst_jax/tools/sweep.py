@@ -40,6 +40,9 @@ import traceback
 import numpy as np
 
 from tst_jax import configlib, errors, fileio
+from tst_jax.data import run_data
+from tst_jax.tools import compare
+from tst_jax.train import loop, spec as spec_lib
 
 POINT_FILE = "sweep_point.json"
 RATIO, BAG = "tst.ratio", "tst.bag_size"
@@ -91,8 +94,7 @@ def make_arm_points(arms: list[str], seeds: list[int]) -> list[Point]:
 # -- running ---------------------------------------------------------------------------------
 def resolve(config_spec: str, overrides: list[str]):
   config = configlib.apply_overrides(configlib.load_config(config_spec), overrides)
-  from tst_jax.train.plan import make_plan
-  return config, make_plan(config)
+  return config, spec_lib.check(config).plan
 
 
 def finished(point_dir: str, steps: int) -> bool:
@@ -148,7 +150,6 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
       with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     else:
-      from tst_jax.train import loop
       loop.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
@@ -198,12 +199,13 @@ def prepare_shared_data(workdir: str, config):
   link; a `tokens:` store needs nothing."""
   if config.data.source.startswith("tokens:"):
     return
-  from tst_jax.data import run_data
   path = shared_data_dir(workdir, config)
   done = os.path.join(path, "prepared.json")
   if not os.path.exists(done):
     t0 = time.time()
-    data = run_data.prepare_data(config, path, config.model.vocab_size, block=(0, 1))
+    spec = spec_lib.check(config)
+    spec.check_paths()
+    data = run_data.prepare_data(spec.data, path, config.model.vocab_size, block=(0, 1))
     fileio.write_json(done, dict(data_key=_data_key(config), train_tokens=len(data.train),
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
@@ -235,8 +237,8 @@ def _link_or_copy(src: str, dst: str):
 def _data_key(config) -> str:
   """What the prepared store of a run depends on (not seq_len or batch_size: points that
   differ only in those share one store)."""
-  from tst_jax.data.run_data import store_request
-  return json.dumps(store_request(config, config.model.vocab_size), sort_keys=True)
+  return json.dumps(run_data.store_request(spec_lib.check(config).data,
+                                           config.model.vocab_size), sort_keys=True)
 
 
 def _cli_value(config, dotted: str) -> str:
@@ -439,7 +441,6 @@ def plot_heatmap(records: list[dict], out_path: str):
 def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   """results.json, results.md and the figure-2 curves of every arm point under `workdir`
   (the finished ones; failed ones are listed with their error); returns the paths."""
-  from tst_jax.tools import compare
   runs, failed = [], []
   for name, meta in points_under(workdir):
     if not meta.get("arm"):

@@ -6,8 +6,6 @@ import contextlib
 import os
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -17,8 +15,10 @@ from tst_jax.errors import ConfigError, WorkdirError
 class Checkpoints:
   """Periodic saves, keep the latest N plus the phase handoffs, restore latest (or a step).
 
-  Each step directory holds the TrainState ("state") and a small JSON ("meta"): the phase
-  and the data iterator state, so a restart continues with the very next batch.
+  Each step directory holds the TrainState ("state") and a small JSON ("meta"): the phase, its
+  step, the stream position where it started and the token store's fingerprint. A restart
+  rebuilds the data position from the global step (the plan), so it continues with the very
+  next batch; the meta records it for reading and checks.
   """
 
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0):
@@ -98,24 +98,6 @@ class Checkpoints:
 def abstract_with_shardings(abstract_state, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       abstract_state, shardings)
-
-
-def init_from_hf(path: str, model_cfg, family: str, tx, shardings, mesh, rules):
-  """A step-0 TrainState holding the weights of a Hugging Face folder (sharded as
-  `shardings`), with a fresh optimizer state."""
-  from tst_jax import trained_run                  # pylint: disable=g-import-not-at-top
-  from tst_jax.parallel.logical import axis_rules     # pylint: disable=g-import-not-at-top
-  from tst_jax.train.step import TrainState           # pylint: disable=g-import-not-at-top
-  try:
-    host = trained_run.hf_params(path, model_cfg, family)
-  except (ValueError, FileNotFoundError) as e:
-    raise ConfigError(f"config.init_from_hf: {e}") from e
-  params = jax.tree.map(
-      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-      host, shardings.params)
-  fresh = lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p))
-  with axis_rules(mesh, rules):
-    return jax.jit(fresh, out_shardings=shardings)(params)
 
 
 def _os_error(e: BaseException | None) -> OSError | None:

@@ -16,6 +16,18 @@ def duration(seconds: float) -> str:
   return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def human(x: float | None) -> str:
+  """A count with a unit suffix (K, M, B for 1e9, T, P, E), as every table prints tokens,
+  parameters and FLOPs; None is '--'."""
+  if x is None:
+    return "--"
+  for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
+                      ("K", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g}{unit}"
+  return f"{x:g}"
+
+
 def rate(x: float) -> str:
   for unit, scale in (("M", 1e6), ("k", 1e3)):
     if x >= scale:

@@ -14,19 +14,20 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, models, platform
+from tst_jax import fileio, trained_run
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import optim, plan as plan_lib, step as step_lib
+from tst_jax.train import optim, spec as spec_lib, step as step_lib
 from tst_jax.train.console import Console
-from tst_jax.train.plan import Plan, format_plan, make_plan
+from tst_jax.train.plan import Plan, format_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 
 log = logging.getLogger("tst_jax")
@@ -36,23 +37,22 @@ RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 def run(config, workdir: str, mode: str = "train") -> dict:
   """Entry point of `main.py`: mode is train (default), plan or eval."""
-  plan_lib.validate(config)                    # every field, before anything starts
-  distributed.initialize(config.distributed)   # before anything touches a device
-  plan = make_plan(config)
-  resolved = platform.resolve(config)     # what `auto` means here, printed and recorded
+  spec = spec_lib.check(config)                # every field, once, before anything starts
+  distributed.initialize(spec.distributed)     # before anything touches a device
+  spec = spec.on_platform()               # what `auto` means here, printed and recorded
   if mode == "plan":
-    print(format_plan(plan, resolved))
-    return plan.to_json()
+    print(format_plan(spec.plan, spec.resolved))
+    return spec.plan.to_json()
   if mode not in ("train", "eval"):
-    raise ConfigError(f"--mode: must be train, plan or eval, got {mode!r}")
+    raise ConfigError("--mode", f"must be train, plan or eval, got {mode!r}")
   if not workdir:
-    raise ConfigError("--workdir: required for train and eval: give a new directory, or a "
+    raise ConfigError("--workdir", "required for train and eval: give a new directory, or a "
                       "run's to resume it")
-  plan_lib.validate(config, num_devices=jax.device_count())
-  plan_lib.check_paths(config)
+  spec.check_devices(jax.device_count())
+  spec.check_paths()
   check_workdir(workdir)
   try:
-    setup = Setup(config, workdir, plan, resolved=resolved)
+    setup = Setup(spec, workdir)
     result = setup.evaluate_latest() if mode == "eval" else train(setup)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
@@ -64,7 +64,7 @@ def run(config, workdir: str, mode: str = "train") -> dict:
 def train(s: Setup) -> dict:
   """Trains the phases of `s.plan` from the latest checkpoint (or step 0) to the end; returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
-  cfg, plan = s.config.train, s.plan
+  cfg, plan = s.spec.train, s.plan
   state, start = s.restore_or_init()
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
@@ -131,31 +131,32 @@ class Setup:
   """What a run builds once, before its first step: the plan, mesh, model graph, optimizer,
   shardings, data and checkpoints (`auto` fields resolved for this platform)."""
 
-  def __init__(self, config, workdir: str, plan: Plan, devices=None, resolved=None):
-    self.resolved = resolved or platform.resolve(config)   # `auto` -> this platform's choice
-    config = platform.apply(config, self.resolved)
-    self.config, self.workdir, self.plan = config, os.path.abspath(workdir), plan
-    self.model_cfg = models.model_config(config.model)
-    self.mesh = mesh_lib.make_mesh(config.mesh, devices)
-    self.rules = tuple((k, v) for k, v in config.logical_axis_rules)
-    self.tx, self.schedule = optim.make_optimizer(config.optimizer, plan.total_steps)
+  def __init__(self, spec: spec_lib.RunSpec, workdir: str, devices=None):
+    if spec.resolved is None:
+      spec = spec.on_platform()                # `auto` -> this platform's choice
+    self.spec, self.workdir, self.plan = spec, os.path.abspath(workdir), spec.plan
+    self.config, self.resolved, self.model_cfg = spec.config, spec.resolved, spec.model
+    self.mesh = mesh_lib.make_mesh(spec.mesh, devices)
+    self.rules = spec.rules
+    self.tx, self.schedule = optim.make_optimizer(spec.optimizer, self.plan.total_steps)
     self.graphdef, _ = step_lib.abstract_model(self.model_cfg)
     abstract, self.shardings = step_lib.state_shardings(self.model_cfg, self.tx, self.mesh,
                                                         self.rules)
     self.abstract_state = ckpt_lib.abstract_with_shardings(abstract, self.shardings)
     self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, 2)
-    _check_parallel(config, plan, self.batch_sharding, abstract, self.shardings)
+    _check_parallel(spec, self.batch_sharding, abstract, self.shardings)
     self.data_block = mesh_lib.process_batch_block(self.batch_sharding)  # rows this process loads
     os.makedirs(self.workdir, exist_ok=True)
-    _check_workdir_config(config, self.workdir)
+    _check_workdir_config(spec, self.workdir)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
-      self.data = run_data.prepare_data(config, self.workdir, self.model_cfg.vocab_size,
-                                        self.data_block, say=say)
-    handoffs = [p.first_step for p in plan.phases[1:]]
+      self.data = run_data.prepare_data(spec.data, self.workdir, self.model_cfg.vocab_size,
+                                        self.data_block, say=say,
+                                        force_resume=spec.train.force_resume)
+    handoffs = [p.first_step for p in self.plan.phases[1:]]
     self.checkpoints = ckpt_lib.Checkpoints(
-        os.path.join(self.workdir, "checkpoints"), keep=config.train.keep_checkpoints,
-        keep_steps=handoffs, every=config.train.checkpoint_every)
+        os.path.join(self.workdir, "checkpoints"), keep=spec.train.keep_checkpoints,
+        keep_steps=handoffs, every=spec.train.checkpoint_every)
     self._eval_step = jax.jit(step_lib.make_eval_step(self.graphdef),
                               in_shardings=(self.shardings.params, self.batch_sharding))
 
@@ -163,12 +164,10 @@ class Setup:
     """(state, step): the latest checkpoint that restores, or a fresh sharded init at step 0
     (the weights of config.init_from_hf when set)."""
     latest = self.checkpoints.latest_step()
-    if latest is None and self.config.init_from_hf:
-      return ckpt_lib.init_from_hf(self.config.init_from_hf, self.model_cfg,
-                                   self.config.model.family, self.tx, self.shardings,
-                                   self.mesh, self.rules), 0
+    if latest is None and self.spec.init_from_hf:
+      return self.init_from_hf(), 0
     if latest is None:
-      return step_lib.init_state(self.model_cfg, self.tx, self.config.seed, self.mesh,
+      return step_lib.init_state(self.model_cfg, self.tx, self.spec.seed, self.mesh,
                                  self.rules), 0
     for step in sorted(self.checkpoints.all_steps(), reverse=True):
       self.checkpoints.check_shapes(step, self.abstract_state)
@@ -182,11 +181,25 @@ class Setup:
       return state, step
     raise ConfigError(f"no checkpoint in {self.checkpoints.directory} can be restored")
 
+  def init_from_hf(self):
+    """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
+    (sharded as the run's state), with a fresh optimizer state."""
+    try:
+      host = trained_run.hf_params(self.spec.init_from_hf, self.model_cfg, self.spec.family)
+    except (ValueError, FileNotFoundError) as e:
+      raise ConfigError("init_from_hf", f"{e}") from e
+    params = jax.tree.map(
+        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
+        host, self.shardings.params)
+    fresh = lambda p: step_lib.TrainState(jnp.zeros((), jnp.int32), p, self.tx.init(p))
+    with axis_rules(self.mesh, self.rules):
+      return jax.jit(fresh, out_shardings=self.shardings)(params)
+
   def check_data_of(self, step: int, meta: dict):
     """A checkpoint continues only on the token store it was trained on (its manifest's
     fingerprint is in the checkpoint's metadata)."""
     saved = meta.get("data_fingerprint")
-    if saved and saved != self.data.fingerprint and not self.config.train.force_resume:
+    if saved and saved != self.data.fingerprint and not self.spec.train.force_resume:
       raise DataError(
           f"{self.checkpoints.directory}/{step}: this checkpoint was trained on the token store "
           f"with fingerprint {saved[:12]}, not on {self.data.train.directory} "
@@ -204,7 +217,7 @@ class Setup:
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
     iterator = data_lib.make_batches(
         self.data.train, batch_size=phase.batch_size, window=phase.window,
-        start_pos=self.plan.data_start(phase), seed=self.config.seed, num_batches=phase.steps,
+        start_pos=self.plan.data_start(phase), seed=self.spec.seed, num_batches=phase.steps,
         process_index=self.data_block[0], process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
@@ -214,9 +227,9 @@ class Setup:
 
   def train_step(self, phase):
     """The jitted train step of `phase`, its loss built from the phase's own settings."""
-    return step_lib.jit_step(
-        step_lib.make_train_step(self.graphdef, step_lib.loss_fn(phase, self.config.loss),
-                                 self.tx, self.schedule, self.config.optimizer.grad_accum),
+    return step_lib.JitStep(
+        step_lib.make_train_step(self.graphdef, step_lib.loss_fn(phase, self.spec.loss),
+                                 self.tx, self.schedule, self.spec.optimizer.grad_accum),
         self.shardings, self.batch_sharding, self.mesh, self.rules)
 
   def handoff(self, state, phase, console):
@@ -225,7 +238,7 @@ class Setup:
     self.save(state, phase.first_step, force=True)
     self.checkpoints.wait()
     state, meta = self.checkpoints.restore(phase.first_step, self.abstract_state)
-    reinit = self.config.tst.reinit_at_switch
+    reinit = self.spec.tst.reinit_at_switch
     console.print(f"phase switch at step {phase.first_step}: restored the {meta['phase']} "
                   f"checkpoint, now {phase.name}"
                   + (" with a fresh embedding and LM head (reinit_at_switch)" if reinit else ""))
@@ -234,7 +247,7 @@ class Setup:
   def reinit_embedding_and_head(self, state):
     """The paper's randomisation ablation: fresh embedding and LM head (and their Adam
     moments) at the start of phase 2."""
-    fresh = step_lib.init_state(self.model_cfg, self.tx, self.config.seed + 1, self.mesh,
+    fresh = step_lib.init_state(self.model_cfg, self.tx, self.spec.seed + 1, self.mesh,
                                 self.rules)
 
     def take_io(old, new):   # the embedding and head leaves of `new`, the rest of `old`
@@ -329,15 +342,15 @@ def _scalars(metrics: dict) -> dict:
   return flat
 
 
-def _check_parallel(config, plan: Plan, batch_sharding, abstract_state, shardings):
+def _check_parallel(spec, batch_sharding, abstract_state, shardings):
   """Before compiling: every batch and parameter divides over the mesh axes that shard it."""
-  accum = config.optimizer.grad_accum
-  for p in plan.phases:
+  accum = spec.optimizer.grad_accum
+  for p in spec.plan.phases:
     mesh_lib.check_batch(p.batch_size // accum, batch_sharding,
                          f"config.data.batch_size: phase {p.name}'s {p.batch_size // accum} rows"
                          + (f" per micro-batch (grad_accum={accum})" if accum > 1 else ""))
-  mesh_lib.check_batch(config.data.batch_size, batch_sharding,
-                       f"config.data.batch_size: the eval batch's {config.data.batch_size} rows")
+  mesh_lib.check_batch(spec.data.batch_size, batch_sharding,
+                       f"config.data.batch_size: the eval batch's {spec.data.batch_size} rows")
   mesh_lib.check_divisible(abstract_state.params, shardings.params)
 
 
@@ -358,10 +371,11 @@ def check_workdir(workdir: str):
                        "or give another directory")
 
 
-def _check_workdir_config(config, workdir: str):
-  """Write config.json on the first run; refuse to resume a workdir of another config."""
+def _check_workdir_config(spec, workdir: str):
+  """Write config.json (the checked config, `auto` fields resolved) on the first run; refuse
+  to resume a workdir of another config."""
   path = os.path.join(workdir, "config.json")
-  current = json.loads(config.to_json_best_effort())
+  current = json.loads(spec.config.to_json_best_effort())
   if os.path.exists(path):
     try:
       with open(path) as f:
@@ -370,7 +384,7 @@ def _check_workdir_config(config, workdir: str):
       raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                       "run: restore it, or use another --workdir") from None
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
-    if diff and not config.train.force_resume:
+    if diff and not spec.train.force_resume:
       raise ConfigError(
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")

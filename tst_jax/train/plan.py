@@ -1,222 +1,15 @@
-"""The run plan: config validation, phases (tst for round(r*T) steps, then ntp), tokens, FLOPs."""
+"""The run plan: phases (tst for round(r*T) steps, then ntp), their tokens and FLOPs."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
-import math
-import os
 
-from tst_jax import losses, models, platform
-from tst_jax.errors import ConfigError
-from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax import models
 from tst_jax import superposition as sp
-from tst_jax.superposition import MODES
+from tst_jax.train.console import human
 
 EQUAL_FLOPS = ("seq", "batch")
-
-
-def _integer(lo: int, hi: int | None = None):
-  ok = lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
-                  and (hi is None or v <= hi))
-  return ok, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
-
-
-def _number(lo: float, hi: float = math.inf, *, open_lo=False, open_hi=False):
-  def ok(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-      return False
-    return (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
-  interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
-  return ok, (f"a number > {lo:g}" if hi == math.inf and open_lo
-              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}")
-
-
-def _one_of(options):
-  return (lambda v: isinstance(v, str) and v in options), f"one of {tuple(options)}"
-
-
-_BOOL = (lambda v: isinstance(v, bool)), "True or False"
-_STR = (lambda v: isinstance(v, str)), "a string"
-_MESH_AXIS = (lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
-              "an integer >= 1, or -1 (all remaining devices)")
-
-# Every field of the run config but the model's (its dataclass checks those) -> (check, what
-# it must be). validate() reports the first failure as 'config.<field>: must be ..., got ...'.
-FIELDS = {
-    "seed": _integer(0),
-    "init_from_hf": _STR,
-    "data.source": _STR,
-    "data.max_bytes": _integer(0),
-    "data.tokenizer": _STR,
-    "data.val_fraction": _number(0, 1, open_lo=True, open_hi=True),
-    "data.seq_len": _integer(1),
-    "data.batch_size": _integer(1),
-    "data.eval_batches": _integer(1),
-    "tst.bag_size": _integer(1),
-    "tst.ratio": _number(0, 1),
-    "tst.mode": _one_of(MODES),
-    "tst.weighting": _STR,
-    "tst.variant": _one_of(losses.VARIANTS),
-    "tst.equal_flops": _one_of(EQUAL_FLOPS),
-    "tst.reinit_at_switch": _BOOL,
-    "loss.impl": _one_of(platform.LOSS_IMPLS),
-    "optimizer.lr": _number(0, open_lo=True),
-    "optimizer.b1": _number(0, 1, open_hi=True),
-    "optimizer.b2": _number(0, 1, open_hi=True),
-    "optimizer.eps": _number(0, open_lo=True),
-    "optimizer.weight_decay": _number(0),
-    "optimizer.grad_clip": _number(0, open_lo=True),
-    "optimizer.warmup_steps": _integer(0),
-    "optimizer.decay_fraction": _number(0, 1),
-    "optimizer.final_lr_fraction": _number(0, 1),
-    "optimizer.grad_accum": _integer(1),
-    "train.steps": _integer(1),
-    "train.log_every": _integer(1),
-    "train.eval_every": _integer(1),
-    "train.checkpoint_every": _integer(0),
-    "train.keep_checkpoints": _integer(1),
-    "train.progress_bar": _BOOL,
-    "train.force_resume": _BOOL,
-    "train.nan_policy": _one_of(("stop", "skip")),
-    "train.max_nan_skips": _integer(0),
-    "mesh.data": _MESH_AXIS,
-    "mesh.fsdp": _MESH_AXIS,
-    "mesh.tensor": _MESH_AXIS,
-    "mesh.expert": _MESH_AXIS,
-    "mesh.dcn_data": _integer(1),
-    "distributed.mode": _one_of(distributed.MODES),
-    "distributed.coordinator_address": _STR,
-    "distributed.num_processes": _integer(0),
-    "distributed.process_id": _integer(-1),
-    "distributed.local_device_ids": (
-        lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
-        "a comma list of device numbers, or ''"),
-    "distributed.cpu_devices": _integer(0),
-    "distributed.timeout_s": _integer(1),
-    "distributed.heartbeat_timeout_s": _integer(1),
-}
-# Numeric model fields its dataclass does not range-check (MoE fields only where present).
-MODEL_FIELDS = {
-    "rope_theta": _number(0, open_lo=True),
-    "norm_eps": _number(0, open_lo=True),
-    "init_std": _number(0, open_lo=True),
-    "tie_embeddings": _BOOL,
-    "aux_loss_coef": _number(0),
-    "router_z_loss_coef": _number(0),
-    "norm_topk_prob": _BOOL,
-    "rope_scaling": (
-        lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4
-                                and all(_number(0, open_lo=True)[0](x) for x in v)),
-        "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, original_len)"),
-}
-
-
-def _require(ok: bool, field: str, message: str):
-  if not ok:
-    raise ConfigError(f"config.{field}: {message}")
-
-
-
-
-def validate(config, num_devices: int | None = None) -> None:
-  """Check every field of the run config and their combinations, before anything is built;
-  the first problem is a ConfigError naming the field. With `num_devices`, also what this
-  machine can run: the mesh against that many devices, the platform's kernels."""
-  for field, (ok, must) in FIELDS.items():
-    section, _, name = field.rpartition(".")
-    node = config[section] if section else config
-    if name in node:     # fields newer than an old run's config.json are not checked
-      _require(ok(node[name]), field, f"must be {must}, got {node[name]!r}")
-  for name, (ok, must) in MODEL_FIELDS.items():
-    if name in config.model:
-      _require(ok(config.model[name]), f"model.{name}", f"must be {must}, got "
-               f"{config.model[name]!r}")
-  try:
-    models.model_config(config.model)
-  except (ValueError, TypeError) as e:
-    field, _, rest = str(e).partition(" ")   # 'model.<name> <what is wrong>'
-    named = field.startswith("model.") and field[-1].isalnum()
-    raise ConfigError(f"config.{field}: {rest}" if named else f"config.model: {e}") from None
-  _check_rules(config.logical_axis_rules)
-  tst, data, opt = config.tst, config.data, config.optimizer
-  try:
-    losses.bag_weights(tst.weighting, tst.bag_size)
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f"config.tst.weighting: {e}") from None
-  if tst.equal_flops == "batch" and tst.mode != "output_only":
-    _require(data.seq_len % tst.bag_size == 0, "data.seq_len",
-             f"{data.seq_len} must be divisible by tst.bag_size {tst.bag_size} when "
-             "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
-  _require(data.batch_size % opt.grad_accum == 0, "optimizer.grad_accum",
-           f"{opt.grad_accum} must divide data.batch_size {data.batch_size}")
-  if data.tokenizer == "bpe":
-    _require(config.model.vocab_size >= 257, "model.vocab_size",
-             f"{config.model.vocab_size} is too small for data.tokenizer='bpe', which needs "
-             "256 byte tokens + EOS: use >= 257")
-  elif data.tokenizer:
-    _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
-             f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
-  if num_devices is not None:
-    model_cfg = models.model_config(config.model)
-    if model_cfg.attention_impl == "cudnn":
-      why_not = platform.cudnn_unavailable(model_cfg.dtype, model_cfg.head_dim)
-      _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
-    sizes = mesh_lib.mesh_shape(config.mesh, num_devices)
-    _require(sizes["data"] % config.mesh.dcn_data == 0, "mesh.dcn_data",
-             f"{config.mesh.dcn_data} must divide the data axis ({sizes['data']})")
-
-
-def _check_rules(rules):
-  """logical_axis_rules: (logical name, None | mesh axis | tuple of mesh axes) pairs."""
-  def axes_ok(target):
-    names = (target,) if isinstance(target, str) else target
-    return target is None or (isinstance(names, (tuple, list))
-                              and all(n in mesh_lib.MESH_AXES for n in names))
-  for rule in rules if isinstance(rules, (tuple, list)) else [None]:
-    _require(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
-             and axes_ok(rule[1]), "logical_axis_rules",
-             f"each rule must be (logical name, None | a mesh axis of {mesh_lib.MESH_AXES} | "
-             f"a tuple of them), got {rule!r}")
-
-
-def missing_data_fields(d) -> list[str]:
-  """The fields of config.data a run needs but leaves empty (a tokens: store has a tokenizer)."""
-  needed = ("source",) if d.source.startswith("tokens:") else ("source", "tokenizer")
-  return [f for f in needed if not d[f]]
-
-
-def check_paths(config) -> None:
-  """The files a train or eval run reads exist (plan mode does not need them)."""
-  d = config.data
-  for field in missing_data_fields(d):
-    _require(False, f"data.{field}", "is empty: set it (the paper configs need a token store of "
-             "your copy of the data, or the data and the Llama-3 tokenizer.json; see the "
-             "config's docstring)")
-  kind, _, pattern = d.source.partition(":")
-  if kind in ("text", "jsonl", "parquet"):
-    matches = glob.iglob(os.path.expanduser(pattern), recursive=True)
-    _require(any(os.path.isfile(p) for p in matches), "data.source",
-             f"{pattern!r} matches no files: give a glob of {kind} files, e.g. "
-             f"'{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
-  if kind == "tokens":
-    _require(os.path.isfile(os.path.join(os.path.expanduser(pattern), "manifest.json")),
-             "data.source", f"{pattern!r} is not a token store (no manifest.json): make one "
-             "with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
-  if d.tokenizer not in ("", "bpe"):     # "" only with a store, which has its own
-    _require(os.path.isfile(d.tokenizer), "data.tokenizer",
-             f"file {d.tokenizer!r} does not exist: give the path of a tokenizer.json or .model, "
-             "or 'bpe' to train one on the data")
-  if config.init_from_hf:
-    _require(os.path.isdir(config.init_from_hf), "init_from_hf",
-             f"{config.init_from_hf!r} is not a folder: give a Hugging Face model folder "
-             "(e.g. one written by python -m tst_jax.tools.export), or '' to start from scratch")
-
-
-def _data_length(latent_len: int, bag_size: int, mode: str) -> int:
-  """T of a phase: L for ntp, else what its superposition mode reads."""
-  return latent_len if mode == "ntp" else sp.data_length(latent_len, bag_size, mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,22 +22,24 @@ class Phase:
   bag_size: int        # S (1 for ntp)
   mode: str            # full | input_only | output_only (ntp: "ntp")
   latent_seq_len: int  # L, positions the model sees
-  data_seq_len: int    # T, data tokens per row (window W = T + 1)
   batch_size: int      # B, global rows
   flops_per_step: float
   weighting: str = "uniform"   # the MCE's bag weighting (tst)
   variant: str = "mce"         # mce | alt (tst)
 
   def __post_init__(self):
-    want = _data_length(self.latent_seq_len, self.bag_size, self.mode)
-    if self.data_seq_len != want or (self.mode == "ntp") != (self.bag_size == 1):
-      raise ValueError(f"phase {self.name}: {self.data_seq_len} data tokens per row for "
-                       f"L={self.latent_seq_len}, S={self.bag_size}, mode {self.mode!r}; "
-                       f"that mode reads {want}")
+    if (self.mode == "ntp") != (self.bag_size == 1):
+      raise ValueError(f"phase {self.name}: mode {self.mode!r} with S={self.bag_size}: the "
+                       "ntp phase and only it has S = 1")
 
   @property
   def is_tst(self) -> bool:
     return self.mode != "ntp"
+
+  @property
+  def data_seq_len(self) -> int:
+    """T, data tokens per row (window W = T + 1): what the phase's view reads."""
+    return sp.data_length(self.latent_seq_len, self.bag_size, self.mode)
 
   @property
   def window(self) -> int:
@@ -310,22 +105,19 @@ class Plan:
                 phases=phases)
 
 
-def make_plan(config) -> Plan:
-  """Phases of the run from the config (validated first). r = 0 or S = 1 is the baseline."""
-  validate(config)
-  model_cfg = models.model_config(config.model)
+def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -> Plan:
+  """Phases of a run of `total_steps` (T) from the model's config dataclass, the tst section
+  (checked) and the data's L and B. r = 0 or S = 1 is the baseline."""
   family = models.module_for(model_cfg)
   total, active = family.param_counts(model_cfg)
-  tst, data = config.tst, config.data
-  seq, batch, s = data.seq_len, data.batch_size, tst.bag_size
-  steps_total = config.train.steps
+  seq, batch, s = seq_len, batch_size, tst.bag_size
+  steps_total = total_steps
   tst_steps = round(tst.ratio * steps_total) if s > 1 else 0
 
   def phase(name, first, steps, bag, mode, latent, rows):
     flops = family.flops_per_token(model_cfg, latent) * latent * rows
     loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
-    return Phase(name, first, steps, bag, mode, latent, _data_length(latent, bag, mode), rows,
-                 flops, **loss)
+    return Phase(name, first, steps, bag, mode, latent, rows, flops, **loss)
 
   phases = []
   if tst_steps:
@@ -340,13 +132,6 @@ def make_plan(config) -> Plan:
 
 def format_plan(plan: Plan, resolved=None, with_json: bool = True) -> str:
   """A readable table (and the platform's resolved defaults), then the plan as JSON."""
-  def human(x):
-    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
-                        ("K", 1e3)):
-      if abs(x) >= scale:
-        return f"{x / scale:.3g}{unit}"
-    return f"{x:g}"
-
   lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
            f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
            f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"

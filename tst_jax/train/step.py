@@ -58,10 +58,8 @@ def init_state(model_cfg, tx, seed: int, mesh, rules) -> TrainState:
 
 def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
             variant="mce"):
-  """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE."""
-  if loss_cfg.impl == "naive":
-    return losses.mce_loss(model.logits(hidden_BxLxD), targets_BxLxS, weighting=weighting,
-                           variant=variant)
+  """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE. The loss
+  implementation is `losses.linear_mce_loss`'s (loss.impl, resolved once per run)."""
   d, s = hidden_BxLxD.shape[-1], targets_BxLxS.shape[-1]
   head_DxV = model.head_kernel().astype(hidden_BxLxD.dtype)   # the compute dtype, as logits()
   return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), head_DxV,
@@ -151,19 +149,20 @@ def make_eval_step(graphdef):
   return eval_step
 
 
-def jit_step(fn, state_sharding: Any, batch_sharding, mesh, rules, *, donate=True):
-  """jit with explicit shardings (state donated) under the mesh's logical axis rules."""
-  jitted = jax.jit(fn, in_shardings=(state_sharding, batch_sharding),
-                   out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
-                   donate_argnums=(0,) if donate else ())
+class JitStep:
+  """A step jitted with explicit shardings (state donated), called and lowered under the
+  mesh's logical axis rules."""
 
-  def run(*args):
-    with axis_rules(mesh, rules):
-      return jitted(*args)
-  run.lower = lambda *args: _lower(jitted, mesh, rules, *args)
-  return run
+  def __init__(self, fn, state_sharding: Any, batch_sharding, mesh, rules, *, donate=True):
+    self.mesh, self.rules = mesh, rules
+    self.jitted = jax.jit(fn, in_shardings=(state_sharding, batch_sharding),
+                          out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
+                          donate_argnums=(0,) if donate else ())
 
+  def __call__(self, *args):
+    with axis_rules(self.mesh, self.rules):
+      return self.jitted(*args)
 
-def _lower(jitted, mesh, rules, *args):
-  with axis_rules(mesh, rules):
-    return jitted.lower(*args)
+  def lower(self, *args):
+    with axis_rules(self.mesh, self.rules):
+      return self.jitted.lower(*args)

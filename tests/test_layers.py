@@ -1,0 +1,77 @@
+"""Imports point down the layers (README, module map): every tst_jax import, at module level or
+inside a function, goes to its own layer or a lower one, and no tst_jax module is imported
+inside a function (that hides a cycle: the code is in the wrong place). Libraries may be
+imported lazily where a command does not always need them (matplotlib, jax in the sweep's
+driver, optional extras). Parsed from the source, so no module has to be importable."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# (module prefix, layer): the longest matching prefix wins. The package's __init__ (the public
+# API) may import from any layer.
+LAYERS = [
+    ("tst_jax.errors", 0), ("tst_jax.fileio", 0),
+    ("tst_jax.platform", 1), ("tst_jax.superposition", 1), ("tst_jax.kernels", 1),
+    ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
+    ("tst_jax.models", 2),
+    ("tst_jax.data", 3), ("tst_jax.convert", 3), ("tst_jax.analysis", 3),
+    ("tst_jax.train", 4), ("tst_jax.trained_run", 4),
+    ("tst_jax.tools", 5), ("tst_jax.configlib", 5),
+]
+def layer(module: str):
+  best = max((p for p, _ in LAYERS if module == p or module.startswith(p + ".")), key=len,
+             default=None)
+  return dict(LAYERS)[best] if best else None
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(tree):
+  """(imported module, line, inside a function) of every import in a module's syntax tree."""
+  found = []
+
+  def visit(node, in_function):
+    for child in ast.iter_child_nodes(node):
+      inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+      if isinstance(child, ast.Import):
+        found.extend((a.name, child.lineno, in_function) for a in child.names)
+      elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+        found.append((child.module, child.lineno, in_function))
+        found.extend((f"{child.module}.{a.name}", child.lineno, in_function)
+                     for a in child.names if child.module == "tst_jax")
+      visit(child, inner)
+  visit(tree, False)
+  return found
+
+
+MODULES = sorted((ROOT / "tst_jax").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_imports_point_down_the_layers(path):
+  me = module_name(path)
+  if me == "tst_jax":
+    return
+  mine = layer(me)
+  assert mine is not None, f"{me} is in no layer: add it to the README's table and LAYERS"
+  problems = []
+  for name, line, in_function in imports(ast.parse(path.read_text())):
+    theirs = layer(name)
+    if theirs is not None and theirs > mine:
+      problems.append(f"{path.name}:{line} {me} (layer {mine}) imports {name} (layer {theirs})")
+    if in_function and name.startswith("tst_jax"):
+      problems.append(f"{path.name}:{line} imports {name} inside a function")
+  assert not problems, "\n".join(problems)
+
+
+def test_the_check_catches_an_upward_import(tmp_path):
+  """The parser sees imports in functions and both import forms."""
+  tree = ast.parse("from tst_jax.train import loop\ndef f():\n  import tst_jax.tools.sweep\n")
+  assert imports(tree) == [("tst_jax.train", 1, False), ("tst_jax.tools.sweep", 3, True)]
+  assert layer("tst_jax.train.loop") == 4 and layer("tst_jax.models.moe") == 2

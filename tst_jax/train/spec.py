@@ -1,0 +1,246 @@
+"""A run's config, checked once into a frozen, typed spec: the one home of every field's rule.
+
+`check(config)` checks every field and combination (no device needed) and builds, once, what
+the rest of a run reads: the model's config dataclass, the plan, the data settings. Then
+`spec.on_platform()` resolves each `auto` for the platform, and a train or eval run adds
+`check_devices` (the mesh, the kernels) and `check_paths` (the files). A bad field is a
+`ConfigError(field, message)` before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+from tst_jax import losses, models, platform
+from tst_jax.data.run_data import DataSpec, check_paths as check_data_paths
+from tst_jax.errors import ConfigError
+from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.superposition import MODES
+from tst_jax.train.plan import EQUAL_FLOPS, Plan, make_plan
+
+
+def _integer(lo: int, hi: int | None = None):
+  ok = lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+                  and (hi is None or v <= hi))
+  return ok, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+
+
+def _number(lo: float, hi: float = math.inf, *, open_lo=False, open_hi=False):
+  def ok(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+      return False
+    return (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
+  interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+  return ok, (f"a number > {lo:g}" if hi == math.inf and open_lo
+              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}")
+
+
+def _one_of(options):
+  return (lambda v: isinstance(v, str) and v in options), f"one of {tuple(options)}"
+
+
+_BOOL = (lambda v: isinstance(v, bool)), "True or False"
+_STR = (lambda v: isinstance(v, str)), "a string"
+_MESH_AXIS = (lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
+              "an integer >= 1, or -1 (all remaining devices)")
+
+# Every field of the run config but the model's (its dataclass checks those) -> (check, what
+# it must be). validate() reports the first failure as 'config.<field>: must be ..., got ...'.
+FIELDS = {
+    "seed": _integer(0),
+    "init_from_hf": _STR,
+    "data.source": _STR,
+    "data.max_bytes": _integer(0),
+    "data.tokenizer": _STR,
+    "data.val_fraction": _number(0, 1, open_lo=True, open_hi=True),
+    "data.seq_len": _integer(1),
+    "data.batch_size": _integer(1),
+    "data.eval_batches": _integer(1),
+    "tst.bag_size": _integer(1),
+    "tst.ratio": _number(0, 1),
+    "tst.mode": _one_of(MODES),
+    "tst.weighting": _STR,
+    "tst.variant": _one_of(losses.VARIANTS),
+    "tst.equal_flops": _one_of(EQUAL_FLOPS),
+    "tst.reinit_at_switch": _BOOL,
+    "loss.impl": _one_of(platform.LOSS_IMPLS),
+    "optimizer.lr": _number(0, open_lo=True),
+    "optimizer.b1": _number(0, 1, open_hi=True),
+    "optimizer.b2": _number(0, 1, open_hi=True),
+    "optimizer.eps": _number(0, open_lo=True),
+    "optimizer.weight_decay": _number(0),
+    "optimizer.grad_clip": _number(0, open_lo=True),
+    "optimizer.warmup_steps": _integer(0),
+    "optimizer.decay_fraction": _number(0, 1),
+    "optimizer.final_lr_fraction": _number(0, 1),
+    "optimizer.grad_accum": _integer(1),
+    "train.steps": _integer(1),
+    "train.log_every": _integer(1),
+    "train.eval_every": _integer(1),
+    "train.checkpoint_every": _integer(0),
+    "train.keep_checkpoints": _integer(1),
+    "train.progress_bar": _BOOL,
+    "train.force_resume": _BOOL,
+    "train.nan_policy": _one_of(("stop", "skip")),
+    "train.max_nan_skips": _integer(0),
+    "mesh.data": _MESH_AXIS,
+    "mesh.fsdp": _MESH_AXIS,
+    "mesh.tensor": _MESH_AXIS,
+    "mesh.expert": _MESH_AXIS,
+    "mesh.dcn_data": _integer(1),
+    "distributed.mode": _one_of(distributed.MODES),
+    "distributed.coordinator_address": _STR,
+    "distributed.num_processes": _integer(0),
+    "distributed.process_id": _integer(-1),
+    "distributed.local_device_ids": (
+        lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
+        "a comma list of device numbers, or ''"),
+    "distributed.cpu_devices": _integer(0),
+    "distributed.timeout_s": _integer(1),
+    "distributed.heartbeat_timeout_s": _integer(1),
+}
+# Numeric model fields its dataclass does not range-check (MoE fields only where present).
+MODEL_FIELDS = {
+    "rope_theta": _number(0, open_lo=True),
+    "norm_eps": _number(0, open_lo=True),
+    "init_std": _number(0, open_lo=True),
+    "tie_embeddings": _BOOL,
+    "aux_loss_coef": _number(0),
+    "router_z_loss_coef": _number(0),
+    "norm_topk_prob": _BOOL,
+    "rope_scaling": (
+        lambda v: v is None or (isinstance(v, (tuple, list)) and len(v) == 4
+                                and all(_number(0, open_lo=True)[0](x) for x in v)),
+        "None or 4 numbers > 0 (factor, low_freq_factor, high_freq_factor, original_len)"),
+}
+
+
+def _require(ok: bool, field: str, message: str):
+  if not ok:
+    raise ConfigError(field, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """A checked run: what every later step reads instead of the ConfigDict.
+
+  `config` is the run config as checked (frozen; once on a platform, its `auto` fields hold
+  what they resolved to: that is what config.json records), `model` the family's config
+  dataclass, `plan` the phases (each the one source of its batches and loss), `data` the data
+  settings, `resolved` each `auto` choice with its reason (None before `on_platform`).
+  """
+  config: ml_collections.FrozenConfigDict
+  model: Any
+  plan: Plan
+  data: DataSpec
+  resolved: platform.Resolved | None = None
+
+  # The sections read as they are (frozen), one attribute each.
+  seed = property(lambda self: self.config.seed)
+  init_from_hf = property(lambda self: self.config.init_from_hf)
+  tst = property(lambda self: self.config.tst)
+  loss = property(lambda self: self.config.loss)
+  optimizer = property(lambda self: self.config.optimizer)
+  train = property(lambda self: self.config.train)
+  mesh = property(lambda self: self.config.mesh)
+  distributed = property(lambda self: self.config.distributed)
+  family = property(lambda self: self.config.model.family)
+
+  @property
+  def rules(self) -> tuple:
+    """logical_axis_rules as (logical name, mesh axes) pairs."""
+    return tuple((k, v) for k, v in self.config.logical_axis_rules)
+
+  def on_platform(self, name: str | None = None) -> RunSpec:
+    """This spec with every `auto` resolved on platform `name` (default: this process's)."""
+    resolved = platform.resolve(self.model, self.config.loss.impl, name)
+    config = platform.apply(ml_collections.ConfigDict(self.config), resolved)
+    model = dataclasses.replace(self.model, **{
+        f.split(".")[1]: v for f, (v, _) in resolved.choices.items() if f.startswith("model.")})
+    return dataclasses.replace(self, config=ml_collections.FrozenConfigDict(config),
+                               model=model, resolved=resolved)
+
+  def check_devices(self, num_devices: int) -> None:
+    """What this machine can run: the platform's kernels, the mesh over `num_devices`."""
+    if self.model.attention_impl == "cudnn":
+      why_not = platform.cudnn_unavailable(self.model.dtype, self.model.head_dim)
+      _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
+    sizes = mesh_lib.mesh_shape(self.mesh, num_devices)
+    _require(sizes["data"] % self.mesh.dcn_data == 0, "mesh.dcn_data",
+             f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")
+
+  def check_paths(self) -> None:
+    """The files a train or eval run reads exist (plan mode does not need them)."""
+    check_data_paths(self.data)
+    if self.init_from_hf:
+      _require(os.path.isdir(self.init_from_hf), "init_from_hf",
+               f"{self.init_from_hf!r} is not a folder: give a Hugging Face model folder "
+               "(e.g. one written by python -m tst_jax.tools.export), or '' to start from scratch")
+
+
+def check(config) -> RunSpec:
+  """Check every field of the run config and their combinations, before anything is built;
+  the first problem is a ConfigError naming the field. Nothing here touches a device."""
+  for field, (ok, must) in FIELDS.items():
+    section, _, name = field.rpartition(".")
+    node = config[section] if section else config
+    if name in node:     # fields newer than an old run's config.json are not checked
+      _require(ok(node[name]), field, f"must be {must}, got {node[name]!r}")
+  for name, (ok, must) in MODEL_FIELDS.items():
+    if name in config.model:
+      _require(ok(config.model[name]), f"model.{name}", f"must be {must}, got "
+               f"{config.model[name]!r}")
+  try:
+    model = models.model_config(config.model)
+  except ConfigError:
+    raise
+  except (TypeError, ValueError) as e:   # e.g. a field of the wrong type for its dataclass
+    raise ConfigError("model", str(e)) from None
+  _check_rules(config.logical_axis_rules)
+  tst, data, opt = config.tst, config.data, config.optimizer
+  try:
+    losses.bag_weights(tst.weighting, tst.bag_size)
+  except (ValueError, TypeError) as e:
+    raise ConfigError("tst.weighting", str(e)) from None
+  if tst.equal_flops == "batch" and tst.mode != "output_only":
+    _require(data.seq_len % tst.bag_size == 0, "data.seq_len",
+             f"{data.seq_len} must be divisible by tst.bag_size {tst.bag_size} when "
+             "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
+  _require(data.batch_size % opt.grad_accum == 0, "optimizer.grad_accum",
+           f"{opt.grad_accum} must divide data.batch_size {data.batch_size}")
+  if data.tokenizer == "bpe":
+    _require(model.vocab_size >= 257, "model.vocab_size",
+             f"{model.vocab_size} is too small for data.tokenizer='bpe', which needs "
+             "256 byte tokens + EOS: use >= 257")
+  elif data.tokenizer:
+    _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
+             f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
+  return RunSpec(ml_collections.FrozenConfigDict(config), model,
+                 make_plan(model, tst, data.seq_len, data.batch_size, config.train.steps),
+                 DataSpec.of(data, config.seed))
+
+
+def build(config, num_devices: int | None = None) -> RunSpec:
+  """`check(config)` on this platform; with `num_devices`, also the devices' checks."""
+  spec = check(config).on_platform()
+  if num_devices is not None:
+    spec.check_devices(num_devices)
+  return spec
+
+
+def _check_rules(rules):
+  """logical_axis_rules: (logical name, None | mesh axis | tuple of mesh axes) pairs."""
+  def axes_ok(target):
+    names = (target,) if isinstance(target, str) else target
+    return target is None or (isinstance(names, (tuple, list))
+                              and all(n in mesh_lib.MESH_AXES for n in names))
+  for rule in rules if isinstance(rules, (tuple, list)) else [None]:
+    _require(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+             and axes_ok(rule[1]), "logical_axis_rules",
+             f"each rule must be (logical name, None | a mesh axis of {mesh_lib.MESH_AXES} | "
+             f"a tuple of them), got {rule!r}")
