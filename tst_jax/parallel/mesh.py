@@ -18,7 +18,7 @@ MESH_AXES = ("data", "fsdp", "tensor", "expert")
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   """Axis sizes from config; one axis may be -1 (fill with the remaining devices). A mesh
   without -1 may use fewer devices than there are, if its size divides their number."""
-  sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
+  sizes = {axis: int(getattr(mesh_cfg, axis)) for axis in MESH_AXES}
   fill = [a for a, n in sizes.items() if n == -1]
   if len(fill) > 1:
     raise ConfigError("mesh", f"at most one axis may be -1, got {fill}")

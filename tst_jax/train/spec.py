@@ -50,7 +50,7 @@ _MESH_AXIS = (lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >=
               "an integer >= 1, or -1 (all remaining devices)")
 
 # Every field of the run config but the model's (its dataclass checks those) -> (check, what
-# it must be). validate() reports the first failure as 'config.<field>: must be ..., got ...'.
+# it must be). check() reports the first failure as 'config.<field>: must be ..., got ...'.
 FIELDS = {
     "seed": _integer(0),
     "init_from_hf": _STR,
@@ -126,6 +126,85 @@ def _require(ok: bool, field: str, message: str):
 
 
 @dataclasses.dataclass(frozen=True)
+class TstSpec:
+  """config.tst: phase 1's settings (the plan makes each phase's own from them)."""
+  bag_size: int            # S
+  ratio: float             # r: round(r·T) phase-1 steps
+  mode: str                # full | input_only | output_only
+  weighting: str           # uniform | power | exponential | first | fitted:<F.json>
+  variant: str             # mce | alt
+  equal_flops: str         # seq | batch
+  reinit_at_switch: bool   # the randomisation ablation
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  """config.loss."""
+  impl: str                # naive | xla | pallas (auto before `on_platform`)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """config.optimizer: AdamW and one WSD schedule over both phases."""
+  lr: float
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float
+  grad_clip: float
+  warmup_steps: int
+  decay_fraction: float
+  final_lr_fraction: float
+  grad_accum: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """config.train: the loop's cadences and policies."""
+  steps: int               # T, both phases
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+  keep_checkpoints: int
+  progress_bar: bool
+  force_resume: bool
+  nan_policy: str          # stop | skip
+  max_nan_skips: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+  """config.mesh: axis sizes (-1 fills), and the slices the data axis spans over DCN."""
+  data: int
+  fsdp: int
+  tensor: int
+  expert: int
+  dcn_data: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSpec:
+  """config.distributed: multi-process runs (docs/distributed.md)."""
+  mode: str
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+  local_device_ids: str
+  cpu_devices: int
+  timeout_s: int
+  heartbeat_timeout_s: int
+
+
+def _section(cls, config, name: str):
+  """config.<name> as `cls`, its fields checked by FIELDS already."""
+  node = config[name]
+  for f in dataclasses.fields(cls):
+    _require(f.name in node, f"{name}.{f.name}", "is missing (a config.json of an older "
+             "tst-jax?): every field is in tst_jax/train/defaults.py")
+  return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
   """A checked run: what every later step reads instead of the ConfigDict.
 
@@ -135,26 +214,23 @@ class RunSpec:
   settings, `resolved` each `auto` choice with its reason (None before `on_platform`).
   """
   config: ml_collections.FrozenConfigDict
-  model: Any
+  model: Any               # LlamaConfig | MoEConfig
   plan: Plan
   data: DataSpec
+  tst: TstSpec
+  loss: LossSpec
+  optimizer: OptimizerSpec
+  train: TrainSpec
+  mesh: MeshSpec
+  distributed: DistributedSpec
+  rules: tuple             # logical_axis_rules: (logical name, mesh axes) pairs
+  seed: int
+  init_from_hf: str
   resolved: platform.Resolved | None = None
 
-  # The sections read as they are (frozen), one attribute each.
-  seed = property(lambda self: self.config.seed)
-  init_from_hf = property(lambda self: self.config.init_from_hf)
-  tst = property(lambda self: self.config.tst)
-  loss = property(lambda self: self.config.loss)
-  optimizer = property(lambda self: self.config.optimizer)
-  train = property(lambda self: self.config.train)
-  mesh = property(lambda self: self.config.mesh)
-  distributed = property(lambda self: self.config.distributed)
-  family = property(lambda self: self.config.model.family)
-
   @property
-  def rules(self) -> tuple:
-    """logical_axis_rules as (logical name, mesh axes) pairs."""
-    return tuple((k, v) for k, v in self.config.logical_axis_rules)
+  def family(self) -> str:
+    return self.config.model.family
 
   def on_platform(self, name: str | None = None) -> RunSpec:
     """This spec with every `auto` resolved on platform `name` (default: this process's)."""
@@ -163,7 +239,7 @@ class RunSpec:
     model = dataclasses.replace(self.model, **{
         f.split(".")[1]: v for f, (v, _) in resolved.choices.items() if f.startswith("model.")})
     return dataclasses.replace(self, config=ml_collections.FrozenConfigDict(config),
-                               model=model, resolved=resolved)
+                               model=model, loss=LossSpec(config.loss.impl), resolved=resolved)
 
   def check_devices(self, num_devices: int) -> None:
     """What this machine can run: the platform's kernels, the mesh over `num_devices`."""
@@ -189,7 +265,7 @@ def check(config) -> RunSpec:
   for field, (ok, must) in FIELDS.items():
     section, _, name = field.rpartition(".")
     node = config[section] if section else config
-    if name in node:     # fields newer than an old run's config.json are not checked
+    if name in node:     # a missing field is named when its section is built below
       _require(ok(node[name]), field, f"must be {must}, got {node[name]!r}")
   for name, (ok, must) in MODEL_FIELDS.items():
     if name in config.model:
@@ -220,9 +296,17 @@ def check(config) -> RunSpec:
   elif data.tokenizer:
     _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
-  return RunSpec(ml_collections.FrozenConfigDict(config), model,
-                 make_plan(model, tst, data.seq_len, data.batch_size, config.train.steps),
-                 DataSpec.of(data, config.seed))
+  tst = _section(TstSpec, config, "tst")
+  train = _section(TrainSpec, config, "train")
+  return RunSpec(
+      config=ml_collections.FrozenConfigDict(config), model=model,
+      plan=make_plan(model, tst, data.seq_len, data.batch_size, train.steps),
+      data=DataSpec.of(data, config.seed), tst=tst, loss=_section(LossSpec, config, "loss"),
+      optimizer=_section(OptimizerSpec, config, "optimizer"), train=train,
+      mesh=_section(MeshSpec, config, "mesh"),
+      distributed=_section(DistributedSpec, config, "distributed"),
+      rules=tuple((k, v) for k, v in config.logical_axis_rules), seed=config.seed,
+      init_from_hf=config.init_from_hf)
 
 
 def build(config, num_devices: int | None = None) -> RunSpec:
