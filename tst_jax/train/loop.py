@@ -20,9 +20,10 @@ from tst_jax import data as data_lib
 from tst_jax import fileio, models, platform
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
-from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.parallel import distributed, mesh as mesh_lib, xla_flags
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import fit
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import optim, plan as plan_lib, step as step_lib
 from tst_jax.train.console import Console
@@ -34,15 +35,24 @@ log = logging.getLogger("tst_jax")
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 
-def run(config, workdir: str, mode: str = "train") -> dict:
-  """Entry point of `main.py`: mode is train (default), plan or eval."""
+def run(config, workdir: str, mode: str = "train", accelerator: str = "") -> dict:
+  """Entry point of `main.py`: mode is train (default), plan or eval; a plan with an
+  `accelerator` also compiles both phases' steps on the mesh's devices and says if they fit."""
   plan_lib.validate(config)                    # every field, before anything starts
+  if mode == "plan" and accelerator:
+    fit.emulate_devices(fit.mesh_devices(config.mesh))   # CPU devices, before JAX starts
+  flags = xla_flags.apply(config.mesh, config.distributed,   # XLA reads them as it starts
+                          fit.layer_param_bytes(models.model_config(config.model)))
   distributed.initialize(config.distributed)   # before anything touches a device
   plan = make_plan(config)
   resolved = platform.resolve(config)     # what `auto` means here, printed and recorded
   if mode == "plan":
-    print(format_plan(plan, resolved))
-    return plan.to_json()
+    print(flags.line())
+    fitted = fit.check(config, plan, accelerator) if accelerator else None
+    print(*([fitted.table()] if fitted else []), format_plan(plan, resolved), sep="\n")
+    return plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
+  if flags.applied and distributed.is_primary():
+    print(flags.line())
   if mode not in ("train", "eval"):
     raise ConfigError(f"--mode: must be train, plan or eval, got {mode!r}")
   if not workdir:
