@@ -39,6 +39,18 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
       in result.table()
 
 
+def test_flash_attention_keeps_no_scores():
+  """A bf16 model on a GPU gets cuDNN flash attention: its [L, L] scores are not counted as
+  kept for the backward (remat=none keeps them with XLA attention, as on a TPU)."""
+  config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
+                       model=dict(dtype="bfloat16", remat="none", head_dim=16))
+  model_cfg = models.model_config(config.model)
+  assert fit.flash_attention(model_cfg, "h100") and not fit.flash_attention(model_cfg, "v5p")
+  gpu, tpu = (fit.check(config, make_plan(config), a) for a in ("h100", "v5p"))
+  assert gpu.flash and gpu.phases[1].activations < tpu.phases[1].activations
+  assert gpu.phases[1].xla_temp == tpu.phases[1].xla_temp   # the same CPU compile
+
+
 def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
   config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
                        data=dict(batch_size=8))
@@ -78,6 +90,7 @@ DIST = tiny_config().distributed
     ("cpu", 8, {}, False),
     ("tpu", 8, {}, False),
     ("gpu", 8, {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}, False),   # the user's are kept
+    ("gpu", 8, {"XLA_FLAGS": ""}, False),                       # empty: the way to say none
 ])
 def test_flags_only_for_multi_gpu_without_user_flags(platform, devices, env, want):
   d = xla_flags.decide(env, platform=platform, num_devices=devices, layer_bytes=1 << 20)

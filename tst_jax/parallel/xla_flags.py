@@ -5,7 +5,7 @@ So the run decides before anything touches a device (`loop.run`, before jax.dist
 from what it can know without starting a backend: JAX_PLATFORMS, the GPUs `nvidia-smi -L`
 lists (limited by CUDA_VISIBLE_DEVICES and `distributed.local_device_ids`), the number of
 processes, and the config's mesh. Flags are set only for a GPU run over more than one device,
-and never when the user has set XLA_FLAGS (theirs are used as they are).
+and never when XLA_FLAGS is in the environment, even empty (the user's are used as they are).
 
 Flag names: JAX-Toolbox's GPU performance guide (rosetta/docs/GPU_performance.md: "Pipelined
 comm/compute for FSDP flags", "Enable Optimizations for FSDP communication") and XLA's GPU
@@ -69,7 +69,7 @@ def recommended(platform: str, num_devices: int, layer_bytes: int) -> dict[str, 
 
 def decide(environ, *, platform: str, num_devices: int, layer_bytes: int) -> Decision:
   """Pure: what `apply` does for this environment, platform and device count."""
-  if environ.get("XLA_FLAGS", "").strip():
+  if "XLA_FLAGS" in environ:   # even empty: `XLA_FLAGS= python main.py ...` turns them off
     return Decision({}, "XLA_FLAGS is set by the user and used as it is")
   flags = recommended(platform, num_devices, layer_bytes)
   if not flags:

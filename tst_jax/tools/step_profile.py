@@ -142,6 +142,7 @@ class StepProfile:
     for cat in CATEGORIES:
       lines.append(f"{cat:<18}{self.ms[cat]:>10.3f}{self.ms[cat] / self.step_ms:>8.1%}")
     lines.append(f"{'step (wall)':<18}{self.step_ms:>10.3f}{1:>8.0%}")
+    lines += [f"  top op: {ms:9.3f} ms  {cat:<16} {name}" for name, cat, ms in self.top_ops[:5]]
     return "\n".join(lines)
 
 

@@ -84,9 +84,13 @@ def _shard_bytes(abstract_tree, shardings) -> int:
   return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, specs))
 
 
-def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int) -> int:
+def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
+                     flash_len: int = 0) -> int:
   """Bytes per device of what the backward pass keeps from the forward (remat decides), from
-  JAX's saved residuals; those with a batch axis split over the batch shards."""
+  JAX's saved residuals; those with a batch axis split over the batch shards. `flash_len` = L
+  when the target runs flash attention (cuDNN), which keeps no [.., L, L] scores but its
+  softmax statistics: residuals with two axes of that length are left out (the statistics,
+  [layers, B, H, L] float32, are small and counted)."""
   def loss(params, window):
     return loss_of_window(nnx.merge(graphdef, params), window)[0]
   rows = window.shape[0]
@@ -94,9 +98,19 @@ def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
     if "from the argument" in source:   # parameters and the batch: counted elsewhere
       continue
+    if flash_len and list(aval.shape).count(flash_len) >= 2:
+      aval = jax.ShapeDtypeStruct(aval.shape[:-1], jnp.float32)   # scores -> statistics
     size = math.prod(aval.shape) * aval.dtype.itemsize
     total += size // batch_shards if rows in aval.shape else size
   return total
+
+
+def flash_attention(model_cfg, accelerator: str) -> bool:
+  """Whether the run on `accelerator` gets flash attention (`auto` on a GPU: cuDNN)."""
+  target = "tpu" if accelerator.startswith("v") else "gpu"
+  impl, _ = platform.attention_impl(model_cfg.attention_impl, model_cfg.dtype,
+                                    model_cfg.head_dim, target)
+  return impl == "cudnn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +136,7 @@ class Fit:
   devices: int
   mesh: dict
   remat: str
+  flash: bool            # activations counted as flash attention keeps them (cuDNN on GPU)
   budget: float
   budget_note: str
   phases: tuple[PhaseFit, ...]
@@ -134,7 +149,7 @@ class Fit:
 
   def to_json(self) -> dict:
     return dict(accelerator=self.accelerator, devices=self.devices, mesh=self.mesh,
-                remat=self.remat, budget_bytes=self.budget, fits=self.fits,
+                remat=self.remat, flash_attention=self.flash, budget_bytes=self.budget, fits=self.fits,
                 phases=[dataclasses.asdict(p) | dict(estimate=p.estimate) for p in self.phases],
                 advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
 
@@ -150,7 +165,9 @@ class Fit:
                    f"{'yes' if p.estimate <= self.budget else 'NO':>6}{g(p.xla_temp):>14}"
                    f"{g(p.xla_peak):>14}{p.compile_s:>11.1f}")
     lines.append("estimate = params + grads + optimizer state (exact, from shapes and "
-                 "shardings) + activations kept for the backward (JAX's saved residuals); "
+                 "shardings) + activations kept for the backward (JAX's saved residuals"
+                 + (", with flash attention's softmax statistics in place of the [L, L] "
+                    "scores, as cuDNN keeps them" if self.flash else "") + "); "
                  "XLA:CPU columns come from compiling for CPU (plain-XLA attention with its "
                  "[B, H, L, L] scores, no fused kernels, CPU memory scheduling): an upper bound, "
                  "not what XLA:GPU/TPU allocate")
@@ -195,6 +212,7 @@ def check(config, plan: Plan, accelerator: str, devices=None) -> Fit:
   """Compile both phases' train steps for the config's mesh on `devices` (default: the first
   mesh-size CPU devices) from abstract arrays, and measure what each device holds."""
   budget, note = accelerator_budget(accelerator)
+  flash = flash_attention(models.model_config(config.model), accelerator)
   resolved = platform.resolve(config)   # this (CPU) platform's kernels: see the docstring
   config = platform.apply(config, resolved)
   n = mesh_devices(config.mesh)
@@ -228,7 +246,8 @@ def check(config, plan: Plan, accelerator: str, devices=None) -> Fit:
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
-        activation_bytes(graphdef, params, loss_of_window, micro, shards),
+        activation_bytes(graphdef, params, loss_of_window, micro, shards,
+                         flash and phase.latent_seq_len),
         int(memory.temp_size_in_bytes),
         int(memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
@@ -236,10 +255,11 @@ def check(config, plan: Plan, accelerator: str, devices=None) -> Fit:
   full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
   full_activations = max(activation_bytes(full_graphdef, params, step_lib.loss_fn(p, config.loss),
                                           jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
-                                                               jnp.int32), shards)
+                                                               jnp.int32), shards,
+                                          flash and p.latent_seq_len)
                          for p in plan.phases)
   gpu_flags = xla_flags.recommended("gpu", n, layer_param_bytes(model_cfg))
-  return Fit(accelerator, n, sizes, model_cfg.remat, budget, note, tuple(results),
+  return Fit(accelerator, n, sizes, model_cfg.remat, flash, budget, note, tuple(results),
              advise(results, budget, model_cfg.remat, accum,
                     max(p.batch_size for p in plan.phases), shards, sizes["fsdp"],
                     full_activations),
