@@ -137,9 +137,10 @@ def scaling(config, phase_name, counts) -> list[dict]:
              scaling_efficiency=(r["data_tokens_per_s"] / n)
              / (base["data_tokens_per_s"] / base["devices"]))
     results.append(r)
-    print(json.dumps({k: r[k] for k in ("scaling_devices", "batch_size", "step_s", "mfu",
-                                        "per_device_data_tokens_per_s", "scaling_efficiency")}),
-          flush=True)
+    print(json.dumps(dict({k: r[k] for k in ("scaling_devices", "batch_size", "step_s",
+                                             "per_device_data_tokens_per_s",
+                                             "scaling_efficiency", "device_kind")},
+                          per_device_mfu=r["mfu"])), flush=True)
   return results
 
 

@@ -11,7 +11,7 @@ from tests.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import xla_flags
-from tst_jax.train import fit
+from tst_jax.train import fit, loop
 from tst_jax.train.plan import make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +64,8 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
     fit.mesh_devices(tiny_config(mesh=dict(data=-1)).mesh)   # every axis must be given
   with pytest.raises(ConfigError, match="accelerator"):
     fit.accelerator_budget("a100")
+  with pytest.raises(ConfigError, match="--accelerator: only with --mode plan"):
+    loop.run(config, "unused", "train", accelerator="h100")
 
 
 @pytest.mark.slow

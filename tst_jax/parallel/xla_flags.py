@@ -73,8 +73,9 @@ def decide(environ, *, platform: str, num_devices: int, layer_bytes: int) -> Dec
     return Decision({}, "XLA_FLAGS is set by the user and used as it is")
   flags = recommended(platform, num_devices, layer_bytes)
   if not flags:
-    return Decision({}, f"{platform}, {num_devices} device{'s' * (num_devices != 1)}: the "
-                        "multi-GPU flags are for GPU runs over more than one device")
+    where = f"1 {platform}" if platform == "gpu" else platform
+    return Decision({}, f"{where}: the multi-GPU flags are for GPU runs over more than one "
+                        "device")
   return Decision(flags, f"{num_devices} GPUs: NVIDIA JAX-Toolbox's FSDP flags, combine "
                          f"thresholds = one layer's float32 weights, {layer_bytes / 2**20:.1f} MiB")
 
@@ -97,17 +98,23 @@ def local_gpus(environ, local_device_ids: str = "") -> int:
   return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
+def _installed(prefix: str) -> bool:
+  return any(m.name.startswith(prefix) for m in pkgutil.iter_modules())
+
+
 def _cuda_plugin() -> bool:
-  return any(m.name.startswith("jax_cuda") for m in pkgutil.iter_modules())
+  return _installed("jax_cuda")
 
 
 def run_platform(environ, gpus: int) -> str:
   """The platform JAX will pick: JAX_PLATFORMS's first entry, else gpu when there are NVIDIA
-  GPUs and a CUDA plugin for jaxlib, else cpu (tpu runs get no flags either way)."""
+  GPUs and a CUDA plugin for jaxlib, tpu with libtpu, else cpu."""
   first = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
   if first:
     return "gpu" if first in ("cuda", "gpu") else first
-  return "gpu" if gpus and _cuda_plugin() else "cpu"
+  if gpus and _cuda_plugin():
+    return "gpu"
+  return "tpu" if _installed("libtpu") else "cpu"
 
 
 def run_devices(mesh_cfg, local: int, processes: int) -> int:

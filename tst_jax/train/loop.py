@@ -39,7 +39,9 @@ def run(config, workdir: str, mode: str = "train", accelerator: str = "") -> dic
   """Entry point of `main.py`: mode is train (default), plan or eval; a plan with an
   `accelerator` also compiles both phases' steps on the mesh's devices and says if they fit."""
   plan_lib.validate(config)                    # every field, before anything starts
-  if mode == "plan" and accelerator:
+  if accelerator and mode != "plan":
+    raise ConfigError("--accelerator: only with --mode plan (it checks that a run fits)")
+  if accelerator:
     fit.emulate_devices(fit.mesh_devices(config.mesh))   # CPU devices, before JAX starts
   flags = xla_flags.apply(config.mesh, config.distributed,   # XLA reads them as it starts
                           fit.layer_param_bytes(models.model_config(config.model)))
