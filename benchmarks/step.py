@@ -3,7 +3,7 @@
   python benchmarks/step.py --config configs/demo.py --phase both     # TST vs NTP side by side
   python benchmarks/step.py --config configs/llama_600m.py --phase both --config.data.batch_size=8
   python benchmarks/step.py --config configs/demo.py --depths 2,4,8,16,32 --phase ntp
-  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile 5  # ms by category
+  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile 5  # ms by kind
   python benchmarks/step.py --config configs/llama_600m.py --phase ntp --devices 1,2,4,8 \
       --config.data.batch_size=128          # 1 -> 8 GPUs at 16 rows per device: scaling
 
@@ -96,8 +96,8 @@ def bench_phase(config, phase_name, devices=None) -> dict:
   step_s = statistics.median(times)
   profile = None
   if _PROFILE.value:
-    state, profile, _ = step_profile.profile_steps(train_step, state, windows[0],
-                                                   steps=_PROFILE.value, hlo_text=compiled.as_text())
+    state, profile, _ = step_profile.profile_steps(
+        train_step, state, windows[0], steps=_PROFILE.value, hlo_text=compiled.as_text())
   devices = mesh.devices.size
   peak = peak_flops(jax.devices()[0])
   cost = compiled.cost_analysis() or {}

@@ -32,9 +32,11 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
     assert 2 * want < p.opt_state <= 2 * want + 16
     assert p.activations > 0 and p.xla_temp > 0 and p.xla_peak >= p.xla_temp
   assert result.fits and result.devices == 4 and result.mesh["fsdp"] == 4
-  full = fit.check(tiny_config(mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"),
-                               model=dict(remat="full")), make_plan(config), "h100")
-  assert full.phases[1].activations < result.phases[1].activations
+  ntp_only = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"),
+                         model=dict(remat="full"))
+  full = fit.check(ntp_only, make_plan(ntp_only), "h100")
+  assert full.phases[0].phase == "ntp"
+  assert full.phases[0].activations < result.phases[1].activations
   assert "XLA:CPU" in result.table() and "--xla_gpu_enable_latency_hiding_scheduler=true" \
       in result.table()
 
@@ -42,13 +44,13 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
 def test_flash_attention_keeps_no_scores():
   """A bf16 model on a GPU gets cuDNN flash attention: its [L, L] scores are not counted as
   kept for the backward (remat=none keeps them with XLA attention, as on a TPU)."""
-  config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
+  config = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
                        model=dict(dtype="bfloat16", remat="none", head_dim=16))
   model_cfg = models.model_config(config.model)
   assert fit.flash_attention(model_cfg, "h100") and not fit.flash_attention(model_cfg, "v5p")
   gpu, tpu = (fit.check(config, make_plan(config), a) for a in ("h100", "v5p"))
-  assert gpu.flash and gpu.phases[1].activations < tpu.phases[1].activations
-  assert gpu.phases[1].xla_temp == tpu.phases[1].xla_temp   # the same CPU compile
+  assert gpu.flash and gpu.phases[0].activations < tpu.phases[0].activations
+  assert gpu.phases[0].xla_temp == tpu.phases[0].xla_temp   # the same CPU compile
 
 
 def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
@@ -123,9 +125,9 @@ def test_flags_reach_xla_before_the_backend_starts():
   """In a fresh process: set after `import jax` but before any device use, every flag name
   is one this jaxlib's XLA knows (an unknown name aborts at backend start), and XLA_FLAGS
   set then is read (the CPU device count it also holds takes effect)."""
-  flags = xla_flags.recommended("gpu", 8, 1 << 20)
+  flags = " ".join(f"--{k}={v}" for k, v in xla_flags.recommended("gpu", 8, 1 << 20).items())
   code = ("import os, jax\n"
-          f"os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3 ' + {' '.join(f'--{k}={v}' for k, v in flags.items())!r}\n"
+          f"os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3 {flags}'\n"
           "print(jax.device_count())\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = subprocess.run([sys.executable, "-c", code], env=env | {"JAX_PLATFORMS": "cpu"},

@@ -149,7 +149,8 @@ class Fit:
 
   def to_json(self) -> dict:
     return dict(accelerator=self.accelerator, devices=self.devices, mesh=self.mesh,
-                remat=self.remat, flash_attention=self.flash, budget_bytes=self.budget, fits=self.fits,
+                remat=self.remat, flash_attention=self.flash, budget_bytes=self.budget,
+                fits=self.fits,
                 phases=[dataclasses.asdict(p) | dict(estimate=p.estimate) for p in self.phases],
                 advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
 
@@ -201,8 +202,9 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
     while k * grad_accum * batch_shards <= rows and (
         state + worst.activations / k > budget) and per_device_rows // k > 1:
       k *= 2
-    out.append(f"optimizer.grad_accum={grad_accum * k}: {per_device_rows // k} rows per device "
-               f"per micro-batch, activations / {k} -> "
+    rows_k = per_device_rows // k
+    out.append(f"optimizer.grad_accum={grad_accum * k}: {rows_k} row{'s' * (rows_k != 1)} per "
+               f"device per micro-batch, activations / {k}, estimate "
                f"{(state + worst.activations / k) / GB:.1f} GB")
   out.append("or data.batch_size smaller (activations scale with rows per device)")
   return tuple(out)
