@@ -66,6 +66,9 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
     fit.mesh_devices(tiny_config(mesh=dict(data=-1)).mesh)   # every axis must be given
   with pytest.raises(ConfigError, match="accelerator"):
     fit.accelerator_budget("a100")
+  assert fit.accelerator_budget("h200", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ""})[0] == 0.75 * 141e9
+  assert fit.accelerator_budget("h200", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"})[0] == 0.9 * 141e9
+  assert fit.accelerator_budget("v5p", {})[0] == 95e9
   with pytest.raises(ConfigError, match="--accelerator: only with --mode plan"):
     loop.run(config, "unused", "train", accelerator="h100")
 

@@ -45,7 +45,11 @@ def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str
   hbm = HBM_GB[accelerator] * GB
   if accelerator.startswith("v"):
     return hbm, f"{HBM_GB[accelerator]} GB HBM"
-  fraction = float(environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_GPU_FRACTION))
+  text = environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or str(DEFAULT_GPU_FRACTION)
+  try:
+    fraction = float(text)
+  except ValueError:
+    raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: {text!r} is not a number") from None
   return hbm * fraction, (f"{HBM_GB[accelerator]} GB HBM x XLA_PYTHON_CLIENT_MEM_FRACTION "
                           f"{fraction:g}")
 
@@ -87,7 +91,8 @@ def _shard_bytes(abstract_tree, shardings) -> int:
 def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
                      flash_len: int = 0) -> int:
   """Bytes per device of what the backward pass keeps from the forward (remat decides), from
-  JAX's saved residuals; those with a batch axis split over the batch shards. `flash_len` = L
+  JAX's saved residuals; those with a batch axis split over the batch shards (only: with
+  mesh.tensor > 1, an upper bound). `flash_len` = L
   when the target runs flash attention (cuDNN), which keeps no [.., L, L] scores but its
   softmax statistics: residuals with two axes of that length are left out (the statistics,
   [layers, B, H, L] float32, are small and counted)."""
