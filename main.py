@@ -7,11 +7,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tst_jax import errors
-from tst_jax.train import loop
+from tst_jax.train import fit, loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (resumed if it exists).")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "plan", "eval"], "What to do.")
+_ACCELERATOR = flags.DEFINE_enum(
+    "accelerator", None, list(fit.HBM_GB), "With --mode plan: compile both phases' steps on "
+    "the mesh's devices (emulated on CPU) and say whether they fit this accelerator's memory.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -46,7 +49,8 @@ def main(argv):
   verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else logging.WARNING
   debug = verbosity >= 1
   logging.set_verbosity(verbosity)
-  errors.main(loop.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug)
+  errors.main(loop.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
+              accelerator=_ACCELERATOR.value or "")
 
 
 if __name__ == "__main__":

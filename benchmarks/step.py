@@ -3,6 +3,9 @@
   python benchmarks/step.py --config configs/demo.py --phase both     # TST vs NTP side by side
   python benchmarks/step.py --config configs/llama_600m.py --phase both --config.data.batch_size=8
   python benchmarks/step.py --config configs/demo.py --depths 2,4,8,16,32 --phase ntp
+  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile 5  # ms by kind
+  python benchmarks/step.py --config configs/llama_600m.py --phase ntp --devices 1,2,4,8 \
+      --config.data.batch_size=128          # 1 -> 8 GPUs at 16 rows per device: scaling
 
 Model FLOPs per step are analytic: 6 * N_matmul + 12 * layers * heads * head_dim * L per
 position (forward + backward, attention scores counted in full), times batch * L positions;
@@ -19,14 +22,21 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from tst_jax.parallel import mesh as mesh_lib
-from tst_jax.train import optim, spec as spec_lib, step as step_lib
+from tst_jax.parallel import mesh as mesh_lib, xla_flags
+from tst_jax.tools import step_profile
+from tst_jax.train import fit, optim, spec as spec_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
+_PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
+                                "their milliseconds go, by category (tst_jax.tools.step_profile).")
+_DEVICES = flags.DEFINE_list("devices", [], "Scaling: run on the first N local devices for each "
+                             "N (e.g. 1,2,4,8) at the same rows per device (data.batch_size is "
+                             "the global batch at the largest N); prints per-device MFU and "
+                             "the scaling efficiency against the smallest N.")
 
 # Dense bf16 peak FLOP/s per device (vendor datasheets; leads, not measurements).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "TPU v5 lite": 197e12,
@@ -42,16 +52,16 @@ def peak_flops(device) -> float | None:
   return None
 
 
-def build(config, phase_name):
-  """The jitted step of phase `phase_name` of a run config, with the defaults a run gets on
-  this platform (`auto` resolved)."""
+def build(config, phase_name, devices=None):
+  """The jitted step of phase `phase_name` of a run config on `devices` (default: all), with
+  the defaults a run gets on this platform (`auto` resolved)."""
   spec = spec_lib.build(config)
   plan = spec.plan
   phase = next((p for p in plan.phases if p.name == phase_name), None)
   if phase is None:
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
   model_cfg, rules = spec.model, spec.rules
-  mesh = mesh_lib.make_mesh(spec.mesh)
+  mesh = mesh_lib.make_mesh(spec.mesh, devices)
   tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
@@ -63,9 +73,9 @@ def build(config, phase_name):
   return spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding
 
 
-def bench_phase(config, phase_name) -> dict:
-  spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding = build(config,
-                                                                              phase_name)
+def bench_phase(config, phase_name, devices=None) -> dict:
+  spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding = build(
+      config, phase_name, devices)
   rng = np.random.default_rng(0)
   windows = [jax.device_put(rng.integers(0, model_cfg.vocab_size,
                                          (phase.batch_size, phase.window), dtype=np.int32),
@@ -84,6 +94,10 @@ def bench_phase(config, phase_name) -> dict:
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
+  profile = None
+  if _PROFILE.value:
+    state, profile, _ = step_profile.profile_steps(
+        train_step, state, windows[0], steps=_PROFILE.value, hlo_text=compiled.as_text())
   devices = mesh.devices.size
   peak = peak_flops(jax.devices()[0])
   cost = compiled.cost_analysis() or {}
@@ -105,19 +119,52 @@ def bench_phase(config, phase_name) -> dict:
       argument_bytes=getattr(memory, "argument_size_in_bytes", None),
       peak_bytes_in_use=stats.get("peak_bytes_in_use"),
       loss=float(metrics["loss"]), devices=devices, device_kind=jax.devices()[0].device_kind,
-      backend=jax.default_backend(), jax_version=jax.__version__)
+      backend=jax.default_backend(), jax_version=jax.__version__,
+      **(dict(profile=profile.to_json(), profile_table=profile.table()) if profile else {}))
+
+
+def scaling(config, phase_name, counts) -> list[dict]:
+  """The step on the first n local devices for each n, rows per device held fixed: per-device
+  MFU and weak-scaling efficiency (data tokens/s per device against the smallest n)."""
+  rows = config.data.batch_size // max(counts)
+  results = []
+  for n in counts:
+    with config.unlocked():
+      config.data.batch_size = rows * n
+    r = bench_phase(config, phase_name, jax.local_devices()[:n])
+    base = results[0] if results else r
+    r.update(scaling_devices=n, per_device_data_tokens_per_s=r["data_tokens_per_s"] / n,
+             scaling_efficiency=(r["data_tokens_per_s"] / n)
+             / (base["data_tokens_per_s"] / base["devices"]))
+    results.append(r)
+    print(json.dumps(dict({k: r[k] for k in ("scaling_devices", "batch_size", "step_s",
+                                             "per_device_data_tokens_per_s",
+                                             "scaling_efficiency", "device_kind")},
+                          per_device_mfu=r["mfu"])), flush=True)
+  return results
 
 
 def main(argv):
   del argv
-  spec = spec_lib.build(_CONFIG.value)   # the defaults a run gets on this platform
-  print(json.dumps(dict(resolved=spec.resolved.to_json())), flush=True)
+  checked = spec_lib.check(_CONFIG.value)
+  flags_set = xla_flags.apply(   # as a run does: before the backend starts
+      checked.mesh, checked.distributed, fit.layer_param_bytes(checked.model))
+  spec = checked.on_platform()   # the defaults a run gets on this platform
+  print(json.dumps(dict(resolved=spec.resolved.to_json(), xla_flags=flags_set.line())),
+        flush=True)
   config = _CONFIG.value
   phases = ["tst", "ntp"] if _PHASE.value == "both" else [_PHASE.value]
+  if _DEVICES.value:
+    for name in phases:
+      scaling(config, name, [int(n) for n in _DEVICES.value])
+    return
   results = {}
   for name in phases:
     results[name] = bench_phase(config, name)
+    table = results[name].pop("profile_table", None)
     print(json.dumps(results[name]), flush=True)
+    if table:
+      print(f"step profile, phase {name}:\n{table}", flush=True)
   if len(results) == 2:
     tst, ntp = results["tst"], results["ntp"]
     print(json.dumps(dict(

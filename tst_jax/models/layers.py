@@ -124,7 +124,8 @@ class Attention(nnx.Module):
     if cache is None:
       impl, _ = platform.attention_impl(self.cfg.attention_impl, jnp.dtype(dt).name,
                                         self.cfg.head_dim)
-      out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+      with jax.named_scope("attention"):   # the step profile's category (tools/step_profile)
+        out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
       return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), None
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
     start_B = positions_BxL[:, 0]
@@ -225,6 +226,7 @@ class Embedding(nnx.Module):
   def __init__(self, vocab_size: int, dim: int, rngs: nnx.Rngs, std: float = 0.02):
     self.table = param(rngs, (vocab_size, dim), ("vocab", "embed"), std=std)
 
+  @jax.named_scope("embed")   # the step profile's category (tools/step_profile)
   def __call__(self, tokens):
     table = self.table[...]
     if tokens.ndim == 3:

@@ -21,9 +21,10 @@ from tst_jax import data as data_lib
 from tst_jax import fileio, trained_run
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
-from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.parallel import distributed, mesh as mesh_lib, xla_flags
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import fit
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import optim, spec as spec_lib, step as step_lib
 from tst_jax.train.console import Console
@@ -35,14 +36,25 @@ log = logging.getLogger("tst_jax")
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 
-def run(config, workdir: str, mode: str = "train") -> dict:
-  """Entry point of `main.py`: mode is train (default), plan or eval."""
-  spec = spec_lib.check(config)                # every field, once, before anything starts
-  distributed.initialize(spec.distributed)     # before anything touches a device
-  spec = spec.on_platform()               # what `auto` means here, printed and recorded
+def run(config, workdir: str, mode: str = "train", accelerator: str = "") -> dict:
+  """Entry point of `main.py`: mode is train (default), plan or eval; a plan with an
+  `accelerator` also compiles both phases' steps on the mesh's devices and says if they fit."""
+  checked = spec_lib.check(config)             # every field, once, before anything starts
+  if accelerator and mode != "plan":
+    raise ConfigError("--accelerator", "only with --mode plan (it checks that a run fits)")
+  if accelerator:
+    fit.emulate_devices(fit.mesh_devices(checked.mesh))   # CPU devices, before JAX starts
+  flags = xla_flags.apply(checked.mesh, checked.distributed,   # XLA reads them as it starts
+                          fit.layer_param_bytes(checked.model))
+  distributed.initialize(checked.distributed)  # before anything touches a device
+  spec = checked.on_platform()            # what `auto` means here, printed and recorded
   if mode == "plan":
-    print(format_plan(spec.plan, spec.resolved))
-    return spec.plan.to_json()
+    print(flags.line())
+    fitted = fit.check(checked, accelerator) if accelerator else None
+    print(*([fitted.table()] if fitted else []), format_plan(spec.plan, spec.resolved), sep="\n")
+    return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
+  if flags.applied and distributed.is_primary():
+    print(flags.line())
   if mode not in ("train", "eval"):
     raise ConfigError("--mode", f"must be train, plan or eval, got {mode!r}")
   if not workdir:

@@ -56,6 +56,7 @@ def init_state(model_cfg, tx, seed: int, mesh, rules) -> TrainState:
     return jax.jit(init_fn(model_cfg, tx), out_shardings=shardings)(jax.random.key(seed))
 
 
+@jax.named_scope("loss")   # the step profile's category (tools/step_profile)
 def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
             variant="mce"):
   """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE. The loss
@@ -123,14 +124,15 @@ def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1)
       grads, (loss, aux_metrics) = jax.lax.scan(accumulate, zeros, micro)
       grads = jax.tree.map(lambda g: g / grad_accum, grads)
       loss, aux_metrics = jnp.mean(loss), jax.tree.map(lambda x: jnp.mean(x, 0), aux_metrics)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.tree.norm(grads)
-    # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched, so
-    # no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                     (params, opt_state), (state.params, state.opt_state))
+    with jax.named_scope("optimizer"):   # the step profile's category (tools/step_profile)
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      grad_norm = optax.tree.norm(grads)
+      # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched, so
+      # no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                       (params, opt_state), (state.params, state.opt_state))
     metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=grad_norm,
                    param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates),
                    finite=finite, **aux_metrics)

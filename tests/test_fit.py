@@ -1,0 +1,143 @@
+"""Will a run fit (`--mode plan --accelerator=...`), and the multi-GPU XLA flags it prints."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax import models
+from tst_jax.errors import ConfigError
+from tst_jax.parallel import xla_flags
+from tst_jax.train import fit, loop
+from tst_jax.train import spec as spec_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_fit_counts_state_exactly_and_compiles_both_phases():
+  """Parameters and Adam state per device are the shapes over the FSDP axis (norm scales
+  replicated); both phases compile; activations shrink with remat=full."""
+  config = tiny_config(mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"))
+  result = fit.check(spec_lib.check(config), "h100")
+  model_cfg = models.model_config(config.model)
+  total = spec_lib.check(config).plan.params_total
+  norms = model_cfg.dim * (2 * model_cfg.n_layers + 1)   # replicated
+  want = 4 * ((total - norms) // 4 + norms)
+  assert [p.phase for p in result.phases] == ["tst", "ntp"]
+  for p in result.phases:
+    assert p.params == want   # Adam: mu and nu in float32, and its int32 step counts
+    assert 2 * want < p.opt_state <= 2 * want + 16
+    assert p.activations > 0 and p.xla_temp > 0 and p.xla_peak >= p.xla_temp
+  assert result.fits and result.devices == 4 and result.mesh["fsdp"] == 4
+  ntp_only = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"),
+                         model=dict(remat="full"))
+  full = fit.check(spec_lib.check(ntp_only), "h100")
+  assert full.phases[0].phase == "ntp"
+  assert full.phases[0].activations < result.phases[1].activations
+  assert "XLA:CPU" in result.table() and "--xla_gpu_enable_latency_hiding_scheduler=true" \
+      in result.table()
+
+
+def test_flash_attention_keeps_no_scores():
+  """A bf16 model on a GPU gets cuDNN flash attention: its [L, L] scores are not counted as
+  kept for the backward (remat=none keeps them with XLA attention, as on a TPU)."""
+  config = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
+                       model=dict(dtype="bfloat16", remat="none", head_dim=16))
+  model_cfg = models.model_config(config.model)
+  assert fit.flash_attention(model_cfg, "h100") and not fit.flash_attention(model_cfg, "v5p")
+  gpu, tpu = (fit.check(spec_lib.check(config), a) for a in ("h100", "v5p"))
+  assert gpu.flash and gpu.phases[0].activations < tpu.phases[0].activations
+  assert gpu.phases[0].xla_temp == tpu.phases[0].xla_temp   # the same CPU compile
+
+
+def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
+  config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
+                       data=dict(batch_size=8))
+  monkeypatch.setitem(fit.HBM_GB, "h100", 1e-6)     # a 1 kB accelerator
+  result = fit.check(spec_lib.check(config), "h100")
+  assert not result.fits and "NO" in result.table()
+  advice = " ".join(result.advice)
+  assert "config.mesh.fsdp >=" in advice and "model.remat=full" in advice
+  assert "optimizer.grad_accum=" in advice
+  with pytest.raises(ConfigError, match="mesh"):
+    fit.mesh_devices(tiny_config(mesh=dict(data=-1)).mesh)   # every axis must be given
+  with pytest.raises(ConfigError, match="accelerator"):
+    fit.accelerator_budget("a100")
+  assert fit.accelerator_budget("h200", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ""})[0] == 0.75 * 141e9
+  assert fit.accelerator_budget("h200", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"})[0] == 0.9 * 141e9
+  assert fit.accelerator_budget("v5p", {})[0] == 95e9
+  with pytest.raises(ConfigError, match="--accelerator: only with --mode plan"):
+    loop.run(config, "unused", "train", accelerator="h100")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama_3b", "qwen3_moe_10b_a1b"])
+def test_paper_configs_at_64_device_fsdp(name):
+  """The command of docs/performance.md: 64 emulated devices, both phases compiled."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  out = subprocess.run([sys.executable, "main.py", "--config", f"configs/{name}.py",
+                        "--mode", "plan", "--config.mesh.fsdp=64", "--accelerator=b200"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+  plan = json.loads(out.splitlines()[-1])
+  assert out.startswith("XLA_FLAGS: none added (cpu")
+  assert "fit on 64 x b200" in out
+  assert [p["name"] for p in plan["phases"]] == ["tst", "ntp"]
+
+
+MESH = dict(data=1, fsdp=-1, tensor=1, expert=1, dcn_data=1)
+
+
+def mesh(**axes):
+  """A run spec's mesh section with `axes` changed."""
+  return spec_lib.MeshSpec(**(MESH | axes))
+DIST = tiny_config().distributed
+
+
+@pytest.mark.parametrize("platform,devices,env,want", [
+    ("gpu", 8, {}, True),
+    ("gpu", 1, {}, False),                                  # one GPU: nothing to overlap
+    ("cpu", 8, {}, False),
+    ("tpu", 8, {}, False),
+    ("gpu", 8, {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}, False),   # the user's are kept
+    ("gpu", 8, {"XLA_FLAGS": ""}, False),                       # empty: the way to say none
+])
+def test_flags_only_for_multi_gpu_without_user_flags(platform, devices, env, want):
+  d = xla_flags.decide(env, platform=platform, num_devices=devices, layer_bytes=1 << 20)
+  assert bool(d.flags) == want
+  if want:
+    assert d.flags["xla_gpu_enable_latency_hiding_scheduler"] == "true"
+    assert d.flags["xla_gpu_all_gather_combine_threshold_bytes"] == str(1 << 20)
+    assert set(d.flags) == {name for name, _, _ in xla_flags.FSDP_FLAGS}
+
+
+def test_apply_reads_the_machine_without_starting_a_backend(monkeypatch):
+  """nvidia-smi's GPUs, JAX_PLATFORMS, the process count and the mesh decide; with the
+  backend already started (as here) nothing is written, and the line says so."""
+  assert xla_flags.local_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+  assert xla_flags.local_gpus({}, "0,1,2") == 3   # distributed.local_device_ids
+  monkeypatch.setattr(xla_flags, "local_gpus", lambda environ, ids="": 8)
+  monkeypatch.setattr(xla_flags, "_cuda_plugin", lambda: True)
+  env = {}
+  d = xla_flags.apply(mesh(), DIST, 1 << 20, environ=env)
+  assert d.flags and not d.applied and "XLA_FLAGS" not in env and "already" in d.line()
+  assert not xla_flags.apply(mesh(), DIST, 1, environ={"JAX_PLATFORMS": "cpu"}).flags
+  assert not xla_flags.apply(mesh(fsdp=1), DIST, 1, environ={}).flags   # one device
+  assert xla_flags.run_devices(mesh(), 8, 2) == 16 and xla_flags.run_devices(
+      mesh(fsdp=4), 8, 1) == 4
+
+
+def test_flags_reach_xla_before_the_backend_starts():
+  """In a fresh process: set after `import jax` but before any device use, every flag name
+  is one this jaxlib's XLA knows (an unknown name aborts at backend start), and XLA_FLAGS
+  set then is read (the CPU device count it also holds takes effect)."""
+  flags = " ".join(f"--{k}={v}" for k, v in xla_flags.recommended("gpu", 8, 1 << 20).items())
+  code = ("import os, jax\n"
+          f"os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3 {flags}'\n"
+          "print(jax.device_count())\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", code], env=env | {"JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "3", out.stderr[-2000:]

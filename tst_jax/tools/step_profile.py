@@ -1,0 +1,276 @@
+"""Where a train step's milliseconds go: a JAX profiler trace summarised by op category.
+
+`profile_steps` traces a few calls of a jitted step (`jax.profiler.trace`), then `summarize`
+reads the trace's XSpace (`jax.profiler.ProfileData`, no TensorBoard needed) and gives every
+executed HLO op of the step's module a category from the compiled HLO text: its opcode (dots,
+collectives), the ops fused into it, and the name scopes the model and step put on it
+(`attention`, `loss`, `embed`, `optimizer`; a backward op's name holds `transpose(`). Time is
+attributed on the device's timeline: where ops overlap (threads on CPU, streams on GPU) each
+instant is split evenly between them, and nested events count once (the innermost), so the
+categories plus `idle` (no op of the step running: dispatch, host work, waiting) sum to the
+step's wall time.
+
+  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import os
+import re
+import tempfile
+import time
+
+import jax
+from jax.profiler import ProfileData
+
+CATEGORIES = ("attention", "matmul forward", "matmul backward", "loss", "optimizer",
+              "embedding", "collectives", "other ops", "idle")
+SCOPES = (("optimizer", "optimizer"), ("loss", "loss"), ("embedding", "embed"),
+          ("attention", "attention"))   # (category, the jax.named_scope that marks it)
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+               "ragged-all-to-all", "collective-broadcast")
+MATMULS = ("dot", "convolution", "ragged-dot", "scaled-dot")
+_MATMUL_CALLS = re.compile(r"gemm|matmul|cublas|\$dot", re.I)   # cuBLAS / cuBLASLt custom calls
+_ATTENTION_CALLS = re.compile(r"fmha|flash|attention", re.I)   # cuDNN / Pallas attention calls
+CONTAINERS = ("while", "conditional", "call")   # ops whose body ops have their own events
+STEP_NAME = "train_step"
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  """One instruction of the compiled HLO: what decides its category."""
+  opcode: str
+  op_names: tuple[str, ...]   # its own metadata op_name first, then those of its fused ops
+  opcodes: frozenset[str]     # its own opcode and those of its fused ops
+  targets: tuple[str, ...]    # custom-call targets (its own or fused)
+
+
+def _opcode(rhs: str) -> str:
+  """The opcode of an HLO instruction's right-hand side, `TYPE opcode(operands), attrs`: the
+  first `name(` outside the type's brackets (tuple types and layouts hold brackets too)."""
+  depth = 0
+  for m in re.finditer(r"[()\[\]{}]|(?<![\w\-.])([a-z][a-z0-9\-]*)\(", rhs):
+    if m.group(1) and depth == 0:
+      return m.group(1)
+    token = m.group(0)[-1]
+    depth += 1 if token in "([{" else -1
+  return ""
+
+
+def parse_hlo(hlo_text: str) -> tuple[str, dict[str, Op]]:
+  """(module name, instruction name -> Op) of a compiled module's text (`compiled.as_text()`)."""
+  module = re.search(r"HloModule\s+([\w.\-]+)", hlo_text)
+  computations: dict[str, list] = collections.defaultdict(list)
+  raw, current = {}, None
+  for line in hlo_text.splitlines():
+    line = re.sub(r"/\*.*?\*/", "", line)
+    head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+    if head and not line.startswith(" "):
+      current = head.group(1)
+      continue
+    m = re.match(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$", line)
+    if not m or current is None:
+      continue
+    name, rhs = m.groups()
+    op_name = re.search(r'op_name="([^"]*)"', rhs)
+    target = re.search(r'custom_call_target="([^"]*)"', rhs)
+    calls = re.findall(r"calls=%?([\w.\-]+)", rhs)
+    raw[name] = (_opcode(rhs), op_name.group(1) if op_name else "",
+                 target.group(1) if target else "", calls)
+    computations[current].append(name)
+
+  def inner(name, seen):   # the instructions fused into `name`, recursively
+    for comp in raw[name][3]:
+      for child in computations.get(comp, ()):
+        if child not in seen:
+          seen.add(child)
+          yield child
+          yield from inner(child, seen)
+
+  ops = {}
+  for name, (opcode, op_name, target, _) in raw.items():
+    fused = list(inner(name, set())) if opcode in ("fusion", "async-start", "call") else []
+    ops[name] = Op(opcode, (op_name,) + tuple(raw[c][1] for c in fused if raw[c][1]),
+                   frozenset([opcode] + [raw[c][0] for c in fused]),
+                   tuple(t for t in [target] + [raw[c][2] for c in fused] if t))
+  return (module.group(1) if module else ""), ops
+
+
+def _has_scope(op_name: str, scope: str) -> bool:
+  return re.search(rf"(^|[/(;]){re.escape(scope)}([/);]|$)", op_name) is not None
+
+
+def category(op: Op) -> str:
+  """The category of one HLO instruction (one of CATEGORIES, never 'idle')."""
+  base = {c.removesuffix("-start").removesuffix("-done") for c in op.opcodes}
+  if base & set(COLLECTIVES) or any("nccl" in t.lower() for t in op.targets):
+    return "collectives"
+  for name in op.op_names[:1] or ("",):   # the op's own scope decides first
+    for cat, scope in SCOPES:
+      if _has_scope(name, scope):
+        return cat
+  counts = collections.Counter(cat for name in op.op_names[1:] for cat, scope in SCOPES
+                               if _has_scope(name, scope))
+  if counts:
+    return counts.most_common(1)[0][0]
+  if any(_ATTENTION_CALLS.search(t) for t in op.targets):
+    return "attention"
+  if base & set(MATMULS) or any(_MATMUL_CALLS.search(t) for t in op.targets):
+    dots = [n for n in op.op_names if "dot_general" in n or "einsum" in n] or op.op_names
+    return "matmul backward" if any("transpose(" in n for n in dots) else "matmul forward"
+  return "other ops"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+  """Milliseconds per step by category (they sum to `step_ms`), from `steps` traced steps."""
+  steps: int
+  step_ms: float                   # mean wall time of a traced step
+  ms: dict                         # category -> mean ms per step (every CATEGORIES entry)
+  top_ops: tuple                   # ((op name, category, ms per step), ...), largest first
+  trace_dir: str
+
+  def to_json(self) -> dict:
+    return dict(steps=self.steps, step_ms=self.step_ms, ms_per_step=self.ms,
+                top_ops=[list(t) for t in self.top_ops], trace_dir=self.trace_dir)
+
+  def table(self) -> str:
+    lines = [f"{'category':<18}{'ms/step':>10}{'share':>8}"]
+    for cat in CATEGORIES:
+      lines.append(f"{cat:<18}{self.ms[cat]:>10.3f}{self.ms[cat] / self.step_ms:>8.1%}")
+    lines.append(f"{'step (wall)':<18}{self.step_ms:>10.3f}{1:>8.0%}")
+    lines += [f"  top op: {ms:9.3f} ms  {cat:<16} {name}" for name, cat, ms in self.top_ops[:5]]
+    return "\n".join(lines)
+
+
+def _stats(event) -> dict:
+  return dict(event.stats)
+
+
+def _op_events(space: ProfileData, module: str, device_ordinal: int):
+  """(line key, start_ns, end_ns, hlo op name) of the module's ops on one device.
+
+  A device plane (GPU, TPU) with an "XLA Ops" line gives one event per op there; otherwise
+  (XLA:CPU, a GPU plane of kernels on stream lines) ops are the events carrying an `hlo_op`
+  stat, on the one device asked for.
+  """
+  planes = [p for p in space.planes if p.name.startswith("/device:")]
+  device = [p for p in planes if re.search(rf":{device_ordinal}$", p.name)]
+  for plane in device or [space.find_plane_with_name("/host:CPU")]:
+    if plane is None:
+      continue
+    lines = list(plane.lines)
+    ops_lines = [l for l in lines if l.name == "XLA Ops"]
+    for index, line in enumerate(ops_lines or lines):
+      for event in line.events:
+        stats = _stats(event)
+        name = stats.get("hlo_op") or (event.name.lstrip("%").split(" ")[0] if ops_lines
+                                       else None)
+        if not name:
+          continue
+        if "hlo_module" in stats and not str(stats["hlo_module"]).startswith(module):
+          continue
+        if not device and int(stats.get("device_ordinal", device_ordinal)) != device_ordinal:
+          continue
+        yield (plane.name, index), event.start_ns, event.end_ns, str(name)
+
+
+def _step_windows(space: ProfileData, annotation: str) -> list[tuple[float, float]]:
+  windows = []
+  for plane in space.planes:
+    if not plane.name.startswith("/host:"):
+      continue
+    for line in plane.lines:
+      for event in line.events:
+        if event.name == annotation and "step_num" in _stats(event):
+          windows.append((event.start_ns, event.end_ns))
+  return sorted(windows)
+
+
+def attribute(windows, events, category_of, is_container=lambda op: False):
+  """(category -> ns, op -> ns) summed over `windows`. Inside a window, each instant goes to
+  the innermost event of every line running then, split evenly between lines (a container
+  op, a while loop whose body runs on other threads, only when nothing else runs); no event
+  running is 'idle'."""
+  by_cat, by_op = collections.defaultdict(float), collections.defaultdict(float)
+  for lo, hi in windows:
+    points = []
+    for line, start, end, name in events:
+      start, end = max(start, lo), min(end, hi)
+      if end > start:
+        points.append((start, 1, end, line, name))
+        points.append((end, 0, start, line, name))
+    points.sort(key=lambda p: (p[0], p[1], -p[2]))   # ends first; outer starts, inner ends
+    stacks: dict = collections.defaultdict(list)
+    t = lo
+    for when, is_start, _, line, name in points:
+      active = [s[-1] for s in stacks.values() if s]
+      working = [op for op in active if not is_container(op)]
+      active = working or active   # a loop's own time: only while none of its ops runs
+      span = when - t
+      if span > 0:
+        if not active:
+          by_cat["idle"] += span
+        for op in active:
+          by_cat[category_of(op)] += span / len(active)
+          by_op[op] += span / len(active)
+      t = when
+      if is_start:
+        stacks[line].append(name)
+      elif name in stacks[line]:
+        stacks[line].reverse()
+        stacks[line].remove(name)   # the latest opened event of that name
+        stacks[line].reverse()
+    by_cat["idle"] += hi - t
+  return by_cat, by_op
+
+
+def summarize(trace_dir: str, hlo_text: str, *, annotation: str = STEP_NAME,
+              device_ordinal: int = 0, top: int = 10) -> StepProfile:
+  """The StepProfile of the steps annotated `annotation` in the trace under `trace_dir`."""
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
+  if not paths:
+    raise FileNotFoundError(f"{trace_dir}: no *.xplane.pb trace")
+  space = ProfileData.from_file(paths[-1])
+  module, ops = parse_hlo(hlo_text)
+  windows = _step_windows(space, annotation)
+  if not windows:
+    raise ValueError(f"{paths[-1]}: no step annotated {annotation!r}")
+  events = list(_op_events(space, module, device_ordinal))
+  cache = {}
+
+  def category_of(name):
+    if name not in cache:
+      cache[name] = category(ops[name]) if name in ops else "other ops"
+    return cache[name]
+
+  containers = {name for name, op in ops.items() if op.opcode in CONTAINERS}
+  by_cat, by_op = attribute(windows, events, category_of, containers.__contains__)
+  n = len(windows)
+  step_ms = sum(hi - lo for lo, hi in windows) / n / 1e6
+  ms = {cat: by_cat.get(cat, 0.0) / n / 1e6 for cat in CATEGORIES}
+  ranked = sorted(by_op.items(), key=lambda kv: -kv[1])[:top]
+  return StepProfile(n, step_ms, ms,
+                     tuple((op, category_of(op), ns / n / 1e6) for op, ns in ranked),
+                     trace_dir)
+
+
+def profile_steps(step, state, batch, *, steps: int = 3, trace_dir: str | None = None,
+                  hlo_text: str | None = None):
+  """(state, StepProfile, wall seconds of each step): `steps` calls of the jitted `step`
+  (compiled and warmed up before), each one traced and waited for. `hlo_text`: the compiled
+  step's text, if the caller has it (else it is compiled again from `step.lower`)."""
+  trace_dir = trace_dir or tempfile.mkdtemp(prefix="tst_jax_profile_")
+  hlo_text = hlo_text or step.lower(state, batch).compile().as_text()
+  walls = []
+  with jax.profiler.trace(trace_dir):
+    for i in range(steps):
+      t = time.perf_counter()
+      with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+        state, metrics = step(state, batch)
+        jax.block_until_ready((state, metrics))
+      walls.append(time.perf_counter() - t)
+  return state, summarize(trace_dir, hlo_text), walls

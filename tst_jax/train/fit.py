@@ -1,0 +1,272 @@
+"""Will a run fit? Both phases' train steps compiled ahead of time on emulated devices.
+
+`python main.py --config configs/llama_3b.py --mode plan --config.mesh.fsdp=64
+--accelerator=b200` builds the run's mesh over that many (CPU) devices, lowers and compiles the
+same jitted train step the loop runs (`step.make_train_step` + `step.jit_step`) from abstract
+arrays (`jax.ShapeDtypeStruct` with shardings: nothing is allocated), and prints per device:
+parameters and optimizer state (exact, from the shapes and shardings), the activations the
+backward pass keeps at the config's remat (exact, the residuals JAX saves, over the batch
+shards), and XLA's own temporaries and peak from `compiled.memory_analysis()`. XLA:CPU
+compiles the plain-XLA kernels (attention materialises its scores, no cuDNN flash attention,
+no Pallas loss) and schedules memory differently from XLA:GPU/TPU, so its temporaries are an
+upper bound there, not a GPU number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
+from jax._src import xla_bridge      # backends_are_initialized: no public equivalent
+
+from tst_jax import models, platform
+from tst_jax.errors import ConfigError
+from tst_jax.parallel import mesh as mesh_lib, xla_flags
+from tst_jax.train import optim, step as step_lib
+
+GB = 1e9
+# HBM per device, datasheet decimal GB (B200: DGX B200's 1,440 GB over 8 GPUs).
+HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v5p": 95, "v5e": 16, "v6e": 32}
+# GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it (JAX preallocates 75% by default).
+DEFAULT_GPU_FRACTION = 0.75
+
+
+def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str]:
+  """(bytes a step may use on one device of `accelerator`, how that was decided)."""
+  if accelerator not in HBM_GB:
+    raise ConfigError(f"--accelerator: must be one of {tuple(HBM_GB)}, got {accelerator!r}")
+  hbm = HBM_GB[accelerator] * GB
+  if accelerator.startswith("v"):
+    return hbm, f"{HBM_GB[accelerator]} GB HBM"
+  text = environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or str(DEFAULT_GPU_FRACTION)
+  try:
+    fraction = float(text)
+  except ValueError:
+    raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: {text!r} is not a number") from None
+  return hbm * fraction, (f"{HBM_GB[accelerator]} GB HBM x XLA_PYTHON_CLIENT_MEM_FRACTION "
+                          f"{fraction:g}")
+
+
+def mesh_devices(mesh_cfg) -> int:
+  """Devices the fit check emulates: the product of the mesh axes, every one given."""
+  sizes = [int(getattr(mesh_cfg, a)) for a in mesh_lib.MESH_AXES]
+  if -1 in sizes:
+    raise ConfigError("config.mesh: give every axis for a fit check, e.g. "
+                      "--config.mesh.data=1 --config.mesh.fsdp=64 (the run's device count)")
+  return math.prod(sizes)
+
+
+def emulate_devices(n: int):
+  """Before the backend starts: compile on `n` CPU devices (nothing runs on them)."""
+  if xla_bridge.backends_are_initialized():
+    if jax.device_count("cpu") < n:
+      raise ConfigError(f"config.mesh: a fit check on {n} devices needs them before JAX "
+                        f"starts; this process already has {jax.device_count('cpu')} CPU devices")
+    return
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", n)
+
+
+def layer_param_bytes(model_cfg) -> int:
+  """Bytes of one decoder layer's float32 parameters (the mean layer: a MoE's sparse layers
+  are larger): all parameters but the embedding, the head and the final norm, over layers."""
+  total, _ = models.module_for(model_cfg).param_counts(model_cfg)
+  io = model_cfg.vocab_size * model_cfg.dim * (1 if model_cfg.tie_embeddings else 2)
+  return 4 * (total - io - model_cfg.dim) // model_cfg.n_layers
+
+
+def _shard_bytes(abstract_tree, shardings) -> int:
+  leaves = jax.tree.leaves(abstract_tree)
+  specs = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, specs))
+
+
+def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
+                     flash_len: int = 0) -> int:
+  """Bytes per device of what the backward pass keeps from the forward (remat decides), from
+  JAX's saved residuals; those with a batch axis split over the batch shards (only: with
+  mesh.tensor > 1, an upper bound). `flash_len` = L
+  when the target runs flash attention (cuDNN), which keeps no [.., L, L] scores but its
+  softmax statistics: residuals with two axes of that length are left out (the statistics,
+  [layers, B, H, L] float32, are small and counted)."""
+  def loss(params, window):
+    return loss_of_window(nnx.merge(graphdef, params), window)[0]
+  rows = window.shape[0]
+  total = 0
+  for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
+    if "from the argument" in source:   # parameters and the batch: counted elsewhere
+      continue
+    if flash_len and list(aval.shape).count(flash_len) >= 2:
+      aval = jax.ShapeDtypeStruct(aval.shape[:-1], jnp.float32)   # scores -> statistics
+    size = math.prod(aval.shape) * aval.dtype.itemsize
+    total += size // batch_shards if rows in aval.shape else size
+  return total
+
+
+def flash_attention(model_cfg, accelerator: str) -> bool:
+  """Whether the run on `accelerator` gets flash attention (`auto` on a GPU: cuDNN)."""
+  target = "tpu" if accelerator.startswith("v") else "gpu"
+  impl, _ = platform.attention_impl(model_cfg.attention_impl, model_cfg.dtype,
+                                    model_cfg.head_dim, target)
+  return impl == "cudnn"
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseFit:
+  phase: str
+  params: int            # bytes per device, exact
+  opt_state: int         # bytes per device, exact
+  activations: int       # bytes per device kept for the backward pass at model.remat
+  xla_temp: int          # XLA:CPU's temporaries of the compiled step (includes activations)
+  xla_peak: int          # arguments + outputs - aliased + temporaries (XLA:CPU)
+  compile_s: float
+
+  @property
+  def estimate(self) -> int:
+    """params + optimizer + gradients (as large as the params) + activations: the floor a
+    GPU step needs, before XLA's workspace."""
+    return 2 * self.params + self.opt_state + self.activations
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  accelerator: str
+  devices: int
+  mesh: dict
+  remat: str
+  flash: bool            # activations counted as flash attention keeps them (cuDNN on GPU)
+  budget: float
+  budget_note: str
+  phases: tuple[PhaseFit, ...]
+  advice: tuple[str, ...]
+  gpu_xla_flags: str     # what a GPU run over this mesh puts in XLA_FLAGS (parallel.xla_flags)
+
+  @property
+  def fits(self) -> bool:
+    return all(p.estimate <= self.budget for p in self.phases)
+
+  def to_json(self) -> dict:
+    return dict(accelerator=self.accelerator, devices=self.devices, mesh=self.mesh,
+                remat=self.remat, flash_attention=self.flash, budget_bytes=self.budget,
+                fits=self.fits,
+                phases=[dataclasses.asdict(p) | dict(estimate=p.estimate) for p in self.phases],
+                advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
+
+  def table(self) -> str:
+    g = lambda b: f"{b / GB:.2f}"
+    lines = [f"fit on {self.devices} x {self.accelerator} (budget {self.budget / GB:.1f} GB per "
+             f"device: {self.budget_note}), mesh {self.mesh}, remat={self.remat}; GB per device:",
+             f"{'phase':<6}{'params':>9}{'grads':>9}{'opt':>9}{'activ.':>9}{'estimate':>10}"
+             f"{'fits':>6}{'XLA:CPU temp':>14}{'XLA:CPU peak':>14}{'compile s':>11}"]
+    for p in self.phases:
+      lines.append(f"{p.phase:<6}{g(p.params):>9}{g(p.params):>9}{g(p.opt_state):>9}"
+                   f"{g(p.activations):>9}{g(p.estimate):>10}"
+                   f"{'yes' if p.estimate <= self.budget else 'NO':>6}{g(p.xla_temp):>14}"
+                   f"{g(p.xla_peak):>14}{p.compile_s:>11.1f}")
+    lines.append("estimate = params + grads + optimizer state (exact, from shapes and "
+                 "shardings) + activations kept for the backward (JAX's saved residuals"
+                 + (", with flash attention's softmax statistics in place of the [L, L] "
+                    "scores, as cuDNN keeps them" if self.flash else "") + "); "
+                 "XLA:CPU columns come from compiling for CPU (plain-XLA attention with its "
+                 "[B, H, L, L] scores, no fused kernels, CPU memory scheduling): an upper bound, "
+                 "not what XLA:GPU/TPU allocate")
+    lines += [f"advice: {a}" for a in self.advice]
+    if self.gpu_xla_flags and not self.accelerator.startswith("v"):
+      lines.append(f"a GPU run over this mesh sets XLA_FLAGS={self.gpu_xla_flags}")
+    return "\n".join(lines)
+
+
+def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
+           batch_shards: int, fsdp: int, full_activations: int) -> tuple[str, ...]:
+  """Which knob to turn when a phase does not fit, with the estimate it gives."""
+  worst = max(fit_phases, key=lambda p: p.estimate)
+  if worst.estimate <= budget:
+    return ("fits: " + ", ".join(f"{p.phase} {p.estimate / GB:.1f} GB" for p in fit_phases)
+            + f" of {budget / GB:.1f} GB",)
+  state = 2 * worst.params + worst.opt_state
+  out = []
+  if state > budget:
+    need = math.ceil(fsdp * state / (0.5 * budget))
+    out.append(f"parameters, gradients and Adam state alone are {state / GB:.1f} GB: shard "
+               f"them over more devices (config.mesh.fsdp >= {need} keeps them under half the "
+               "budget)")
+  if remat != "full":
+    out.append(f"model.remat=full: keeps only each layer's input for the backward: "
+               f"activations {worst.activations / GB:.1f} -> {full_activations / GB:.1f} GB, "
+               f"estimate {(state + full_activations) / GB:.1f} GB")
+  per_device_rows = rows // grad_accum // batch_shards
+  if per_device_rows > 1:
+    k = 2
+    while k * grad_accum * batch_shards <= rows and (
+        state + worst.activations / k > budget) and per_device_rows // k > 1:
+      k *= 2
+    rows_k = per_device_rows // k
+    out.append(f"optimizer.grad_accum={grad_accum * k}: {rows_k} row{'s' * (rows_k != 1)} per "
+               f"device per micro-batch, activations / {k}, estimate "
+               f"{(state + worst.activations / k) / GB:.1f} GB")
+  out.append("or data.batch_size smaller (activations scale with rows per device)")
+  return tuple(out)
+
+
+def check(spec, accelerator: str, devices=None) -> Fit:
+  """Compile both phases' train steps of a checked run spec for its mesh on `devices`
+  (default: the first mesh-size CPU devices) from abstract arrays, and measure what each
+  device holds."""
+  budget, note = accelerator_budget(accelerator)
+  flash = flash_attention(spec.model, accelerator)   # the target's attention, from `auto`
+  spec = spec.on_platform()   # this (CPU) platform's kernels: see the docstring
+  plan = spec.plan
+  n = mesh_devices(spec.mesh)
+  devices = list(devices or jax.devices()[:n])
+  model_cfg, rules = spec.model, spec.rules
+  mesh = mesh_lib.make_mesh(spec.mesh, devices)
+  tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
+  graphdef, params = step_lib.abstract_model(model_cfg)
+  abstract, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
+  mesh_lib.check_divisible(abstract.params, shardings.params)
+  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
+  shards = mesh_lib.shards(batch_sharding, 0)
+  accum = spec.optimizer.grad_accum
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       abstract, shardings)
+  results = []
+  for phase in plan.phases:
+    mesh_lib.check_batch(phase.batch_size // accum, batch_sharding,
+                         f"config.data.batch_size: phase {phase.name}'s rows per micro-batch")
+    loss_of_window = step_lib.loss_fn(phase, spec.loss)
+    step = step_lib.JitStep(
+        step_lib.make_train_step(graphdef, loss_of_window, tx, schedule, accum),
+        shardings, batch_sharding, mesh, rules)
+    window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
+                                  sharding=batch_sharding)
+    t0 = time.perf_counter()
+    memory = step.lower(state, window).compile().memory_analysis()
+    compile_s = time.perf_counter() - t0
+    micro = jax.ShapeDtypeStruct((phase.batch_size // accum, phase.window), jnp.int32)
+    results.append(PhaseFit(
+        phase.name, _shard_bytes(abstract.params, shardings.params),
+        _shard_bytes(abstract.opt_state, shardings.opt_state),
+        activation_bytes(graphdef, params, loss_of_window, micro, shards,
+                         flash and phase.latent_seq_len),
+        int(memory.temp_size_in_bytes),
+        int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+            - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
+  sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
+  full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
+  full_activations = max(activation_bytes(full_graphdef, params, step_lib.loss_fn(p, spec.loss),
+                                          jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
+                                                               jnp.int32), shards,
+                                          flash and p.latent_seq_len)
+                         for p in plan.phases)
+  gpu_flags = xla_flags.recommended("gpu", n, layer_param_bytes(model_cfg))
+  return Fit(accelerator, n, sizes, model_cfg.remat, flash, budget, note, tuple(results),
+             advise(results, budget, model_cfg.remat, accum,
+                    max(p.batch_size for p in plan.phases), shards, sizes["fsdp"],
+                    full_activations),
+             " ".join(f"--{k}={v}" for k, v in gpu_flags.items()))
