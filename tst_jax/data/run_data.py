@@ -119,7 +119,7 @@ def store_request(config, model_vocab: int) -> dict:
   d = config.data
   return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab,
               seed=data_seed(config), val_fraction=d.val_fraction,
-              max_bytes=d.max_bytes or None, text_field=d.text_field)
+              val_piece_bytes=d.val_piece_bytes, max_bytes=d.max_bytes or None, text_field=d.text_field)
 
 
 def data_seed(config) -> int:

@@ -228,6 +228,7 @@ class Setup:
     reinit = self.config.tst.reinit_at_switch
     console.print(f"phase switch at step {phase.first_step}: restored the {meta['phase']} "
                   f"checkpoint, now {phase.name}"
+                  + (f" S={phase.bag_size}" if phase.is_tst else "")
                   + (" with a fresh embedding and LM head (reinit_at_switch)" if reinit else ""))
     return self.reinit_embedding_and_head(state) if reinit else state
 
