@@ -1,4 +1,5 @@
-"""The run plan: config validation, phases (tst for round(r*T) steps, then ntp), tokens, FLOPs."""
+"""The run plan: config validation, phases (tst for round(r*T) steps, in stages of decreasing S
+with tst.schedule, then ntp), tokens, FLOPs, and the warning of a run too short for TST."""
 
 from __future__ import annotations
 
