@@ -15,7 +15,8 @@ numbers below read up to 200 MB of Python source instead:
 
 Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the default, S=4,
 r=0.3), baseline (r = 0, the same FLOPs per step), reinit (fresh embedding and head at the
-switch), input_only, output_only, s<S>, r<ratio> (r1.0: never switching), <N>k (total steps).
+switch), input_only, output_only, smooth (phase 1 as 300 steps at S=4 then 300 at S=2),
+s<S>, r<ratio> (r1.0: never switching), <N>k (total steps).
 
 Measured on one H100 80GB (jax 0.11.2, 2026-11-23, docs/results.md): tokenizing 200 MB once
 33 s; one 2000-step arm 154 s with 2 arms sharing the GPU, 476 s with 6.
@@ -32,6 +33,8 @@ def get_config(arg: str = ""):
   c.data.max_bytes = 200_000_000    # ~60M tokens (est.): the tst arm reads 125M data tokens (two
                                     # passes), the baseline 66M; 400 MB: one pass, 2x tokenizing
   c.data.val_fraction = 0.02        # held-out documents
+  c.data.val_piece_bytes = 0        # whole files (thousands of them): the split docs/results.md
+                                    # was measured on
   c.data.seed = 0                   # one split and token stream for every seed: arms share it
   c.data.seq_len = 512              # L: positions the model sees (phase 1: S*L data tokens)
   c.data.batch_size = 64            # B: rows per step, 32K positions

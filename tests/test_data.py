@@ -13,6 +13,7 @@ from tst_jax.data import (
     WindowSource, eval_windows, get_tokenizer, load_documents, make_batches,
     split_documents, unigram_entropy)
 from tst_jax.data import pipeline
+from tst_jax.data.sources import pieces
 
 CORPUS = [
     "def add(a, b):\n  return a + b\n",
@@ -125,6 +126,37 @@ def test_split_is_deterministic_disjoint_and_complete():
   for bad in (1.0, -0.1):
     with pytest.raises(ValueError, match="val_fraction"):
       split_documents(docs, bad, seed=0)
+
+
+def test_held_out_pieces_represent_a_corpus_of_few_huge_documents():
+  """Four ~100 KB documents, each on its own topic: holding out whole documents puts one
+  topic in the held-out set; pieces of <= 512 bytes give it about the training split's mix
+  (total variation 0.13 from sampling 65 pieces, against 1.0)."""
+  rng = np.random.default_rng(0)
+  docs = ["".join(" ".join(rng.choice([f"{t}{k}" for k in range(20)], 8)) + "\n"
+                  for _ in range(3000)) for t in "abcd"]
+
+  def topic_shares(texts):
+    words = " ".join(texts).split()
+    return np.array([sum(w[0] == t for w in words) for t in "abcd"]) / len(words)
+
+  for piece_bytes, close in ((0, False), (512, True)):
+    train, val = split_documents(docs, 0.1, seed=0, piece_bytes=piece_bytes)
+    assert sorted("".join(train + val)) == sorted("".join(docs))
+    distance = 0.5 * np.abs(topic_shares(train) - topic_shares(val)).sum()
+    assert (distance < 0.2) == close, (piece_bytes, distance)
+  assert 40 <= len(val) <= 100 and max(len(v.encode()) for v in val) <= 512
+  assert split_documents(docs, 0.1, seed=0, piece_bytes=512) == (train, val)
+  # A document with no held-out piece stays whole; pieces concatenate back to the document.
+  assert split_documents(["x\n" * 10, "y\n" * 10], 0.5, 0, piece_bytes=1024) == (
+      split_documents(["x\n" * 10, "y\n" * 10], 0.5, 0))
+  assert "".join(pieces(docs[0], 1000)) == docs[0]
+  # A piece repeated in 200 files (a shared table) is held out in about 10% of them.
+  table = "".join(f"    {k:#06x}: LETTER {k}\n" for k in range(20))
+  files = [f"# file {i:03d}\n" + "x = 1\n" * 60 + table for i in range(200)]
+  assert len({pieces(f, 512)[-1] for f in files}) == 1     # the same last piece in every file
+  _, val = split_documents(files, 0.1, seed=0, piece_bytes=512)
+  assert 8 <= sum(v.endswith(table[-40:]) for v in val) <= 40
 
 
 # --- tokenizer -------------------------------------------------------------------------------

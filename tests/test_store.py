@@ -255,6 +255,36 @@ def test_manifest_of_another_version_or_edited(one_shard, tmp_path):
     TokenStore(str(copy))
 
 
+def test_a_version_1_store_reads_as_a_whole_document_split(one_shard, corpus, tmp_path):
+  copy = tmp_path / "v1"
+  shutil.copytree(one_shard.directory, copy)
+  path = copy / store_lib.MANIFEST
+  manifest = json.loads(path.read_text())
+  assert manifest["version"] == 2 and manifest["request"]["val_piece_bytes"] == 0
+  del manifest["request"]["val_piece_bytes"]
+  manifest["version"] = 1
+  manifest["fingerprint"] = store_lib.fingerprint(manifest)
+  path.write_text(json.dumps(manifest))
+  assert TokenStore(str(copy)).manifest["request"]["val_piece_bytes"] == 0
+  _, source, _ = corpus    # prepare finds it is the same store (a whole-document split)
+  assert prepare(source, copy).fingerprint == manifest["fingerprint"]
+  with pytest.raises(DataError, match="val_piece_bytes: 0 there, 64 asked"):
+    prepare(source, copy, val_piece_bytes=64)
+
+
+def test_store_of_pieces_equals_the_in_ram_split(tmp_path):
+  rng = np.random.default_rng(5)
+  docs = make_docs(30) + ["".join(f"long {k}: " + " ".join(rng.choice(WORDS, 9)) + "\n"
+                                  for k in range(300)) for _ in range(3)]
+  source = write_text_files(str(tmp_path / "txt"), docs)
+  store = prepare(source, tmp_path / "s", val_piece_bytes=256)
+  train, val = split_documents(load_documents(source), 0.1, 1, piece_bytes=256)
+  assert len(val) > 10 and store.manifest["splits"]["val"]["docs"] == len(val)
+  tok = store.tokenizer()
+  for split, texts in ((store.train, train), (store.val, val)):
+    assert np.array_equal(split.read(0, len(split)), TokenStream.build(texts, tok, 1).tokens)
+
+
 def test_store_of_another_tokenizer(one_shard, corpus, tmp_path):
   _, source, _ = corpus
   other = prepare(source, tmp_path / "other", vocab_size=320).tokenizer_path

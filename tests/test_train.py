@@ -193,16 +193,19 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
 
 def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   """tests/testdata/config_683731c.json is the config.json the trainer wrote for tiny_config()
-  at 683731c, before the typed run spec: the trainer now writes the same file, so resuming
-  such a workdir finds its config equal and leaves the file as it was; another config is
-  still refused."""
+  at 683731c, before the typed run spec: resuming such a workdir with the same settings (and
+  the fields added since at the values that run had, spec.ADDED_FIELDS) finds its config equal
+  and records it with those fields; another config is still refused."""
   from tst_jax.errors import ConfigError
   old = os.path.join(ROOT, "tests", "testdata", "config_683731c.json")
   with open(old) as f:
     written_then = json.load(f)
   path = tmp_path / "config.json"
   path.write_text(open(old).read())
-  loop._check_workdir_config(spec_lib.build(tiny_config()), str(tmp_path))  # pylint: disable=protected-access
-  assert json.loads(path.read_text()) == written_then
-  with pytest.raises(ConfigError, match=r"holds a run of a different config \(sections \['tst'\]"):
-    loop._check_workdir_config(spec_lib.build(tiny_config(bag_size=4)), str(tmp_path))  # pylint: disable=protected-access
+  same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
+  loop._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
+  assert json.loads(path.read_text()) == spec_lib.with_added_fields(written_then)  # + new fields
+  for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
+                         (tiny_config(), "data")):          # held out by pieces: another split
+    with pytest.raises(ConfigError, match=rf"a different config \(sections \['{section}'\]"):
+      loop._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access

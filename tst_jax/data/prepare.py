@@ -5,11 +5,14 @@ r"""Tokenize a corpus once into a sharded token store that every run reads in pl
 
 A tokenizer first (a file copied in, or `bpe` trained on the first 64 MB of training text),
 then two passes whose memory does not grow with the corpus:
-  1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) tokenizes its
-     documents into work/in-NNNNN.bin with a per-document index (offset, length, split hash);
-  2. one worker per output shard gathers its documents: those of its split (held out when the
-     document's hash (seed, text) < val_fraction, as `split_documents`) whose seeded bucket
-     hash falls in its range, shuffles them by seed, and writes each followed by EOS.
+  1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) cuts each
+     document into pieces of at most val_piece_bytes (0: whole), holds out a piece when its hash
+     (seed, text) < val_fraction, and tokenizes the held-out pieces and the runs of training
+     pieces between them (`sources.segments`) into work/in-NNNNN.bin with an index (offset,
+     length, split hash);
+  2. one worker per output shard gathers its documents: those of its split (as
+     `split_documents`) whose seeded bucket hash falls in its range, shuffles them by seed,
+     and writes each followed by EOS.
 A split of one shard is exactly the documents of `split_documents(...)` tokenized in memory (the
 tests' reference, tests/reference.py): the documents in
 corpus order permuted by np.random.default_rng(seed). Every file is written under a .tmp name
@@ -47,32 +50,36 @@ _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
 
 
 def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | None = None,
-            seed: int = 0, val_fraction: float = 0.02, max_bytes: int | None = None,
+            seed: int = 0, val_fraction: float = 0.02, val_piece_bytes: int = 0,
+            max_bytes: int | None = None,
             text_field: str = "text", workers: int | None = None,
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
             progress: bool = True) -> str:
   """Writes (or finishes, or finds already written) the store of `source` in `out`."""
   sources_lib.check_val_fraction(val_fraction)
   sources_lib.check_max_bytes(max_bytes)
+  if val_piece_bytes < 0:
+    raise ValueError(f"val_piece_bytes must be >= 0, got {val_piece_bytes}")
   if tokenizer == "bpe" and not vocab_size:
     raise ValueError("tokenizer 'bpe' needs --vocab_size")
   out = os.path.abspath(out)
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
-                 max_bytes=max_bytes, shard_tokens=shard_tokens,
+                 val_piece_bytes=val_piece_bytes, max_bytes=max_bytes, shard_tokens=shard_tokens,
                  tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))
   if _claim(out, request):
     return out
   shards = sources_lib.input_shards(source, text_field)
   budgets = sources_lib.byte_budgets(shards, max_bytes)
   tasks = [(i, s, b) for i, (s, b) in enumerate(zip(shards, budgets)) if b != 0]
-  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, seed, val_fraction, bpe_sample_bytes)
+  split = (seed, val_fraction, val_piece_bytes)
+  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes)
   dtype = store_lib.token_dtype(tok.vocab_size)
   work = os.path.join(out, "work")
   os.makedirs(work, exist_ok=True)
   for name in os.listdir(work):     # half-written files of an interrupted run
     if ".tmp" in name:
       os.remove(os.path.join(work, name))
-  jobs = [(t, tok.path, dtype, seed, val_fraction, work) for t in tasks
+  jobs = [(t, tok.path, dtype, split, work) for t in tasks
           if not os.path.exists(_done_path(work, f"in-{t[0]:05d}"))]
   t0 = time.time()
   with _pool(workers, len(jobs)) as pool:
@@ -151,17 +158,19 @@ def _differs(saved: dict, request: dict) -> str:
   return ", ".join(f"{k}: {saved.get(k)!r} there, {request.get(k)!r} asked" for k in keys)
 
 
-def _get_tokenizer(out, spec, vocab_size, tasks, seed, val_fraction, sample_bytes) -> Tokenizer:
+def _get_tokenizer(out, spec, vocab_size, tasks, split, sample_bytes) -> Tokenizer:
   """The store's tokenizer in `out`: copied from a file, or a BPE trained on the first
-  `sample_bytes` of training documents (never on held-out ones), in corpus order."""
+  `sample_bytes` of training documents (never on held-out pieces), in corpus order;
+  `split` is (seed, val_fraction, val_piece_bytes)."""
   if spec != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
     return get_tokenizer(spec, workdir=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
   for _, shard, budget in tasks:
     for doc in sources_lib.shard_documents(shard, budget):
-      if sources_lib.unit_hash(seed, doc) >= val_fraction:
-        sample.append(doc)
-        size += len(doc.encode("utf-8", errors="surrogatepass"))
+      for text, u in sources_lib.segments(doc, *split):
+        if u >= split[1]:
+          sample.append(text)
+          size += len(text.encode("utf-8", errors="surrogatepass"))
       if size >= sample_bytes:
         break
     if size >= sample_bytes:
@@ -201,24 +210,27 @@ def _done_path(work: str, name: str) -> str:
 
 def _tokenize_shard(job) -> dict:
   """Pass 1 for one input shard: its tokens, a per-document index, then a done marker."""
-  (index, shard, budget), tok_path, dtype, seed, val_fraction, work = job
+  (index, shard, budget), tok_path, dtype, split, work = job
+  val_fraction = split[1]
   tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
   name = os.path.join(work, f"in-{index:05d}")
-  rows, offset, batch, chars, text_bytes = [], 0, [], 0, 0
+  rows, offset, batch, hashes, chars, text_bytes = [], 0, [], [], 0, 0
   with open(name + ".bin.tmp", "wb") as f:
     def flush():
       nonlocal offset
-      for doc, ids in zip(batch, tok.encode_batch(batch)):
-        rows.append((offset, len(ids), sources_lib.unit_hash(seed, doc)))
+      for u, ids in zip(hashes, tok.encode_batch(batch)):
+        rows.append((offset, len(ids), u))
         np.asarray(ids, dtype=dtype).tofile(f)
         offset += len(ids)
     for doc, num_bytes in sources_lib.take(sources_lib.raw_documents(shard), budget):
-      batch.append(doc)
+      for text, u in sources_lib.segments(doc, *split):
+        batch.append(text)
+        hashes.append(u)
       chars += len(doc)
       text_bytes += num_bytes
       if chars >= _ENCODE_CHARS:
         flush()
-        batch, chars = [], 0
+        batch, hashes, chars = [], [], 0
     flush()
   table = np.array(rows, dtype=_INDEX)
   with open(name + ".idx.tmp", "wb") as f:
@@ -377,7 +389,10 @@ def main(argv=None) -> int:
   p.add_argument("--tokenizer", default="bpe", help="bpe | tokenizer.json | .model")
   p.add_argument("--vocab_size", type=int, default=None, help="ids of a bpe tokenizer")
   p.add_argument("--seed", type=int, default=0, help="held-out split and document order")
-  p.add_argument("--val_fraction", type=float, default=0.02, help="documents held out")
+  p.add_argument("--val_fraction", type=float, default=0.02, help="pieces held out")
+  p.add_argument("--val_piece_bytes", type=int, default=0,
+                 help="held-out split: documents cut into pieces of at most this many bytes "
+                      "(0: whole documents; small corpora: e.g. 2048, docs/data.md)")
   p.add_argument("--max_bytes", type=int, default=None, help="read at most this much text")
   p.add_argument("--text_field", default="text", help="JSONL field / Parquet column")
   p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
@@ -388,7 +403,8 @@ def main(argv=None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
   try:
     out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                  seed=args.seed, val_fraction=args.val_fraction, max_bytes=args.max_bytes,
+                  seed=args.seed, val_fraction=args.val_fraction,
+                  val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
                   text_field=args.text_field, workers=args.workers,
                   shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes)
   except ValueError as e:

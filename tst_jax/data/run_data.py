@@ -28,7 +28,8 @@ class DataSpec:
   tokenizer: str       # bpe | a tokenizer.json | a SentencePiece .model | "" (a store's own)
   max_bytes: int       # of text read (0: all)
   text_field: str      # the JSONL field / Parquet column of each document
-  val_fraction: float  # of documents held out
+  val_fraction: float  # of the corpus held out
+  val_piece_bytes: int  # held out by pieces of <= this many bytes (0: whole documents)
   seed: int            # of the split, document order and BPE: data.seed, else the run's seed
   seq_len: int         # L
   batch_size: int      # B, global rows
@@ -164,5 +165,5 @@ def store_request(d: DataSpec, model_vocab: int) -> dict:
   """What a run's prepared store depends on: the arguments of `prepare.prepare` (all but the
   folder). Runs with equal requests can share one store (the sweep does)."""
   return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.seed,
-              val_fraction=d.val_fraction, max_bytes=d.max_bytes or None,
-              text_field=d.text_field)
+              val_fraction=d.val_fraction, val_piece_bytes=d.val_piece_bytes,
+              max_bytes=d.max_bytes or None, text_field=d.text_field)

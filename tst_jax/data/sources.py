@@ -1,5 +1,5 @@
 """Text corpora by name, streamed per input shard (text, JSONL, Parquet, builtin, tfds, seqio),
-and the held-out split by document hash."""
+and the held-out split by the hash of each document's pieces."""
 
 from __future__ import annotations
 
@@ -121,25 +121,84 @@ def check_max_bytes(max_bytes: int | None):
     raise ValueError(f"max_bytes must be positive, got {max_bytes}")
 
 
-def split_documents(docs: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_documents(docs: list[str], val_fraction: float, seed: int, piece_bytes: int = 0
+                    ) -> tuple[list[str], list[str]]:
   """Splits `docs` into (train, val), each in the original order.
 
-  A document goes to val when a stable hash of (seed, its content) falls below
-  `val_fraction`, so the split does not depend on the corpus order or size and identical
-  documents land on the same side. With val_fraction > 0 and >= 2 documents, each side
-  gets at least one document (the extreme hash is moved over).
+  Each document is cut into pieces (`pieces`; whole with piece_bytes=0), and a piece goes to
+  val when a stable hash of (seed, its document, its place in it) falls below `val_fraction`
+  (`segments`), so the split does not depend on the corpus order or size and identical
+  documents land on the same side. A held-out
+  piece is one val document; the training pieces between them are joined back into one
+  training document (`segments`). With val_fraction > 0 and >= 2 such documents, each side
+  gets at least one (the extreme hash is moved over).
   """
   check_val_fraction(val_fraction)
-  u = np.array([unit_hash(seed, d) for d in docs], dtype=np.float64)
+  parts = [seg for d in docs for seg in segments(d, seed, val_fraction, piece_bytes)]
+  u = np.array([h for _, h in parts], dtype=np.float64)
   is_val = u < val_fraction
-  if val_fraction > 0 and len(docs) >= 2:
+  if val_fraction > 0 and len(parts) >= 2:
     if not is_val.any():
       is_val[np.argmin(u)] = True
     if is_val.all():
       is_val[np.argmax(u)] = False
-  train = [d for d, v in zip(docs, is_val) if not v]
-  val = [d for d, v in zip(docs, is_val) if v]
+  train = [d for (d, _), v in zip(parts, is_val) if not v]
+  val = [d for (d, _), v in zip(parts, is_val) if v]
   return train, val
+
+
+def pieces(doc: str, piece_bytes: int) -> list[str]:
+  """`doc` cut at line ends into pieces of at most `piece_bytes` UTF-8 bytes (a longer line is
+  cut every piece_bytes characters); [doc] when piece_bytes is 0 or doc fits in one piece.
+  The pieces concatenate back to doc."""
+  if not piece_bytes or len(doc) <= piece_bytes // 4 or _nbytes(doc) <= piece_bytes:
+    return [doc]
+  out, current, size = [], [], 0
+  for line in doc.splitlines(keepends=True):
+    for k in range(0, len(line), piece_bytes):
+      part = line[k:k + piece_bytes]
+      n = _nbytes(part)
+      if current and size + n > piece_bytes:
+        out.append("".join(current))
+        current, size = [], 0
+      current.append(part)
+      size += n
+  if current:
+    out.append("".join(current))
+  return out
+
+
+def segments(doc: str, seed: int, val_fraction: float, piece_bytes: int
+             ) -> list[tuple[str, float]]:
+  """(text, hash) of the documents `doc` gives the split: each held-out piece alone (hash <
+  val_fraction), each run of consecutive training pieces joined (the least hash of the run).
+  A document of one piece keeps its hash unit_hash(seed, doc). Piece k of a longer one hashes
+  (seed, sha256 of the document, k), not its text: a piece repeated across many files (the
+  stdlib's codec tables) is then held out in ~val_fraction of them, as the training stream
+  holds it, rather than all or none of its copies (which made the demo's held-out split a
+  nat easier than its training split)."""
+  parts = pieces(doc, piece_bytes)
+  if len(parts) == 1:
+    return [(doc, unit_hash(seed, doc))]
+  digest = hashlib.sha256(doc.encode("utf-8", errors="surrogatepass")).hexdigest()
+  out, run, run_u = [], [], 1.0
+  for k, part in enumerate(parts):
+    u = unit_hash(seed, f"{digest}\0{k}")
+    if u < val_fraction:
+      if run:
+        out.append(("".join(run), run_u))
+      out.append((part, u))
+      run, run_u = [], 1.0
+    else:
+      run.append(part)
+      run_u = min(run_u, u)
+  if run:
+    out.append(("".join(run), run_u))
+  return out if len(out) > 1 else [(doc, out[0][1])]
+
+
+def _nbytes(text: str) -> int:
+  return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def check_val_fraction(val_fraction: float):

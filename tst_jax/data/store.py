@@ -21,7 +21,8 @@ from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 FORMAT = "tst-jax token store"
-VERSION = 1
+VERSION = 2              # 2: the held-out split may cut documents (request.val_piece_bytes)
+READS = (1, 2)           # a version-1 store is a whole-document split: val_piece_bytes 0
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 
@@ -51,11 +52,13 @@ def read_manifest(directory: str) -> dict:
     raise DataError(f"{path} is not valid JSON ({e})") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
     raise DataError(f"{path} is not a {FORMAT} manifest")
-  if manifest.get("version") != VERSION:
+  if manifest.get("version") not in READS:
     raise DataError(f"{path} has format version {manifest.get('version')}, this tst-jax reads "
-                    f"version {VERSION}: prepare the store again with this version")
+                    f"versions {READS}: prepare the store again with this version")
   if manifest.get("fingerprint") != fingerprint(manifest):
     raise DataError(f"{path} was edited after it was written (its fingerprint does not match)")
+  if manifest["version"] == 1:    # written before pieces: its split held out whole documents
+    manifest["request"].setdefault("val_piece_bytes", 0)
   return manifest
 
 

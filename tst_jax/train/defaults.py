@@ -33,7 +33,9 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.data.max_bytes = 0              # read at most this many bytes of text (0: all)
   c.data.text_field = "text"        # the JSONL field / Parquet column holding each document
   c.data.tokenizer = "bpe"          # bpe (trained once, kept with the store) | tokenizer.json | .model
-  c.data.val_fraction = 0.02        # fraction of documents held out for eval (never trained on)
+  c.data.val_fraction = 0.02        # fraction of the corpus held out for eval (never trained on)
+  c.data.val_piece_bytes = 2048     # held out by pieces of <= this many bytes cut at line ends, so
+  #   a small corpus's held-out set is many pieces, not ~2% of its files (0: whole documents)
   c.data.seed = -1                  # held-out split, document order, BPE (-1: the run's seed)
   c.data.seq_len = 128              # L: positions the model sees (latent length in phase 1)
   c.data.batch_size = 16            # B: rows per step (global, across all devices)
@@ -49,6 +51,8 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.tst.variant = "mce"             # mce (the paper's) | alt (-log of the bag's probability)
   c.tst.equal_flops = "seq"         # seq: data length S*L (paper) | batch: S x the rows
   c.tst.reinit_at_switch = False    # re-initialise embedding and head at the switch (ablation)
+  c.tst.schedule = ""               # phase 1's stages: '' one (the hard switch) | halve (S, S/2,
+  #   ... 2) | 'S1,S2,...'; equal steps and FLOPs per step each, then ntp (docs/results.md)
 
   c.loss = ml_collections.ConfigDict()
   c.loss.impl = "naive"             # naive (logits) | xla (chunked) | pallas | auto
@@ -104,6 +108,7 @@ def paper_base_config(family: str, preset: str) -> ml_collections.ConfigDict:
   c.data.tokenizer = ""             # the Llama-3 tokenizer.json (128,256 tokens); "" with tokens:
   c.data.eval_batches = 16
   c.data.val_fraction = 0.001
+  c.data.val_piece_bytes = 0        # web-scale corpora: whole documents held out
   c.model.dtype = "bfloat16"        # bf16 compute, float32 master weights
   c.model.remat = "save_dots"
   c.loss.impl = "auto"              # fused linear + MCE: no [N, V] logits
@@ -123,8 +128,9 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   """Sets the arm named by `arg`, every config file's `:arg` (in place, also returned): a comma
   list of 'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
   'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
-  (superposition at one end only), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k'
-  (total steps). `name` is the config file, for the error message."""
+  (superposition at one end only), 'smooth' (phase 1 in stages of S, S/2, ... 2:
+  tst.schedule='halve'), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k' (total steps).
+  `name` is the config file, for the error message."""
   for part in arms(arg):
     if part == "tst":
       continue
@@ -134,6 +140,8 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       c.tst.reinit_at_switch = True
     elif part in ("input_only", "output_only"):
       c.tst.mode = part
+    elif part == "smooth":
+      c.tst.schedule = "halve"
     elif part[0] == "s" and part[1:].isdigit():
       c.tst.bag_size = int(part[1:])
     elif part[0] == "r" and _is_float(part[1:]):
@@ -142,7 +150,7 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       c.train.steps = int(part[:-1]) * 1000
     else:
       raise ValueError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
-                       "reinit, input_only, output_only, s<S>, r<ratio>, <N>k")
+                       "reinit, input_only, output_only, smooth, s<S>, r<ratio>, <N>k")
   return c
 
 

@@ -250,9 +250,10 @@ class Setup:
     self.save(state, phase.first_step, force=True)
     self.checkpoints.wait()
     state, meta = self.checkpoints.restore(phase.first_step, self.abstract_state)
-    reinit = self.spec.tst.reinit_at_switch
+    reinit = self.spec.tst.reinit_at_switch and not phase.is_tst   # at the switch to ntp
     console.print(f"phase switch at step {phase.first_step}: restored the {meta['phase']} "
                   f"checkpoint, now {phase.name}"
+                  + (f" S={phase.bag_size}" if phase.is_tst else "")
                   + (" with a fresh embedding and LM head (reinit_at_switch)" if reinit else ""))
     return self.reinit_embedding_and_head(state) if reinit else state
 
@@ -391,7 +392,7 @@ def _check_workdir_config(spec, workdir: str):
   if os.path.exists(path):
     try:
       with open(path) as f:
-        saved = json.load(f)
+        saved = spec_lib.with_added_fields(json.load(f))   # a run written before a field
     except (ValueError, UnicodeDecodeError) as e:
       raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                       "run: restore it, or use another --workdir") from None

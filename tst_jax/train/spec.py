@@ -9,6 +9,7 @@ the rest of a run reads: the model's config dataclass, the plan, the data settin
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -21,7 +22,7 @@ from tst_jax.data.run_data import DataSpec, check_paths as check_data_paths
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.superposition import MODES
-from tst_jax.train.plan import EQUAL_FLOPS, Plan, make_plan
+from tst_jax.train.plan import EQUAL_FLOPS, Plan, bag_schedule, make_plan
 
 
 def _integer(lo: int, hi: int | None = None):
@@ -58,6 +59,7 @@ FIELDS = {
     "data.max_bytes": _integer(0),
     "data.tokenizer": _STR,
     "data.val_fraction": _number(0, 1, open_lo=True, open_hi=True),
+    "data.val_piece_bytes": _integer(0),
     "data.seq_len": _integer(1),
     "data.batch_size": _integer(1),
     "data.eval_batches": _integer(1),
@@ -68,6 +70,7 @@ FIELDS = {
     "tst.variant": _one_of(losses.VARIANTS),
     "tst.equal_flops": _one_of(EQUAL_FLOPS),
     "tst.reinit_at_switch": _BOOL,
+    "tst.schedule": _STR,
     "loss.impl": _one_of(platform.LOSS_IMPLS),
     "optimizer.lr": _number(0, open_lo=True),
     "optimizer.b1": _number(0, 1, open_hi=True),
@@ -135,6 +138,7 @@ class TstSpec:
   variant: str             # mce | alt
   equal_flops: str         # seq | batch
   reinit_at_switch: bool   # the randomisation ablation
+  schedule: str            # phase 1's stages: '' (one) | halve | 'S1,S2,...' (plan.bag_schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +197,24 @@ class DistributedSpec:
   cpu_devices: int
   timeout_s: int
   heartbeat_timeout_s: int
+
+
+# Fields added after runs were written, with the value that reproduces such a run: a config
+# (or a workdir's config.json) without one ran with it.
+ADDED_FIELDS = {"tst.schedule": "", "data.val_piece_bytes": 0}
+
+
+def with_added_fields(config):
+  """`config` (a ConfigDict, or config.json's dict) with every ADDED_FIELDS entry it lacks."""
+  for field, value in ADDED_FIELDS.items():
+    section, name = field.split(".")
+    if section in config and name not in config[section]:
+      if isinstance(config, dict):
+        config[section][name] = value
+      else:
+        with config.unlocked():
+          config[section][name] = value
+  return config
 
 
 def _section(cls, config, name: str):
@@ -262,6 +284,7 @@ class RunSpec:
 def check(config) -> RunSpec:
   """Check every field of the run config and their combinations, before anything is built;
   the first problem is a ConfigError naming the field. Nothing here touches a device."""
+  config = with_added_fields(copy.deepcopy(config))
   for field, (ok, must) in FIELDS.items():
     section, _, name = field.rpartition(".")
     node = config[section] if section else config
@@ -280,13 +303,18 @@ def check(config) -> RunSpec:
   _check_rules(config.logical_axis_rules)
   tst, data, opt = config.tst, config.data, config.optimizer
   try:
-    losses.bag_weights(tst.weighting, tst.bag_size)
-  except (ValueError, TypeError) as e:
-    raise ConfigError("tst.weighting", str(e)) from None
-  if tst.equal_flops == "batch" and tst.mode != "output_only":
-    _require(data.seq_len % tst.bag_size == 0, "data.seq_len",
-             f"{data.seq_len} must be divisible by tst.bag_size {tst.bag_size} when "
-             "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
+    stages = bag_schedule(tst)
+  except ValueError as e:
+    raise ConfigError("tst.schedule", str(e)) from None
+  for s in stages:
+    try:
+      losses.bag_weights(tst.weighting, s)
+    except (ValueError, TypeError) as e:
+      raise ConfigError("tst.weighting", str(e)) from None
+    if tst.equal_flops == "batch" and tst.mode != "output_only":
+      _require(data.seq_len % s == 0, "data.seq_len",
+               f"{data.seq_len} must be divisible by tst.bag_size {s} when "
+               "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
   _require(data.batch_size % opt.grad_accum == 0, "optimizer.grad_accum",
            f"{opt.grad_accum} must divide data.batch_size {data.batch_size}")
   if data.tokenizer == "bpe":
