@@ -13,6 +13,33 @@ Shape letters, one meaning each in every file (`hidden_BxLxD`, `targets_NxS`, `#
   R  assignments padded to whole blocks  C  rows of one tile / block (kernels, MoE)
 
 Counts that are not array dimensions get words: `total_steps`, `top_k`, `stream_len`.
+
+The names below are the public API for a training loop of your own (docs/api.md): the
+superposed embedding, the phase views and bag targets, the MCE loss family and the switch.
 """
 
+from tst_jax.losses import (
+    bag_weights,
+    cross_entropy,
+    linear_mce_loss,
+    mce_loss,
+    mce_loss_per_position,
+)
+from tst_jax.superposition import (
+    IGNORE_INDEX,
+    bag_targets,
+    data_length,
+    fold,
+    ntp_view,
+    superpose,
+    switch_to_next_token,
+    tst_view,
+    window_targets,
+)
+
 __version__ = "0.1.0"
+__all__ = [
+    "IGNORE_INDEX", "bag_targets", "bag_weights", "cross_entropy", "data_length", "fold",
+    "linear_mce_loss", "mce_loss", "mce_loss_per_position", "ntp_view", "superpose",
+    "switch_to_next_token", "tst_view", "window_targets",
+]

@@ -7,9 +7,11 @@ Everything here is a pure array transformation; the trainer picks one by `tst.mo
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 IGNORE_INDEX = -100
+IO_PARAMS = ("embed", "lm_head")   # the input and output layers: what TST trains differently
 MODES = ("full", "input_only", "output_only")   # tst.mode: the phase-1 views
 PHASE_MODES = ("ntp",) + MODES                  # a phase's mode: ntp reads plain tokens
 
@@ -103,3 +105,19 @@ def tst_view(window_BxW, bag_size: int, mode: str = "full",
   if mode == "output_only":
     return inputs_BxT, window_targets(labels_BxT, bag_size, ignore_index)
   raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
+
+
+def switch_to_next_token(tree, fresh=None, io_params=IO_PARAMS):
+  """The phase switch on a parameter or optimizer-state pytree.
+
+  The paper keeps everything: the embedding and LM head trained on bags carry TST's gain into
+  next-token training, so this returns `tree` itself; phase 2 only changes the batches
+  (`ntp_view`) and the loss (`cross_entropy`). With `fresh` (a newly initialised tree of the
+  same structure) it is the paper's randomisation ablation: the leaves under a key named in
+  `io_params` come from `fresh`, every other leaf from `tree`.
+  """
+  if fresh is None:
+    return tree
+  def take(path, old, new):
+    return new if any(str(getattr(k, "key", "")) in io_params for k in path) else old
+  return jax.tree_util.tree_map_with_path(take, tree, fresh)

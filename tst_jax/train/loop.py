@@ -19,6 +19,7 @@ import numpy as np
 
 from tst_jax import data as data_lib
 from tst_jax import fileio, trained_run
+from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib, xla_flags
@@ -262,13 +263,8 @@ class Setup:
     moments) at the start of phase 2."""
     fresh = step_lib.init_state(self.model_cfg, self.tx, self.spec.seed + 1, self.mesh,
                                 self.rules)
-
-    def take_io(old, new):   # the embedding and head leaves of `new`, the rest of `old`
-      is_io = lambda path: any(str(getattr(k, "key", "")) in ("embed", "lm_head") for k in path)
-      return jax.tree_util.tree_map_with_path(lambda path, o, n: n if is_io(path) else o,
-                                              old, new)
-    return state.replace(params=take_io(state.params, fresh.params),
-                         opt_state=take_io(state.opt_state, fresh.opt_state))
+    return state.replace(params=sp.switch_to_next_token(state.params, fresh.params),
+                         opt_state=sp.switch_to_next_token(state.opt_state, fresh.opt_state))
 
   def evaluate(self, params) -> float:
     """Held-out next-token loss (nats/token) on the same validation windows every time."""
