@@ -4,6 +4,7 @@ import csv
 import inspect
 import json
 import os
+import subprocess
 import statistics
 
 import pytest
@@ -26,18 +27,18 @@ def test_points_share_a_store_exactly_when_its_prepare_arguments_agree():
   TST fields do not change the store; the held-out fraction, data seed, tokenizer and
   vocabulary do."""
   base = tiny_config()
-  key = sweep._data_key(base)
+  key = sweep.data_key(base)
   same = [dict(data=dict(seq_len=64, batch_size=8, eval_batches=3)),
           dict(bag_size=8, ratio=0.25, tst=dict(mode="input_only"))]
   other = [dict(data=dict(val_fraction=0.2)), dict(data=dict(seed=7)),
            dict(data=dict(max_bytes=1000)), dict(data=dict(tokenizer="/t/tokenizer.json")),
            dict(model=dict(vocab_size=1024))]
-  assert all(sweep._data_key(tiny_config(**f)) == key for f in same)
-  assert all(sweep._data_key(tiny_config(**f)) != key for f in other)
+  assert all(sweep.data_key(tiny_config(**f)) == key for f in same)
+  assert all(sweep.data_key(tiny_config(**f)) != key for f in other)
   pinned = tiny_config(data=dict(seed=0))     # data.seed set: the run's seed no longer counts
   reseeded = tiny_config(data=dict(seed=0))
   reseeded.seed = 1
-  assert sweep._data_key(pinned) == sweep._data_key(reseeded) == key
+  assert sweep.data_key(pinned) == sweep.data_key(reseeded) == key
   arguments = set(inspect.signature(prepare_lib.prepare).parameters)
   assert set(run_data.store_request(spec_lib.check(base).data, 512)) <= arguments
 
@@ -157,12 +158,12 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     tmp_path, monkeypatch, capsys):
   args = ["--config", CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
           "--workdir", str(tmp_path), "--set", "data.seed=0", *FAST]
-  envs, real_run = [], sweep.subprocess.run
+  envs, real_run = [], subprocess.run
 
   def run(cmd, **kwargs):
     envs.append(kwargs["env"])
     return real_run(cmd, **kwargs)
-  monkeypatch.setattr(sweep.subprocess, "run", run)
+  monkeypatch.setattr(subprocess, "run", run)
   assert sweep.main(args) == 0
   out = capsys.readouterr().out
   names = ["baseline_seed0", "baseline_seed1", "tst_seed0", "tst_seed1"]
@@ -195,7 +196,7 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
   # recorded, the table keeps the finished arms.
   failing = tmp_path / "fail.py"
   failing.write_text("import sys; sys.exit('boom')\n")
-  monkeypatch.setattr(sweep, "_MAIN", str(failing))
+  monkeypatch.setattr(sweep.run, "_MAIN", str(failing))
   args[args.index("baseline,tst")] = "baseline,tst,r0.25"
   assert sweep.main(args) == 1
   out = capsys.readouterr().out

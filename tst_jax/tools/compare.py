@@ -163,6 +163,11 @@ def _f(x, fmt=".4f"):
   return "--" if x is None else format(x, fmt)
 
 
+def report_head(title: str, command: str = "") -> list[str]:
+  """A markdown report's first lines: its title, then the command that made it."""
+  return [f"# {title}", ""] + (["```", command, "```", ""] if command else [])
+
+
 def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | final eval loss |",
            "|---|---|---|---|---|---|---|"]
@@ -385,9 +390,7 @@ def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), comm
   arms, per_run = summarize_arms(runs, order) if runs else ([], [])
   fileio.write_json(paths["json"],
                     dict(command=command, arms=arms, runs=per_run, failed=list(failed)))
-  lines = ["# TST arms against the equal-FLOPs baseline", ""]
-  if command:
-    lines += ["```", command, "```", ""]
+  lines = report_head("TST arms against the equal-FLOPs baseline", command)
   lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with n - 1). "
             "Each run is compared with the baseline (r = 0) of its seed with the most FLOPs: "
             "Δ is the run's loss minus that baseline's at the same FLOPs (negative: TST is "

@@ -4,6 +4,7 @@
 import ml_collections
 
 from tst_jax import models
+from tst_jax.errors import ConfigError
 
 # Logical axis -> mesh axes. The first matching rule wins; a mesh axis is used once per array.
 LOGICAL_AXIS_RULES = (
@@ -149,7 +150,7 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
     elif part.endswith("k") and part[:-1].isdigit():
       c.train.steps = int(part[:-1]) * 1000
     else:
-      raise ValueError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
+      raise ConfigError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
                        "reinit, input_only, output_only, smooth, s<S>, r<ratio>, <N>k")
   return c
 

@@ -1,0 +1,131 @@
+r"""Run a grid of TST configs, or named arms, point by point (resumable) and tabulate them.
+
+  python -m tst_jax.tools.sweep --config configs/demo.py --workdir W \
+      --grid "tst.ratio=0.1,0.3,0.5;tst.bag_size=2,4,6,8" --include_baseline --seeds 0,1
+  python -m tst_jax.tools.sweep --config configs/gpu_small.py --workdir W \
+      --arms baseline,tst,reinit,s8+r0.5 --seeds 0,1 --parallel 4
+
+Each point trains in W/<name> (in this process, or `python main.py` with --subprocess or
+--parallel N, N at a time); a point whose summary.json holds the requested steps is skipped,
+an interrupted one resumes from its checkpoint, a failed one is recorded and the others go on.
+The tables cover every finished point under W (so later, smaller sweeps into the same W add
+rows), rewritten after each point. A grid gives W/sweep.csv, W/sweep.md and
+W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean difference to
+the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
+config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
+to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.compare), and the
+figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per prepare request (a store
+in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
+all points share a persistent XLA cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+
+from tst_jax.tools.sweep.points import Point, make_arm_points, make_points, resolve
+from tst_jax.tools.sweep.report import collect, write_arm_reports, write_reports
+from tst_jax.tools.sweep.run import (compilation_cache, data_key, prepare_shared_data,
+                                     run_point)
+
+__all__ = ["Point", "data_key", "main", "make_arm_points", "make_points", "resolve"]
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m tst_jax.tools.sweep", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")
+  p.add_argument("--grid", default="", help="'key=v1,v2;key2=w1,w2': the cartesian product")
+  p.add_argument("--arms", default="",
+                 help="comma list of config args, one point per arm and seed, parts joined by "
+                      "'+' (baseline,tst,s8+r0.5): results.{json,md} and figure-2 curves")
+  p.add_argument("--workdir", required=True, help="one subdirectory per point, tables here")
+  p.add_argument("--include_baseline", action="store_true",
+                 help="also run r = 0 (plain next-token training, same FLOPs) per seed")
+  p.add_argument("--seeds", default=None, help="comma list, e.g. 0,1,2 (default: the config's)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override applied to every point (repeatable), read as main.py reads "
+                      "--config.KEY=VALUE")
+  p.add_argument("--subprocess", action="store_true",
+                 help="train each point with `python main.py` instead of in this process")
+  p.add_argument("--parallel", type=int, default=1, metavar="N",
+                 help="train N points at once as subprocesses (sharing one accelerator: each "
+                      "may use 0.9/N of its memory)")
+  p.add_argument("--compilation_cache", default="",
+                 help="persistent XLA cache shared by the points (default: JAX's configured "
+                      "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
+                      "each other's compiled steps")
+  p.add_argument("--dry_run", action="store_true", help="list the points and exit")
+  p.add_argument("--verbosity", type=int, default=0,
+                 help="1: tracebacks of user errors too (else one 'error:' line)")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  args = parse_args(argv)
+  os.makedirs(args.workdir, exist_ok=True)
+  if args.seeds:
+    seeds = [int(s) for s in args.seeds.split(",")]
+  else:
+    seeds = [int(resolve(args.config, args.set)[0].seed)]
+  arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+  if arms and (args.grid or args.include_baseline):
+    raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
+  points = make_arm_points(arms, seeds) if arms else make_points(args.grid, seeds,
+                                                                 args.include_baseline)
+  if not points:
+    raise SystemExit("no points: give --arms, or --grid and/or --include_baseline")
+  # Every point's config, before anything runs: a misspelt arm or override fails here.
+  configs = [resolve(p.config_spec(args.config), p.overrides(args.set))[0] for p in points]
+  if args.dry_run:
+    for point in points:
+      print(point.name, point.config_spec(args.config), " ".join(point.overrides(args.set)))
+    return 0
+  cache = args.compilation_cache
+  import jax
+  if not cache:
+    cache = jax.config.jax_compilation_cache_dir or os.path.join(args.workdir, ".jax_cache")
+  if (cache != "none" and any(c.mesh.expert not in (0, 1) for c in configs)
+      and jax.default_backend() == "cpu"):
+    # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
+    # persistent cache (docs/distributed.md); compiling it afresh is correct.
+    print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
+    cache = "none"
+  command = "python -m tst_jax.tools.sweep " + " ".join(
+      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
+
+  def report() -> dict:
+    if arms:
+      return write_arm_reports(args.workdir, command, arms)
+    return write_reports(args.workdir, collect(args.workdir), command)
+
+  status = {}
+  with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
+    for config in {data_key(c): c for c in configs}.values():
+      prepare_shared_data(args.workdir, config)      # tokenize once, before any point runs
+    if args.parallel > 1:
+      # Subprocesses on one accelerator: each may grow to its share of the memory.
+      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                 XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / args.parallel:.3f}")
+      with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        futures = {pool.submit(run_point, args, p, i + 1, len(points), env): p
+                   for i, p in enumerate(points)}
+        for future in concurrent.futures.as_completed(futures):
+          status[futures[future].name] = future.result()
+          if status[futures[future].name] == "done":
+            report()                                   # partial results after each point
+    else:
+      for i, point in enumerate(points):
+        status[point.name] = run_point(args, point, i + 1, len(points))
+        if status[point.name] == "done":
+          report()
+  paths = report()
+  print(open(paths["md"]).read())
+  failed = [p.name for p in points if status[p.name] == "failed"]
+  if failed:
+    print(f"failed points: {failed}", file=sys.stderr)
+  return 1 if failed else 0

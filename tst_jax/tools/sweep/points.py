@@ -1,0 +1,59 @@
+"""A sweep's points: a grid of config overrides or named arms, times seeds, each a run."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from tst_jax import configlib
+from tst_jax.train import spec as spec_lib
+
+POINT_FILE = "sweep_point.json"   # a point's record in its directory: status, arm, seed, times
+RATIO, BAG = "tst.ratio", "tst.bag_size"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  name: str
+  grid: dict            # this point's grid values, key -> string
+  seed: int
+  baseline: bool
+  arm: str = ""         # a config arg ('+' for ','), for --arms
+
+  def config_spec(self, config: str) -> str:
+    """'path[:arg]' plus this point's arm: configs/x.py:s8,r0.5."""
+    if not self.arm:
+      return config
+    path, _, arg = config.partition(":")
+    return f"{path}:{','.join(filter(None, [arg, self.arm.replace('+', ',')]))}"
+
+  def overrides(self, base: list[str]) -> list[str]:
+    """--set overrides, then the grid's, then the seed (and r = 0 for the baseline)."""
+    extra = [f"{RATIO}=0.0"] if self.baseline else []
+    return [*base, *(f"{k}={v}" for k, v in self.grid.items()), *extra, f"seed={self.seed}"]
+
+
+def make_points(grid: str, seeds: list[int], include_baseline: bool) -> list[Point]:
+  points = []
+  for seed in seeds:
+    if include_baseline:
+      points.append(Point(f"baseline_seed{seed}", {}, seed, True))
+    for overrides in configlib.parse_grid(grid) if grid.strip() else []:
+      values = dict(configlib.parse_override(o) for o in overrides)
+      parts = [f"{k.split('.')[-1]}{v}" for k, v in values.items()] + [f"seed{seed}"]
+      points.append(Point(re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join(parts)), values, seed,
+                          False))
+  return points
+
+
+def make_arm_points(arms: list[str], seeds: list[int]) -> list[Point]:
+  """Arm-major: every seed of the first arm, then the next arm (so with --parallel the first
+  arms, e.g. baseline and tst, finish first)."""
+  return [Point(re.sub(r"[^A-Za-z0-9._-]+", "-", f"{arm}_seed{seed}"), {}, seed, False, arm)
+          for arm in arms for seed in seeds]
+
+
+def resolve(config_spec: str, overrides: list[str]):
+  """(config, plan) of 'path[:arg]' with `overrides` applied, checked."""
+  config = configlib.apply_overrides(configlib.load_config(config_spec), overrides)
+  return config, spec_lib.check(config).plan

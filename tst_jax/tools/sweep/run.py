@@ -1,0 +1,175 @@
+"""Running a sweep's points: in this process or as `python main.py` subprocesses, resumable,
+on one tokenized corpus per prepare request, with a persistent XLA cache shared by all."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+from tst_jax import configlib, errors, fileio
+from tst_jax.data import run_data
+from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
+from tst_jax.train import loop, spec as spec_lib
+
+_MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "main.py")
+
+
+def finished(point_dir: str, steps: int) -> bool:
+  """True when the run in `point_dir` completed `steps` steps; a run that completed another
+  number of steps is an error (its checkpoints belong to another plan)."""
+  path = os.path.join(point_dir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    done = json.load(f)["steps"]
+  if done != steps:
+    raise RuntimeError(f"{point_dir} finished {done} steps but this sweep asks for {steps}: "
+                       "use another --workdir")
+  return final_eval(point_dir, steps) is not None
+
+
+def final_eval(point_dir: str, steps: int) -> float | None:
+  """The held-out loss of the eval line written at the last step (metrics.jsonl)."""
+  path = os.path.join(point_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    evals = [r for r in map(json.loads, filter(str.strip, f)) if "eval_loss" in r]
+  last = [r["eval_loss"] for r in evals if r["step"] == steps]
+  return last[-1] if last else None
+
+
+def run_point(args, point: Point, index: int, total: int, env=None) -> str:
+  """Trains one point unless it is finished; returns 'done', 'skipped' or 'failed'."""
+  point_dir = os.path.join(args.workdir, point.name)
+  overrides = point.overrides(args.set)
+  spec = point.config_spec(args.config)
+  config, plan = resolve(spec, overrides)
+  if finished(point_dir, config.train.steps):
+    print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
+    return "skipped"
+  os.makedirs(point_dir, exist_ok=True)
+  phases = plan.phases
+  if not config.data.source.startswith("tokens:"):   # a tokens: store is read where it is
+    link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
+  meta = dict(name=point.name, config=spec, overrides=overrides, grid=point.grid, arm=point.arm,
+              seed=point.seed, baseline=point.baseline, data_key=data_key(config),
+              r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
+              S=phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(), status="running")
+  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+  print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
+  t0 = time.time()
+  try:
+    if args.subprocess or args.parallel > 1:
+      cmd = [sys.executable, _MAIN, "--config", spec, "--workdir", point_dir,
+             *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
+               map(configlib.parse_override, overrides))]
+      with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    else:
+      loop.run(config, point_dir)
+  except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
+    meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
+    fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+    line = errors.one_line(e)        # a user error: its one line, else the traceback
+    print(line, file=sys.stderr) if line and not args.verbosity else traceback.print_exc()
+    print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
+    return "failed"
+  meta.update(status="done", wall_s=time.time() - t0)
+  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+  print(f"[{index}/{total}] {point.name}: final eval loss "
+        f"{final_eval(point_dir, plan.total_steps):.4f} ({meta['wall_s']:.0f} s)", flush=True)
+  return "done"
+
+
+@contextlib.contextmanager
+def compilation_cache(path: str | None):
+  """A persistent XLA cache at `path` for the points of this sweep (and their subprocesses):
+  points that compile the same step (same S, same shapes) load it instead of compiling."""
+  if path is None:
+    yield
+    return
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  before = (jax.config.jax_compilation_cache_dir, os.environ.get("JAX_COMPILATION_CACHE_DIR"))
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  cc.set_cache_dir(path)
+  cc.reset_cache()          # an earlier compile in this process may have decided "no cache"
+  try:
+    yield
+  finally:
+    cc.set_cache_dir(before[0])
+    cc.reset_cache()
+    if before[1] is None:
+      os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    else:
+      os.environ["JAX_COMPILATION_CACHE_DIR"] = before[1]
+
+
+def shared_data_dir(workdir: str, config) -> str:
+  return os.path.join(workdir, "data_" + hashlib.sha256(data_key(config).encode()).hexdigest()[:12])
+
+
+def prepare_shared_data(workdir: str, config):
+  """Prepares the token store of `config`'s data (with its BPE tokenizer) once, in
+  W/data_<key>/data (the trainer's own prepare_data), for every point with the same data to
+  link; a `tokens:` store needs nothing."""
+  if config.data.source.startswith("tokens:"):
+    return
+  path = shared_data_dir(workdir, config)
+  done = os.path.join(path, "prepared.json")
+  if not os.path.exists(done):
+    t0 = time.time()
+    spec = spec_lib.check(config)
+    spec.check_paths()
+    data = run_data.prepare_data(spec.data, path, config.model.vocab_size, block=(0, 1))
+    fileio.write_json(done, dict(data_key=data_key(config), train_tokens=len(data.train),
+                           val_tokens=len(data.val), seconds=time.time() - t0))
+    print(f"data prepared once in {path}: {len(data.train):,} training tokens "
+          f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def link_prepared_data(source: str, point_dir: str):
+  """Hard-links the prepared token store (shards, manifest, tokenizer) into a fresh point's
+  <point>/data, where the trainer finds it as its own (the files are never written again;
+  copies only across filesystems). The trainer checks the manifest."""
+  store, target = os.path.join(source, "data"), os.path.join(point_dir, "data")
+  if os.path.exists(target) or not os.path.exists(os.path.join(store, "manifest.json")):
+    return
+  os.makedirs(target + ".tmp", exist_ok=True)
+  for name in os.listdir(store):
+    dst = os.path.join(target + ".tmp", name)
+    if not os.path.exists(dst):
+      _link_or_copy(os.path.join(store, name), dst)
+  os.replace(target + ".tmp", target)
+
+
+def _link_or_copy(src: str, dst: str):
+  try:
+    os.link(src, dst)
+  except OSError:
+    shutil.copyfile(src, dst)
+
+
+def data_key(config) -> str:
+  """What the prepared store of a run depends on (not seq_len or batch_size: points that
+  differ only in those share one store)."""
+  return json.dumps(run_data.store_request(spec_lib.check(config).data,
+                                           config.model.vocab_size), sort_keys=True)
+
+
+def _cli_value(config, dotted: str) -> str:
+  value = config
+  for name in dotted.split("."):
+    value = value[name]
+  return str(value)
+
+
