@@ -2,7 +2,7 @@
 
 `python main.py --config configs/llama_3b.py --mode plan --config.mesh.fsdp=64
 --accelerator=b200` builds the run's mesh over that many (CPU) devices, lowers and compiles the
-same jitted train step the loop runs (`step.make_train_step` + `step.jit_step`) from abstract
+same jitted train step the loop runs (`step.make_train_step` + `step.JitStep`) from abstract
 arrays (`jax.ShapeDtypeStruct` with shardings: nothing is allocated), and prints per device:
 parameters and optimizer state (exact, from the shapes and shardings), the activations the
 backward pass keeps at the config's remat (exact, the residuals JAX saves, over the batch
