@@ -67,7 +67,8 @@ def losses_are_finite_nonnegative_and_zero_when_all_ignored(case):
   for variant in ("mce", "alt"):
     value, grad = jax.value_and_grad(lambda z: losses.mce_loss(z, targets,
                                                                variant=variant))(logits)
-    assert np.isfinite(value) and value >= 0 and np.all(np.isfinite(grad))
+    # >= 0 up to float32 rounding (TOLERANCE): a bag holding the whole vocabulary gives -2e-7
+    assert np.isfinite(value) and value >= -TOLERANCE["atol"] and np.all(np.isfinite(grad))
     if (targets == -100).all():
       assert value == 0
   # MCE-alt is never above MCE: -log sum p <= mean(-log p) over the same (distinct) bag.

@@ -16,30 +16,41 @@ Counts that are not array dimensions get words: `total_steps`, `top_k`, `stream_
 
 The names below are the public API for a training loop of your own (docs/api.md): the
 superposed embedding, the phase views and bag targets, the MCE loss family and the switch.
+They load on first use, so `import tst_jax` (and every `tst_jax.<module>` import, which runs
+this file first) stays free of JAX for the processes that need none: prepare's workers, compare.
 """
 
-from tst_jax.losses import (
-    bag_weights,
-    cross_entropy,
-    linear_mce_loss,
-    mce_loss,
-    mce_loss_per_position,
-)
-from tst_jax.superposition import (
-    IGNORE_INDEX,
-    bag_targets,
-    data_length,
-    fold,
-    ntp_view,
-    superpose,
-    switch_to_next_token,
-    tst_view,
-    window_targets,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = [
-    "IGNORE_INDEX", "bag_targets", "bag_weights", "cross_entropy", "data_length", "fold",
-    "linear_mce_loss", "mce_loss", "mce_loss_per_position", "ntp_view", "superpose",
-    "switch_to_next_token", "tst_view", "window_targets",
-]
+
+_EXPORTS = {
+    "tst_jax.superposition": ("IGNORE_INDEX", "bag_targets", "data_length", "fold", "ntp_view",
+                              "superpose", "switch_to_next_token", "tst_view",
+                              "window_targets"),
+    "tst_jax.losses": ("bag_weights", "cross_entropy", "linear_mce_loss", "mce_loss",
+                       "mce_loss_per_position"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOME)
+
+if TYPE_CHECKING:
+  from tst_jax.losses import (bag_weights, cross_entropy, linear_mce_loss, mce_loss,
+                              mce_loss_per_position)
+  from tst_jax.superposition import (IGNORE_INDEX, bag_targets, data_length, fold, ntp_view,
+                                     superpose, switch_to_next_token, tst_view, window_targets)
+
+
+def __getattr__(name):
+  if name not in _HOME:   # `from tst_jax import losses` then imports the submodule
+    raise AttributeError(f"module 'tst_jax' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_HOME[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)
