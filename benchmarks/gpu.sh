@@ -8,7 +8,8 @@
 #    forward+backward: naive, xla and pallas, S=1 and S=6 (benchmarks/loss_tiles.py).
 # 3. The train step (benchmarks/step.py, 16 x 2048): the 270M config with every default
 #    (both phases), then each knob flipped; the 600M config; the 10B-A1B MoE's layer shapes
-#    at 4 layers with each expert implementation.
+#    at 4 layers with each expert implementation; configs/qwen3_moe_gpu_small.py's two phases;
+#    the grouped GEMM alone (benchmarks/grouped_matmul.py).
 # docs/performance.md holds the numbers of a run, with the device, versions and date.
 set -u
 OUT_DIR=${1:-${OUT:-gpu_bench}}
@@ -43,7 +44,15 @@ step $M270 --phase ntp --config.model.remat=none
 step $M270 --phase ntp --config.model.remat=full
 step configs/llama_600m.py --phase ntp
 step configs/llama_600m.py --phase ntp --config.model.remat=full
-for impl in ragged blocked; do
+# MoE: the 10B-A1B layer shapes (4 of 32 layers, 8 x 2048) with each expert implementation
+# (gmm: tokamax's kernels when installed, pip install -e '.[gpu]'), the one-GPU recipe's two
+# phases, and the grouped GEMM alone at the expert shapes (D 1024, F 768, 128 experts).
+for impl in ragged gmm blocked; do
   step configs/qwen3_moe_10b_a1b.py --phase ntp --config.model.n_layers=4 \
       --config.data.batch_size=8 --config.model.expert_impl=$impl
 done
+for impl in gmm blocked; do
+  timeout 300 python3 benchmarks/step.py --config configs/qwen3_moe_gpu_small.py --phase both \
+      --steps 6 --warmup 1 --config.model.expert_impl=$impl 2>&1 | log
+done
+timeout 300 python3 benchmarks/grouped_matmul.py 2>&1 | log

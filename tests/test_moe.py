@@ -55,7 +55,7 @@ def _twin_layers(starve: bool, norm_topk_prob: bool, impl: str = "ragged"):
   return cfg, ragged, dense, x_BxLxD
 
 
-@pytest.mark.parametrize("impl", ["ragged", "blocked"])
+@pytest.mark.parametrize("impl", ["ragged", "gmm", "blocked"])
 @pytest.mark.parametrize("starve,norm_topk_prob", [(False, True), (True, True), (False, False)])
 def test_grouped_matches_dense_values_and_grads(starve, norm_topk_prob, impl):
   cfg, ragged, dense, x_BxLxD = _twin_layers(starve, norm_topk_prob, impl)

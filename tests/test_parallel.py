@@ -126,7 +126,7 @@ def test_mesh_trains_like_one_device(mesh, family, grad_accum, loss_impl, refere
   assert len(losses) == 6 and np.all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize("impl", ["ragged", "blocked"])
+@pytest.mark.parametrize("impl", ["ragged", "gmm", "blocked"])
 @pytest.mark.parametrize("mesh,batch_axes", [
     ((4, 1, 1, 2), ("data", "fsdp", "expert")),   # tokens split over experts: gather, scatter
     ((1, 2, 2, 2), ("data", "fsdp", "expert")),   # and expert weights split over tensor

@@ -132,12 +132,13 @@ def test_workdir_of_another_config_refuses_to_resume(tmp_path):
   assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
-def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path):
+@pytest.mark.parametrize("expert_impl", ["auto", "gmm"])
+def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
   from tst_jax.train.defaults import base_config
   config = tiny_config(steps=16, ratio=0.25)
   moe = base_config("qwen3_moe", "tiny_moe").model
   moe.update(vocab_size=512, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffw_dim=64,
-             n_experts=4, n_experts_per_token=2, moe_ffw_dim=32)
+             n_experts=4, n_experts_per_token=2, moe_ffw_dim=32, expert_impl=expert_impl)
   with config.unlocked():
     config.model = moe
   config.optimizer.lr = 1e-2

@@ -14,9 +14,11 @@ import dataclasses
 
 import jax
 
+from tst_jax.kernels import grouped_matmul
+
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
-EXPERT_IMPLS = ("auto", "ragged", "blocked", "dense")
+EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
 
 # loss.impl=auto, from measurements at the paper's shapes (N=16384, D=2048, V=128256, bf16):
 # H100 forward+backward pallas 63 ms, xla 74 ms, naive 81 ms (pallas also fastest in the
@@ -67,8 +69,21 @@ def loss_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
   return _LOSS.get(_platform(platform), _LOSS["tpu"])
 
 
+def grouped_matmul_backend(platform: str | None = None) -> tuple[str, str]:
+  """(xla | tokamax, the reason): the grouped GEMM under `model.expert_impl=gmm`."""
+  platform = _platform(platform)
+  if platform == "gpu" and grouped_matmul.tokamax_available():
+    return "tokamax", ("tokamax.ragged_dot's Mosaic GPU / Triton kernels: XLA's GPU ragged_dot "
+                       "expands to dense (not yet measured against blocked: docs/performance.md)")
+  return "xla", (f"jax.lax.ragged_dot on {platform}" + (
+      "; pip install 'tst-jax[gpu]' for tokamax's kernels" if platform == "gpu" else ""))
+
+
 def expert_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
-  """(ragged | blocked | dense, the reason) for `model.expert_impl`."""
+  """(ragged | gmm | blocked | dense, the reason) for `model.expert_impl`."""
+  if requested == "gmm":
+    backend, why = grouped_matmul_backend(platform)
+    return requested, f"set in the config; grouped GEMM backend {backend}: {why}"
   if requested != "auto":
     return requested, "set in the config"
   return _EXPERTS.get(_platform(platform), _EXPERTS["tpu"])

@@ -25,6 +25,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from tst_jax import platform
+from tst_jax.kernels import grouped_matmul
 from tst_jax.errors import ConfigError
 from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
@@ -40,8 +41,9 @@ class MoEConfig(llama.LlamaConfig):
   router_z_loss_coef: float = 0.0    # weight of mean(logsumexp(router logits)^2)
   mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
   decoder_sparse_step: int = 1       # layer i is sparse iff (i + 1) % step == 0 (and not above)
-  expert_impl: str = "auto"          # ragged: grouped matmul | blocked: row blocks | dense: all
-                                     # experts (reference) | auto: tst_jax.platform
+  expert_impl: str = "auto"          # ragged: lax.ragged_dot | gmm: grouped GEMMs in the
+                                     # backward too (tokamax on GPU) | blocked: row blocks |
+                                     # dense: all experts (reference) | auto: tst_jax.platform
 
   def __post_init__(self):
     super().__post_init__()
@@ -132,6 +134,18 @@ def _swiglu(matmul, x, gate, up, down):
   return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
 
 
+def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """Sort the N·P assignments by expert (one argsort), gather their rows once, three grouped
+  matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then unsort and combine."""
+  k = ids_NxP.shape[1]
+  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, gate_ExDxF.shape[0])
+  x_AxD = jnp.take(x_NxD, order_A // k, axis=0)
+  y_AxD = _swiglu(lambda a, w: matmul(a, w, sizes_E), x_AxD, gate_ExDxF, up_ExDxF, down_ExFxD)
+  # Rows past the groups (other shards' experts) are left undefined by grouped GEMMs.
+  y_AxD = jnp.where((sorted_A < gate_ExDxF.shape[0])[:, None], y_AxD, 0)
+  return _combine(y_AxD, order_A, weights_NxP)
+
+
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
   """Dropless experts: sort the N·P assignments by expert, three grouped matmuls, unsort.
 
@@ -139,16 +153,22 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
   grouped-GEMM backend does N·P rows of work whatever E is. TPU lowers ragged_dot natively; on
   GPU set `jax_ragged_dot_use_gpu_pallas_triton_lowering` (or XLA's cuDNN ragged-dot fusion),
   otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does
-  (there, `experts_blocked` is the one whose cost follows the active parameters).
+  (there, `experts_blocked` is the one whose cost follows the active parameters). Its
+  gradients are JAX's own transposes of ragged_dot; `experts_gmm` writes them as grouped GEMMs.
   """
-  k = ids_NxP.shape[1]
-  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, gate_ExDxF.shape[0])
-  x_AxD = jnp.take(x_NxD, order_A // k, axis=0)
-  y_AxD = _swiglu(lambda a, w: jax.lax.ragged_dot(a, w, sizes_E), x_AxD,
-                  gate_ExDxF, up_ExDxF, down_ExFxD)
-  # Rows past the groups (other shards' experts) are left undefined by grouped GEMMs.
-  y_AxD = jnp.where((sorted_A < gate_ExDxF.shape[0])[:, None], y_AxD, 0)
-  return _combine(y_AxD, order_A, weights_NxP)
+  return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
+                         up_ExDxF, down_ExFxD)
+
+
+def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+                backend: str | None = None):
+  """Dropless experts on `kernels.grouped_matmul`: the forward and both gradients (dX per
+  group, dW as one per-expert xᵀ·dy reduction) are grouped GEMMs, with no [A, E] array and no
+  padding of the groups. `backend` (default: `platform.grouped_matmul_backend`): tokamax's
+  Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
+  backend = backend or platform.grouped_matmul_backend()[0]
+  return _experts_sorted(lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend),
+                         x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
 
 
 def block_rows(assignments: int, n_experts: int) -> int:
@@ -207,7 +227,8 @@ def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
   return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
 
 
-EXPERTS = {"ragged": experts_ragged, "blocked": experts_blocked, "dense": experts_dense}
+EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_blocked,
+           "dense": experts_dense}
 
 
 def expert_fn(impl: str):
