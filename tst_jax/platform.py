@@ -14,9 +14,9 @@ import dataclasses
 
 import jax
 
-from tst_jax.kernels import grouped_matmul
+from tst_jax.kernels import grouped_matmul, splash_attention
 
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
 EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
 
@@ -43,6 +43,9 @@ def attention_impl(requested: str | None, dtype: str, head_dim: int,
   if requested not in (None, "auto"):
     return requested, "set in the config"
   platform = _platform(platform)
+  if platform == "tpu":
+    return "xla", ("XLA attention on tpu: splash (Pallas TPU kernels, attention_impl=splash) is "
+                   "not yet measured faster on a TPU")
   if platform != "gpu":
     return "xla", f"XLA attention on {platform}"
   why_not = cudnn_unavailable(dtype, head_dim, platform)
@@ -60,6 +63,15 @@ def cudnn_unavailable(dtype: str, head_dim: int, platform: str | None = None) ->
   if head_dim > 128 or head_dim % 8:
     return f"cuDNN flash attention needs head_dim <= 128 and % 8 == 0, got {head_dim}"
   return None
+
+
+def splash_unavailable(lengths, platform: str | None = None) -> str | None:
+  """Why splash attention cannot run here over sequences of these L (None: it can)."""
+  platform = _platform(platform)
+  if platform != "tpu":
+    return f"splash attention runs Pallas TPU kernels, this is {platform}"
+  odd = sorted({n for n in lengths if splash_attention.block_for(n) is None})
+  return f"splash attention needs L a multiple of 128, got {odd}" if odd else None
 
 
 def loss_impl(requested: str, platform: str | None = None) -> tuple[str, str]:

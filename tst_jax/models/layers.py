@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from tst_jax import platform
+from tst_jax.kernels import splash_attention
 from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
 
@@ -125,7 +126,11 @@ class Attention(nnx.Module):
       impl, _ = platform.attention_impl(self.cfg.attention_impl, jnp.dtype(dt).name,
                                         self.cfg.head_dim)
       with jax.named_scope("attention"):   # the step profile's category (tools/step_profile)
-        out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        if impl == "splash":               # Pallas TPU kernels: no [L, L] scores
+          out_BxLxHxG = splash_attention.causal_attention(q, k, v)
+        else:
+          out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                     implementation=impl)
       return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), None
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
     start_B = positions_BxL[:, 0]

@@ -35,7 +35,7 @@ class LlamaConfig:
   norm_eps: float = 1e-5
   tie_embeddings: bool = False
   dtype: str = "float32"           # compute dtype; parameters stay float32
-  attention_impl: str = "auto"     # auto | xla | cudnn (tst_jax.platform resolves auto)
+  attention_impl: str = "auto"     # auto | xla | cudnn | splash (TPU) (platform resolves auto)
   remat: str = "none"              # none | full | save_dots
   init_std: float = 0.02
 

@@ -268,6 +268,9 @@ class RunSpec:
     if self.model.attention_impl == "cudnn":
       why_not = platform.cudnn_unavailable(self.model.dtype, self.model.head_dim)
       _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
+    if self.model.attention_impl == "splash":
+      why_not = platform.splash_unavailable([p.latent_seq_len for p in self.plan.phases])
+      _require(why_not is None, "model.attention_impl", f"'splash': {why_not}; use 'auto'")
     sizes = mesh_lib.mesh_shape(self.mesh, num_devices)
     _require(sizes["data"] % self.mesh.dcn_data == 0, "mesh.dcn_data",
              f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")

@@ -1,0 +1,65 @@
+"""model.attention_impl=splash: JAX's Pallas splash-attention kernels (TPU). On CPU they run
+interpreted against XLA attention (values and gradients, grouped-query heads), and the
+model's train step lowers for TPU from this CPU host; elsewhere the config is refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from tests.tiny import tiny_config
+from tst_jax import models, platform
+from tst_jax.errors import ConfigError
+from tst_jax.kernels import splash_attention
+from tst_jax.train import spec as spec_lib, step as step_lib
+
+
+@pytest.mark.parametrize("length,heads,kv_heads", [(128, 4, 2), (256, 2, 1)])
+def test_interpreted_kernels_match_xla_attention(length, heads, kv_heads):
+  keys = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(keys[0], (2, length, heads, 64))
+  k, v = (jax.random.normal(kk, (2, length, kv_heads, 64)) for kk in keys[1:3])
+  cotangent = jax.random.normal(keys[3], q.shape)
+
+  def loss(attend, q, k, v):
+    return jnp.sum(attend(q, k, v) * cotangent)
+
+  xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  splash = lambda q, k, v: splash_attention.causal_attention(q, k, v, interpret=True)
+  np.testing.assert_allclose(jax.jit(splash)(q, k, v), xla(q, k, v), atol=2e-5, rtol=1e-4)
+  got = jax.jit(jax.grad(lambda *a: loss(splash, *a), argnums=(0, 1, 2)))(q, k, v)
+  want = jax.grad(lambda *a: loss(xla, *a), argnums=(0, 1, 2))(q, k, v)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_the_train_step_lowers_for_tpu_from_this_host():
+  """Both phases' steps of a tiny Llama with attention_impl=splash, lowered (not compiled)
+  for TPU: the attention becomes Mosaic TPU custom calls."""
+  config = tiny_config(data=dict(seq_len=128), model=dict(attention_impl="splash"))
+  spec = spec_lib.check(config)
+  graphdef, _ = step_lib.abstract_model(spec.model)
+  tx = optax.adamw(1e-3)
+  state = jax.eval_shape(step_lib.init_fn(spec.model, tx), jax.random.key(0))
+  for phase in spec.plan.phases:
+    train_step = jax.jit(step_lib.make_train_step(graphdef, step_lib.loss_fn(phase, spec.loss),
+                                                  tx, optax.constant_schedule(1e-3)))
+    window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32)
+    text = train_step.trace(state, window).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") >= 3, phase.name    # forward, dq, dkv
+
+
+def test_splash_is_refused_off_tpu_and_auto_keeps_xla_on_tpu():
+  config = tiny_config(data=dict(seq_len=128), model=dict(attention_impl="splash"))
+  with pytest.raises(ConfigError, match="model.attention_impl: 'splash': splash attention runs "
+                     "Pallas TPU kernels, this is cpu") as e:
+    spec_lib.build(config, num_devices=1)
+  assert e.value.field == "model.attention_impl"
+  assert "multiple of 128, got [100]" in platform.splash_unavailable([128, 100], "tpu")
+  assert platform.splash_unavailable([512, 128], "tpu") is None
+  impl, reason = platform.attention_impl("auto", "bfloat16", 128, "tpu")
+  assert impl == "xla" and "splash" in reason
+  model = models.build(spec_lib.check(tiny_config()).model, nnx.Rngs(0))
+  assert model is not None   # the default model still builds with the new import

@@ -1,0 +1,51 @@
+"""Causal grouped-query attention through JAX's Pallas splash-attention kernels (TPU).
+
+Letters: B rows, L positions, H query heads, K kv heads, G head dim. The kernels take one
+example and one kv head at a time: queries [H/K, L, G] against keys and values [L, G]
+(`make_splash_mqa`), with a causal mask processed once into block tables; `causal_attention`
+maps them over B and K. They skip the fully masked blocks and never hold [L, L] scores, as
+MaxText's TPU default does. `interpret=True` runs the same kernels on CPU (Pallas' TPU
+interpreter): what the tests check against XLA attention.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+BLOCKS = (512, 256, 128)   # rows of a q / kv tile: the largest that divides L is used
+
+
+def block_for(length: int) -> int | None:
+  """The splash tile for L positions, or None when L is no multiple of 128."""
+  return next((b for b in BLOCKS if length % b == 0), None)
+
+
+@functools.lru_cache(maxsize=16)
+def _kernel(length: int, group: int, interpret: bool):
+  """The causal MQA kernel for L positions and H/K query heads per kv head (mask tables are
+  built once per shape, in numpy)."""
+  b = block_for(length)
+  if b is None:
+    raise ValueError(f"splash attention needs L a multiple of {BLOCKS[-1]}, got {length}")
+  sizes = kernel.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                            block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
+                            block_kv_dq=b)
+  mask = masks.MultiHeadMask([masks.CausalMask((length, length))] * group)
+  with jax.ensure_compile_time_eval():   # concrete tables, though first built inside a trace
+    return kernel.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+
+def causal_attention(q_BxLxHxG, k_BxLxKxG, v_BxLxKxG, *, interpret: bool = False):
+  """softmax(q kᵀ / sqrt(G), causal) v -> [B, L, H, G]; query head h reads kv head h // (H/K),
+  as jax.nn.dot_product_attention does."""
+  b, length, h, g = q_BxLxHxG.shape
+  k = k_BxLxKxG.shape[2]
+  attend = _kernel(length, h // k, interpret)
+  q_BxKxQxLxG = (q_BxLxHxG * g ** -0.5).reshape(b, length, k, h // k, g).transpose(0, 2, 3, 1, 4)
+  out = jax.vmap(jax.vmap(attend))(q_BxKxQxLxG, k_BxLxKxG.transpose(0, 2, 1, 3),
+                                   v_BxLxKxG.transpose(0, 2, 1, 3))        # [B, K, H/K, L, G]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, length, h, g)
