@@ -10,6 +10,13 @@ Hardware: 64 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all device
   python main.py --config configs/llama_3b.py:20k \
       --config.data.source=tokens:/data/tok/dclm-llama3 --workdir /gcs/bucket/llama_3b_tst
   baseline arm (same FLOPs, r = 0): --config configs/llama_3b.py:20k,baseline
+One GPU (docs/performance.md, "Will a run fit?"): the fit check estimates 54.1 GB per H100 at
+16 x 2048 rows per step with full remat (113 GB with the config's save_dots), so on one H100
+  python main.py --config configs/llama_3b.py:20k --config.model.remat=full \
+      --config.optimizer.grad_accum=64 --config.data.source=tokens:/data/tok/dclm-llama3 ...
+keeps the paper's 1024-row batch as 64 micro-batches of 16 (step time and MFU to be measured:
+benchmarks/gpu.sh). Its fit check, --mode plan --accelerator=h100 --config.mesh.fsdp=1, says
+54.07 GB per phase (params 13.35, grads 13.35, Adam 26.70, activations 0.67; CPU, 2026-11-24).
 
 Expected final loss (paper, DCLM): baseline 2.808 (20k), 2.677 (36k), 2.640 (50k); TST 2.676.
 Table 1 data tokens at 20k steps: TST 75B (phase 1) + 30B = 105B; baseline 42B.
