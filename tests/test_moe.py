@@ -220,15 +220,20 @@ def test_through_the_hf_dispatcher(hf_checkpoint, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ FLOPs, causality, sizes
 
 def _matmul_flops(jaxpr) -> float:
-  """Multiply-add FLOPs of dot_general and ragged_dot_general (each row through one group)."""
+  """Multiply-add FLOPs of dot_general and ragged_dot_general (each row through one group).
+  A ragged contraction (the grouped weight gradient, out [E, I, O] from rows split into E
+  groups) does each row once: its out·rows product is divided by the E groups."""
   total = 0.0
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in ("dot_general", "ragged_dot_general"):
       lhs = eqn.invars[0].aval
-      dims = eqn.params.get("dimension_numbers") or eqn.params[
-          "ragged_dot_dimension_numbers"].dot_dimension_numbers
+      ragged = eqn.params.get("ragged_dot_dimension_numbers")
+      dims = eqn.params.get("dimension_numbers") or ragged.dot_dimension_numbers
       contract = math.prod(lhs.shape[i] for i in dims[0][0])
-      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * contract
+      groups = 1
+      if ragged is not None and set(ragged.lhs_ragged_dimensions) & set(dims[0][0]):
+        groups = eqn.invars[2].aval.shape[0]     # group sizes [E]
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * contract / groups
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       total += _matmul_flops(sub)
   return total
@@ -277,6 +282,28 @@ def test_ragged_program_does_active_matmul_work():
   assert counted[32] - counted[8] == 2 * n_tokens * SMALL["dim"] * (32 - 8)
   k = SMALL["n_experts_per_token"]    # router, K·(gate, up, down), the top-k weighted sum
   assert counted[8] == 2 * n_tokens * SMALL["dim"] * (8 + k * 3 * SMALL["moe_ffw_dim"] + k)
+
+
+def test_gmm_program_does_active_matmul_work_forward_and_backward():
+  """expert_impl=gmm, differentiated: the grouped GEMMs of the forward (3), dX (3) and dW (3,
+  each a ragged contraction over the rows) all see the N·K sorted rows whatever E is; as E
+  grows 4x only the router's three matmuls (forward, dX, dW) grow. XLA:CPU compiles ragged_dot
+  to a masked dense matmul, so this counts the program a grouped-GEMM backend runs."""
+  x_BxLxD = jnp.ones((4, 32, SMALL["dim"]))
+  n, d, f = 4 * 32, SMALL["dim"], SMALL["moe_ffw_dim"]
+  k = SMALL["n_experts_per_token"]
+  counted = {}
+  for e in (8, 32):
+    cfg = moe.MoEConfig(**{**SMALL, "n_experts": e}, expert_impl="gmm")
+    layer, state = _split_call(_random(lambda: moe.SparseMoE(cfg, dtype=jnp.float32,
+                                                             rngs=nnx.Rngs(0))))
+    train = jax.grad(lambda st, x: jnp.sum(layer(st, x)[0] ** 2), argnums=(0, 1))
+    counted[e] = _matmul_flops(jax.make_jaxpr(train)(state, x_BxLxD).jaxpr)
+  assert counted[32] - counted[8] == 3 * 2 * n * d * (32 - 8)
+  experts = 3 * 2 * (n * k) * 3 * d * f           # 3 GEMMs, each forward + dX + dW
+  router = 3 * 2 * n * d * 8
+  combine = 3 * 2 * n * d * k                      # the top-k weighted sum and its gradients
+  assert counted[8] == experts + router + combine
 
 
 def test_bags_run_and_are_causal_by_gradients():
