@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from tests.tiny import tiny_config
@@ -116,6 +117,7 @@ def test_flags_only_for_multi_gpu_without_user_flags(platform, devices, env, wan
 def test_apply_reads_the_machine_without_starting_a_backend(monkeypatch):
   """nvidia-smi's GPUs, JAX_PLATFORMS, the process count and the mesh decide; with the
   backend already started (as here) nothing is written, and the line says so."""
+  jax.devices()   # started here too when this test runs alone
   assert xla_flags.local_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
   assert xla_flags.local_gpus({}, "0,1,2") == 3   # distributed.local_device_ids
   monkeypatch.setattr(xla_flags, "local_gpus", lambda environ, ids="": 8)
@@ -127,6 +129,22 @@ def test_apply_reads_the_machine_without_starting_a_backend(monkeypatch):
   assert not xla_flags.apply(mesh(fsdp=1), DIST, 1, environ={}).flags   # one device
   assert xla_flags.run_devices(mesh(), 8, 2) == 16 and xla_flags.run_devices(
       mesh(fsdp=4), 8, 1) == 4
+
+
+def test_a_fit_check_on_a_gpu_host_sets_no_gpu_flags(monkeypatch, capsys):
+  """--accelerator compiles on emulated CPU devices: on a host with 8 GPUs and the CUDA plugin
+  the plan adds no XLA_FLAGS (GPU flags would be set for a CPU compile)."""
+  monkeypatch.setattr(xla_flags, "local_gpus", lambda environ, ids="": 8)
+  monkeypatch.setattr(xla_flags, "_cuda_plugin", lambda: True)
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  jax.devices()   # the backend has started, as in the test process's other plans
+  config = tiny_config(steps=4)
+  config.mesh.update(data=1, fsdp=2)
+  assert xla_flags.apply(spec_lib.check(config).mesh, DIST, 1 << 20, environ={}).flags   # a run
+  loop.run(config, "", mode="plan", accelerator="h100")
+  assert capsys.readouterr().out.startswith("XLA_FLAGS: none added (cpu")
+  assert "XLA_FLAGS" not in os.environ
 
 
 def test_flags_reach_xla_before_the_backend_starts():

@@ -134,11 +134,13 @@ def process_count(distributed_cfg, environ) -> int:
   return 1
 
 
-def apply(mesh_cfg, distributed_cfg, layer_bytes: int, environ=os.environ) -> Decision:
+def apply(mesh_cfg, distributed_cfg, layer_bytes: int, environ=os.environ,
+          platform: str | None = None) -> Decision:
   """Decide and, for a multi-GPU run, set environ["XLA_FLAGS"]. Call it before anything
-  starts a JAX backend (after that it is too late and nothing is set)."""
+  starts a JAX backend (after that it is too late and nothing is set). `platform`: the one
+  this process will use, where the caller has chosen it (default: read from the machine)."""
   gpus = local_gpus(environ, distributed_cfg.local_device_ids)
-  platform = run_platform(environ, gpus)
+  platform = platform or run_platform(environ, gpus)
   local = gpus if platform == "gpu" else 1
   decision = decide(environ, platform=platform, layer_bytes=layer_bytes,
                     num_devices=run_devices(mesh_cfg, local, process_count(distributed_cfg,

@@ -46,7 +46,8 @@ def run(config, workdir: str, mode: str = "train", accelerator: str = "") -> dic
   if accelerator:
     fit.emulate_devices(fit.mesh_devices(checked.mesh))   # CPU devices, before JAX starts
   flags = xla_flags.apply(checked.mesh, checked.distributed,   # XLA reads them as it starts
-                          fit.layer_param_bytes(checked.model))
+                          fit.layer_param_bytes(checked.model),
+                          platform="cpu" if accelerator else None)   # the fit compiles on CPU
   distributed.initialize(checked.distributed)  # before anything touches a device
   spec = checked.on_platform()            # what `auto` means here, printed and recorded
   if mode == "plan":
