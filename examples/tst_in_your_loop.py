@@ -1,6 +1,6 @@
 """TST in your own Flax NNX + optax loop, with none of tst_jax's trainer: only its public API.
 
-  python examples/tst_in_your_loop.py     # a tiny causal LM on bytes of the stdlib, CPU, ~1 min
+  python examples/tst_in_your_loop.py     # a tiny causal LM on bytes of the stdlib, CPU, seconds
 
 Phase 1 reads windows of S·L + 1 tokens, averages each bag of S embeddings into one of L
 positions and scores the next bag with the MCE; phase 2 reads L + 1 tokens and is plain

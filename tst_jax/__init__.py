@@ -16,8 +16,8 @@ Counts that are not array dimensions get words: `total_steps`, `top_k`, `stream_
 
 The names below are the public API for a training loop of your own (docs/api.md): the
 superposed embedding, the phase views and bag targets, the MCE loss family and the switch.
-They load on first use, so `import tst_jax` (and every `tst_jax.<module>` import, which runs
-this file first) stays free of JAX for the processes that need none: prepare's workers, compare.
+They load on first use, so `import tst_jax` itself (which every `tst_jax.<module>` import runs
+first) imports no JAX: a module that needs none pays for none.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def data_length(latent_len: int, bag_size: int, mode: str) -> int:
 
 def _check_mode(mode: str) -> None:
   if mode not in PHASE_MODES:
-    raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
+    raise ValueError(f"a phase's mode must be one of {PHASE_MODES}, got {mode!r}")
 
 
 def ntp_view(window_BxW):

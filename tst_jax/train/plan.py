@@ -113,7 +113,7 @@ class Plan:
 
   def data_start(self, phase: Phase) -> int:
     """Stream position where `phase` starts: right where the previous phases stopped (each
-    reads steps x B x T tokens, as data.stream_position)."""
+    reads steps x B x T tokens). The one home of a phase's start in the stream."""
     earlier = self.phases[:self.phases.index(phase)]
     return sum(p.steps * p.data_tokens_per_step for p in earlier)
 
