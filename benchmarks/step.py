@@ -22,9 +22,9 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from tst_jax.parallel import mesh as mesh_lib, xla_flags
+from tst_jax.parallel import xla_flags
 from tst_jax.tools import step_profile
-from tst_jax.train import fit, optim, spec as spec_lib, step as step_lib
+from tst_jax.train import fit, spec as spec_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")
@@ -60,17 +60,9 @@ def build(config, phase_name, devices=None):
   phase = next((p for p in plan.phases if p.name == phase_name), None)
   if phase is None:
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
-  model_cfg, rules = spec.model, spec.rules
-  mesh = mesh_lib.make_mesh(spec.mesh, devices)
-  tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
-  graphdef, _ = step_lib.abstract_model(model_cfg)
-  _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  loss_fn = step_lib.loss_fn(phase, spec.loss)
-  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
-  train_step = step_lib.JitStep(
-      step_lib.make_train_step(graphdef, loss_fn, tx, schedule, spec.optimizer.grad_accum),
-      shardings, batch_sharding, mesh, rules)
-  return spec, phase, model_cfg, mesh, rules, tx, train_step, batch_sharding
+  layout = step_lib.Layout.of(spec, devices)
+  return (spec, phase, spec.model, layout.mesh, spec.rules, layout.tx, layout.train_step(phase),
+          layout.batch_sharding)
 
 
 def bench_phase(config, phase_name, devices=None) -> dict:

@@ -48,10 +48,7 @@ def train_losses(config, workdir, init=None):
     state = jax.device_put(init, run.shardings)
   losses, firsts = [], []
   for phase in plan.phases:
-    loss_fn = step_lib.loss_fn(phase, config.loss)
-    step = step_lib.JitStep(step_lib.make_train_step(run.graphdef, loss_fn, run.tx,
-                                                      run.schedule),
-                             run.shardings, run.batch_sharding, run.mesh, run.rules)
+    step = run.train_step(phase)     # the loop's step: the run's loss and grad_accum
     batches = run.batches(phase, phase.first_step)
     batch = next(batches)
     firsts.append(batch)

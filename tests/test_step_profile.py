@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.tools import step_profile
-from tst_jax.train import optim, spec as spec_lib, step as step_lib
+from tst_jax.train import spec as spec_lib, step as step_lib
 
 
 def traced_step(phase_name, **mesh):
@@ -16,17 +15,12 @@ def traced_step(phase_name, **mesh):
   spec = spec_lib.check(config)
   plan = spec.plan
   phase = next(p for p in plan.phases if p.name == phase_name)
-  model_cfg, rules = spec.model, spec.rules
-  mesh = mesh_lib.make_mesh(spec.mesh)
-  tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
-  graphdef, _ = step_lib.abstract_model(model_cfg)
-  _, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  batch = mesh_lib.batch_sharding(mesh, rules, 2)
-  step = step_lib.JitStep(step_lib.make_train_step(graphdef, step_lib.loss_fn(phase, spec.loss),
-                                                   tx, schedule), shardings, batch, mesh, rules)
-  state = step_lib.init_state(model_cfg, tx, 0, mesh, rules)
+  layout = step_lib.Layout.of(spec)
+  step = layout.train_step(phase)
+  state = step_lib.init_state(spec.model, layout.tx, 0, layout.mesh, spec.rules)
   window = jax.device_put(np.random.default_rng(0).integers(
-      0, model_cfg.vocab_size, (phase.batch_size, phase.window), dtype=np.int32), batch)
+      0, spec.model.vocab_size, (phase.batch_size, phase.window), dtype=np.int32),
+      layout.batch_sharding)
   for _ in range(2):   # compiled and warm
     state, _ = step(state, window)
   return step, jax.block_until_ready(state), window

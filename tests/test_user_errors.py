@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.tiny import tiny_config
 from tst_jax import configlib, models
 from tst_jax.errors import ConfigError, UserError
-from tst_jax.parallel import mesh as mesh_lib
-from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
+from tst_jax.train import spec as spec_lib, step as step_lib
 
 
 def _leaves(config, prefix=""):
@@ -103,18 +102,13 @@ def _apply(config, picks) -> bool:
 def _layout_and_trace(spec):
   """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
-  tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
-  mesh = mesh_lib.make_mesh(spec.mesh)
-  graphdef, _ = step_lib.abstract_model(spec.model)
-  abstract, shardings = step_lib.state_shardings(spec.model, tx, mesh, spec.rules)
-  batch_sharding = mesh_lib.batch_sharding(mesh, spec.rules, 2)
-  loop._check_parallel(  # pylint: disable=protected-access
-      spec, batch_sharding, abstract, shardings)
+  layout = step_lib.Layout.of(spec)
+  layout.check()
   for phase in spec.plan.phases:
-    loss_fn = step_lib.loss_fn(phase, spec.loss)
-    train_step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule,
-                                          spec.optimizer.grad_accum)
-    jax.eval_shape(train_step, abstract,
+    train_step = step_lib.make_train_step(
+        layout.graphdef, step_lib.loss_fn(phase, spec.loss), layout.tx, layout.schedule,
+        spec.optimizer.grad_accum)
+    jax.eval_shape(train_step, layout.abstract,
                    jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
 
 

@@ -108,13 +108,14 @@ def process_batch_block(sharding: NamedSharding) -> tuple[int, int]:
   return first // len(rows), count
 
 
-def check_batch(batch_size: int, sharding: NamedSharding, what: str):
+def check_batch(batch_size: int, sharding: NamedSharding, what: str,
+                field: str = "data.batch_size"):
   """A global batch must split evenly over the mesh axes that shard the batch."""
   n = shards(sharding, 0)
   if batch_size % n:
     axes = {a: sharding.mesh.shape[a] for a in _axes(sharding, 0) if sharding.mesh.shape[a] > 1}
-    raise ConfigError(f"{what} do not divide over the {n} batch shards of mesh axes {axes}; "
-                     f"use a multiple of {n}")
+    raise ConfigError(field, f"{what} do not divide over the {n} batch shards of mesh axes "
+                      f"{axes}; use a multiple of {n}")
 
 
 def check_divisible(abstract_tree, shardings, what: str = "parameter"):

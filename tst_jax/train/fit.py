@@ -28,7 +28,7 @@ from jax._src import xla_bridge      # backends_are_initialized: no public equiv
 from tst_jax import models, platform
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
-from tst_jax.train import optim, step as step_lib
+from tst_jax.train import step as step_lib
 
 GB = 1e9
 # HBM per device, datasheet decimal GB (B200: DGX B200's 1,440 GB over 8 GPUs).
@@ -223,26 +223,19 @@ def check(spec, accelerator: str, devices=None) -> Fit:
   spec = spec.on_platform()   # this (CPU) platform's kernels: see the docstring
   plan = spec.plan
   n = mesh_devices(spec.mesh)
-  devices = list(devices or jax.devices()[:n])
-  model_cfg, rules = spec.model, spec.rules
-  mesh = mesh_lib.make_mesh(spec.mesh, devices)
-  tx, schedule = optim.make_optimizer(spec.optimizer, plan.total_steps)
-  graphdef, params = step_lib.abstract_model(model_cfg)
-  abstract, shardings = step_lib.state_shardings(model_cfg, tx, mesh, rules)
-  mesh_lib.check_divisible(abstract.params, shardings.params)
-  batch_sharding = mesh_lib.batch_sharding(mesh, rules, 2)
+  model_cfg = spec.model
+  layout = step_lib.Layout.of(spec, list(devices or jax.devices()[:n]))
+  layout.check()
+  graphdef, abstract, shardings = layout.graphdef, layout.abstract, layout.shardings
+  batch_sharding, mesh, params = layout.batch_sharding, layout.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)
   accum = spec.optimizer.grad_accum
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        abstract, shardings)
   results = []
   for phase in plan.phases:
-    mesh_lib.check_batch(phase.batch_size // accum, batch_sharding,
-                         f"config.data.batch_size: phase {phase.name}'s rows per micro-batch")
     loss_of_window = step_lib.loss_fn(phase, spec.loss)
-    step = step_lib.JitStep(
-        step_lib.make_train_step(graphdef, loss_of_window, tx, schedule, accum),
-        shardings, batch_sharding, mesh, rules)
+    step = layout.train_step(phase)
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()

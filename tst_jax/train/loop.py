@@ -27,7 +27,7 @@ from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import fit
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import optim, spec as spec_lib, step as step_lib
+from tst_jax.train import spec as spec_lib, step as step_lib
 from tst_jax.train.console import Console
 from tst_jax.train.plan import Plan, format_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
@@ -149,16 +149,13 @@ class Setup:
     if spec.resolved is None:
       spec = spec.on_platform()                # `auto` -> this platform's choice
     self.spec, self.workdir, self.plan = spec, os.path.abspath(workdir), spec.plan
-    self.config, self.resolved, self.model_cfg = spec.config, spec.resolved, spec.model
-    self.mesh = mesh_lib.make_mesh(spec.mesh, devices)
-    self.rules = spec.rules
-    self.tx, self.schedule = optim.make_optimizer(spec.optimizer, self.plan.total_steps)
-    self.graphdef, _ = step_lib.abstract_model(self.model_cfg)
-    abstract, self.shardings = step_lib.state_shardings(self.model_cfg, self.tx, self.mesh,
-                                                        self.rules)
-    self.abstract_state = ckpt_lib.abstract_with_shardings(abstract, self.shardings)
-    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules, 2)
-    _check_parallel(spec, self.batch_sharding, abstract, self.shardings)
+    self.resolved, self.model_cfg = spec.resolved, spec.model
+    self.layout = layout = step_lib.Layout.of(spec, devices)
+    layout.check()
+    self.mesh, self.rules, self.tx = layout.mesh, spec.rules, layout.tx
+    self.graphdef, self.shardings = layout.graphdef, layout.shardings
+    self.abstract_state = ckpt_lib.abstract_with_shardings(layout.abstract, self.shardings)
+    self.batch_sharding = layout.batch_sharding
     self.data_block = mesh_lib.process_batch_block(self.batch_sharding)  # rows this process loads
     os.makedirs(self.workdir, exist_ok=True)
     _check_workdir_config(spec, self.workdir)
@@ -241,10 +238,7 @@ class Setup:
 
   def train_step(self, phase):
     """The jitted train step of `phase`, its loss built from the phase's own settings."""
-    return step_lib.JitStep(
-        step_lib.make_train_step(self.graphdef, step_lib.loss_fn(phase, self.spec.loss),
-                                 self.tx, self.schedule, self.spec.optimizer.grad_accum),
-        self.shardings, self.batch_sharding, self.mesh, self.rules)
+    return self.layout.train_step(phase)
 
   def handoff(self, state, phase, console):
     """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
@@ -350,18 +344,6 @@ def _scalars(metrics: dict) -> dict:
     else:
       flat[key] = float(value)
   return flat
-
-
-def _check_parallel(spec, batch_sharding, abstract_state, shardings):
-  """Before compiling: every batch and parameter divides over the mesh axes that shard it."""
-  accum = spec.optimizer.grad_accum
-  for p in spec.plan.phases:
-    mesh_lib.check_batch(p.batch_size // accum, batch_sharding,
-                         f"config.data.batch_size: phase {p.name}'s {p.batch_size // accum} rows"
-                         + (f" per micro-batch (grad_accum={accum})" if accum > 1 else ""))
-  mesh_lib.check_batch(spec.data.batch_size, batch_sharding,
-                       f"config.data.batch_size: the eval batch's {spec.data.batch_size} rows")
-  mesh_lib.check_divisible(abstract_state.params, shardings.params)
 
 
 def check_workdir(workdir: str):

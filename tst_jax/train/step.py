@@ -8,6 +8,7 @@ cross-entropy).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax
@@ -20,6 +21,7 @@ from tst_jax import losses, models
 from tst_jax import superposition as sp
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules, constrain
+from tst_jax.train import optim
 
 
 @flax.struct.dataclass
@@ -168,3 +170,46 @@ class JitStep:
   def lower(self, *args):
     with axis_rules(self.mesh, self.rules):
       return self.jitted.lower(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """What every phase's train step of a run is built on, from its checked spec, with nothing
+  allocated: the mesh, the optimizer and its schedule, the model graph, the abstract
+  TrainState and its shardings, the batch sharding. The trainer's Setup, the fit check and
+  the step benchmark all build their steps from one."""
+  spec: Any
+  mesh: jax.sharding.Mesh
+  tx: optax.GradientTransformation
+  schedule: Callable
+  graphdef: nnx.GraphDef
+  abstract: TrainState          # shapes only
+  shardings: TrainState         # NamedShardings of each leaf
+  batch_sharding: jax.sharding.NamedSharding
+
+  @classmethod
+  def of(cls, spec, devices=None) -> Layout:
+    mesh = mesh_lib.make_mesh(spec.mesh, devices)
+    tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+    graphdef, _ = abstract_model(spec.model)
+    abstract, shardings = state_shardings(spec.model, tx, mesh, spec.rules)
+    return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings,
+               mesh_lib.batch_sharding(mesh, spec.rules, 2))
+
+  def check(self) -> None:
+    """Before compiling: every parameter, and every phase's (micro-)batch and the eval batch,
+    divides over the mesh axes that shard it."""
+    accum = self.spec.optimizer.grad_accum
+    for p in self.spec.plan.phases:
+      mesh_lib.check_batch(p.batch_size // accum, self.batch_sharding,
+                           f"phase {p.name}'s {p.batch_size // accum} rows"
+                           + (f" per micro-batch (grad_accum={accum})" if accum > 1 else ""))
+    mesh_lib.check_batch(self.spec.data.batch_size, self.batch_sharding,
+                         f"the eval batch's {self.spec.data.batch_size} rows")
+    mesh_lib.check_divisible(self.abstract.params, self.shardings.params)
+
+  def train_step(self, phase) -> JitStep:
+    """The jitted train step of `phase`, its loss built from the phase's own settings."""
+    return JitStep(make_train_step(self.graphdef, loss_fn(phase, self.spec.loss), self.tx,
+                                   self.schedule, self.spec.optimizer.grad_accum),
+                   self.shardings, self.batch_sharding, self.mesh, self.spec.rules)
