@@ -42,6 +42,7 @@ step $M270 --phase ntp --config.loss.impl=naive
 step $M270 --phase ntp --config.model.attention_impl=xla
 step $M270 --phase ntp --config.model.remat=none
 step $M270 --phase ntp --config.model.remat=full
+step $M270 --phase both --config.model.matmul_precision=fp8   # qwix: pip install -e '.[gpu]'
 step configs/llama_600m.py --phase ntp
 step configs/llama_600m.py --phase ntp --config.model.remat=full
 # MoE: the 10B-A1B layer shapes (4 of 32 layers, 8 x 2048) with each expert implementation

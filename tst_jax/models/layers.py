@@ -2,8 +2,9 @@
 
 Letters (the package docstring's): B batch, L positions, S bag size, D model dim, H heads,
 K kv heads, G head dim, F ffw dim, V vocab, M cached positions. Parameters are float32
-(`param_dtype`), matmuls run in `dtype`. Every parameter carries logical axis names
-(`sharding_names`) for the mesh rules.
+(`param_dtype`), matmuls run in `dtype`; the linear layers' matmuls (attention q/k/v/o, the
+SwiGLU MLP) can run in FP8 instead (`matmul_precision`, `linear`). Every parameter carries
+logical axis names (`sharding_names`) for the mesh rules.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import numpy as np
 from flax import nnx
 
 from tst_jax import platform
-from tst_jax.kernels import splash_attention
+from tst_jax.kernels import fp8, splash_attention
 from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
 
 REMAT_POLICIES = ("none", "full", "save_dots")
+MATMUL_PRECISIONS = ("default", "fp8")   # the linear layers' matmuls: in `dtype` | FP8 (qwix)
 
 
 def param(rngs: nnx.Rngs, shape, names, *, std=None, init=None, dtype=jnp.float32):
@@ -45,6 +47,15 @@ class AttentionConfig:
   qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
   norm_eps: float = 1e-5
   attention_impl: str = "auto"       # auto (tst_jax.platform: cudnn on GPU in 16 bits) | xla | cudnn
+  matmul_precision: str = "default"  # q/k/v/o projections: default (in dtype) | fp8
+
+
+def linear(spec: str, x, w, precision: str = "default"):
+  """A linear layer's matmul `jnp.einsum(spec, x, w)` (x activations, w weights), in the
+  model's matmul precision: "default" is exactly that einsum, "fp8" is `kernels.fp8`'s."""
+  if precision == "fp8":
+    return fp8.einsum(spec, x, w)
+  return jnp.einsum(spec, x, w)
 
 
 class KVCache(NamedTuple):
@@ -112,10 +123,10 @@ class Attention(nnx.Module):
     """Causal attention over x; with a `cache`, x's keys and values are written into it at
     `positions` (consecutive per row) and x attends to every cached position up to its own.
     Returns (output, the updated cache), the cache None when none is given."""
-    dt = self.dtype
-    q = jnp.einsum("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt))
-    k = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt))
-    v = jnp.einsum("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt))
+    dt, mp = self.dtype, self.cfg.matmul_precision
+    q = linear("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt), mp)
+    k = linear("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt), mp)
+    v = linear("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt), mp)
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
@@ -131,7 +142,7 @@ class Attention(nnx.Module):
         else:
           out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                      implementation=impl)
-      return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), None
+      return linear("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt), mp), None
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
     start_B = positions_BxL[:, 0]
     cache = KVCache(write(cache.k, k.astype(cache.k.dtype), start_B),
@@ -140,24 +151,25 @@ class Attention(nnx.Module):
     mask_BxLxM = cached_M[None, None, :] <= positions_BxL[:, :, None]
     out_BxLxHxG = jax.nn.dot_product_attention(
         q, cache.k.astype(dt), cache.v.astype(dt), mask=mask_BxLxM[:, None])
-    return jnp.einsum("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt)), cache
+    return linear("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt), mp), cache
 
 
 class MLP(nnx.Module):
   """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-  def __init__(self, dim: int, ffw_dim: int, *, dtype, rngs: nnx.Rngs, std: float = 0.02):
-    self.dtype = dtype
+  def __init__(self, dim: int, ffw_dim: int, *, dtype, rngs: nnx.Rngs, std: float = 0.02,
+               matmul_precision: str = "default"):
+    self.dtype, self.matmul_precision = dtype, matmul_precision
     self.gate_proj = param(rngs, (dim, ffw_dim), ("embed", "mlp"), std=std)
     self.up_proj = param(rngs, (dim, ffw_dim), ("embed", "mlp"), std=std)
     self.down_proj = param(rngs, (ffw_dim, dim), ("mlp", "embed"), std=std)
 
   def __call__(self, x_BxLxD):
-    dt = self.dtype
-    gate = jnp.einsum("bld,df->blf", x_BxLxD, self.gate_proj[...].astype(dt))
-    up = jnp.einsum("bld,df->blf", x_BxLxD, self.up_proj[...].astype(dt))
+    dt, mp = self.dtype, self.matmul_precision
+    gate = linear("bld,df->blf", x_BxLxD, self.gate_proj[...].astype(dt), mp)
+    up = linear("bld,df->blf", x_BxLxD, self.up_proj[...].astype(dt), mp)
     h_BxLxF = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-    return jnp.einsum("blf,fd->bld", h_BxLxF, self.down_proj[...].astype(dt))
+    return linear("blf,fd->bld", h_BxLxF, self.down_proj[...].astype(dt), mp)
 
 
 class Block(nnx.Module):

@@ -37,6 +37,9 @@ class LlamaConfig:
   dtype: str = "float32"           # compute dtype; parameters stay float32
   attention_impl: str = "auto"     # auto | xla | cudnn | splash (TPU) (platform resolves auto)
   remat: str = "none"              # none | full | save_dots
+  matmul_precision: str = "default"  # decoder linear layers: default (in dtype) | fp8 (qwix:
+                                     # attention q/k/v/o and dense MLPs; embedding, head, loss,
+                                     # attention scores, router and experts stay in dtype)
   init_std: float = 0.02
 
   def __post_init__(self):
@@ -58,6 +61,9 @@ class LlamaConfig:
     if self.attention_impl not in platform.ATTENTION_IMPLS:
       raise ConfigError("model.attention_impl", f"must be one of {platform.ATTENTION_IMPLS}, "
                         f"got {self.attention_impl!r}")
+    if self.matmul_precision not in layers.MATMUL_PRECISIONS:
+      raise ConfigError("model.matmul_precision", f"must be one of {layers.MATMUL_PRECISIONS}, "
+                        f"got {self.matmul_precision!r}")
     if self.remat not in layers.REMAT_POLICIES:
       raise ConfigError("model.remat", f"must be one of {layers.REMAT_POLICIES}, got "
                         f"{self.remat!r}")
@@ -68,7 +74,8 @@ class LlamaConfig:
     return layers.AttentionConfig(
         dim=self.dim, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
         head_dim=self.head_dim, rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
-        qk_norm=qk_norm, norm_eps=self.norm_eps, attention_impl=self.attention_impl)
+        qk_norm=qk_norm, norm_eps=self.norm_eps, attention_impl=self.attention_impl,
+        matmul_precision=self.matmul_precision)
 
 
 LLAMA3_VOCAB = 128_256
@@ -110,7 +117,8 @@ class Llama(nnx.Module):
     cfg = self.cfg
     return layers.Block(
         cfg.attention(),
-        lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=self.dtype, rngs=r, std=cfg.init_std),
+        lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=self.dtype, rngs=r, std=cfg.init_std,
+                             matmul_precision=cfg.matmul_precision),
         dtype=self.dtype, rngs=rngs)
 
   def forward(self, tokens):

@@ -334,7 +334,8 @@ class Period(nnx.Module):
     def make_ffw(sparse):
       if sparse:
         return lambda r: SparseMoE(cfg, dtype=dtype, rngs=r)
-      return lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=dtype, rngs=r, std=cfg.init_std)
+      return lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=dtype, rngs=r, std=cfg.init_std,
+                                  matmul_precision=cfg.matmul_precision)
     self.blocks = nnx.List([
         layers.Block(cfg.attention(qk_norm=True), make_ffw(s), dtype=dtype, rngs=rngs)
         for s in unit])

@@ -20,6 +20,7 @@ import ml_collections
 from tst_jax import losses, models, platform
 from tst_jax.data.run_data import DataSpec, check_paths as check_data_paths
 from tst_jax.errors import ConfigError
+from tst_jax.kernels import fp8
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.superposition import MODES
 from tst_jax.train.plan import EQUAL_FLOPS, Plan, bag_schedule, make_plan
@@ -201,7 +202,8 @@ class DistributedSpec:
 
 # Fields added after runs were written, with the value that reproduces such a run: a config
 # (or a workdir's config.json) without one ran with it.
-ADDED_FIELDS = {"tst.schedule": "", "data.val_piece_bytes": 0}
+ADDED_FIELDS = {"tst.schedule": "", "data.val_piece_bytes": 0,
+                "model.matmul_precision": "default"}
 
 
 def with_added_fields(config):
@@ -264,13 +266,17 @@ class RunSpec:
                                model=model, loss=LossSpec(config.loss.impl), resolved=resolved)
 
   def check_devices(self, num_devices: int) -> None:
-    """What this machine can run: the platform's kernels, the mesh over `num_devices`."""
+    """What this machine can run: the platform's kernels and libraries, the mesh over
+    `num_devices`."""
     if self.model.attention_impl == "cudnn":
       why_not = platform.cudnn_unavailable(self.model.dtype, self.model.head_dim)
       _require(why_not is None, "model.attention_impl", f"'cudnn': {why_not}; use 'auto'")
     if self.model.attention_impl == "splash":
       why_not = platform.splash_unavailable([p.latent_seq_len for p in self.plan.phases])
       _require(why_not is None, "model.attention_impl", f"'splash': {why_not}; use 'auto'")
+    if self.model.matmul_precision == "fp8":
+      why_not = fp8.unavailable()
+      _require(why_not is None, "model.matmul_precision", str(why_not))
     sizes = mesh_lib.mesh_shape(self.mesh, num_devices)
     _require(sizes["data"] % self.mesh.dcn_data == 0, "mesh.dcn_data",
              f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")
