@@ -154,6 +154,15 @@ def test_config_overrides_plan_or_name_a_field_many():
   _run_property(1000)
 
 
+def test_every_run_field_has_its_check():
+  """Each leaf of the run config outside `model` (its dataclass checks those) has an entry in
+  spec.FIELDS, or its own check (logical_axis_rules): none reaches the code unchecked."""
+  for family in BASES:
+    unchecked = [f for f in FIELDS[family] if not f.startswith("model.")
+                 and f not in spec_lib.FIELDS and f != "logical_axis_rules"]
+    assert not unchecked, (family, unchecked)
+
+
 @pytest.mark.parametrize("picks,message", [
     ([("loss.impl", "foo")], "config.loss.impl: must be one of"),
     ([("mesh.data", "3")], r"config.mesh .*3 devices do not divide the 8"),
@@ -162,6 +171,8 @@ def test_config_overrides_plan_or_name_a_field_many():
     ([("model.vocab_size", "100")], "config.model.vocab_size: 100 is too small"),
     ([("distributed.heartbeat_timeout_s", "0")], "config.distributed.heartbeat_timeout_s"),
     ([("logical_axis_rules", "((\"batch\", \"bogus\"),)")], "config.logical_axis_rules"),
+    ([("data.seed", None)], "config.data.seed: must be an integer >= -1, got None"),
+    ([("data.text_field", None)], "config.data.text_field: must be a string"),
 ])
 def test_examples_name_their_field(picks, message):
   config = tiny_config()

@@ -59,6 +59,8 @@ FIELDS = {
     "data.source": _STR,
     "data.max_bytes": _integer(0),
     "data.tokenizer": _STR,
+    "data.text_field": _STR,
+    "data.seed": _integer(-1),                  # -1: the run's seed
     "data.val_fraction": _number(0, 1, open_lo=True, open_hi=True),
     "data.val_piece_bytes": _integer(0),
     "data.seq_len": _integer(1),
