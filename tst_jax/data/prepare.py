@@ -7,9 +7,9 @@ A tokenizer first (a file copied in, or `bpe` trained on the first 64 MB of trai
 then two passes whose memory does not grow with the corpus:
   1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) cuts each
      document into pieces of at most val_piece_bytes (0: whole), holds out a piece when its hash
-     (seed, document digest, k; a one-piece document: seed, text) < val_fraction, and tokenizes the held-out pieces and the runs of training
-     pieces between them (`sources.segments`) into work/in-NNNNN.bin with an index (offset,
-     length, split hash);
+     (seed, document digest, k; a one-piece document: seed, text) < val_fraction, and
+     tokenizes the held-out pieces and the runs of training pieces between them
+     (`sources.segments`) into work/in-NNNNN.bin with an index (offset, length, split hash);
   2. one worker per output shard gathers its documents: those of its split (as
      `split_documents`) whose seeded bucket hash falls in its range, shuffles them by seed,
      and writes each followed by EOS.
