@@ -1,17 +1,21 @@
-"""Equal-FLOPs / equal-data / equal-loss comparisons on synthetic eval curves with known answers."""
+"""Equal-loss speed-up and Δ at equal FLOPs against finished baselines, on synthetic runs with
+known answers; the H100 case of 2026-11-25, where the mid-curve method printed 1.73x."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
+from tst_jax.analysis.frontier import Frontier
 from tst_jax.tools import compare
 from tst_jax.train import spec as spec_lib
 
 
-def _fake_run(path, config, evals):
-  """A run directory as main.py leaves it: config.json and eval lines of metrics.jsonl."""
+def _fake_run(path, config, evals, train_tokens=None):
+  """A run directory as main.py leaves it: config.json, eval lines of metrics.jsonl and, with
+  `train_tokens`, the store.json that names its store's training tokens."""
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
   plan = spec_lib.check(config).plan
@@ -22,113 +26,158 @@ def _fake_run(path, config, evals):
     lines.append(json.dumps(dict(step=step, phase=plan.phase_at(step - 1).name, eval_loss=loss,
                                  data_tokens=data, equivalent_tokens=0)))
   (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  if train_tokens:
+    (path / "store.json").write_text(json.dumps(dict(fingerprint="f", directory="gone",
+                                                     train_tokens=train_tokens)))
   return str(path), plan
 
 
-def test_crossing_interpolates_linearly():
-  x, y = np.array([4.0, 8, 12, 16]), np.array([5.0, 4, 3, 2.5])
-  assert compare.crossing(x, y, 3.5) == (10.0, "")
-  assert compare.crossing(x, y, 3.0) == (12.0, "")
-  assert compare.crossing(x, y, 2.0) == (None, "not reached")
-  assert compare.crossing(x, y, 6.0) == (4.0, "at or before the first eval")
-  # The first crossing counts, even if the curve goes back up later.
-  assert compare.crossing(x, np.array([5.0, 3, 4, 2]), 3.5) == (7.0, "")
+def test_frontier_interpolates_between_lengths_and_bounds_past_its_ends():
+  f = Frontier.of([(10.0, 4.0, "b10"), (20.0, 3.0, "b20"), (40.0, 2.5, "b40")])
+  assert f.loss_at(15.0) == pytest.approx(3.5) and f.loss_at(20.0) == 3.0
+  assert f.loss_at(9.0) is None and f.loss_at(41.0) is None
+  # 3.4 lies 60% of the way from b10's 4.0 to b20's 3.0: 16 FLOPs, over a run of 10.
+  equal = f.equal_loss(3.4, 10.0)
+  assert (equal.speedup, equal.bound, equal.flops) == (pytest.approx(1.6), "=", pytest.approx(16))
+  assert f.equal_loss(2.0, 10.0).text() == "> 4.00x"         # below the longest baseline
+  assert f.equal_loss(4.5, 10.0).text() == "≤ 1.00x"         # above the shortest
+  assert f.equal_loss(4.0, 20.0).text() == "≤ 0.50x"
+  one = Frontier.of([(10.0, 4.0, "b10"), (10.0, 4.2, "b10s1")])     # two seeds, one length
+  assert one.points == ((10.0, pytest.approx(4.1), "b10+b10s1"),)
+  assert one.equal_loss(3.0, 10.0).speedup is None
+  assert one.equal_loss(3.0, 10.0).text() == "needs baselines of two or more lengths"
+  assert compare.lengths_to_add(2000) == ["baseline+3k", "baseline+4k"]
+  assert compare.lengths_to_add(300) == ["baseline+0.45k", "baseline+0.6k"]
 
 
-def test_equal_loss_speedup_on_known_curves(tmp_path, capsys):
-  # Baseline: 16 steps, eval every 4 steps, loss 5, 4, 3, 2.5.
-  base_dir, base_plan = _fake_run(tmp_path / "base", tiny_config(steps=16, ratio=0.0),
-                                  [(4, 5.0), (8, 4.0), (12, 3.0), (16, 2.5)])
-  # TST run of 8 steps (4 TST + 4 NTP) ending at 3.5: the baseline needs 10 steps
-  # (halfway between its evals at 8 and 12), a 1.25x speedup in steps and FLOPs.
-  tst_dir, tst_plan = _fake_run(tmp_path / "tst", tiny_config(steps=8, ratio=0.5, bag_size=4),
-                                [(4, 6.0), (8, 3.5)])
-  # A run better than the baseline ever gets: not reached, speedup > 16/8.
-  best_dir, _ = _fake_run(tmp_path / "best", tiny_config(steps=8, ratio=0.5, bag_size=2),
-                          [(4, 6.0), (8, 2.0)])
-  out = tmp_path / "out"
-  assert compare.main(["--runs", f"{tst_dir},{best_dir}", "--baseline", base_dir,
-                       "--out", str(out)]) == 0
-  result = json.loads((out / "compare.json").read_text())
-  assert result["baseline"] == "base"
-  tst, best = result["rows"]
-  per_step = base_plan.phases[0].flops_per_step
-  assert tst_plan.phases[0].flops_per_step == per_step          # equal FLOPs per step
-  assert tst["baseline_steps_to_equal_loss"] == pytest.approx(10.0)
-  assert tst["baseline_flops_to_equal_loss"] == pytest.approx(10 * per_step)
-  assert tst["speedup_steps"] == pytest.approx(1.25)
-  assert tst["speedup_flops"] == pytest.approx(1.25)
-  # Equal FLOPs: the baseline had 4.0 at 8 steps' FLOPs. Equal data: the TST run read
-  # 4 steps x 4 rows x 64 tokens + 4 x 4 x 16 = 20 baseline steps' worth: not covered.
-  assert tst["baseline_loss_at_equal_flops"] == pytest.approx(4.0)
-  assert tst["data_tokens"] == 4 * 4 * 64 + 4 * 4 * 16
-  assert tst["baseline_loss_at_equal_data"] is None
-  assert (tst["r"], tst["S"]) == (0.5, 4)
-  assert best["baseline_steps_to_equal_loss"] is None
-  assert best["speedup_lower_bound"] == pytest.approx(2.0)
-  printed = capsys.readouterr().out
-  assert "not reached in 16 steps" in printed and "1.25x steps, 1.25x FLOPs" in printed
-  assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
+# The H100 case (../shared/gpu/2026-11-25-h100.md, configs/gpu_small.py, seed 0): baselines of
+# 2k, 3k and 4k steps end at 1.9132, 1.7812 and 1.7372; the 4k run's curve is at 2.0106 at
+# 2k steps' FLOPs (its learning rate not yet decayed). Here in tenths of the steps.
+H100_BASELINES = {20: [(10, 2.45), (20, 1.9132)],
+                  30: [(10, 2.46), (20, 2.0300), (30, 1.7812)],
+                  40: [(10, 2.47), (20, 2.0106), (30, 1.9300), (40, 1.7372)]}
+H100_ARMS = {"tst": (4, 1.8729), "s2": (2, 1.8330), "s16": (16, 1.9132), "r1.0": (4, 4.0264)}
 
 
-def test_equal_data_and_the_baseline_frontier(tmp_path):
-  # Two baselines of 8 and 16 steps (final losses 4.0 and 3.0), a TST run of 8 steps
-  # (S = 2 doubles the data of its 4 TST steps: 12 steps' worth) ending at 3.4.
-  short, plan8 = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0),
-                           [(4, 5.0), (8, 4.0)])
-  long, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
-                      [(4, 5.0), (8, 4.2), (12, 3.6), (16, 3.0)])
-  tst, _ = _fake_run(tmp_path / "t", tiny_config(steps=8, ratio=0.5, bag_size=2),
-                     [(4, 6.0), (8, 3.4)])
-  runs = [compare.load_run(d) for d in (long, short, tst)]
-  rows = compare.compare(runs, runs[0])
-  row = {r["run"]: r for r in rows}["t"]
-  assert row["baseline_loss_at_equal_data"] == pytest.approx(3.6)     # b16 at 12 steps
-  # Frontier of final losses: (8 steps, 4.0), (16 steps, 3.0) -> 3.4 at 12.8 steps.
-  assert row["frontier_flops_to_equal_loss"] == pytest.approx(
-      12.8 * plan8.phases[0].flops_per_step)
-  assert row["frontier_speedup_flops"] == pytest.approx(12.8 / 8)
-
-
-def test_arms_mean_spread_and_equal_loss_speedup_over_seeds(tmp_path):
-  # Per seed a 16-step baseline; each arm ends at a hand-picked loss on each seed.
-  base = {0: [(4, 5.0), (8, 4.0), (12, 3.0), (16, 2.5)],
-          1: [(4, 5.0), (8, 4.2), (12, 3.2), (16, 2.6)]}
-  finals = {"tst": {0: 3.5, 1: 2.9}, "s4": {0: 2.0, 1: 3.2}, "best": {0: 2.0}}
+def _h100_runs(tmp_path):
   runs = []
-  for seed, evals in base.items():
-    path, _ = _fake_run(tmp_path / f"base{seed}", tiny_config(steps=16, ratio=0.0), evals)
-    runs.append(("baseline", seed, compare.load_run(path)))
+  for steps, evals in H100_BASELINES.items():
+    name = "baseline" if steps == 20 else f"baseline+{steps // 10}k"
+    path, _ = _fake_run(tmp_path / name, tiny_config(steps=steps, ratio=0.0), evals)
+    runs.append((name, 0, compare.load_run(path)))
+  for arm, (bag, final) in H100_ARMS.items():
+    ratio = 1.0 if arm == "r1.0" else 0.3
+    path, _ = _fake_run(tmp_path / arm, tiny_config(steps=20, ratio=ratio, bag_size=bag),
+                        [(10, 4.5), (20, final)])
+    runs.append((arm, 0, compare.load_run(path)))
+  return runs
+
+
+def test_h100_case_speedup_against_finished_baselines_not_the_long_curve(tmp_path):
+  runs = _h100_runs(tmp_path)
+  arms, per_run, notes = compare.summarize_arms(runs, order=["baseline", "tst"])
+  arms = {a["arm"]: a for a in arms}
+  tst = arms["tst"]
+  # 1.8729 is 30.5% of the way from 1.9132 (2k) to 1.7812 (3k): 2.305k steps' FLOPs.
+  assert tst["speedup"]["mean"] == pytest.approx(1.15, abs=0.01)
+  assert tst["delta_equal_flops"]["mean"] == pytest.approx(-0.040, abs=0.001)
+  assert arms["s2"]["speedup"]["mean"] == pytest.approx(1.30, abs=0.01)
+  assert compare.speedup_text(arms["baseline"]) == "1.00x (a baseline)"
+  assert {r["run"]: r["speedup"] for r in per_run}["baseline"] == 1.0
+  assert compare.speedup_text(arms["s16"]) == "≤ 1.00x (1 seed)"   # equal to the 2k baseline
+  assert compare.speedup_text(arms["r1.0"]) == "≤ 1.00x (1 seed)"
+  assert notes == []
+  # The naive method disagrees: on baseline+4k's curve (undecayed at 2k steps) 1.8729 is
+  # reached at 32.96 of 40 steps, "1.65x".
+  long = next(run for arm, _, run in runs if arm == "baseline+4k")
+  naive = np.interp(-1.8729, -long.loss, long.steps) / 20
+  assert naive > 1.6
+  table = compare.format_arms(list(arms.values()), per_run)
+  tst_rows = [line for line in table.splitlines() if line.startswith("| tst |")]
+  assert len(tst_rows) == 2
+  for line in tst_rows:       # no speed-up above 1.25x anywhere in tst's rows
+    assert all(float(x) <= 1.25 for x in re.findall(r"(\d+\.\d+)x", line)), line
+  assert "1.15x (1 seed)" in tst_rows[0] and "-0.0403" in tst_rows[0]
+
+
+def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_path):
+  runs = [r for r in _h100_runs(tmp_path) if r[0] in ("baseline", "tst")]
+  arms, _, _ = compare.summarize_arms(runs)
+  tst = {a["arm"]: a for a in arms}["tst"]
+  assert tst["speedup"] is None and tst["delta_equal_flops"]["mean"] == pytest.approx(-0.0403)
+  assert compare.speedup_text(tst) == ("needs baselines of two or more lengths: add --arms "
+                                       "baseline+0.03k,baseline+0.04k")
+
+
+def test_over_seeds_mean_sd_and_bounds(tmp_path):
+  # Per seed baselines of 8 and 16 steps; tst ends at 3.5 (seed 0) and 3.4 (seed 1).
+  base = {0: {8: 4.0, 16: 3.0}, 1: {8: 4.2, 16: 3.2}}
+  finals = {"tst": {0: 3.5, 1: 3.4}, "best": {0: 2.0, 1: 4.5}}
+  runs = []
+  for seed, by_steps in base.items():
+    for steps, final in by_steps.items():
+      path, _ = _fake_run(tmp_path / f"b{steps}s{seed}", tiny_config(steps=steps, ratio=0.0),
+                          [(4, 5.0), (steps, final)])
+      runs.append(("baseline" if steps == 8 else "baseline+16", seed, compare.load_run(path)))
   for arm, by_seed in finals.items():
     for seed, final in by_seed.items():
-      config = tiny_config(steps=16, ratio=0.5, bag_size=4 if arm == "s4" else 2)
-      path, _ = _fake_run(tmp_path / f"{arm}{seed}", config, [(8, 6.0), (16, final)])
+      path, _ = _fake_run(tmp_path / f"{arm}{seed}", tiny_config(steps=8, ratio=0.5),
+                          [(4, 6.0), (8, final)])
       runs.append((arm, seed, compare.load_run(path)))
-  arms, per_run = compare.summarize_arms(runs, order=["baseline", "tst"])
+  arms, per_run, _ = compare.summarize_arms(runs)
   arms = {a["arm"]: a for a in arms}
-  assert list(arms) == ["baseline", "tst", "best", "s4"]
-  assert arms["baseline"]["reference"] and compare.speedup_text(arms["baseline"]) == "reference"
-  # tst: final 3.5 and 2.9 -> mean 3.2, sd sqrt(2 * 0.3^2 / 1), min 2.9, max 3.5.
-  assert arms["tst"]["final_loss"] == pytest.approx(
-      dict(mean=3.2, sd=0.3 * 2**0.5, min=2.9, max=3.5, n=2))
-  # Equal FLOPs (16 steps each): the baselines end at 2.5 and 2.6 -> deltas 1.0 and 0.3.
+  # Seed 0: 3.5 is halfway from 4.0 (8 steps) to 3.0 (16): 12 steps, 1.5x. Seed 1: 3.4 is
+  # 80% of the way from 4.2 to 3.2: 14.4 steps, 1.8x. Δ at 8 steps: -0.5 and -0.8.
+  assert arms["tst"]["speedup"] == pytest.approx(
+      dict(mean=1.65, sd=0.3 / 2**0.5, min=1.5, max=1.8, n=2))
   assert arms["tst"]["delta_equal_flops"] == pytest.approx(
-      dict(mean=0.65, sd=0.7 / 2**0.5, min=0.3, max=1.0, n=2))
-  # Equal loss: seed 0's baseline reaches 3.5 at step 10 (halfway from 4.0 at 8 to 3.0 at
-  # 12), seed 1's reaches 2.9 at step 14 (halfway from 3.2 at 12 to 2.6 at 16); every step
-  # has the same FLOPs, so the speed-ups are 10/16 and 14/16.
-  assert arms["tst"]["speedup_flops"] == pytest.approx(
-      dict(mean=0.75, sd=0.25 / 2**0.5, min=0.625, max=0.875, n=2))
-  assert arms["tst"]["not_reached"] == 0
-  flops = {r["run"]: r for r in per_run}["tst0"]["baseline_flops_to_equal_loss"]
-  assert flops == pytest.approx(10 * spec_lib.check(tiny_config(steps=16)).plan.phases[0].flops_per_step)
-  # s4: seed 0 ends below anything its baseline reached (not reached, > 16/16); seed 1 at
-  # 3.2, which its baseline reaches exactly at its eval of step 12.
-  assert arms["s4"]["speedup_flops"] == pytest.approx(
-      dict(mean=0.75, sd=None, min=0.75, max=0.75, n=1))
-  assert arms["s4"]["not_reached"] == 1 and arms["s4"]["speedup_lower_bound"]["min"] == 1.0
-  assert compare.speedup_text(arms["s4"]) == "0.75x, not reached in 1 seed(s) (> 1.00x)"
-  assert compare.speedup_text(arms["best"]) == "not reached (> 1.00x)"
-  assert arms["best"]["final_loss"]["sd"] is None and arms["best"]["seeds"] == [0]
+      dict(mean=-0.65, sd=0.3 / 2**0.5, min=-0.8, max=-0.5, n=2))
+  assert compare.speedup_text(arms["tst"]) == "1.65 ± 0.21x [1.50, 1.80] (2 seeds)"
+  # best: seed 0 below the 16-step baseline (> 2x), seed 1 above the 8-step one (≤ 1x).
+  assert compare.speedup_text(arms["best"]) == "≤ 1.00x (1 seed), > 2.00x (1 seed)"
+  assert compare.speedup_text(arms["baseline+16"]) == "1.00x (a baseline)"
   table = compare.format_arms(list(arms.values()), per_run)
-  assert "| tst | 0.5 | 2 | 16 |" in table and "3.2000 ± 0.4243 [2.9000, 3.5000]" in table
+  assert "| tst | 0.5 | 2 | 8 |" in table and "3.4500 ± 0.0707 [3.4000, 3.5000]" in table
+
+
+def test_a_longer_baseline_that_ends_higher_is_named(tmp_path):
+  runs = []
+  for steps, final in ((8, 4.0), (12, 3.5), (16, 3.8)):
+    path, _ = _fake_run(tmp_path / f"b{steps}", tiny_config(steps=steps, ratio=0.0),
+                        [(4, 5.0), (steps, final)], train_tokens=512)
+    runs.append(("baseline", 0, compare.load_run(path)))
+  _, per_run, notes = compare.summarize_arms(runs)
+  # 16 steps of 4 x 16 tokens read a 512-token store twice.
+  assert {r["run"]: r["passes"] for r in per_run}["b16"] == pytest.approx(2.0)
+  assert notes == ["seed 0: b16 ends at 3.8000, above the shorter b12 (3.5000): the frontier "
+                   "does not fall with length (b16 read its training tokens 2.0 times); its "
+                   "speed-ups past that length are not meaningful"]
+
+
+def test_compare_command_tables_json_and_plot(tmp_path, capsys):
+  short, plan8 = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0),
+                           [(4, 5.0), (8, 4.0)], train_tokens=1024)
+  long, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
+                      [(4, 5.0), (8, 4.2), (12, 3.6), (16, 3.0)], train_tokens=1024)
+  # TST of 8 steps (4 at S = 2 read 2x the data: 12 baseline steps' worth) ending at 3.4.
+  tst, _ = _fake_run(tmp_path / "t", tiny_config(steps=8, ratio=0.5, bag_size=2),
+                     [(4, 6.0), (8, 3.4)], train_tokens=1024)
+  out = tmp_path / "out"
+  assert compare.main(["--runs", f"{short},{long},{tst}", "--out", str(out)]) == 0
+  result = json.loads((out / "compare.json").read_text())
+  rows = {r["run"]: r for r in result["rows"]}
+  per_step = plan8.phases[0].flops_per_step
+  assert [f["run"] for f in result["frontier"]] == ["b8", "b16"]
+  # Frontier (8 steps, 4.0), (16, 3.0): 3.4 at 12.8 steps -> 1.6x; Δ at 8 steps' FLOPs -0.6.
+  assert rows["t"]["equal_loss_flops"] == pytest.approx(12.8 * per_step)
+  assert rows["t"]["speedup"] == pytest.approx(1.6) and rows["t"]["speedup_bound"] == "="
+  assert rows["t"]["delta_equal_flops"] == pytest.approx(-0.6)
+  assert rows["b8"]["speedup_text"] == "1.00x" and rows["b16"]["speedup"] == 1.0
+  # Equal data on b16's curve: the TST run read 4 x 4 x 32 + 4 x 4 x 16 = 768 tokens, b16's
+  # 12 steps' worth, where its curve is at 3.6 (mid-run: not a speed-up).
+  assert rows["t"]["data_tokens"] == 768 and rows["t"]["passes"] == pytest.approx(0.75)
+  assert rows["t"]["curve"] == "b16" and rows["t"]["curve_loss_at_equal_data"] == pytest.approx(3.6)
+  printed = capsys.readouterr().out
+  assert "| t | 0.5 | 2 | 8 |" in printed and "| -0.6000 | 1.60x |" in printed
+  assert "mid-run" in printed and "finished" in result["method"]
+  assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()

@@ -158,12 +158,12 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     tmp_path, monkeypatch, capsys):
   args = ["--config", CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
           "--workdir", str(tmp_path), "--set", "data.seed=0", *FAST]
-  envs, real_run = [], subprocess.run
+  envs, real_popen = [], subprocess.Popen
 
-  def run(cmd, **kwargs):
+  def popen(cmd, **kwargs):
     envs.append(kwargs["env"])
-    return real_run(cmd, **kwargs)
-  monkeypatch.setattr(subprocess, "run", run)
+    return real_popen(cmd, **kwargs)
+  monkeypatch.setattr(subprocess, "Popen", popen)
   assert sweep.main(args) == 0
   out = capsys.readouterr().out
   names = ["baseline_seed0", "baseline_seed1", "tst_seed0", "tst_seed1"]
@@ -190,6 +190,10 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     assert arm["final_loss"]["mean"] == pytest.approx(statistics.mean(losses))
     assert arm["final_loss"]["sd"] == pytest.approx(statistics.stdev(losses))
   assert [a["arm"] for a in result["arms"]] == ["baseline", "tst"]
+  # Passes over the data: the data tokens each arm read over the store's training tokens.
+  prepared = json.loads((tmp_path / shared[0] / "prepared.json").read_text())
+  for arm in result["arms"]:
+    assert arm["passes"] == pytest.approx(arm["data_tokens"] / prepared["train_tokens"])
   assert (tmp_path / "loss_vs_flops.png").stat().st_size > 0
   assert "| tst | 0.5 | 2 | 8 |" in (tmp_path / "results.md").read_text()
   # Rerun with one more arm whose trainer fails: finished points are skipped, the failure is

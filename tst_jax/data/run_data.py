@@ -13,9 +13,9 @@ import jax
 import numpy as np
 
 from tst_jax import fileio
-from tst_jax.data import pipeline, prepare as prepare_lib, tokenizer as tokenizer_lib
+from tst_jax.data import pipeline, prepare as prepare_lib, sources, tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
-from tst_jax.errors import ConfigError
+from tst_jax.errors import ConfigError, DataError
 from tst_jax.parallel import distributed
 
 STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
@@ -106,10 +106,55 @@ def prepare_data(d: DataSpec, workdir: str, model_vocab: int, block=None, say=No
                       f"{d.seq_len + 1} eval batch")
   if distributed.is_primary():    # the store this workdir trains on, from now on
     fileio.write_json(os.path.join(workdir, STORE_FILE),
-                      dict(fingerprint=store.fingerprint, directory=store.directory),
-                      sort_keys=True)
+                      dict(fingerprint=store.fingerprint, directory=store.directory,
+                           train_tokens=len(store.train)), sort_keys=True)
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainTokens:
+  """How many training tokens a run's store holds, as far as is known before it trains."""
+  count: int
+  exact: bool          # counted in a store; else an upper bound from the size of the text
+  where: str           # the store, or how the bound was made
+
+  @classmethod
+  def of(cls, split) -> TrainTokens:
+    """The count of a store's training split (a StoreSplit)."""
+    return cls(len(split), True, f"the store {split.directory}")
+
+
+def training_tokens(d: DataSpec, workdir: str | None = None) -> TrainTokens | None:
+  """The training tokens of the run's store where it exists (a `tokens:` store, or the one
+  prepared into <workdir>/data), else a bound from the source's size (`sources.token_bound`),
+  else None. Reads manifests and file sizes only."""
+  kind, _, path = d.source.partition(":")
+  store_dir = (os.path.expanduser(path) if kind == "tokens" else
+               os.path.join(workdir, "data") if workdir else None)
+  if store_dir and os.path.isfile(os.path.join(store_dir, MANIFEST)):
+    return TrainTokens.of(TokenStore(store_dir).train)
+  bound = sources.token_bound(d.source, d.max_bytes or None)
+  if bound is None:
+    return None
+  return TrainTokens(bound, False, f"{d.source} is not tokenized yet: the bytes of its text "
+                                   "bound them")
+
+
+def workdir_train_tokens(workdir: str) -> int | None:
+  """The training tokens of the store a run directory trained on (its store.json), None when
+  that is unknown (no store.json, or an old one whose store is gone)."""
+  path = os.path.join(workdir, STORE_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  if "train_tokens" in saved:
+    return saved["train_tokens"]
+  try:                     # written before store.json recorded it: the store's manifest
+    return len(TokenStore(saved["directory"]).train)
+  except DataError:
+    return None
 
 
 def _open_store(d: DataSpec, workdir: str, model_vocab: int, say) -> TokenStore:

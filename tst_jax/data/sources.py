@@ -116,6 +116,25 @@ def load_documents(source: str, max_bytes: int | None = None, text_field: str = 
   return docs
 
 
+def token_bound(source: str, max_bytes: int | None = None) -> int | None:
+  """At most how many tokens `source` gives, without reading it: its bytes of text (a token of
+  a byte-level BPE or a SentencePiece model covers at least one byte) plus two per document
+  (EOS, and a SentencePiece dummy prefix); `max_bytes` caps the bytes. None where the size of
+  the text is not known from the file sizes (compressed files, Parquet, tfds, seqio)."""
+  kind, _, pattern = source.partition(":")
+  if kind == "builtin" and pattern == "pystdlib":
+    paths = _stdlib_files()
+  elif kind in ("text", "jsonl") and pattern:      # JSON escapes only make a file longer
+    paths = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
+                   if os.path.isfile(p))
+    if kind == "jsonl" and any(p.endswith((".gz", ".zst")) for p in paths):
+      return None
+  else:
+    return None
+  size = sum(os.path.getsize(p) for p in paths)
+  return min(size, max_bytes or size) + 2 * len(paths)
+
+
 def check_max_bytes(max_bytes: int | None):
   if max_bytes is not None and max_bytes <= 0:
     raise ValueError(f"max_bytes must be positive, got {max_bytes}")

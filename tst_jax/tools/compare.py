@@ -1,16 +1,21 @@
-"""Compare runs as the paper's figure 2: loss vs FLOPs, loss vs data tokens, equal-loss speedup.
+"""Compare finished runs as the paper does: the equal-loss speed-up and Δ at equal FLOPs against
+the frontier of finished baselines, and figure 2's loss-vs-FLOPs and loss-vs-data curves.
 
-  python -m tst_jax.tools.compare --runs W_base,W_tst [--baseline W_base] [--out DIR]
+  python -m tst_jax.tools.compare --runs W_base2k,W_base3k,W_base4k,W_tst [--out DIR]
 
-Reads each run's metrics.jsonl (held-out eval lines) and config.json (for the plan's FLOPs per
-step of each phase). For every non-baseline run it reports
-  equal-FLOPs: the baseline's eval loss at the run's total FLOPs (interpolated on its curve);
-  equal-data:  the baseline's eval loss at the run's total data tokens (if it read that many);
-  equal-loss:  the steps and FLOPs the baseline needs to reach the run's final eval loss,
-               linearly interpolated between its eval points (or "not reached").
-Several baselines (r = 0) in --runs also give the paper's own equal-loss view: the final losses
-of those runs against their FLOPs. Writes DIR/compare.{md,json,png}. `write_arms` is the
-same comparison per seed, summarised per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
+Reads each run's metrics.jsonl (held-out eval lines), config.json (the plan: FLOPs per step of
+each phase) and store.json (its training tokens: the passes over the data). The baselines
+(r = 0) among --runs make the frontier (tst_jax/analysis/frontier.py): their final losses
+against their total FLOPs, interpolated between lengths. For every run:
+  Δ at equal FLOPs       its final loss minus the frontier's at its FLOPs;
+  equal-loss speed-up    the frontier's FLOPs to reach its final loss over its FLOPs (a baseline
+                         is 1.00x by construction; '>' and '≤' are bounds past the frontier's
+                         ends; one baseline length gives none);
+  equal data             the longest baseline's eval curve after as many data tokens (figure 2's
+                         right panel): a point in the middle of a run whose learning rate has
+                         not decayed, so never a speed-up.
+Writes DIR/compare.{md,json,png}. `write_arms` makes the same comparison per seed and
+summarises it per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
 """
 
 from __future__ import annotations
@@ -25,8 +30,17 @@ import ml_collections
 import numpy as np
 
 from tst_jax import errors, fileio
-from tst_jax.train import spec as spec_lib
+from tst_jax.analysis.frontier import EqualLoss, Frontier, spread
+from tst_jax.data import run_data
+from tst_jax.train import defaults, spec as spec_lib
 from tst_jax.train.console import human
+
+METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished baselines' "
+          "(r = 0, same seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
+          "those baselines' final losses reach the run's final loss, interpolated between "
+          "baseline lengths, over the run's FLOPs (a baseline is 1.00x; '>' and '≤' are bounds "
+          "past the longest and shortest baseline). Both use finished runs, whose learning "
+          "rate has decayed, never the middle of a longer run's curve.")
 
 
 @dataclasses.dataclass
@@ -40,6 +54,7 @@ class EvalCurve:
   phases: list              # plan phases: first_step, steps, flops_per_step, bag_size, name
   r: float
   S: int
+  train_tokens: int | None = None   # of the store it read (None: unknown)
 
   @property
   def total_steps(self) -> int:
@@ -75,6 +90,11 @@ class EvalCurve:
   def total_data_tokens(self) -> int:
     return int(sum(p["data_tokens"] for p in self.phases))
 
+  @property
+  def passes(self) -> float | None:
+    """How many times the run read its training tokens (None: the store is unknown)."""
+    return self.total_data_tokens / self.train_tokens if self.train_tokens else None
+
 
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """A run directory of `main.py` -> its eval curve and plan."""
@@ -98,25 +118,21 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   phases = plan["phases"]
   tst = phases[0] if phases[0]["name"] == "tst" else None
   return EvalCurve(name or os.path.basename(os.path.normpath(workdir)), workdir,
-             np.array([r["step"] for r in rows], float), np.array([r["eval_loss"] for r in rows]),
-             np.array([r["data_tokens"] for r in rows], float), phases,
-             r=float(config.tst.ratio) if tst else 0.0,
-             S=tst["bag_size"] if tst else 1)
+                   np.array([r["step"] for r in rows], float),
+                   np.array([r["eval_loss"] for r in rows]),
+                   np.array([r["data_tokens"] for r in rows], float), phases,
+                   r=float(config.tst.ratio) if tst else 0.0, S=tst["bag_size"] if tst else 1,
+                   train_tokens=run_data.workdir_train_tokens(workdir))
 
 
-def crossing(x: np.ndarray, y: np.ndarray, target: float) -> tuple[float | None, str]:
-  """The first x where the curve y(x) reaches `target` (y <= target), linearly interpolated
-  between the eval points around it: (x, note). note is '' for an interpolated crossing,
-  'at or before the first eval' when the first point is already below, and
-  'not reached' (x None) when no point is."""
-  below = np.nonzero(y <= target)[0]
-  if below.size == 0:
-    return None, "not reached"
-  i = int(below[0])
-  if i == 0:
-    return float(x[0]), "at or before the first eval"
-  x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-  return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1)), ""
+def lengths_to_add(steps: int) -> list[str]:
+  """Baseline arms of 1.5x and 2x `steps`, as `--arms` spells them."""
+  return [f"baseline+{defaults.steps_arm(round(steps * f))}" for f in (1.5, 2)]
+
+
+def frontier_of(runs: list[EvalCurve]) -> Frontier:
+  """The finished baselines among `runs`: (total FLOPs, final loss, name)."""
+  return Frontier.of((r.total_flops, r.final_loss, r.name) for r in runs if r.is_baseline)
 
 
 def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
@@ -126,41 +142,58 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
   return float(np.interp(at, x, y))
 
 
-def compare(runs: list[EvalCurve], baseline: EvalCurve) -> list[dict]:
-  """One row per run other than the baseline: the three views."""
+def run_row(run: EvalCurve, frontier: Frontier) -> dict:
+  """One run against the frontier: Δ at equal FLOPs and the equal-loss speed-up."""
+  at = frontier.loss_at(run.total_flops)
+  if run.is_baseline:                    # a point of the frontier itself
+    equal = EqualLoss(1.0, "=", run.total_flops)
+  else:
+    equal = frontier.equal_loss(run.final_loss, run.total_flops)
+    if equal.speedup is None:
+      equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms "
+                                  f"{','.join(lengths_to_add(run.total_steps))}")
+  return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
+              data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
+              is_baseline=run.is_baseline, frontier=frontier.names,
+              frontier_loss_at_equal_flops=at,
+              delta_equal_flops=None if at is None else run.final_loss - at,
+              equal_loss_flops=equal.flops, speedup=equal.speedup, speedup_bound=equal.bound,
+              speedup_text=equal.text())
+
+
+def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -> list[str]:
+  """Warnings about the frontier itself: a longer baseline that ends higher (data repeats?)."""
+  passes = {r.name: r.passes for r in runs}
+  notes = []
+  for (_, lo, a), (_, hi, b) in zip(frontier.points, frontier.points[1:]):
+    if hi >= lo:
+      read = passes.get(b)
+      notes.append(f"{label}{b} ends at {hi:.4f}, above the shorter {a} ({lo:.4f}): the "
+                   "frontier does not fall with length" +
+                   (f" ({b} read its training tokens {read:.1f} times)" if read and read > 1
+                    else "") + "; its speed-ups past that length are not meaningful")
+  return notes
+
+
+def compare(runs: list[EvalCurve], curve: EvalCurve | None = None) -> list[dict]:
+  """One row per run against the frontier of the baselines among `runs`, plus figure 2's
+  equal-data view on `curve`'s eval curve (default: the longest baseline)."""
+  frontier = frontier_of(runs)
+  curve = curve or max((r for r in runs if r.is_baseline), key=lambda r: r.total_flops,
+                       default=None)
   rows = []
-  base_flops = baseline.flops
-  frontier = sorted((r.total_flops, r.final_loss, r.total_steps) for r in runs if r.is_baseline)
   for run in runs:
-    if run is baseline:
-      continue
-    steps, note = crossing(baseline.steps, baseline.loss, run.final_loss)
-    flops = None if steps is None else float(baseline.flops_at(steps))
-    row = dict(
-        run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
-        data_tokens=run.total_data_tokens, final_loss=run.final_loss,
-        baseline=baseline.name, baseline_final_loss=baseline.final_loss,
-        baseline_loss_at_equal_flops=value_at(base_flops, baseline.loss, run.total_flops),
-        baseline_loss_at_equal_data=value_at(baseline.data_tokens, baseline.loss,
-                                              run.total_data_tokens),
-        baseline_steps_to_equal_loss=steps, baseline_flops_to_equal_loss=flops,
-        equal_loss_note=note,
-        speedup_steps=None if steps is None else steps / run.total_steps,
-        speedup_flops=None if flops is None else flops / run.total_flops,
-        speedup_lower_bound=(baseline.total_steps / run.total_steps if steps is None else None))
-    if len(frontier) >= 2:    # the paper's view: final losses of several baseline runs
-      fx, note = crossing(np.array([f[0] for f in frontier]), np.array([f[1] for f in frontier]),
-                          run.final_loss)
-      row["frontier_flops_to_equal_loss"] = fx
-      row["frontier_speedup_flops"] = None if fx is None else fx / run.total_flops
-      row["frontier_note"] = note.replace("at or before the first eval",
-                                          "at or below the smallest baseline")
+    row = run_row(run, frontier)
+    if curve is not None and run is not curve:
+      row.update(curve=curve.name, curve_loss_at_equal_data=value_at(
+          curve.data_tokens, curve.loss, run.total_data_tokens))
     rows.append(row)
   return rows
 
 
-def _f(x, fmt=".4f"):
-  return "--" if x is None else format(x, fmt)
+def fmt(x, spec=".4f") -> str:
+  """`x` formatted, "--" for None."""
+  return "--" if x is None else format(x, spec)
 
 
 def report_head(title: str, command: str = "") -> list[str]:
@@ -168,46 +201,32 @@ def report_head(title: str, command: str = "") -> list[str]:
   return [f"# {title}", ""] + (["```", command, "```", ""] if command else [])
 
 
-def format_table(rows: list[dict], runs: list[EvalCurve]) -> str:
-  lines = ["| run | r | S | steps | FLOPs | data tokens | final eval loss |",
-           "|---|---|---|---|---|---|---|"]
-  for run in runs:
-    lines.append(f"| {run.name} | {run.r:g} | {run.S} | {run.total_steps} | "
-                 f"{human(run.total_flops)} | {human(run.total_data_tokens)} | "
-                 f"{run.final_loss:.4f} |")
-  lines += ["", "| run | vs baseline | equal-FLOPs: baseline loss (Δ) | "
-            "equal-data: baseline loss (Δ) | equal-loss: baseline steps (FLOPs) | speedup |",
-            "|---|---|---|---|---|---|"]
+def format_table(rows: list[dict]) -> str:
+  lines = ["| run | r | S | steps | FLOPs | data tokens | passes | final eval loss | "
+           "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) |",
+           "|---" * 10 + "|"]
   for row in rows:
-    def delta(base):
-      return "not covered" if base is None else f"{base:.4f} ({row['final_loss'] - base:+.4f})"
-    if row["baseline_steps_to_equal_loss"] is None:
-      equal = f"not reached in {row['speedup_lower_bound'] * row['steps']:.0f} steps"
-      speed = f"> {row['speedup_lower_bound']:.2f}x"
-    else:
-      equal = (f"{row['baseline_steps_to_equal_loss']:.1f} "
-               f"({human(row['baseline_flops_to_equal_loss'])})")
-      bound = ""
-      if row["equal_loss_note"]:       # reached by the first eval: an upper bound
-        equal += f", {row['equal_loss_note']}"
-        bound = "≤ "
-      speed = f"{bound}{row['speedup_steps']:.2f}x steps, {bound}{row['speedup_flops']:.2f}x FLOPs"
-    lines.append(f"| {row['run']} | {row['baseline']} | "
-                 f"{delta(row['baseline_loss_at_equal_flops'])} | "
-                 f"{delta(row['baseline_loss_at_equal_data'])} | {equal} | {speed} |")
-  if any("frontier_flops_to_equal_loss" in r for r in rows):
-    lines += ["", "Equal loss against the final losses of the baseline runs (the paper's view):",
-              "", "| run | baseline FLOPs to equal loss | speedup (FLOPs) |", "|---|---|---|"]
+    lines.append(f"| {row['run']} | {row['r']:g} | {row['S']} | {row['steps']} | "
+                 f"{human(row['flops'])} | {human(row['data_tokens'])} | "
+                 f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | "
+                 f"{fmt(row['delta_equal_flops'], '+.4f')} | {row['speedup_text']} |")
+  curve = next((r["curve"] for r in rows if r.get("curve")), None)
+  if curve:
+    lines += ["", f"Equal data (figure 2, right): {curve}'s eval curve after as many data "
+              "tokens. A mid-run point (its learning rate has not decayed): not a speed-up.", "",
+              f"| run | data tokens | {curve} at equal data | Δ |", "|---|---|---|---|"]
     for row in rows:
-      fx = row.get("frontier_flops_to_equal_loss")
-      note = row.get("frontier_note", "")
-      bound = "≤ " if note and fx is not None else ""
-      lines.append(f"| {row['run']} | {human(fx)}{', ' + note if note else ''} | "
-                   f"{bound}{_f(row.get('frontier_speedup_flops'), '.2f')}x |")
+      if row.get("curve"):
+        base = row["curve_loss_at_equal_data"]
+        lines.append(f"| {row['run']} | {human(row['data_tokens'])} | "
+                     f"{'not covered' if base is None else f'{base:.4f}'} | "
+                     f"{fmt(None if base is None else row['final_loss'] - base, '+.4f')} |")
   return "\n".join(lines)
 
 
-def plot(runs: list[EvalCurve], baseline: EvalCurve, rows: list[dict], out_path: str):
+def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: str):
+  """Loss vs FLOPs and vs data tokens (every run's curve), and the frontier of finished
+  baselines with each run's final loss on it."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -228,22 +247,19 @@ def plot(runs: list[EvalCurve], baseline: EvalCurve, rows: list[dict], out_path:
   axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   axes[0].legend(fontsize=8)
   ax = axes[2]
-  names = [r["run"] for r in rows]
-  x = np.arange(len(rows))
-  ax.bar(x - 0.2, [r["flops"] for r in rows], 0.4, label="the run (its total)")
-  needed = [r["baseline_flops_to_equal_loss"] for r in rows]
-  ax.bar(x + 0.2, [n if n is not None else baseline.total_flops for n in needed], 0.4,
-         label=f"{baseline.name} to reach the same loss", color="tab:gray")
-  for i, (n, r) in enumerate(zip(needed, rows)):
-    if n is None:
-      text = f"not reached\n(> {baseline.total_flops / r['flops']:.2f}x)"
-    else:
-      text = ("≤ " if r["equal_loss_note"] else "") + f"{r['speedup_flops']:.2f}x"
-    ax.text(i + 0.2, n if n is not None else baseline.total_flops, text, ha="center",
-            va="bottom", fontsize=8)
-  ax.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
-  ax.set_ylabel("training FLOPs")
-  ax.set_title("Equal-loss: FLOPs to the run's final loss")
+  if frontier.points:
+    ax.plot(frontier.flops, frontier.losses, "k.--", label="finished baselines")
+  for row in rows:
+    if row["is_baseline"]:
+      continue
+    point, = ax.plot(row["flops"], row["final_loss"], "*", ms=10, label=row["run"])
+    if row["equal_loss_flops"] is not None:
+      ax.annotate(row["speedup_text"], (row["flops"], row["final_loss"]), fontsize=8,
+                  xytext=(4, 4), textcoords="offset points", color=point.get_color())
+  ax.set_xlabel("training FLOPs")
+  ax.set_ylabel("final held-out loss (nats)")
+  ax.set_title("Equal-loss: final losses against the finished baselines")
+  ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(out_path, dpi=100)
@@ -251,52 +267,36 @@ def plot(runs: list[EvalCurve], baseline: EvalCurve, rows: list[dict], out_path:
 
 
 # -- arms over seeds (python -m tst_jax.tools.sweep --arms) -----------------------------------------
-def spread(values) -> dict | None:
-  """mean, sd (n - 1; None for one value), min, max and n of `values`; None if empty."""
-  v = np.asarray(list(values), dtype=np.float64)
-  if not v.size:
-    return None
-  return dict(mean=float(v.mean()), sd=float(v.std(ddof=1)) if v.size > 1 else None,
-              min=float(v.min()), max=float(v.max()), n=int(v.size))
-
-
-def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()) -> tuple[list[dict], list[dict]]:
-  """(per-arm rows, per-run rows) of (arm, seed, run) triples. Each run is compared with the
-  reference of its seed (the r = 0 run with the most FLOPs, whose curve covers the others);
-  each arm's final loss, loss minus the reference's at equal FLOPs, and equal-loss speed-up
-  (the reference's FLOPs to reach the run's final loss / the run's FLOPs) over its seeds."""
-  per_run = []
+def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
+                   ) -> tuple[list[dict], list[dict], list[str]]:
+  """(per-arm rows, per-run rows, notes) of (arm, seed, run) triples. Each run is compared
+  with the frontier of its seed's finished baselines (`run_row`); per arm, its final loss,
+  Δ at equal FLOPs and equal-loss speed-up over the seeds where they are measured."""
+  per_run, notes = [], []
   for seed in sorted({seed for _, seed, _ in runs}):
     items = [(arm, run) for arm, s, run in runs if s == seed]
-    baselines = [run for _, run in items if run.is_baseline]
-    ref = max(baselines, key=lambda r: r.total_flops) if baselines else None
-    rows = {row["run"]: row for row in compare([run for _, run in items], ref)} if ref else {}
-    for arm, run in items:
-      row = rows.get(run.name) or dict(
-          run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
-          data_tokens=run.total_data_tokens, final_loss=run.final_loss,
-          baseline=ref.name if ref else None)
-      per_run.append(dict(row, arm=arm, seed=seed, reference=run is ref))
+    frontier = frontier_of([run for _, run in items])
+    notes += frontier_notes(frontier, [run for _, run in items], f"seed {seed}: ")
+    per_run += [dict(run_row(run, frontier), arm=arm, seed=seed) for arm, run in items]
   names = list(dict.fromkeys([a for a in order if any(r["arm"] == a for r in per_run)] +
                              sorted({r["arm"] for r in per_run})))
   arms = []
   for name in names:
     group = [r for r in per_run if r["arm"] == name]
-    compared = [r for r in group if not r["reference"] and r.get("baseline")]
-    speed = [r["speedup_flops"] for r in compared]
+    exact = [r for r in group if r["speedup"] is not None and r["speedup_bound"] == "="]
     arms.append(dict(
         arm=name, r=group[0]["r"], S=group[0]["S"], steps=group[0]["steps"],
         flops=group[0]["flops"], data_tokens=group[0]["data_tokens"],
-        seeds=[r["seed"] for r in group], reference=all(r["reference"] for r in group),
+        passes=group[0]["passes"], seeds=[r["seed"] for r in group],
+        is_baseline=all(r["is_baseline"] for r in group),
         final_loss=spread(r["final_loss"] for r in group),
-        delta_equal_flops=spread(r["final_loss"] - r["baseline_loss_at_equal_flops"]
-                                 for r in compared
-                                 if r["baseline_loss_at_equal_flops"] is not None),
-        speedup_flops=spread(x for x in speed if x is not None),
-        not_reached=sum(x is None for x in speed),
-        speedup_lower_bound=spread(r["speedup_lower_bound"] for r in compared
-                                   if r["speedup_lower_bound"] is not None)))
-  return arms, per_run
+        delta_equal_flops=spread(r["delta_equal_flops"] for r in group
+                                 if r["delta_equal_flops"] is not None),
+        speedup=spread(r["speedup"] for r in exact),
+        speedup_bounds=[dict(seed=r["seed"], bound=r["speedup_bound"], speedup=r["speedup"])
+                        for r in group if r["speedup"] is not None and r not in exact],
+        speedup_note=next((r["speedup_text"] for r in group if r["speedup"] is None), "")))
+  return arms, per_run, notes
 
 
 def _spread_text(s: dict | None, fmt: str = ".4f", sign: str = "") -> str:
@@ -308,43 +308,45 @@ def _spread_text(s: dict | None, fmt: str = ".4f", sign: str = "") -> str:
   return text
 
 
+def _seeds(n: int) -> str:
+  return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def speedup_text(arm: dict) -> str:
-  """'0.75 ± 0.18 [0.62, 0.88]', 'not reached (> 1.00x)' or both for mixed seeds."""
-  if arm["reference"]:
-    return "reference"
+  """'1.15x (1 seed)', '1.30 ± 0.01x [1.29, 1.30] (2 seeds)', '> 1.33x (1 seed)', both for
+  mixed seeds, or why there is none."""
+  if arm["is_baseline"]:
+    return "1.00x (a baseline)"
   parts = []
-  if arm["speedup_flops"]:
-    parts.append(_spread_text(arm["speedup_flops"], ".2f") + "x")
-  if arm["not_reached"]:
-    bound = arm["speedup_lower_bound"]
-    seeds = "" if not arm["speedup_flops"] else f" in {arm['not_reached']} seed(s)"
-    parts.append(f"not reached{seeds}" + (f" (> {bound['min']:.2f}x)" if bound else ""))
-  return ", ".join(parts) or "--"
+  if arm["speedup"]:
+    s = arm["speedup"]
+    parts.append(f"{s['mean']:.2f}x ({_seeds(1)})" if s["n"] == 1 else
+                 f"{s['mean']:.2f} ± {s['sd']:.2f}x [{s['min']:.2f}, {s['max']:.2f}] "
+                 f"({_seeds(s['n'])})")
+  for bound in ("≤", ">"):
+    hits = [b["speedup"] for b in arm["speedup_bounds"] if b["bound"] == bound]
+    if hits:
+      value = min(hits) if bound == ">" else max(hits)
+      parts.append(f"{bound} {value:.2f}x ({_seeds(len(hits))})")
+  return ", ".join(parts) or arm["speedup_note"] or "--"
 
 
 def format_arms(arms: list[dict], per_run: list[dict]) -> str:
-  lines = ["| arm | r | S | steps | FLOPs | data tokens | seeds | final eval loss "
-           "(mean ± sd [min, max]) | Δ vs baseline at equal FLOPs | equal-loss speed-up (FLOPs) |",
-           "|---" * 10 + "|"]
+  lines = ["| arm | r | S | steps | FLOPs | data tokens | passes | seeds | final eval loss "
+           "(mean ± sd [min, max]) | Δ at equal FLOPs (finished baselines) | equal-loss "
+           "speed-up (finished baselines) |", "|---" * 11 + "|"]
   for a in arms:
     lines.append(f"| {a['arm']} | {a['r']:g} | {a['S']} | {a['steps']} | {human(a['flops'])} | "
-                 f"{human(a['data_tokens'])} | {','.join(map(str, a['seeds']))} | "
-                 f"{_spread_text(a['final_loss'])} | "
+                 f"{human(a['data_tokens'])} | {fmt(a['passes'], '.2f')} | "
+                 f"{','.join(map(str, a['seeds']))} | {_spread_text(a['final_loss'])} | "
                  f"{_spread_text(a['delta_equal_flops'], sign='+')} | {speedup_text(a)} |")
-  lines += ["", "| run | arm | seed | final eval loss | reference | reference loss at equal FLOPs "
-            "| reference FLOPs to equal loss | speed-up |", "|---" * 8 + "|"]
+  lines += ["", "| run | arm | seed | final eval loss | passes | baselines' loss at equal "
+            "FLOPs | Δ | baselines' FLOPs to equal loss | speed-up |", "|---" * 9 + "|"]
   for r in per_run:
-    if r["reference"] or not r.get("baseline"):
-      speed = "reference" if r["reference"] else "--"
-      lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
-                   f"{r.get('baseline') or '--'} | -- | -- | {speed} |")
-      continue
-    needed = r["baseline_flops_to_equal_loss"]
-    speed = (f"not reached (> {r['speedup_lower_bound']:.2f}x)" if needed is None else
-             ("≤ " if r["equal_loss_note"] else "") + f"{r['speedup_flops']:.2f}x")
     lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
-                 f"{r['baseline']} | {_f(r['baseline_loss_at_equal_flops'])} | "
-                 f"{human(needed)} | {speed} |")
+                 f"{fmt(r['passes'], '.2f')} | {fmt(r['frontier_loss_at_equal_flops'])} | "
+                 f"{fmt(r['delta_equal_flops'], '+.4f')} | {human(r['equal_loss_flops'])} | "
+                 f"{r['speedup_text']} |")
   return "\n".join(lines)
 
 
@@ -387,21 +389,15 @@ def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), comm
                order=()) -> dict:
   """out/results.json, out/results.md and the curves of `plot_arms`; returns the paths."""
   paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
-  arms, per_run = summarize_arms(runs, order) if runs else ([], [])
-  fileio.write_json(paths["json"],
-                    dict(command=command, arms=arms, runs=per_run, failed=list(failed)))
-  lines = report_head("TST arms against the equal-FLOPs baseline", command)
-  lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with n - 1). "
-            "Each run is compared with the baseline (r = 0) of its seed with the most FLOPs: "
-            "Δ is the run's loss minus that baseline's at the same FLOPs (negative: TST is "
-            "better); the equal-loss speed-up is the baseline's FLOPs to first reach the run's "
-            "final loss (interpolated between its evals) over the run's FLOPs. Against a "
-            "baseline of the same length a better run is 'not reached' (> 1x); a longer "
-            "baseline arm (e.g. baseline+4k) measures the speed-up itself, though at equal "
-            "steps its curve has not decayed its learning rate yet (it overstates the steps "
-            "the baseline needs).", ""]
+  arms, per_run, notes = summarize_arms(runs, order) if runs else ([], [], [])
+  fileio.write_json(paths["json"], dict(command=command, method=METHOD, arms=arms,
+                                        runs=per_run, notes=notes, failed=list(failed)))
+  lines = report_head("TST arms against finished equal-FLOPs baselines", command)
+  lines += ["Held-out next-token loss (nats/token) at the last step, over seeds (sd with "
+            "n - 1); passes: how many times the run read its training tokens. " + METHOD, ""]
   if arms:
     lines += [format_arms(arms, per_run), ""]
+    lines += [f"Note: {n}" for n in notes] + ([""] if notes else [])
     paths["png"] = plot_arms(runs, out)
     lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in paths["png"]] + [""]
   if failed:
@@ -414,37 +410,41 @@ def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), comm
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.tools.compare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--runs", required=True, help="comma list of run workdirs")
-  p.add_argument("--baseline", default="",
-                 help="the reference run (default: the first run with r = 0, else the first)")
+  p.add_argument("--runs", required=True,
+                 help="comma list of run workdirs; its baselines (r = 0) make the frontier")
+  p.add_argument("--curve", default="",
+                 help="the run whose eval curve gives the equal-data view (default: the "
+                      "longest baseline)")
   p.add_argument("--out", default="", help="output directory (default: the current one)")
   p.add_argument("--verbosity", type=int, default=0,
                  help="1: tracebacks of user errors too (else one 'error:' line)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
   dirs = [d for d in args.runs.split(",") if d]
-  if args.baseline and args.baseline not in dirs:
-    dirs.insert(0, args.baseline)
+  if args.curve and args.curve not in dirs:
+    dirs.insert(0, args.curve)
   names = [os.path.basename(os.path.normpath(d)) for d in dirs]
   if len(set(names)) < len(names):      # same basenames: name them parent/basename
     names = [os.path.join(*os.path.normpath(os.path.abspath(d)).split(os.sep)[-2:])
              for d in dirs]
   runs = [load_run(d, name) for d, name in zip(dirs, names)]
-  if args.baseline:
-    baseline = runs[dirs.index(args.baseline)]
-  else:
-    baseline = next((r for r in runs if r.is_baseline), runs[0])
-  rows = compare(runs, baseline)
-  table = format_table(rows, runs)
+  curve = runs[dirs.index(args.curve)] if args.curve else None
+  rows = compare(runs, curve)
+  frontier = frontier_of(runs)
+  notes = frontier_notes(frontier, runs)
+  table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])
   print(table)
   out = args.out or "."
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "compare.md"), "w") as f:
-    f.write(f"# Comparison against {baseline.name}\n\n```\npython -m tst_jax.tools.compare "
-            f"{' '.join(sys.argv[1:] if argv is None else argv)}\n```\n\n{table}\n\n"
-            "![comparison](compare.png)\n")
-  with open(os.path.join(out, "compare.json"), "w") as f:
-    json.dump(dict(baseline=baseline.name, rows=rows), f, indent=1)
-  plot(runs, baseline, rows, os.path.join(out, "compare.png"))
+    f.write("\n".join(report_head(
+        "Runs against finished baselines", "python -m tst_jax.tools.compare " +
+        " ".join(sys.argv[1:] if argv is None else argv))) +
+        f"\n{METHOD}\n\n{table}\n\n![comparison](compare.png)\n")
+  fileio.write_json(os.path.join(out, "compare.json"),
+                    dict(method=METHOD, frontier=[dict(run=n, flops=x, final_loss=y)
+                                                  for x, y, n in frontier.points],
+                         rows=rows, notes=notes))
+  plot(runs, rows, frontier, os.path.join(out, "compare.png"))
   return 0
 
 

@@ -130,7 +130,8 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   list of 'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
   'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
   (superposition at one end only), 'smooth' (phase 1 in stages of S, S/2, ... 2:
-  tst.schedule='halve'), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k' (total steps).
+  tst.schedule='halve'), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k' (total steps:
+  N thousand, e.g. 2k, 1.5k, 0.45k).
   `name` is the config file, for the error message."""
   for part in arms(arg):
     if part == "tst":
@@ -147,12 +148,27 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       c.tst.bag_size = int(part[1:])
     elif part[0] == "r" and _is_float(part[1:]):
       c.tst.ratio = float(part[1:])
-    elif part.endswith("k") and part[:-1].isdigit():
-      c.train.steps = int(part[:-1]) * 1000
+    elif arm_steps(part):
+      c.train.steps = arm_steps(part)
     else:
       raise ConfigError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
                        "reinit, input_only, output_only, smooth, s<S>, r<ratio>, <N>k")
   return c
+
+
+def arm_steps(part: str) -> int:
+  """The steps of a '<N>k' arm: '2k' -> 2000, '1.5k' -> 1500, '0.45k' -> 450; 0 for any other
+  text (or one that is not a positive whole number of steps)."""
+  if not (part.endswith("k") and _is_float(part[:-1])):
+    return 0
+  steps = float(part[:-1]) * 1000
+  whole = 1 <= steps < 1e12 and abs(steps - round(steps)) < 1e-6    # (not inf or nan)
+  return int(round(steps)) if whole else 0
+
+
+def steps_arm(steps: int) -> str:
+  """The '<N>k' arm of `steps` steps (`arm_steps`' inverse): 2000 -> '2k', 450 -> '0.45k'."""
+  return f"{steps / 1000:g}k"
 
 
 def _is_float(text: str) -> bool:

@@ -53,7 +53,9 @@ def run(config, workdir: str, mode: str = "train", accelerator: str = "") -> dic
   if mode == "plan":
     print(flags.line())
     fitted = fit.check(checked, accelerator) if accelerator else None
-    print(*([fitted.table()] if fitted else []), format_plan(spec.plan, spec.resolved), sep="\n")
+    tokens = run_data.training_tokens(spec.data, workdir or None)
+    print(*([fitted.table()] if fitted else []),
+          format_plan(spec.plan, spec.resolved, tokens=tokens), sep="\n")
     return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
   if flags.applied and distributed.is_primary():
     print(flags.line())
@@ -83,7 +85,8 @@ def train(s: Setup) -> dict:
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=cfg.progress_bar and sys.stdout.isatty())
-  console.print(format_plan(plan, s.resolved, with_json=False) if start == 0 else
+  console.print(format_plan(plan, s.resolved, with_json=False,
+                            tokens=run_data.TrainTokens.of(s.data.train)) if start == 0 else
                 f"resuming {s.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(s.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files

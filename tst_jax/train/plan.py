@@ -4,10 +4,13 @@ tst.schedule, then ntp), their tokens and FLOPs, and the warning of a run too sh
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 
 from tst_jax import models
 from tst_jax import superposition as sp
+from tst_jax.analysis.frontier import Trend
 from tst_jax.train.console import human
 
 EQUAL_FLOPS = ("seq", "batch")
@@ -170,6 +173,9 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
 # would refine it is still to be run (the command is in docs/results.md).
 PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
 BEHIND_WARNING = "at this length TST is expected to end behind its baseline: docs/results.md"
+# The measured trend of the equal-loss speed-up against tokens per parameter
+# (`python -m tst_jax.tools.ladder`; docs/results.md, "The speed-up ladder").
+TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
 
 
 def ntp_tokens_per_param(plan: Plan) -> float | None:
@@ -181,6 +187,11 @@ def ntp_tokens_per_param(plan: Plan) -> float | None:
   return ntp / max(plan.params_active, 1)
 
 
+def tokens_per_param(plan: Plan) -> float:
+  """Model positions of the whole run (B x L per step) per active parameter."""
+  return plan.tokens_at(plan.total_steps)["equivalent_tokens"] / max(plan.params_active, 1)
+
+
 def behind_baseline_warning(plan: Plan) -> str | None:
   """The warning of a TST run too short for TST to pay (PAYS_FROM_NTP_TOKENS_PER_PARAM)."""
   ratio = ntp_tokens_per_param(plan)
@@ -190,8 +201,60 @@ def behind_baseline_warning(plan: Plan) -> str | None:
           f"parameter; TST has paid from about {PAYS_FROM_NTP_TOKENS_PER_PARAM:g})")
 
 
-def format_plan(plan: Plan, resolved=None, with_json: bool = True) -> str:
-  """A readable table (and the platform's resolved defaults), then the plan as JSON."""
+@functools.cache
+def measured_trend() -> Trend | None:
+  """The shipped fit of the ladder's points (None when there is none)."""
+  return Trend.load(TREND_FILE) if os.path.isfile(TREND_FILE) else None
+
+
+def pays_line(plan: Plan, trend: Trend | None) -> str | None:
+  """For a TST run: its tokens per parameter and the speed-up the measured trend predicts
+  there, or why it predicts none."""
+  if ntp_tokens_per_param(plan) is None:
+    return None
+  x = tokens_per_param(plan)
+  line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
+  if trend is None:
+    return line + "not predicted (no measured trend: python -m tst_jax.tools.ladder)"
+  predicted = trend.predict(x)
+  if predicted is None:
+    return line + (f"not predicted: outside the measured range ({trend.low:.3g} to "
+                   f"{trend.high:.3g} tokens per parameter, docs/results.md)")
+  return line + (f"predicted {predicted:.2f}x by the trend of {len(trend.points)} measured "
+                 f"runs ({trend.low:.3g} to {trend.high:.3g} tokens per parameter, "
+                 "docs/results.md)")
+
+
+def passes(plan: Plan, train_tokens: int) -> list[float]:
+  """How many times each phase reads the training tokens (its data tokens over theirs)."""
+  return [p.steps * p.data_tokens_per_step / train_tokens for p in plan.phases]
+
+
+def data_lines(plan: Plan, tokens) -> list[str]:
+  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown)
+  and a warning when the run reads any of its tokens more than once."""
+  if tokens is None:
+    return ["data: training tokens counted once data.source is tokenized (the run's plan "
+            "then says how many times it reads them)"]
+  each = passes(plan, tokens.count)
+  total, at_least = sum(each), "" if tokens.exact else ">= "
+  per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
+  lines = [f"data: {'' if tokens.exact else 'at most '}{human(tokens.count)} training tokens "
+           f"({tokens.where}); passes over them: {per_phase}, the run {at_least}{total:.3g}"]
+  if total > 1:
+    lines.append(f"warning: the data repeats: the run reads its training tokens "
+                 f"{'at least ' if at_least else ''}{total:.3g} times; a repeated token teaches "
+                 "less than a new one (docs/data.md, 'Passes over the data')")
+  return lines
+
+
+def _label(phase: Phase) -> str:
+  return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
+
+
+def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) -> str:
+  """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
+  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON."""
   lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
            f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
            f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"
@@ -208,9 +271,11 @@ def format_plan(plan: Plan, resolved=None, with_json: bool = True) -> str:
                f"{human(summary['flops_total'])} FLOPs")
   if resolved is not None:
     lines.append(resolved.line())
-  warning = behind_baseline_warning(plan)
-  if warning:
-    lines.append(warning)
+  lines += data_lines(plan, tokens)
+  lines += filter(None, [pays_line(plan, measured_trend()), behind_baseline_warning(plan)])
   if with_json:
+    if tokens is not None:
+      summary["data"] = dict(train_tokens=tokens.count, exact=tokens.exact,
+                             passes=passes(plan, tokens.count))
     lines.append(json.dumps(summary))
   return "\n".join(lines)

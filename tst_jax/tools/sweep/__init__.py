@@ -25,6 +25,7 @@ import argparse
 import concurrent.futures
 import os
 import sys
+import time
 
 from tst_jax.tools.sweep.points import Point, make_arm_points, make_points, resolve
 from tst_jax.tools.sweep.report import collect, write_arm_reports, write_reports
@@ -54,6 +55,10 @@ def parse_args(argv):
   p.add_argument("--parallel", type=int, default=1, metavar="N",
                  help="train N points at once as subprocesses (sharing one accelerator: each "
                       "may use 0.9/N of its memory)")
+  p.add_argument("--deadline_s", type=float, default=None, metavar="SECONDS",
+                 help="after this many seconds start no point and stop the running ones with "
+                      "a checkpoint (SIGTERM), then write the tables: for calls of bounded "
+                      "length; the same command resumes (points train as subprocesses)")
   p.add_argument("--compilation_cache", default="",
                  help="persistent XLA cache shared by the points (default: JAX's configured "
                       "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
@@ -67,6 +72,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   args = parse_args(argv)
+  args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
   os.makedirs(args.workdir, exist_ok=True)
   if args.seeds:
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -125,6 +131,9 @@ def main(argv=None) -> int:
           report()
   paths = report()
   print(open(paths["md"]).read())
+  unfinished = [p.name for p in points if status[p.name] in ("interrupted", "not started")]
+  if unfinished:
+    print(f"unfinished at the deadline: {', '.join(unfinished)}; the same command resumes them")
   failed = [p.name for p in points if status[p.name] == "failed"]
   if failed:
     print(f"failed points: {failed}", file=sys.stderr)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +49,9 @@ def final_eval(point_dir: str, steps: int) -> float | None:
 
 
 def run_point(args, point: Point, index: int, total: int, env=None) -> str:
-  """Trains one point unless it is finished; returns 'done', 'skipped' or 'failed'."""
+  """Trains one point unless it is finished; returns 'done', 'skipped', 'failed', or, past
+  `args.deadline` (a time.time(), None: none), 'interrupted' (checkpointed: the same command
+  resumes it) or 'not started'."""
   point_dir = os.path.join(args.workdir, point.name)
   overrides = point.overrides(args.set)
   spec = point.config_spec(args.config)
@@ -56,6 +59,9 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   if finished(point_dir, config.train.steps):
     print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
     return "skipped"
+  if args.deadline is not None and time.time() >= args.deadline:
+    print(f"[{index}/{total}] {point.name}: not started (--deadline_s)", flush=True)
+    return "not started"
   os.makedirs(point_dir, exist_ok=True)
   phases = plan.phases
   if not config.data.source.startswith("tokens:"):   # a tokens: store is read where it is
@@ -68,12 +74,17 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
   t0 = time.time()
   try:
-    if args.subprocess or args.parallel > 1:
+    if args.subprocess or args.parallel > 1 or args.deadline is not None:
       cmd = [sys.executable, _MAIN, "--config", spec, "--workdir", point_dir,
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
       with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if not _train(cmd, log, env, args.deadline):
+          meta.update(status="interrupted", wall_s=time.time() - t0)
+          fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+          print(f"[{index}/{total}] {point.name}: interrupted at the deadline, checkpointed "
+                "(the same command resumes it)", flush=True)
+          return "interrupted"
     else:
       loop.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
@@ -88,6 +99,22 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   print(f"[{index}/{total}] {point.name}: final eval loss "
         f"{final_eval(point_dir, plan.total_steps):.4f} ({meta['wall_s']:.0f} s)", flush=True)
   return "done"
+
+
+def _train(cmd: list[str], log, env, deadline: float | None) -> bool:
+  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: it
+  checkpoints after its current step and exits 0 (tst_jax/train/preemption.py): False."""
+  proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+  try:
+    proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 0))
+  except subprocess.TimeoutExpired:
+    proc.send_signal(signal.SIGTERM)
+    if proc.wait():
+      raise subprocess.CalledProcessError(proc.returncode, cmd) from None
+    return False
+  if proc.returncode:
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
+  return True
 
 
 @contextlib.contextmanager

@@ -1,0 +1,124 @@
+"""The speed-up ladder: its arms, its end-to-end run at tiny shapes, the fitted trend, the
+plan's prediction from it, and the sweep's deadline that lets it resume across calls."""
+
+import json
+import math
+import os
+
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax.analysis.frontier import Frontier, Trend
+from tst_jax.tools import ladder, sweep
+from tst_jax.train import plan as plan_lib, spec as spec_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
+
+
+def test_ladder_arms_and_their_order():
+  tst, base = ladder.ladder_arms(["1k", "2k", "4k"], [1, 1.5, 2])
+  assert tst == ["1k", "2k", "4k"]
+  assert base == [f"baseline+{k}" for k in ("1k", "1.5k", "2k", "3k", "4k", "6k", "8k")]
+  assert ladder.run_order(tst, base) == [
+      "1k", "baseline+1k", "baseline+1.5k", "baseline+2k", "2k", "baseline+3k", "baseline+4k",
+      "4k", "baseline+6k", "baseline+8k"]
+  assert ladder.ladder_arms(["2k"], [1], "s2")[0] == ["s2+2k"]
+  with pytest.raises(ValueError, match="--lengths"):
+    ladder.ladder_arms(["2000"], [1])
+
+
+def test_trend_fit_and_prediction_inside_its_range_only():
+  points = [(0.5, 0.8, "a"), (1.0, 1.0, "b"), (2.0, 1.2, "c")]
+  trend = Trend.fit(points, "test")
+  assert trend.b == pytest.approx(0.2 / math.log(2)) and trend.a == pytest.approx(1.0)
+  assert trend.predict(1.0) == pytest.approx(1.0)
+  assert trend.predict(math.sqrt(2)) == pytest.approx(1.1)
+  assert trend.predict(0.49) is None and trend.predict(2.1) is None
+  assert Trend.fit(points[:1], "one x") is None
+
+
+def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monkeypatch):
+  plan = spec_lib.check(tiny_config(steps=12, ratio=0.5)).plan
+  x = plan_lib.tokens_per_param(plan)
+  assert x == pytest.approx(12 * 4 * 16 / plan.params_active)
+  trend = Trend.fit([(x / 2, 0.9, "a"), (x * 2, 1.3, "b")], "test")
+  path = tmp_path / "speedup_trend.json"
+  path.write_text(json.dumps(trend.to_json()))
+  monkeypatch.setattr(plan_lib, "TREND_FILE", str(path))
+  plan_lib.measured_trend.cache_clear()
+  try:
+    assert Trend.load(str(path)) == trend
+    assert "predicted 1.10x by the trend of 2 measured runs" in plan_lib.format_plan(plan)
+    longer = spec_lib.check(tiny_config(steps=60, ratio=0.5)).plan
+    assert "not predicted: outside the measured range" in plan_lib.format_plan(longer)
+    baseline = spec_lib.check(tiny_config(steps=12, ratio=0.0)).plan
+    assert "where TST pays" not in plan_lib.format_plan(baseline)
+  finally:
+    plan_lib.measured_trend.cache_clear()
+
+
+def test_ladder_end_to_end_at_tiny_shapes(tmp_path, capsys):
+  """TST at 4 and 8 steps, baselines of 4, 8 and 16: the speed-ups and tokens per parameter
+  in ladder.json are those of the frontier of the runs' own final losses."""
+  args = ["--config", CONFIG, "--workdir", str(tmp_path), "--lengths", "0.004k,0.008k",
+          "--baseline_factors", "1,2", "--set", "data.seed=0",
+          "--set", "train.checkpoint_every=100"]
+  assert ladder.main(args) == 0
+  result = json.loads((tmp_path / "ladder.json").read_text())
+  finals = {}
+  for name in os.listdir(tmp_path):
+    if os.path.isfile(tmp_path / name / "summary.json"):
+      summary = json.loads((tmp_path / name / "summary.json").read_text())
+      finals[name] = (summary["steps"], summary["final_eval_loss"])
+  assert sorted(finals) == ["0.004k_seed0", "0.008k_seed0", "baseline-0.004k_seed0",
+                            "baseline-0.008k_seed0", "baseline-0.016k_seed0"]
+  params = spec_lib.check(tiny_config()).plan.params_active
+  frontier = Frontier.of([(steps, loss, n) for n, (steps, loss) in finals.items()
+                          if n.startswith("baseline")])           # every step: equal FLOPs
+  points = {p["run"]: p for p in result["points"]}
+  assert sorted(points) == ["0.004k_seed0", "0.008k_seed0"]
+  for name, point in points.items():
+    steps, loss = finals[name]
+    assert point["tokens_per_param"] == pytest.approx(steps * 4 * 16 / params)
+    expected = frontier.equal_loss(loss, steps)
+    assert (point["speedup"], point["speedup_bound"]) == (pytest.approx(expected.speedup),
+                                                          expected.bound)
+    assert point["delta_equal_flops"] == pytest.approx(loss - frontier.loss_at(steps))
+  assert (tmp_path / "ladder.png").stat().st_size > 0
+  assert "The speed-up ladder" in capsys.readouterr().out
+  # Again: every run is finished, nothing trains, the same report.
+  assert ladder.main(args) == 0
+  assert "finished, skipped" in capsys.readouterr().out
+  assert json.loads((tmp_path / "ladder.json").read_text())["points"] == result["points"]
+
+
+FAKE_TRAINER = """
+import signal, sys, time, pathlib
+workdir = sys.argv[sys.argv.index("--workdir") + 1]
+def stop(*_):
+  pathlib.Path(workdir, "checkpointed").write_text("yes")
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)
+"""
+
+
+def test_sweep_deadline_checkpoints_the_running_point_and_starts_no_other(tmp_path,
+                                                                         monkeypatch, capsys):
+  fake = tmp_path / "fake_main.py"
+  fake.write_text(FAKE_TRAINER)
+  monkeypatch.setattr(sweep.run, "_MAIN", str(fake))
+  work = tmp_path / "w"
+  config, _ = sweep.resolve(CONFIG, ["data.seed=0"])
+  sweep.run.prepare_shared_data(str(work), config)      # so that the deadline is the trainer's
+  args = ["--config", CONFIG, "--workdir", str(work), "--arms", "baseline,tst",
+          "--seeds", "0", "--deadline_s", "3", "--set", "data.seed=0"]
+  assert sweep.main(args) == 0
+  out = capsys.readouterr().out
+  assert "baseline_seed0: interrupted at the deadline, checkpointed" in out
+  assert "tst_seed0: not started" in out
+  assert "unfinished at the deadline: baseline_seed0, tst_seed0" in out
+  assert (work / "baseline_seed0" / "checkpointed").read_text() == "yes"
+  meta = json.loads((work / "baseline_seed0" / "sweep_point.json").read_text())
+  assert meta["status"] == "interrupted"

@@ -1,0 +1,68 @@
+"""Passes over the data: how many times each phase and the run read the training tokens, and
+the plan's warning when they repeat."""
+
+import os
+
+import pytest
+
+from tests.tiny import tiny_config
+from tst_jax.configlib import load_config
+from tst_jax.data import prepare as prepare_lib, run_data, sources
+from tst_jax.train import loop, plan as plan_lib, spec as spec_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPEATS = "warning: the data repeats"
+
+
+def test_plan_of_a_long_run_on_a_short_corpus_warns_with_the_passes(capsys):
+  # The issue's case: the demo on 300 kB of the stdlib for 3000 steps (before tokenizing:
+  # a bound from the text's bytes, so the passes are at least the printed ones).
+  config = spec_lib.check(_demo(max_bytes=300_000, steps=3000))
+  loop.run(config.config, "", mode="plan")
+  out = capsys.readouterr().out
+  tokens = run_data.training_tokens(config.data)
+  assert not tokens.exact and tokens.count == sources.token_bound("builtin:pystdlib", 300_000)
+  total = config.plan.tokens_at(3000)["data_tokens"] / tokens.count
+  assert total > 30
+  assert f"{REPEATS}: the run reads its training tokens at least {total:.3g} times" in out
+  assert f"at most {plan_lib.human(tokens.count)} training tokens" in out
+  loop.run(_demo(), "", mode="plan")                  # the demo as shipped reads 0.68 of them
+  assert REPEATS not in capsys.readouterr().out
+
+
+def test_passes_count_a_stores_tokens_exactly(tmp_path):
+  config = tiny_config(steps=40, ratio=0.5, bag_size=2)
+  spec = spec_lib.check(config)
+  store = tmp_path / "data"
+  prepare_lib.prepare(out=str(store), workers=1, progress=False,
+                      **run_data.store_request(spec.data, config.model.vocab_size))
+  tokens = run_data.training_tokens(spec.data, str(tmp_path))
+  assert tokens.exact and tokens.count == len(run_data.TokenStore(str(store)).train)
+  # The bound made before tokenizing holds: every token of both splits is within it.
+  val = len(run_data.TokenStore(str(store)).val)
+  assert tokens.count + val <= sources.token_bound(spec.data.source, spec.data.max_bytes)
+  # 20 steps of 4 x 32 tokens (S = 2) then 20 of 4 x 16: each phase's share, and the sum.
+  each = plan_lib.passes(spec.plan, tokens.count)
+  assert each == pytest.approx([20 * 4 * 32 / tokens.count, 20 * 4 * 16 / tokens.count])
+  text = plan_lib.format_plan(spec.plan, tokens=tokens)
+  assert f"the run {sum(each):.3g}" in text and (REPEATS in text) == (sum(each) > 1)
+  long = spec_lib.check(tiny_config(steps=4000)).plan
+  assert REPEATS in plan_lib.format_plan(long, tokens=tokens)
+
+
+def test_a_source_of_unknown_size_is_counted_when_tokenized(tmp_path):
+  (tmp_path / "a.jsonl.gz").write_bytes(b"")
+  config = tiny_config()
+  config.data.source = f"jsonl:{tmp_path}/*.jsonl.gz"
+  spec = spec_lib.check(config)
+  assert run_data.training_tokens(spec.data) is None
+  assert "counted once data.source is tokenized" in plan_lib.format_plan(spec.plan)
+
+
+def _demo(**data_and_train):
+  config = load_config(os.path.join(ROOT, "configs", "demo.py"))
+  if "max_bytes" in data_and_train:
+    config.data.max_bytes = data_and_train["max_bytes"]
+  if "steps" in data_and_train:
+    config.train.steps = data_and_train["steps"]
+  return config

@@ -1,0 +1,191 @@
+r"""The speed-up ladder: TST's equal-loss speed-up against run length, measured on one GPU.
+
+  python -m tst_jax.tools.ladder --config configs/gpu_small.py --workdir runs/ladder \
+      --lengths 1k,2k,4k --seeds 0 --parallel 4 --deadline_s 540
+
+For each length T it trains the config's TST arm (`--tst_arm`) for T steps and baselines of
+T, 1.5T and 2T steps (`--baseline_factors`), every one a point of `tools.sweep` in W: points
+already finished are skipped, interrupted ones resume from their checkpoints, so one call of
+at most ten minutes (`--deadline_s` stops the running points with a checkpoint in time) is
+followed by the same command until every point is done. Each TST run's equal-loss speed-up
+is measured against the finished baselines of its seed (tst_jax/analysis/frontier.py), at its
+tokens per parameter (B·L positions of every step over the active parameters). Writes
+W/ladder.{md,json,png} (every point, the fit and its plot), W/results.md (the sweep's table
+of every arm) and W/speedup_trend.json: speed-up ≈ a + b·ln(tokens per parameter) over the
+measured range, the file that the plan's "where TST pays" line reads as
+tst_jax/train/speedup_trend.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+
+from tst_jax import errors, fileio
+from tst_jax.analysis.frontier import Trend
+from tst_jax.tools import compare, sweep
+from tst_jax.tools.sweep.report import points_under
+from tst_jax.tools.sweep.run import final_eval
+from tst_jax.train import defaults
+
+
+def ladder_arms(lengths: list[str], factors: list[float], tst_arm: str = "tst"
+                ) -> tuple[list[str], list[str]]:
+  """(TST arms, baseline arms) of the ladder: the TST arm at each length ('2k' or 's2+2k'),
+  and baselines of every length times every factor, without repeats, shortest first."""
+  steps = [defaults.arm_steps(length) for length in lengths]
+  bad = [length for length, n in zip(lengths, steps) if not n]
+  if bad:
+    raise errors.ConfigError("--lengths", f"{bad}: give lengths as <N>k (2k, 1.5k, 0.45k)")
+  tst = [length if tst_arm == "tst" else f"{tst_arm}+{length}" for length in lengths]
+  base = sorted({round(n * f) for n in steps for f in factors})
+  return tst, [f"baseline+{defaults.steps_arm(n)}" for n in base]
+
+
+def run_order(tst: list[str], base: list[str]) -> list[str]:
+  """Rung by rung, shortest first: each TST arm, then the baselines up to twice its length
+  not yet listed, so that a call cut short leaves whole rungs."""
+  order = []
+  for arm in sorted(tst, key=lambda a: defaults.arm_steps(a.split("+")[-1])):
+    top = 2 * defaults.arm_steps(arm.split("+")[-1])
+    order += [arm] + [b for b in base if b not in order
+                      and defaults.arm_steps(b.split("+")[-1]) <= top]
+  return order + [b for b in base if b not in order]
+
+
+def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[str]]:
+  """(one record per finished TST run of `tst_arms`, notes): its tokens per parameter, final
+  loss, Δ at equal FLOPs and speed-up against the finished baselines of its seed."""
+  runs, tokens_per_param = [], {}
+  for name, meta in points_under(workdir):
+    path = os.path.join(workdir, name)
+    if meta.get("arm") and final_eval(path, meta["steps"]) is not None:
+      runs.append((meta["arm"], meta["seed"], compare.load_run(path)))
+      plan = meta["plan"]
+      tokens_per_param[name] = plan["equivalent_tokens_total"] / max(plan["params_active"], 1)
+  _, per_run, notes = compare.summarize_arms(runs)
+  points = [dict(arm=r["arm"], seed=r["seed"], run=r["run"], steps=r["steps"],
+                 tokens_per_param=tokens_per_param[r["run"]], final_loss=r["final_loss"],
+                 delta_equal_flops=r["delta_equal_flops"], speedup=r["speedup"],
+                 speedup_bound=r["speedup_bound"], speedup_text=r["speedup_text"],
+                 baselines=r["frontier"])
+            for r in per_run if r["arm"] in tst_arms]
+  return sorted(points, key=lambda p: (p["tokens_per_param"], p["seed"])), notes
+
+
+def fit(points: list[dict], source: str) -> Trend | None:
+  """The trend over the exact speed-ups (bounds are shown, not fitted)."""
+  exact = [(p["tokens_per_param"], p["speedup"], f"{p['arm']} seed {p['seed']}")
+           for p in points if p["speedup"] is not None and p["speedup_bound"] == "="]
+  return Trend.fit(exact, source)
+
+
+def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
+          command: str, unfinished: list[str]) -> dict:
+  """W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json; returns the paths."""
+  paths = {k: os.path.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
+  fileio.write_json(paths["json"], dict(command=command, method=compare.METHOD, points=points,
+                                        notes=notes, unfinished=unfinished,
+                                        trend=trend.to_json() if trend else None))
+  if trend is not None:
+    paths["trend"] = os.path.join(workdir, "speedup_trend.json")
+    fileio.write_json(paths["trend"], trend.to_json())
+  lines = compare.report_head("The speed-up ladder: equal-loss speed-up against run length",
+                              command)
+  lines += [compare.METHOD, "",
+            "| run | arm | seed | steps | tokens per parameter | final eval loss | Δ at equal "
+            "FLOPs | equal-loss speed-up | baselines |", "|---" * 9 + "|"]
+  for p in points:
+    lines.append(f"| {p['run']} | {p['arm']} | {p['seed']} | {p['steps']} | "
+                 f"{p['tokens_per_param']:.3g} | {p['final_loss']:.4f} | "
+                 f"{compare.fmt(p['delta_equal_flops'], '+.4f')} | {p['speedup_text']} | "
+                 f"{', '.join(p['baselines'])} |")
+  lines.append("")
+  if trend is None:
+    lines.append("No trend: it needs exact speed-ups at two or more tokens per parameter.")
+  else:
+    lines.append(f"Trend: speed-up ≈ {trend.a:.3f} {trend.b:+.3f} · ln(tokens per parameter), "
+                 f"least squares over {len(trend.points)} runs from {trend.low:.3g} to "
+                 f"{trend.high:.3g} tokens per parameter (W/speedup_trend.json).")
+  lines += [f"Note: {n}" for n in notes]
+  if unfinished:
+    lines.append(f"Unfinished: {', '.join(unfinished)} (the same command resumes them).")
+  lines += ["", f"![speed-up against tokens per parameter]({os.path.basename(paths['png'])})",
+            ""]
+  with open(paths["md"], "w") as f:
+    f.write("\n".join(lines))
+  plot(points, trend, paths["png"])
+  return paths
+
+
+def plot(points: list[dict], trend: Trend | None, out_path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.6))
+  ax.axhline(1.0, color="gray", lw=1, ls=":")
+  marker = {"=": "o", ">": "^", "≤": "v"}
+  for p in points:
+    if p["speedup"] is not None:
+      ax.plot(p["tokens_per_param"], p["speedup"], marker[p["speedup_bound"]], color="tab:blue")
+  if trend is not None:
+    x = np.geomspace(trend.low, trend.high, 50)
+    ax.plot(x, trend.a + trend.b * np.log(x), "-", color="tab:orange",
+            label=f"{trend.a:.2f} {trend.b:+.2f} ln(x)")
+    ax.legend(fontsize=8)
+  ax.set_xscale("log")
+  ax.set_xlabel("tokens per parameter (the run's B·L positions / active parameters)")
+  ax.set_ylabel("equal-loss speed-up vs finished baselines")
+  ax.set_title("TST speed-up against run length (^ lower, v upper bounds)")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=100)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  p = argparse.ArgumentParser(prog="python -m tst_jax.tools.ladder", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/gpu_small.py")
+  p.add_argument("--workdir", required=True, help="one subdirectory per run; the reports here")
+  p.add_argument("--lengths", default="1k,2k,4k", help="TST run lengths, <N>k each")
+  p.add_argument("--baseline_factors", default="1,1.5,2",
+                 help="baselines of each length times these (the frontier around each TST run)")
+  p.add_argument("--tst_arm", default="tst", help="the TST arm at every length (e.g. s2)")
+  p.add_argument("--seeds", default="0", help="comma list")
+  p.add_argument("--parallel", type=int, default=1, help="runs at once (subprocesses)")
+  p.add_argument("--deadline_s", type=float, default=None,
+                 help="stop the running points with a checkpoint after this many seconds")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override of every run (repeatable), as --config.KEY=VALUE")
+  args = p.parse_args(argv)
+  factors = [float(f) for f in args.baseline_factors.split(",")]
+  tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
+  sweep_argv = ["--config", args.config, "--workdir", args.workdir, "--arms",
+                ",".join(run_order(tst, base)), "--seeds", args.seeds, "--parallel", str(args.parallel),
+                *(["--deadline_s", str(args.deadline_s)] if args.deadline_s else []),
+                *(x for s in args.set for x in ("--set", s))]
+  status = sweep.main(sweep_argv)
+  import jax
+  command = "python -m tst_jax.tools.ladder " + " ".join(
+      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
+  source = (f"{command}; {jax.devices()[0].device_kind}; "
+            f"{datetime.date.today().isoformat()}")
+  points, notes = ladder_points(args.workdir, tst)
+  done = {(p["arm"], p["seed"]) for p in points}
+  unfinished = [f"{a} seed {s}" for a in tst for s in args.seeds.split(",")
+                if (a, int(s)) not in done]
+  paths = write(args.workdir, points, notes, fit(points, source), command, unfinished)
+  print(open(paths["md"]).read())
+  return status
+
+
+if __name__ == "__main__":
+  sys.exit(errors.main(main))
