@@ -43,7 +43,7 @@ def test_frontier_interpolates_between_lengths_and_bounds_past_its_ends():
   assert f.equal_loss(4.5, 10.0).text() == "≤ 1.00x"         # above the shortest
   assert f.equal_loss(4.0, 20.0).text() == "≤ 0.50x"
   one = Frontier.of([(10.0, 4.0, "b10"), (10.0, 4.2, "b10s1")])     # two seeds, one length
-  assert one.points == ((10.0, pytest.approx(4.1), "b10+b10s1"),)
+  assert one.points == ((10.0, pytest.approx(4.1), "b10 + b10s1"),) and one.holds("b10s1")
   assert one.equal_loss(3.0, 10.0).speedup is None
   assert one.equal_loss(3.0, 10.0).text() == "needs baselines of two or more lengths"
   assert compare.lengths_to_add(2000) == ["baseline+3k", "baseline+4k"]
@@ -140,18 +140,26 @@ def test_over_seeds_mean_sd_and_bounds(tmp_path):
   assert "| tst | 0.5 | 2 | 8 |" in table and "3.4500 ± 0.0707 [3.4000, 3.5000]" in table
 
 
-def test_a_longer_baseline_that_ends_higher_is_named(tmp_path):
+def test_a_longer_baseline_that_ends_higher_is_left_out_and_named(tmp_path):
+  # The H100's C-headers corpus: 2k, 3k and 4k baselines end at 0.9305, 0.8734 and 0.9378
+  # (the 4k one read its 21.8M tokens 6 times); TST (2k) ends at 0.8550, below all three.
   runs = []
-  for steps, final in ((8, 4.0), (12, 3.5), (16, 3.8)):
+  for steps, final in ((20, 0.9305), (30, 0.8734), (40, 0.9378)):
     path, _ = _fake_run(tmp_path / f"b{steps}", tiny_config(steps=steps, ratio=0.0),
-                        [(4, 5.0), (steps, final)], train_tokens=512)
+                        [(10, 1.5), (steps, final)], train_tokens=427)
     runs.append(("baseline", 0, compare.load_run(path)))
+  path, _ = _fake_run(tmp_path / "tst", tiny_config(steps=20, ratio=0.3, bag_size=4),
+                      [(10, 4.0), (20, 0.8550)], train_tokens=427)
+  runs.append(("tst", 0, compare.load_run(path)))
   _, per_run, notes = compare.summarize_arms(runs)
-  # 16 steps of 4 x 16 tokens read a 512-token store twice.
-  assert {r["run"]: r["passes"] for r in per_run}["b16"] == pytest.approx(2.0)
-  assert notes == ["seed 0: b16 ends at 3.8000, above the shorter b12 (3.5000): the frontier "
-                   "does not fall with length (b16 read its training tokens 2.0 times); its "
-                   "speed-ups past that length are not meaningful"]
+  rows = {r["run"]: r for r in per_run}
+  # 40 steps of 4 x 16 tokens read a 427-token store 6.0 times.
+  assert rows["b40"]["passes"] == pytest.approx(40 * 64 / 427)
+  assert notes == ["seed 0: b40 ends at 0.9378, above the shorter b30: left out of the "
+                   "frontier (it read its training tokens 6.0 times)"]
+  assert rows["b40"]["speedup"] is None and "left out" in rows["b40"]["speedup_text"]
+  # Below every baseline of the frontier (20 and 30 steps): a lower bound of 30/20, not 40/20.
+  assert rows["tst"]["speedup_text"] == "> 1.50x"
 
 
 def test_compare_command_tables_json_and_plot(tmp_path, capsys):

@@ -11,7 +11,8 @@ lengths, against their total FLOPs, linearly interpolated between lengths.
 
 A loss below the longest baseline's gives a lower bound (> F_max / F), a loss at or above
 the shortest's an upper bound (≤ F_min / F); one baseline length gives no speed-up at all
-("needs baselines of two or more lengths"). Nothing here falls back to the middle of a longer
+("needs baselines of two or more lengths"), and a longer baseline that ends above a shorter
+one is left out (named in the reports). Nothing here falls back to the middle of a longer
 run's curve: at 13.2 PFLOPs the undecayed 4k-step curve of configs/gpu_small.py is at 2.0106
 where the finished 2k-step run is at 1.9132, and reading the speed-up off that curve printed
 1.73x where the frontier gives 1.15x (../docs/results.md, H100 2026-11-25).
@@ -49,8 +50,12 @@ class EqualLoss:
 
 @dataclasses.dataclass(frozen=True)
 class Frontier:
-  """Finished baselines (FLOPs, final loss, name), sorted by FLOPs."""
-  points: tuple[tuple[float, float, str], ...]
+  """Finished baselines (FLOPs, final loss, name) sorted by FLOPs, each ending below every
+  shorter one; `dropped` holds those that did not (FLOPs, loss, name, the shorter one they
+  end above): a longer baseline that ends higher (its data repeated, say) says nothing about
+  what more compute buys, and is left out of the interpolation."""
+  points: tuple[tuple[float, float, str], ...]   # (FLOPs, loss, names joined by ' + ')
+  dropped: tuple[tuple[float, float, str, str], ...] = ()
 
   @classmethod
   def of(cls, runs) -> Frontier:
@@ -58,8 +63,14 @@ class Frontier:
     by_flops: dict[float, list] = {}
     for flops, loss, name in runs:
       by_flops.setdefault(float(flops), []).append((float(loss), name))
-    return cls(tuple((f, float(np.mean([l for l, _ in v])), "+".join(n for _, n in v))
-                     for f, v in sorted(by_flops.items())))
+    points, dropped = [], []
+    for f, v in sorted(by_flops.items()):
+      loss, name = float(np.mean([l for l, _ in v])), " + ".join(n for _, n in v)
+      if points and loss >= points[-1][1]:
+        dropped.append((f, loss, name, points[-1][2]))
+      else:
+        points.append((f, loss, name))
+    return cls(tuple(points), tuple(dropped))
 
   @property
   def flops(self) -> np.ndarray:
@@ -73,6 +84,10 @@ class Frontier:
   def names(self) -> list[str]:
     return [p[2] for p in self.points]
 
+  def holds(self, name: str) -> bool:
+    """Is the run `name` one of the frontier's points (alone or among seeds averaged)?"""
+    return any(name in p[2].split(" + ") for p in self.points)
+
   def loss_at(self, flops: float) -> float | None:
     """The baselines' final loss at `flops`, interpolated between lengths; None outside them
     (a relative tolerance of 1e-9 makes a run of a baseline's length land on it)."""
@@ -84,8 +99,7 @@ class Frontier:
     return float(np.interp(min(max(x, lo), hi), self.flops, self.losses))
 
   def equal_loss(self, loss: float, flops: float) -> EqualLoss:
-    """FLOPs at which the frontier first reaches `loss` (walking up the lengths), over the
-    run's `flops`."""
+    """FLOPs at which the frontier reaches `loss`, over the run's `flops`."""
     if len(self.points) < 2:
       return EqualLoss(None, note=LENGTHS_NEEDED)
     x, y = self.flops, self.losses
@@ -97,10 +111,6 @@ class Frontier:
       return EqualLoss(x[0] / flops, "≤", float(x[0]))
     reach = x[i - 1] + (x[i] - x[i - 1]) * (y[i - 1] - loss) / (y[i - 1] - y[i])
     return EqualLoss(float(reach / flops), "=", float(reach))
-
-  def monotone(self) -> bool:
-    """Does every longer baseline end lower? (Not when data repeats: tools.compare says so.)"""
-    return bool(np.all(np.diff(self.losses) < 0))
 
 
 def spread(values) -> dict | None:

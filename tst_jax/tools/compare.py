@@ -145,8 +145,9 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
 def run_row(run: EvalCurve, frontier: Frontier) -> dict:
   """One run against the frontier: Δ at equal FLOPs and the equal-loss speed-up."""
   at = frontier.loss_at(run.total_flops)
-  if run.is_baseline:                    # a point of the frontier itself
-    equal = EqualLoss(1.0, "=", run.total_flops)
+  if run.is_baseline:                    # a point of the frontier itself, or left out
+    equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
+             EqualLoss(None, note="left out of the frontier: ends above a shorter baseline"))
   else:
     equal = frontier.equal_loss(run.final_loss, run.total_flops)
     if equal.speedup is None:
@@ -162,17 +163,12 @@ def run_row(run: EvalCurve, frontier: Frontier) -> dict:
 
 
 def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -> list[str]:
-  """Warnings about the frontier itself: a longer baseline that ends higher (data repeats?)."""
+  """The baselines left out of the frontier: each ends above a shorter one (data repeats?)."""
   passes = {r.name: r.passes for r in runs}
-  notes = []
-  for (_, lo, a), (_, hi, b) in zip(frontier.points, frontier.points[1:]):
-    if hi >= lo:
-      read = passes.get(b)
-      notes.append(f"{label}{b} ends at {hi:.4f}, above the shorter {a} ({lo:.4f}): the "
-                   "frontier does not fall with length" +
-                   (f" ({b} read its training tokens {read:.1f} times)" if read and read > 1
-                    else "") + "; its speed-ups past that length are not meaningful")
-  return notes
+  return [f"{label}{name} ends at {loss:.4f}, above the shorter {shorter}: left out of the "
+          "frontier" + (f" (it read its training tokens {passes[name]:.1f} times)"
+                         if (passes.get(name) or 0) > 1 else "")
+          for _, loss, name, shorter in frontier.dropped]
 
 
 def compare(runs: list[EvalCurve], curve: EvalCurve | None = None) -> list[dict]:
