@@ -8,8 +8,9 @@
 #   bash benchmarks/gpu_small.sh [OUT_DIR]       # default OUT_DIR: $OUT, else ./gpu_small_out
 #
 # Environment (all optional):
-#   ARMS      arms in order (default: baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,
-#             r0.2,r0.5); parts of one arm joined by '+', e.g. s8+r0.5, baseline+4k
+#   ARMS      arms in order (default: baseline,tst,baseline+3k,baseline+4k,s4,s8,reinit,
+#             input_only,output_only,r1.0); parts of one arm joined by '+', e.g. s8+r0.5.
+#             The 3k and 4k baselines give the equal-loss speed-up (finished baselines)
 #   SEEDS     default 0,1           PARALLEL  arms at once, default 4
 #   STEPS     total steps per arm (default: the config's 2000)
 #   SOURCE    corpus (default: text:<torch venv site-packages>/**/*.py if it exists, else the
@@ -28,7 +29,7 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
-ARMS=${ARMS:-baseline,tst,reinit,input_only,output_only,r1.0,s2,s8,r0.2,r0.5}
+ARMS=${ARMS:-baseline,tst,baseline+3k,baseline+4k,s4,s8,reinit,input_only,output_only,r1.0}
 SEEDS=${SEEDS:-0,1}
 PARALLEL=${PARALLEL:-4}
 WORKDIR=${WORKDIR:-runs/gpu_small}
@@ -68,14 +69,16 @@ pack() {
   done
 }
 
-LEFT=$(( TOTAL_S - ($(date +%s) - START) - 25 ))     # 25 s kept for stopping and packing
+LEFT=$(( TOTAL_S - ($(date +%s) - START) - 60 ))     # 60 s kept for checkpoints and packing
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep: arms $ARMS, seeds $SEEDS, $PARALLEL at once, ${LEFT} s left; ${SET[*]:-}"
+# At the deadline the running arms checkpoint and stop; the same call resumes them.
 # shellcheck disable=SC2086
-timeout -k 10 "$LEFT" python3 -m tst_jax.tools.sweep --config "${CONFIG:-configs/gpu_small.py}" \
-    --workdir "$WORKDIR" --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" \
-    "${SET[@]}" ${EXTRA:-} 2>&1 | tee "$OUT_DIR/sweep.txt" | grep -v '^|'
-echo "sweep exit status ${PIPESTATUS[0]} (124: out of time; the finished arms are in the table)"
+timeout -k 10 $(( LEFT + 45 )) python3 -m tst_jax.tools.sweep \
+    --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" --arms "$ARMS" \
+    --seeds "$SEEDS" --parallel "$PARALLEL" --deadline_s "$LEFT" "${SET[@]}" ${EXTRA:-} 2>&1 \
+    | tee "$OUT_DIR/sweep.txt" | grep -v '^|'
+echo "sweep exit status ${PIPESTATUS[0]} (the finished arms are in the table)"
 pack
 cat "$OUT_DIR/results.md" 2>/dev/null
 echo "packed into $OUT_DIR in $(( $(date +%s) - START )) s"

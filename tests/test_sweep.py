@@ -129,13 +129,14 @@ def test_sweep_2x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, c
 
 def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
   gpu_small = os.path.join(ROOT, "configs", "gpu_small.py")
-  expected = {  # arm -> (S, r, mode, reinit)
-      "": (4, 0.3, "full", False), "tst": (4, 0.3, "full", False),
-      "baseline": (4, 0.0, "full", False), "reinit": (4, 0.3, "full", True),
-      "input_only": (4, 0.3, "input_only", False), "output_only": (4, 0.3, "output_only", False),
-      "r1.0": (4, 1.0, "full", False), "s2": (2, 0.3, "full", False),
-      "s8": (8, 0.3, "full", False), "r0.2": (4, 0.2, "full", False),
-      "r0.5": (4, 0.5, "full", False), "s8+r0.5": (8, 0.5, "full", False)}
+  expected = {  # arm -> (S, r, mode, reinit); S = 2 is the best measured at this scale
+      "": (2, 0.3, "full", False), "tst": (2, 0.3, "full", False),
+      "baseline": (2, 0.0, "full", False), "reinit": (2, 0.3, "full", True),
+      "input_only": (2, 0.3, "input_only", False), "output_only": (2, 0.3, "output_only", False),
+      "r1.0": (2, 1.0, "full", False), "s4": (4, 0.3, "full", False),
+      "s8": (8, 0.3, "full", False), "r0.2": (2, 0.2, "full", False),
+      "s4+r0.5": (4, 0.5, "full", False), "s8+r0.5": (8, 0.5, "full", False),
+      "s4+reinit": (4, 0.3, "full", True)}
   base_plan = spec_lib.check(configlib.load_config(gpu_small + ":baseline")).plan
   assert [p.name for p in base_plan.phases] == ["ntp"] and base_plan.total_steps == 2000
   assert 33_000_000 < base_plan.params_total < 34_000_000
@@ -150,6 +151,7 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
     assert all(p.flops_per_step == per_step for p in plan.phases), arm     # equal FLOPs
     assert plan.phases[0].steps == (round(ratio * 2000) if ratio else 2000)
   assert configlib.load_config(gpu_small + ":baseline,4k").train.steps == 4000
+  assert configlib.load_config(gpu_small + ":baseline,1.5k").train.steps == 1500
   with pytest.raises(ValueError, match="unknown arg 'r'"):
     configlib.load_config(gpu_small + ":r")
 
