@@ -73,3 +73,19 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   assert "tst S=2" in text and "loss=9.000" in text and "4/12" in text
   assert not re.search(r"^step ", text, re.M)          # no per-step lines with a bar
   assert console_lib.duration(3725) == "1h02m" and console_lib.duration(65) == "1m05s"
+
+
+def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
+  console = console_lib.Console(300, 0, enabled=True, bar=False)
+  reference = spec_lib.ReferenceSpec("the equal-FLOPs baseline (r = 0)", 3.718,
+                                     "docs/demo.md: 2-core CPU, 2026-11-24",
+                                     "python main.py --config configs/demo.py:baseline")
+  summary = dict(steps=300, seconds_this_session=134.0, final_eval_loss=4.3882,
+                 phase1_end_eval_loss=6.1232, unigram_entropy=6.421)
+  console.final(summary, "/tmp/w", reference)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1] == ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured "
+                      "(docs/demo.md: 2-core CPU, 2026-11-24); this run +0.6702 from it")
+  assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
+  console.final(summary, "/tmp/w", spec_lib.ReferenceSpec("", 0.0, "", ""))
+  assert "measure it" not in capsys.readouterr().out

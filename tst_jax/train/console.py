@@ -75,13 +75,19 @@ class Console:
   def eval(self, step: int, loss: float):
     self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}")
 
-  def final(self, summary: dict, workdir: str):
-    """Held-out loss, where the files are, how to resume or look at it."""
+  def final(self, summary: dict, workdir: str, reference=None):
+    """Held-out loss (beside `reference`'s, a config.reference, when it names one), where the
+    files are, how to resume or look at it."""
     self.close()
     lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
              f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
+    if reference is not None and reference.name:
+      lines += [f"  {reference.name}: held-out loss {reference.loss:.4f}, measured "
+                f"({reference.measured}); this run "
+                f"{summary['final_eval_loss'] - reference.loss:+.4f} from it",
+                f"  measure it: {reference.command}"]
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
               f"  metrics: {os.path.join(workdir, 'metrics.jsonl')}, plot: "
               f"{os.path.join(workdir, 'loss.png')}",

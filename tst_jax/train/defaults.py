@@ -81,6 +81,12 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   c.train.nan_policy = "stop"       # non-finite loss/grad: stop | skip (the batch, no update)
   c.train.max_nan_skips = 3         # with skip: stop after this many skipped batches
 
+  c.reference = ml_collections.ConfigDict()  # a measured result the final block sets beside
+  c.reference.name = ""             # what it is, e.g. "the equal-FLOPs baseline" ("": none)
+  c.reference.loss = 0.0            # its final held-out loss (nats/token)
+  c.reference.measured = ""         # where and when, e.g. "docs/demo.md: 2-core CPU, 2026-11-25"
+  c.reference.command = ""          # the command that measures it again
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1                  # -1: all remaining devices
   c.mesh.fsdp = 1

@@ -122,7 +122,7 @@ def train(s: Setup) -> dict:
         unigram_entropy=s.data.unigram_entropy, seconds_this_session=time.time() - t0,
         resolved=s.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
-    console.final(summary, s.workdir)
+    console.final(summary, s.workdir, s.spec.reference)
     return summary
   except Preempted as stop:
     s.checkpoints.wait()

@@ -94,6 +94,10 @@ FIELDS = {
     "train.force_resume": _BOOL,
     "train.nan_policy": _one_of(("stop", "skip")),
     "train.max_nan_skips": _integer(0),
+    "reference.name": _STR,
+    "reference.loss": _number(0),
+    "reference.measured": _STR,
+    "reference.command": _STR,
     "mesh.data": _MESH_AXIS,
     "mesh.fsdp": _MESH_AXIS,
     "mesh.tensor": _MESH_AXIS,
@@ -180,6 +184,15 @@ class TrainSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceSpec:
+  """config.reference: a measured result the run's final block prints beside its own."""
+  name: str                # "" : none
+  loss: float
+  measured: str
+  command: str
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshSpec:
   """config.mesh: axis sizes (-1 fills), and the slices the data axis spans over DCN."""
   data: int
@@ -205,20 +218,30 @@ class DistributedSpec:
 # Fields added after runs were written, with the value that reproduces such a run: a config
 # (or a workdir's config.json) without one ran with it.
 ADDED_FIELDS = {"tst.schedule": "", "data.val_piece_bytes": 0,
-                "model.matmul_precision": "default"}
+                "model.matmul_precision": "default", "reference.name": "",
+                "reference.loss": 0.0, "reference.measured": "", "reference.command": ""}
+ADDED_SECTIONS = ("reference",)     # sections added whole: created empty, then filled above
 
 
 def with_added_fields(config):
   """`config` (a ConfigDict, or config.json's dict) with every ADDED_FIELDS entry it lacks."""
+  new = {} if isinstance(config, dict) else ml_collections.ConfigDict()
+  for section in ADDED_SECTIONS:
+    if section not in config:
+      _set(config, section, copy.copy(new))
   for field, value in ADDED_FIELDS.items():
     section, name = field.split(".")
     if section in config and name not in config[section]:
-      if isinstance(config, dict):
-        config[section][name] = value
-      else:
-        with config.unlocked():
-          config[section][name] = value
+      _set(config[section], name, value)
   return config
+
+
+def _set(node, name, value):
+  if isinstance(node, dict):
+    node[name] = value
+  else:
+    with node.unlocked():
+      node[name] = value
 
 
 def _section(cls, config, name: str):
@@ -249,6 +272,7 @@ class RunSpec:
   train: TrainSpec
   mesh: MeshSpec
   distributed: DistributedSpec
+  reference: ReferenceSpec
   rules: tuple             # logical_axis_rules: (logical name, mesh axes) pairs
   seed: int
   init_from_hf: str
@@ -344,6 +368,7 @@ def check(config) -> RunSpec:
       optimizer=_section(OptimizerSpec, config, "optimizer"), train=train,
       mesh=_section(MeshSpec, config, "mesh"),
       distributed=_section(DistributedSpec, config, "distributed"),
+      reference=_section(ReferenceSpec, config, "reference"),
       rules=tuple((k, v) for k, v in config.logical_axis_rules), seed=config.seed,
       init_from_hf=config.init_from_hf)
 
