@@ -22,6 +22,8 @@ import importlib.util
 import jax
 import jax.numpy as jnp
 
+from tst_jax.parallel import varying
+
 BACKENDS = ("xla", "tokamax")
 # dw[e] = x[rows of e]ᵀ @ dy[rows of e]: contract the rows (ragged over the groups), no batch.
 _WEIGHT_GRAD_DIMS = jax.lax.RaggedDotDimensionNumbers(
@@ -40,17 +42,7 @@ def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla"):
     return _rows_in_groups(tokamax.ragged_dot(x_AxI, w_ExIxO, sizes_E), sizes_E)
   if backend != "xla":
     raise ValueError(f"grouped matmul backend must be one of {BACKENDS}, got {backend!r}")
-  return _xla(*_varying_alike(x_AxI, w_ExIxO), sizes_E)
-
-
-def _varying_alike(*arrays):
-  """Under shard_map: every operand varying over the same mesh axes. A custom VJP must return
-  cotangents of its inputs' types, and dW varies over x's axes (the token rows); broadcast
-  here, outside the VJP, JAX's AD sums dW over those axes (a psum), as for any weight."""
-  vma = [_varying_axes(a) for a in arrays]
-  axes = frozenset().union(*vma)
-  return tuple(jax.lax.pcast(a, tuple(sorted(axes - v)), to="varying") if axes - v else a
-               for a, v in zip(arrays, vma))
+  return _xla(*varying.alike(x_AxI, w_ExIxO), sizes_E)
 
 
 def _rows_in_groups(y_AxO, sizes_E):
@@ -80,9 +72,3 @@ def _xla_bwd(residuals, dy_AxO):
 
 _xla.defvjp(_xla_fwd, _xla_bwd)
 
-
-def _varying_axes(a) -> frozenset:
-  """The manual mesh axes `a` varies over inside a shard_map (none outside one)."""
-  aval = jax.typeof(a)
-  mat = getattr(aval, "manual_axis_type", None)      # jax >= 0.10: ManualAxisType.varying
-  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
