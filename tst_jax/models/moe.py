@@ -140,15 +140,17 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
 
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                backend: str | None = None):
+                backend: str | None = None, kernels: grouped_matmul.Kernels | None = None):
   """Dropless experts on `kernels.grouped_matmul`: the forward and both gradients (dX per
   group, dW as one per-expert xᵀ·dy reduction) are grouped GEMMs, with no [A, E] array and no
-  padding of the groups. `backend` (default: `platform.grouped_matmul_backend`): tokamax's
-  Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
-  backend = backend or platform.grouped_matmul_backend()[0]
-  return _experts_sorted(lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend),
-                         x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
-
+  padding of the groups. `backend` and `kernels` (default: `platform.grouped_matmul_backend`):
+  tokamax's Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
+  if backend is None:
+    backend, kernels, _ = platform.grouped_matmul_backend()
+  kernels = kernels or grouped_matmul.Kernels()
+  return _experts_sorted(
+      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
+      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):
