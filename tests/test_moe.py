@@ -1,5 +1,6 @@
 """Qwen3-MoE: ragged vs dense experts, HF parity and conversion, FLOPs, causality, sizes."""
 
+import collections
 import dataclasses
 import json
 import math
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
 from tst_jax import configlib
 from tst_jax.convert import qwen3_moe_hf
@@ -391,3 +393,38 @@ def test_gmm_train_step_has_no_float_row_scatters():
   embedding = [line for line in hlo.splitlines() if re.search(r"\sscatter\(", line)
                and "(embed)" in line and f"[{spec.model.vocab_size},{spec.model.dim}]" in line]
   assert len(embedding) == 1, embedding
+
+
+def _primitive_counts(jaxpr, counts=None):
+  counts = collections.Counter() if counts is None else counts
+  for eqn in jaxpr.eqns:
+    counts[eqn.primitive.name] += 1
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      _primitive_counts(sub, counts)
+  return counts
+
+
+@pytest.mark.parametrize("impl", ["gmm", "blocked"])
+def test_save_experts_keeps_the_grouped_gemm_outputs(impl):
+  """remat=save_experts: the backward reruns neither the sort nor the expert matmuls (their
+  outputs and the routing are saved by name), save_dots reruns both; same loss and gradients."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, SMALL["vocab_size"], (2, 8)))
+  grads, counts, saved = {}, {}, {}
+  for remat in ("save_dots", "save_experts"):
+    cfg = moe.MoEConfig(**SMALL, expert_impl=impl, remat=remat)
+    graphdef, params = nnx.split(_random(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0))))
+    loss = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p).forward(tokens)[0]))
+    grads[remat] = jax.jit(jax.grad(loss))(params)
+    counts[remat] = _primitive_counts(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+    saved[remat] = [tuple(aval.shape) for aval, _ in ad_checkpoint.saved_residuals(loss, params)]
+  a, f, d = 2 * 8 * SMALL["n_experts_per_token"], SMALL["moe_ffw_dim"], SMALL["dim"]
+  matmul = "ragged_dot_general" if impl == "gmm" else "dot_general"
+  assert counts["save_dots"]["sort"] == 2 * counts["save_experts"]["sort"] == 4
+  assert counts["save_dots"][matmul] - counts["save_experts"][matmul] == 3   # the forward's 3
+  if impl == "gmm":   # [layers, A, F] twice and [layers, A, D] kept, only with save_experts
+    layers = SMALL["n_layers"]
+    assert saved["save_experts"].count((layers, a, f)) == 2
+    assert (layers, a, d) in saved["save_experts"]
+    assert (layers, a, f) not in saved["save_dots"]
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               grads["save_dots"], grads["save_experts"])

@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from tst_jax import platform
@@ -112,13 +113,21 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
 
 
 def _swiglu(matmul, x, gate, up, down):
-  return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
+  """The experts' SwiGLU on rows in expert order, its three grouped matmuls' outputs named for
+  remat=save_experts (layers.EXPERT_SAVES)."""
+  h = jax.nn.silu(checkpoint_name(matmul(x, gate), "moe_gate")) * checkpoint_name(
+      matmul(x, up), "moe_up")
+  return checkpoint_name(matmul(h, down), "moe_out")
+
+
+def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
+  return moe_dispatch.Routing(*(checkpoint_name(a, "moe_routing") for a in routing))
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
   """Sort the N·P assignments by expert (`moe_dispatch`: one sort, gathers both ways), three
   grouped matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then combine."""
-  routing = moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0])
+  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0]))
   x_AxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
   y_AxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_AxD, gate_ExDxF, up_ExDxF,
                   down_ExFxD)
@@ -166,6 +175,7 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
   block = moe_dispatch.block_rows(n * k, e) if block is None else block
   routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
+  routing, block_expert = _routed(routing), checkpoint_name(block_expert, "moe_routing")
   x_RxD = moe_dispatch.dispatch(x_NxD, routing, k)
 
   def matmul(a, w):                                    # a [R, in], w [E, in, out] -> [R, out]
