@@ -8,7 +8,7 @@ One sort of the A expert ids lays the buffer out (`Routing`), both ways: the row
 assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer;
 `combine` gathers each token's P expert outputs back and sums them, weighted, in float32.
 Autodiff would transpose each gather into a scatter-add over [rows, D] (on an H100 two such
-bf16 scatters took 44 of the MoE recipe's 287 ms step, ../docs/performance.md); but these
+bf16 scatters took 44 of the MoE recipe's 287 ms step, docs/performance.md); but these
 gathers are permutations, and a permutation's transpose is its inverse, so custom VJPs make
 each backward the other gather: dispatch's backward gathers every token's P rows and sums
 them, combine's gathers the token rows back into the buffer (and dots them for the weights).
