@@ -32,7 +32,8 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
 _PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
-                                "their milliseconds go, by category (tst_jax.tools.step_profile).")
+                                "their milliseconds go, by category (tst_jax.tools.step_profile). "
+                                "Turns XLA's GPU command buffers off for the whole process.")
 _DEVICES = flags.DEFINE_list("devices", [], "Scaling: run on the first N local devices for each "
                              "N (e.g. 1,2,4,8) at the same rows per device (data.batch_size is "
                              "the global batch at the largest N); prints per-device MFU and "
@@ -141,9 +142,10 @@ def main(argv):
   checked = spec_lib.check(_CONFIG.value)
   flags_set = xla_flags.apply(   # as a run does: before the backend starts
       checked.mesh, checked.distributed, fit.layer_param_bytes(checked.model))
+  profile_flags = xla_flags.for_profile() if _PROFILE.value else None   # also before it
   spec = checked.on_platform()   # the defaults a run gets on this platform
-  print(json.dumps(dict(resolved=spec.resolved.to_json(), xla_flags=flags_set.line())),
-        flush=True)
+  print(json.dumps(dict(resolved=spec.resolved.to_json(), xla_flags=flags_set.line(),
+                        profile_flags=profile_flags)), flush=True)
   config = _CONFIG.value
   phases = ["tst", "ntp"] if _PHASE.value == "both" else [_PHASE.value]
   if _DEVICES.value:

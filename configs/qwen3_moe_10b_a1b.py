@@ -21,6 +21,8 @@ from tst_jax.train import defaults
 
 def get_config(arg: str = ""):
   c = defaults.paper_base_config("qwen3_moe", "10b_a1b")  # bf16, remat, fused loss, FSDP
+  # model.remat stays save_dots: at 64 rows per device it already needs 202.6 GB of a B200's
+  # 135 (the fit check, docs/performance.md); save_experts keeps more ([A, 2F + D] per layer).
   # data: set data.source (and data.tokenizer unless tokens:), see the commands above
   c.data.seq_len = 2048             # L
   c.data.batch_size = 4096          # B: 8M tokens per step

@@ -14,11 +14,13 @@ S=4, r=0.3), so the dense and the MoE results sit side by side (docs/results.md)
 Args: the arms of every config (baseline, reinit, input_only, output_only, smooth, s<S>,
 r<ratio>, <N>k). At 2000 steps the plan warns that TST is expected to end behind its baseline
 (0.39 next-token tokens per active parameter, against the 0.7 measured on the dense
-gpu_small); `:4k` is the length that rule expects to pay. Both are to be measured: no GPU has
-run this config yet (step time and memory: `bash benchmarks/gpu.sh`, its MoE rows).
-Hardware: one H100 80 GB. The fit check (`--mode plan --accelerator=h100 --config.mesh.data=1`,
-CPU, 2026-11-24) estimates 14.0 GB per phase with remat=save_dots (params 2.85, grads 2.85,
-Adam 5.69, activations 2.58), 75.9 GB without remat: room for two arms at once.
+gpu_small); `:4k` is the length that rule expects to pay. Both are to be measured.
+Hardware: one H100 80 GB: 0.282 s per step with expert_impl=gmm and remat=save_dots (8.5% MFU,
+19.3 GB peak; docs/performance.md, 2026-11-25). The fit check (`--mode plan --accelerator=h100
+--config.mesh.data=1 --config.model.expert_impl=gmm`, CPU, 2026-11-25) estimates per phase
+23.7 GB with remat=save_experts (params 2.85, grads 2.85, Adam 5.69, activations 12.27: the
+experts' routing and grouped-GEMM outputs kept), 14.0 GB with save_dots (activations 2.58),
+12.3 GB with full, 49.0 GB with none; the budget is 60 GB, so the experts' outputs are kept.
 """
 
 from tst_jax.train import defaults
@@ -40,7 +42,8 @@ def get_config(arg: str = ""):
                  n_experts=64, n_experts_per_token=8, moe_ffw_dim=384,
                  rope_theta=1_000_000.0, norm_eps=1e-6,
                  dtype="bfloat16",              # compute dtype; parameters stay float32
-                 remat="save_dots",             # 14 GB per phase on one H100 (none: 76 GB)
+                 remat="save_experts",          # save_dots + the experts' outputs: 23.7 GB
+                                                # per phase on one H100 (save_dots: 14.0 GB)
                  expert_impl="auto")            # measured fastest per platform (platform.py)
   c.loss.impl = "auto"              # the fused linear + MCE loss on GPU
   # tst

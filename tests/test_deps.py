@@ -13,9 +13,9 @@ from tst_jax.data import sources
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _pins() -> dict[str, str]:
+def _pins(name: str = "constraints.txt") -> dict[str, str]:
   pins = {}
-  with open(os.path.join(ROOT, "constraints.txt")) as f:
+  with open(os.path.join(ROOT, name)) as f:
     for line in f:
       line = line.split("#")[0].strip()
       if line:
@@ -52,3 +52,23 @@ def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow", None)     # importing it would fail
   assert list(sources._tfds_texts("lm1b", "test")) == [b"first document", b"second"]
   assert calls == [("lm1b", "test")]
+
+
+def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
+  """The [gpu] extra asks for what ran on the H100 (jax >= 0.11.2, tokamax >= 0.0.17 on
+  Python >= 3.12), constraints-gpu.txt pins versions inside those ranges, and the floor the
+  run enforces (platform.GMM_MIN_TOKAMAX) is the extra's."""
+  tomllib = pytest.importorskip("tomllib")
+  from tst_jax import platform   # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    gpu = {Requirement(r).name: Requirement(r)
+           for r in tomllib.load(f)["project"]["optional-dependencies"]["gpu"]}
+  assert str(gpu["tokamax"].specifier) == ">=0.0.17"
+  assert str(gpu["tokamax"].marker) == 'python_version >= "3.12"'
+  assert not gpu["tokamax"].marker.evaluate({"python_version": "3.11"})
+  assert str(gpu["jax"].specifier) == ">=0.11.2"
+  assert ".".join(map(str, platform.GMM_MIN_TOKAMAX)) == "0.0.17"
+  pins = _pins("constraints-gpu.txt")
+  assert pins["tokamax"] == "0.0.17" and pins["jax"] == pins["jaxlib"] == "0.11.2"
+  for name, req in gpu.items():
+    assert req.specifier.contains(pins[name]), (name, pins[name])

@@ -2,10 +2,13 @@
 per-group loop: forward, dX and dW, for uneven, empty and all-rows groups, rows past the last
 group (other shards' experts), float32 and bfloat16; its backward is grouped GEMMs only."""
 
+import functools
+import importlib
 import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,8 @@ import numpy as np
 import pytest
 
 from tst_jax import platform
-from tst_jax.kernels import grouped_matmul as gm
+from tst_jax.errors import ConfigError
+from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning
 
 
 def per_group(x_AxI, w_ExIxO, sizes_E):
@@ -83,7 +87,7 @@ def test_the_backward_is_grouped_gemms_with_no_rows_by_experts_array():
 def test_backend_choice_and_a_bad_backend():
   assert platform.grouped_matmul_backend("cpu")[0] == "xla"
   assert platform.grouped_matmul_backend("tpu")[0] == "xla"
-  want = "tokamax" if gm.tokamax_available() else "xla"
+  want = "tokamax" if gm.tokamax_version() else "xla"
   assert platform.grouped_matmul_backend("gpu")[0] == want
   assert platform.expert_impl("gmm", "cpu")[1].startswith("set in the config; grouped GEMM")
   with pytest.raises(ValueError, match="backend must be one of"):
@@ -100,3 +104,173 @@ def test_the_benchmark_runs_at_tiny_shapes():
   assert out.returncode == 0, out.stderr
   row = json.loads(out.stdout.splitlines()[-1])
   assert row["backend"] == "xla" and row["rows"] > 0 and row["fwd_bwd_tflops"] > 0
+
+
+# ------------------------------------------------------------------ tokamax, faked on CPU
+
+class FakeTokamax(types.ModuleType):
+  """tokamax's API as the code calls it (openxla/tokamax: ragged_dot_general's
+  `implementation=`, autotune, AutotuningResult), computed by jax.lax.ragged_dot_general; like
+  its Mosaic GPU kernels it refuses a row count that is not a multiple of 8. Records calls."""
+
+  def __init__(self, version="0.0.17"):
+    super().__init__("tokamax")
+    self.__version__, self.calls, self.tuned, self.entered = version, [], [], []
+    self.exact = True
+    fake = self
+
+    class AutotuningResult:
+      def __init__(self, text):
+        self.text = text
+
+      def dumps(self):
+        return self.text
+
+      @classmethod
+      def loads(cls, text):
+        return cls(text)
+
+      def __enter__(self):
+        fake.entered.append(self.text)
+
+      def __exit__(self, *exc):
+        return False
+    self.AutotuningResult = AutotuningResult
+
+  def ragged_dot_general(self, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
+                         precision=None, preferred_element_type=None, *, implementation=None):
+    if lhs.shape[0] % 8:
+      raise ValueError("When no rounding mode is specified, dimension 0 must have size smaller "
+                       f"or a multiple of its tiling 8, but got {lhs.shape[0]}")
+    self.calls.append(dict(dims=ragged_dot_dimension_numbers, rows=lhs.shape[0],
+                           implementation=implementation, out=preferred_element_type,
+                           entered=len(self.entered)))
+    product = functools.partial(jax.lax.ragged_dot_general, group_sizes=group_sizes,
+                                ragged_dot_dimension_numbers=ragged_dot_dimension_numbers,
+                                precision=precision, preferred_element_type=jnp.float32)
+    out_type = preferred_element_type or jnp.result_type(lhs, rhs)
+    if not self.exact:   # the shape only (timing tests: CPU's ragged_dot is E x the work)
+      return jnp.zeros(jax.eval_shape(product, lhs, rhs).shape, out_type)
+    return product(lhs, rhs).astype(out_type)
+
+  def autotune(self, f, *args, timeout=None, progress_bar=True):
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in args)
+    self.tuned.append([tuple(a.shape) for a in args])
+    return self.AutotuningResult(json.dumps({"tuned": len(self.tuned)}))
+
+
+@pytest.fixture
+def fake_tokamax(monkeypatch, tmp_path):
+  fake = FakeTokamax()
+  monkeypatch.setitem(sys.modules, "tokamax", fake)
+  monkeypatch.setattr(gm, "tokamax_version", lambda: fake.__version__)
+  monkeypatch.setenv(tokamax_tuning.ENV, str(tmp_path / "tuning"))
+  monkeypatch.setattr(tokamax_tuning, "_RESULTS", {})
+  return fake
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tokamax):
+  """131009 rows (benchmarks/grouped_matmul.py's: tokamax refused them on the H100): padded
+  to whole tiles of 8 inside grouped_matmul, values and both gradients as XLA's; the forward
+  and dX on Mosaic, dW on Triton (platform's H100 entry), each with its fallback."""
+  with pytest.raises(ValueError, match="multiple of its tiling 8, but got 131009"):
+    fake_tokamax.ragged_dot_general(jnp.ones((131009, 2)), jnp.ones((1, 2, 2)),
+                                    jnp.asarray([1]), gm._DIMS["forward"])
+  backend, kernels, why = platform.grouped_matmul_backend("gpu", H100)
+  assert backend == "tokamax" and "Triton" in why and "autotuned once" in why
+  a, i, o = 131009, 8, 4
+  sizes_E = jnp.asarray([40000, 0, 51000, 39000], jnp.int32)          # 130000 of 131009 rows
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(k1, (a, i))
+  w = jax.random.normal(k2, (4, i, o))
+  dy = jax.random.normal(k3, (a, o))
+
+  def run(backend):
+    y, vjp = jax.vjp(lambda x, w: gm.grouped_matmul(x, w, sizes_E, backend, kernels), x, w)
+    return (y,) + vjp(dy)
+  got, want = run("tokamax"), run("xla")
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
+  assert got[0].shape == (a, o) and not np.any(np.asarray(got[0][130000:]))
+  by_product = {next(p for p, d in gm._DIMS.items() if d == c["dims"]): c
+                for c in fake_tokamax.calls}
+  assert set(by_product) == {"forward", "dx", "dw"} and len(fake_tokamax.calls) == 3
+  assert all(c["rows"] == 131016 for c in fake_tokamax.calls)        # 131009 -> 8 x 16377
+  assert by_product["forward"]["implementation"] == ("mosaic", "triton")
+  assert by_product["dx"]["implementation"] == ("mosaic", "triton")
+  assert by_product["dw"]["implementation"] == ("triton", "mosaic")
+
+
+def test_tokamax_autotunes_each_shape_once_and_keeps_it(fake_tokamax, monkeypatch):
+  """The first trace autotunes the three products' shapes (abstract operands) and keeps each
+  result on disk; every kernel call runs inside its result; a new process reads them back
+  without tuning; TST_JAX_TOKAMAX_TUNING=off tunes nothing. bf16 operands: the output dtypes
+  asked for are tokamax's own VJP's (so its shipped tables' keys match): the forward's
+  default, dX in x's dtype, dW in w's (the kernels accumulate in float32 inside)."""
+  x, w = jnp.ones((20, 3), jnp.bfloat16), jnp.ones((2, 3, 5), jnp.bfloat16)
+  sizes = jnp.asarray([7, 9], jnp.int32)
+  grad = jax.jit(jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes, "tokamax").sum(),
+                          argnums=(0, 1)))
+  jax.block_until_ready(grad(x, w))
+  assert sorted(fake_tokamax.tuned) == sorted([[(24, 3), (2, 3, 5), (2,)],     # forward
+                                               [(24, 5), (2, 3, 5), (2,)],     # dX
+                                               [(24, 3), (24, 5), (2,)]])      # dW
+  assert [c["entered"] for c in fake_tokamax.calls] == [1, 2, 3]
+  assert [c["out"] for c in fake_tokamax.calls] == [None, jnp.bfloat16, jnp.bfloat16]
+  kept = os.listdir(os.environ[tokamax_tuning.ENV])
+  assert len(kept) == 3
+  monkeypatch.setattr(tokamax_tuning, "_RESULTS", {})                  # a new process
+  fake_tokamax.tuned.clear()
+  jax.block_until_ready(jax.jit(jax.grad(lambda x, w: gm.grouped_matmul(
+      x, w, sizes, "tokamax").sum(), argnums=(0, 1)))(x, w))
+  assert fake_tokamax.tuned == [] and len(fake_tokamax.entered) == 6
+  assert {json.loads(t)["tuned"] for t in fake_tokamax.entered[3:]} == {1, 2, 3}
+  monkeypatch.setenv(tokamax_tuning.ENV, "off")
+  monkeypatch.setattr(tokamax_tuning, "_RESULTS", {})
+  jax.block_until_ready(grad(x * 2, w))
+  assert fake_tokamax.tuned == [] and "autotuning off" in tokamax_tuning.describe()
+
+
+def test_tokamax_versions_and_auto_on_gpu(monkeypatch):
+  """auto on a GPU: gmm where tokamax is installed (the 2026-11-25 measurement as the reason),
+  blocked with the pip line where not; a tokamax older than 0.0.17 is one ConfigError line
+  naming its version and the fix."""
+  monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.17")
+  impl, why = platform.expert_impl("auto", "gpu", H100)
+  assert impl == "gmm" and "1.42x" in why and "0.161 vs 0.228 s" in why and "tokamax 0.0.17" in why
+  assert "Triton" in why and "Mosaic" in why
+  _, kernels, why = platform.grouped_matmul_backend("gpu", "NVIDIA B200")
+  assert kernels == gm.Kernels() and "none measured on NVIDIA B200" in why
+  monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.12")
+  for requested in ("auto", "gmm"):
+    with pytest.raises(ConfigError, match=r"needs tokamax >= 0\.0\.17 .*tokamax 0\.0\.12 is "
+                                          r"installed: pip install -U 'tst-jax\[gpu\]'") as e:
+      platform.expert_impl(requested, "gpu", H100)
+    assert e.value.field == "model.expert_impl" and "\n" not in str(e.value)
+  assert platform.expert_impl("blocked", "gpu", H100) == ("blocked", "set in the config")
+  monkeypatch.setattr(gm, "tokamax_version", lambda: None)
+  impl, why = platform.expert_impl("auto", "gpu", H100)
+  assert impl == "blocked" and "pip install 'tst-jax[gpu]'" in why
+  assert platform.expert_impl("auto", "cpu")[0] == "blocked"
+
+
+def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeypatch):
+  """benchmarks/grouped_matmul.py at its GPU row count (128 experts, ~1k rows each: 131009,
+  which tokamax refused on the H100) runs through the (fake) tokamax kernels, narrow D and F
+  so that CPU can; both kernel choices, the platform's and one named per product. Values are
+  the previous test's: here the fake returns zeros of the product's shape."""
+  fake_tokamax.exact = False
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+  bench = importlib.import_module("grouped_matmul")
+  bench.main(["--dim", "8", "--ffw", "4", "--repeats", "1",
+              "--backends", "tokamax,tokamax:mosaic/mosaic/mosaic"])
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert [r["backend"] for r in rows] == ["tokamax", "tokamax:mosaic/mosaic/mosaic"]
+  assert {r["rows"] for r in rows} == {131009} and all(r["fwd_bwd_tflops"] > 0 for r in rows)
+  assert rows[1]["kernels"] == "forward mosaic, dx mosaic, dw mosaic"
+  assert {c["rows"] for c in fake_tokamax.calls} == {131016}
+  assert {c["implementation"] for c in fake_tokamax.calls} == {None, ("mosaic",)}

@@ -1,17 +1,25 @@
 """Qwen3-MoE: ragged vs dense experts, HF parity and conversion, FLOPs, causality, sizes."""
 
+import collections
 import dataclasses
 import json
 import math
+import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
+from tst_jax import configlib
 from tst_jax.convert import qwen3_moe_hf
 from tst_jax.models import llama, moe
+from tst_jax.train import spec as spec_lib, step as step_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Shapes: B batch, L length, l bags, S bag size, D 32, E experts, K top-k, F expert width.
 SMALL = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffw_dim=48,
@@ -280,8 +288,9 @@ def test_ragged_program_does_active_matmul_work():
                                                                             x_BxLxD).jaxpr)
   n_tokens = x_BxLxD.shape[0] * x_BxLxD.shape[1]
   assert counted[32] - counted[8] == 2 * n_tokens * SMALL["dim"] * (32 - 8)
-  k = SMALL["n_experts_per_token"]    # router, K·(gate, up, down), the top-k weighted sum
-  assert counted[8] == 2 * n_tokens * SMALL["dim"] * (8 + k * 3 * SMALL["moe_ffw_dim"] + k)
+  k = SMALL["n_experts_per_token"]    # router, K·(gate, up, down); the top-k weighted sum
+  assert counted[8] == 2 * n_tokens * SMALL["dim"] * (8 + k * 3 * SMALL["moe_ffw_dim"])  # is
+                                      # element-wise (kernels/moe_dispatch), not a matmul
 
 
 def test_gmm_program_does_active_matmul_work_forward_and_backward():
@@ -302,8 +311,7 @@ def test_gmm_program_does_active_matmul_work_forward_and_backward():
   assert counted[32] - counted[8] == 3 * 2 * n * d * (32 - 8)
   experts = 3 * 2 * (n * k) * 3 * d * f           # 3 GEMMs, each forward + dX + dW
   router = 3 * 2 * n * d * 8
-  combine = 3 * 2 * n * d * k                      # the top-k weighted sum and its gradients
-  assert counted[8] == experts + router + combine
+  assert counted[8] == experts + router   # combine and dispatch: gathers and sums, no dot
 
 
 def test_bags_run_and_are_causal_by_gradients():
@@ -351,3 +359,72 @@ def test_param_counts_10b_a1b():
       cfg, 4096, active_matmul_params=moe.matmul_params_active(cfg))
   tiny = moe.MoEConfig(**moe.PRESETS["tiny_moe"])
   assert moe.param_counts(tiny) == (2_823_552, 1_643_904)
+
+
+def _float_row_scatters(hlo_text: str, dim: int) -> list[str]:
+  """The floating-point scatters over [.., D] rows in an optimized HLO module, the embedding's
+  [V, D] gradient (under the `embed` name scope) aside: one line each."""
+  found = []
+  for line in hlo_text.splitlines():
+    m = re.search(r"=\s*(bf16|f16|f32|f64|f8\w*)\[([\d,]+)\]\S*\s+scatter\(", line)
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    if m and int(m.group(2).split(",")[-1]) == dim and not (op_name and re.search(
+        r"[(/]embed\)", op_name.group(1))):
+      found.append(line.strip()[:160])
+  return found
+
+
+def test_gmm_train_step_has_no_float_row_scatters():
+  """Dispatch and combine are permutations, so their transposes are gathers too: the compiled
+  NTP train step of configs/tiny_moe.py with expert_impl=gmm holds no floating-point scatter
+  over [rows, D] (before: two, the autodiff transposes of the dispatch and combine gathers);
+  the embedding's [V, D] gradient is the one left, and is found (the check can fail)."""
+  config = configlib.load_config(os.path.join(ROOT, "configs", "tiny_moe.py"))
+  config.model.expert_impl = "gmm"
+  spec = spec_lib.build(config)
+  phase = next(p for p in spec.plan.phases if p.name == "ntp")
+  layout = step_lib.Layout.of(spec, jax.devices()[:1])
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       layout.abstract, layout.shardings)
+  window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
+                                sharding=layout.batch_sharding)
+  hlo = layout.train_step(phase).lower(state, window).compile().as_text()
+  assert _float_row_scatters(hlo, spec.model.dim) == []
+  embedding = [line for line in hlo.splitlines() if re.search(r"\sscatter\(", line)
+               and "(embed)" in line and f"[{spec.model.vocab_size},{spec.model.dim}]" in line]
+  assert len(embedding) == 1, embedding
+
+
+def _primitive_counts(jaxpr, counts=None):
+  counts = collections.Counter() if counts is None else counts
+  for eqn in jaxpr.eqns:
+    counts[eqn.primitive.name] += 1
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      _primitive_counts(sub, counts)
+  return counts
+
+
+@pytest.mark.parametrize("impl", ["gmm", "blocked"])
+def test_save_experts_keeps_the_grouped_gemm_outputs(impl):
+  """remat=save_experts: the backward reruns neither the sort nor the expert matmuls (their
+  outputs and the routing are saved by name), save_dots reruns both; same loss and gradients."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, SMALL["vocab_size"], (2, 8)))
+  grads, counts, saved = {}, {}, {}
+  for remat in ("save_dots", "save_experts"):
+    cfg = moe.MoEConfig(**SMALL, expert_impl=impl, remat=remat)
+    graphdef, params = nnx.split(_random(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0))))
+    loss = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p).forward(tokens)[0]))
+    grads[remat] = jax.jit(jax.grad(loss))(params)
+    counts[remat] = _primitive_counts(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+    saved[remat] = [tuple(aval.shape) for aval, _ in ad_checkpoint.saved_residuals(loss, params)]
+  a, f, d = 2 * 8 * SMALL["n_experts_per_token"], SMALL["moe_ffw_dim"], SMALL["dim"]
+  matmul = "ragged_dot_general" if impl == "gmm" else "dot_general"
+  assert counts["save_dots"]["sort"] == 2 * counts["save_experts"]["sort"] == 4
+  assert counts["save_dots"][matmul] - counts["save_experts"][matmul] == 3   # the forward's 3
+  if impl == "gmm":   # [layers, A, F] twice and [layers, A, D] kept, only with save_experts
+    layers = SMALL["n_layers"]
+    assert saved["save_experts"].count((layers, a, f)) == 2
+    assert (layers, a, d) in saved["save_experts"]
+    assert (layers, a, f) not in saved["save_dots"]
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               grads["save_dots"], grads["save_experts"])

@@ -5,6 +5,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
+from tst_jax.kernels import grouped_matmul
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.plan import format_plan
 
@@ -27,7 +28,9 @@ def test_attention_auto(dtype, head_dim, where, expected, reason):
 
 @pytest.mark.parametrize("where,loss,experts", [
     ("gpu", "pallas", "blocked"), ("cpu", "xla", "blocked"), ("tpu", "xla", "ragged")])
-def test_loss_and_experts_auto(where, loss, experts):
+def test_loss_and_experts_auto(where, loss, experts, monkeypatch):
+  # A GPU without tokamax: blocked (with tokamax, gmm: tests/test_gmm.py).
+  monkeypatch.setattr(grouped_matmul, "tokamax_version", lambda: None)
   assert platform.loss_impl("auto", where)[0] == loss
   assert platform.expert_impl("auto", where)[0] == experts
   assert platform.loss_impl("naive", where) == ("naive", "set in the config")

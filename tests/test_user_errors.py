@@ -39,8 +39,8 @@ DEFAULTS = {family: make() for family, make in BASES.items()}
 OPTIONS = ["auto", "naive", "xla", "pallas", "cudnn", "ragged", "blocked", "dense", "full",
            "input_only", "output_only", "seq", "batch", "mce", "alt", "uniform", "power",
            "exponential", "first", "fitted:/nonexistent.json", "stop", "skip", "on", "off",
-           "none", "save_dots", "bfloat16", "float16", "float32", "default", "fp8", "llama",
-           "qwen3_moe", "bpe", "/nonexistent/tokenizer.json", "x.model",
+           "none", "save_dots", "save_experts", "bfloat16", "float16", "float32", "default",
+           "fp8", "llama", "qwen3_moe", "bpe", "/nonexistent/tokenizer.json", "x.model",
            "text:/nonexistent/*.txt", "builtin:pystdlib", "bogus", ""]
 NUMBERS = ["-5", "-1", "0", "1", "2", "3", "4", "6", "8", "12", "16", "64", "100", "4096",
            "0.0", "0.5", "0.999", "1.0", "1.5", "-0.5", "1e-9", "nan", "inf", "-inf"]

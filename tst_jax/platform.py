@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import jax
 
-from tst_jax.kernels import grouped_matmul, splash_attention
+from tst_jax.errors import ConfigError
+from tst_jax.kernels import grouped_matmul, splash_attention, tokamax_tuning
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
@@ -27,11 +29,36 @@ EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
 _LOSS = {"gpu": ("pallas", "fastest on H100: 63 ms vs xla 74, naive 81 (docs/performance.md)"),
          "cpu": ("xla", "fastest on CPU (docs/kernels.md); pallas only runs interpreted"),
          "tpu": ("xla", "Pallas TPU kernel not yet measured against it")}
-# model.expert_impl=auto: on CPU ragged_dot is a masked dense matmul over every expert.
+# model.expert_impl=auto, from step times (docs/performance.md). H100, jax 0.11.2, tokamax 0.0.17,
+# 2026-11-25: gmm (tokamax's kernels) 0.161 s vs blocked 0.228 s at the 10B-A1B layer shapes
+# (4 layers, 8 x 2048), 0.282 vs 0.392 s on configs/qwen3_moe_gpu_small.py; XLA's ragged ran
+# out of memory. On CPU ragged_dot is a masked dense matmul over every expert.
 _EXPERTS = {"cpu": ("blocked", "CPU expands ragged_dot over every expert (docs/performance.md)"),
-            "gpu": ("blocked", "measured on H100 (docs/performance.md); ragged_dot not yet faster"),
+            "gpu": ("gmm", "grouped GEMMs on tokamax's kernels: 1.42x faster than blocked at "
+                           "the 10B-A1B layer shapes (0.161 vs 0.228 s), 1.39x on "
+                           "qwen3_moe_gpu_small (0.282 vs 0.392 s); H100, 2026-11-25"),
             "tpu": ("ragged", "grouped matmul, native on TPU")}
-
+_NO_TOKAMAX = ("blocked", "gmm needs tokamax on a GPU (XLA's GPU ragged_dot expands to dense and "
+                          "ran out of memory): pip install 'tst-jax[gpu]' -c constraints-gpu.txt")
+# expert_impl=gmm on a GPU: tokamax's kernel for each product of the grouped GEMM
+# (`implementation=`; the second is the fallback where the first raises NotImplementedError,
+# as Mosaic does on sm100 for all but the forward). From tokamax's own H100 autotuning tables
+# (tokamax/data/autotuning/nvidia_h100_80gb_hbm3/pallas_{mosaic_gpu,triton}_ragged_dot.json,
+# openxla/tokamax at 783ea95; the best configuration of each shape, bf16, 4k-262k rows, 8-256
+# experts), TFLOP/s at the shapes both kernels list:
+#   forward  Mosaic 290-462, Triton 44-649: Mosaic ahead at 5 of 7 (a tie, 419 vs 421, and the
+#            8-expert shape aside; at K = 1024, E = 256: 372 vs 139)
+#   dX       Mosaic 178-408, Triton 144-399: Mosaic ahead at 6 of 8 (at F = 768, E = 128:
+#            296 vs 164)
+#   dW       Triton 393-595, Mosaic 108-281: Triton ahead at all 9, 3.4-5.1x at 128-256
+#            experts (at F = 768, E = 128: 551 vs 108); the MoE recipe's profile showed
+#            Mosaic's dW at ~100 TFLOP/s (2026-11-25)
+_GMM_KERNELS = {"H100": (
+    grouped_matmul.Kernels(forward=("mosaic", "triton"), dx=("mosaic", "triton"),
+                           dw=("triton", "mosaic")),
+    "tokamax's H100 tables: dW on Triton (393-595 TFLOP/s vs Mosaic 108-281), forward and dX "
+    "on Mosaic (ahead at 5 of 7 and 6 of 8 shapes)")}
+GMM_MIN_TOKAMAX = (0, 0, 17)   # seen working with jax 0.11.2; 0.0.12 fails under it
 
 def _platform(platform: str | None) -> str:
   return platform or jax.default_backend()
@@ -81,25 +108,48 @@ def loss_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
   return _LOSS.get(_platform(platform), _LOSS["tpu"])
 
 
-def grouped_matmul_backend(platform: str | None = None) -> tuple[str, str]:
-  """(xla | tokamax, the reason): the grouped GEMM under `model.expert_impl=gmm`."""
+def grouped_matmul_backend(platform: str | None = None, device_kind: str | None = None
+                           ) -> tuple[str, grouped_matmul.Kernels, str]:
+  """(xla | tokamax, tokamax's kernel per product, the reason): the grouped GEMM under
+  `model.expert_impl=gmm`. A tokamax older than GMM_MIN_TOKAMAX is a ConfigError naming it."""
   platform = _platform(platform)
-  if platform == "gpu" and grouped_matmul.tokamax_available():
-    return "tokamax", ("tokamax.ragged_dot's Mosaic GPU / Triton kernels: XLA's GPU ragged_dot "
-                       "expands to dense (not yet measured against blocked: docs/performance.md)")
-  return "xla", (f"jax.lax.ragged_dot on {platform}" + (
-      "; pip install 'tst-jax[gpu]' for tokamax's kernels" if platform == "gpu" else ""))
+  version = grouped_matmul.tokamax_version() if platform == "gpu" else None
+  if version is None:
+    return "xla", grouped_matmul.Kernels(), (f"jax.lax.ragged_dot on {platform}" + (
+        "; pip install 'tst-jax[gpu]' for tokamax's kernels" if platform == "gpu" else ""))
+  if _version_tuple(version) < GMM_MIN_TOKAMAX:
+    need = ".".join(map(str, GMM_MIN_TOKAMAX))
+    raise ConfigError("model.expert_impl", f"gmm on a GPU needs tokamax >= {need} (with jax "
+                      f">= 0.11.2), tokamax {version} is installed: pip install -U "
+                      "'tst-jax[gpu]' -c constraints-gpu.txt")
+  kind = device_kind or jax.devices()[0].device_kind
+  kernels, why = next((v for name, v in _GMM_KERNELS.items() if name.lower() in kind.lower()),
+                      (grouped_matmul.Kernels(), f"tokamax's default kernels (none measured on "
+                                                 f"{kind})"))
+  return "tokamax", kernels, (f"tokamax {version}: {kernels.line()} ({why}); "
+                              f"{tokamax_tuning.describe()}")
 
 
-def expert_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
+def _version_tuple(version: str) -> tuple[int, ...]:
+  return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def expert_impl(requested: str, platform: str | None = None,
+                device_kind: str | None = None) -> tuple[str, str]:
   """(ragged | gmm | blocked | dense, the reason) for `model.expert_impl`."""
+  platform = _platform(platform)
+  if requested == "auto":
+    requested, why = _EXPERTS.get(platform, _EXPERTS["tpu"])
+    if requested != "gmm":
+      return requested, why
+    if grouped_matmul.tokamax_version() is None:
+      return _NO_TOKAMAX
+  else:
+    why = "set in the config"
   if requested == "gmm":
-    backend, why = grouped_matmul_backend(platform)
-    return requested, f"set in the config; grouped GEMM backend {backend}: {why}"
-  if requested != "auto":
-    return requested, "set in the config"
-  return _EXPERTS.get(_platform(platform), _EXPERTS["tpu"])
-
+    backend, _, how = grouped_matmul_backend(platform, device_kind)
+    return requested, f"{why}; grouped GEMM backend {backend}: {how}"
+  return requested, why
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
@@ -126,9 +176,9 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
                                              model_cfg.head_dim, platform),
       "loss.impl": loss_impl(loss, platform),
   }
-  if hasattr(model_cfg, "expert_impl"):
-    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform)
   kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
+  if hasattr(model_cfg, "expert_impl"):
+    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
   return Resolved(platform, kind, choices)
 
 

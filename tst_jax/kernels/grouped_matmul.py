@@ -1,56 +1,77 @@
 """Grouped matmul, the MoE experts' GEMM: rows sorted by group, each group times its own weights.
 
-Letters: A rows (expert assignments, sorted by expert), E groups (experts), I inputs, O outputs.
-x [A, I] @ w [E, I, O] with group sizes [E] -> [A, O]: rows [s_e, s_e + sizes[e]) times w[e],
-where s_e is the sum of the earlier sizes. Rows past the last group (assignments another
-expert-parallel shard computes) come out 0 and get no gradient.
+Letters: A rows (expert assignments, sorted by expert), E groups (experts), I inputs, O outputs,
+C rows of a kernel tile. x [A, I] @ w [E, I, O] with group sizes [E] -> [A, O]: rows
+[s_e, s_e + sizes[e]) times w[e], where s_e is the sum of the earlier sizes. Rows past the last
+group (assignments another expert-parallel shard computes) come out 0 and get no gradient.
 
-`grouped_matmul` has a custom VJP whose backward is grouped too: dx = grouped(dy, wᵀ) per
-group, and dw[e] = x_eᵀ · dy_e as one ragged-contraction GEMM (`ragged_dot_general` with the
-rows as the ragged contracting dimension). Neither builds an [A, E] array or pads a group to
-the largest one. Backends:
-  xla      jax.lax.ragged_dot / ragged_dot_general: native on TPU; XLA:CPU and released
-           jaxlib GPU builds expand it to a masked dense matmul over every group (E x the work)
-  tokamax  tokamax.ragged_dot (the OpenXLA kernel library: Mosaic GPU kernels for sm90/sm100,
-           a Triton fallback) for the three products, its own grouped VJP (the `gpu` extra)
+`grouped_matmul` has a custom VJP whose backward is grouped too, three products in all:
+  forward  y = x @ w[e] per group                     (ragged rows, w's group dimension)
+  dx       dx = dy @ w[e]ᵀ per group                  (the same, contracting w's O)
+  dw       dw[e] = x_eᵀ · dy_e, one GEMM whose ragged dimension is the contracted rows
+Neither builds an [A, E] array or pads a group to the largest one. Backends:
+  xla      jax.lax.ragged_dot_general: native on TPU; XLA:CPU and released jaxlib GPU builds
+           expand it to a masked dense matmul over every group (E x the work)
+  tokamax  tokamax.ragged_dot_general (the OpenXLA kernel library, the `gpu` extra), each
+           product on the kernel `Kernels` names (`implementation=`: Mosaic GPU or Triton;
+           `platform.grouped_matmul_backend` picks them from measurements), rows padded to
+           the kernels' tile of C = 8, each shape autotuned once (`tokamax_tuning`)
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib.metadata
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from tst_jax.kernels import tokamax_tuning
+from tst_jax.parallel import varying
+
 BACKENDS = ("xla", "tokamax")
-# dw[e] = x[rows of e]ᵀ @ dy[rows of e]: contract the rows (ragged over the groups), no batch.
-_WEIGHT_GRAD_DIMS = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
-    rhs_group_dimensions=[])
+PRODUCTS = ("forward", "dx", "dw")
+ROW_TILE = 8   # C: tokamax's Mosaic GPU kernels refuse a row count that is not a multiple of 8
+# The three products as ragged_dot_general dimension numbers (tokamax's names for them:
+# DEFAULT, TRANS_RHS and RAGGED_CONTRACTING_DOT_DIM_NUMS), so both backends see the same calls.
+_DIMS = {
+    "forward": jax.lax.RaggedDotDimensionNumbers(   # x [A, I] · w [E, I, O]: contract I
+        dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
+        rhs_group_dimensions=[0]),
+    "dx": jax.lax.RaggedDotDimensionNumbers(        # dy [A, O] · w [E, I, O]: contract O
+        dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
+        rhs_group_dimensions=[0]),
+    "dw": jax.lax.RaggedDotDimensionNumbers(        # x [A, I] · dy [A, O]: contract the rows
+        dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+        rhs_group_dimensions=[]),
+}
 
 
-def tokamax_available() -> bool:
-  return importlib.util.find_spec("tokamax") is not None
+class Kernels(NamedTuple):
+  """tokamax's `implementation=` for each product: kernel names, the first that runs wins
+  (tokamax falls back past a NotImplementedError); None: tokamax's own default order."""
+  forward: tuple[str, ...] | None = None
+  dx: tuple[str, ...] | None = None
+  dw: tuple[str, ...] | None = None
+
+  def line(self) -> str:
+    return ", ".join(f"{p} {'/'.join(k) if k else 'default'}" for p, k in zip(PRODUCTS, self))
 
 
-def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla"):
+def tokamax_version() -> str | None:
+  """The installed tokamax's version, read without importing it (None: not installed)."""
+  try:
+    return importlib.metadata.version("tokamax")
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla", kernels: Kernels = Kernels()):
   """x [A, I] rows in group order, w [E, I, O], sizes [E] (int32) -> [A, O] in x's dtype."""
-  if backend == "tokamax":
-    import tokamax   # pylint: disable=g-import-not-at-top  (optional: the gpu extra)
-    return _rows_in_groups(tokamax.ragged_dot(x_AxI, w_ExIxO, sizes_E), sizes_E)
-  if backend != "xla":
+  if backend not in BACKENDS:
     raise ValueError(f"grouped matmul backend must be one of {BACKENDS}, got {backend!r}")
-  return _xla(*_varying_alike(x_AxI, w_ExIxO), sizes_E)
-
-
-def _varying_alike(*arrays):
-  """Under shard_map: every operand varying over the same mesh axes. A custom VJP must return
-  cotangents of its inputs' types, and dW varies over x's axes (the token rows); broadcast
-  here, outside the VJP, JAX's AD sums dW over those axes (a psum), as for any weight."""
-  vma = [_varying_axes(a) for a in arrays]
-  axes = frozenset().union(*vma)
-  return tuple(jax.lax.pcast(a, tuple(sorted(axes - v)), to="varying") if axes - v else a
-               for a, v in zip(arrays, vma))
+  return _grouped(backend, kernels, *varying.alike(x_AxI, w_ExIxO), sizes_E)
 
 
 def _rows_in_groups(y_AxO, sizes_E):
@@ -59,30 +80,50 @@ def _rows_in_groups(y_AxO, sizes_E):
   return jnp.where(valid_A[:, None], y_AxO, jnp.zeros((), y_AxO.dtype))
 
 
-@jax.custom_vjp
-def _xla(x_AxI, w_ExIxO, sizes_E):
-  return _rows_in_groups(jax.lax.ragged_dot(x_AxI, w_ExIxO, sizes_E), sizes_E)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _grouped(backend, kernels, x_AxI, w_ExIxO, sizes_E):
+  return _rows_in_groups(_product(backend, kernels, "forward", x_AxI, w_ExIxO, sizes_E,
+                                  None), sizes_E)   # None: x's dtype (w's is the same)
 
 
-def _xla_fwd(x_AxI, w_ExIxO, sizes_E):
-  return _xla(x_AxI, w_ExIxO, sizes_E), (x_AxI, w_ExIxO, sizes_E)
+def _grouped_fwd(backend, kernels, x_AxI, w_ExIxO, sizes_E):
+  return _grouped(backend, kernels, x_AxI, w_ExIxO, sizes_E), (x_AxI, w_ExIxO, sizes_E)
 
 
-def _xla_bwd(residuals, dy_AxO):
+def _grouped_bwd(backend, kernels, residuals, dy_AxO):
   x_AxI, w_ExIxO, sizes_E = residuals
-  dy_AxO = _rows_in_groups(dy_AxO, sizes_E)
-  dx_AxI = _rows_in_groups(
-      jax.lax.ragged_dot(dy_AxO, jnp.swapaxes(w_ExIxO, 1, 2), sizes_E), sizes_E)
-  dw_ExIxO = jax.lax.ragged_dot_general(x_AxI, dy_AxO, sizes_E, _WEIGHT_GRAD_DIMS,
-                                        preferred_element_type=jnp.float32)
+  dy_AxO = _rows_in_groups(dy_AxO, sizes_E).astype(x_AxI.dtype)
+  dx_AxI = _rows_in_groups(_product(backend, kernels, "dx", dy_AxO, w_ExIxO, sizes_E,
+                                    x_AxI.dtype), sizes_E)
+  # dW accumulates over up to A rows: float32 where XLA would otherwise add in the inputs'
+  # dtype; tokamax's kernels accumulate in float32 inside and write w's dtype, as its own VJP.
+  dw_ExIxO = _product(backend, kernels, "dw", x_AxI, dy_AxO, sizes_E,
+                      jnp.float32 if backend == "xla" else w_ExIxO.dtype)
   return dx_AxI.astype(x_AxI.dtype), dw_ExIxO.astype(w_ExIxO.dtype), None
 
 
-_xla.defvjp(_xla_fwd, _xla_bwd)
+_grouped.defvjp(_grouped_fwd, _grouped_bwd)
 
 
-def _varying_axes(a) -> frozenset:
-  """The manual mesh axes `a` varies over inside a shard_map (none outside one)."""
-  aval = jax.typeof(a)
-  mat = getattr(aval, "manual_axis_type", None)      # jax >= 0.10: ManualAxisType.varying
-  return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+def _product(backend, kernels, product, lhs, rhs, sizes_E, out_dtype):
+  """One of the three products (`_DIMS`) on `backend`."""
+  dims = _DIMS[product]
+  if backend == "xla":
+    return jax.lax.ragged_dot_general(lhs, rhs, sizes_E, dims, preferred_element_type=out_dtype)
+  return _tokamax(getattr(kernels, product), dims, lhs, rhs, sizes_E, out_dtype)
+
+
+def _tokamax(implementation, dims, lhs, rhs, sizes_E, out_dtype):
+  """tokamax.ragged_dot_general with the rows padded to whole tiles of C: the padding rows
+  lie past the last group, so they are computed by no expert and sliced off again."""
+  import tokamax   # pylint: disable=g-import-not-at-top  (optional: the gpu extra)
+  rows = lhs.shape[0]
+  pad = -rows % ROW_TILE
+  padded = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)) if pad else a
+  ragged_contracting = not dims.rhs_group_dimensions        # dw: both operands have the rows
+  lhs, rhs = padded(lhs), padded(rhs) if ragged_contracting else rhs
+  call = functools.partial(tokamax.ragged_dot_general, ragged_dot_dimension_numbers=dims,
+                           preferred_element_type=out_dtype, implementation=implementation)
+  with tokamax_tuning.tuned(call, lhs, rhs, sizes_E):
+    out = call(lhs, rhs, sizes_E)
+  return out if ragged_contracting else out[:rows]

@@ -23,7 +23,13 @@ from tst_jax.kernels import fp8, splash_attention
 from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
 
-REMAT_POLICIES = ("none", "full", "save_dots")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_experts")
+# What remat=save_experts keeps beyond save_dots (models/moe.py names them): each MoE layer's
+# routing (int32, 3 x A) and its grouped GEMMs' outputs (gate and up [A, F], the experts' [A, D]),
+# so that the backward reruns neither the sort nor the GEMMs (ragged_dot is no dot_general,
+# blocked's einsum has a batch dimension: save_dots keeps none of them). The dispatched rows
+# are gathered again instead: as much memory traffic as keeping them, and no memory.
+EXPERT_SAVES = ("moe_routing", "moe_gate", "moe_up", "moe_out")
 MATMUL_PRECISIONS = ("default", "fp8")   # the linear layers' matmuls: in `dtype` | FP8 (qwix)
 
 
@@ -208,8 +214,12 @@ def _remat(fn, policy: str):
     return fn
   if policy == "full":
     return jax.checkpoint(fn)
+  dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
   if policy == "save_dots":
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(fn, policy=dots)
+  if policy == "save_experts":
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_from_both_policies(
+        dots, jax.checkpoint_policies.save_only_these_names(*EXPERT_SAVES)))
   raise ValueError(f"model.remat must be one of {REMAT_POLICIES}, got {policy!r}")
 
 

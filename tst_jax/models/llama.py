@@ -36,7 +36,8 @@ class LlamaConfig:
   tie_embeddings: bool = False
   dtype: str = "float32"           # compute dtype; parameters stay float32
   attention_impl: str = "auto"     # auto | xla | cudnn | splash (TPU) (platform resolves auto)
-  remat: str = "none"              # none | full | save_dots
+  remat: str = "none"              # none | full | save_dots | save_experts (save_dots and
+                                   # the MoE experts' outputs: layers.EXPERT_SAVES)
   matmul_precision: str = "default"  # decoder linear layers: default (in dtype) | fp8 (qwix:
                                      # attention q/k/v/o and dense MLPs; embedding, head, loss,
                                      # attention scores, router and experts stay in dtype)

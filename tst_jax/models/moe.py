@@ -22,10 +22,11 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from tst_jax import platform
-from tst_jax.kernels import grouped_matmul
+from tst_jax.kernels import grouped_matmul, moe_dispatch
 from tst_jax.errors import ConfigError
 from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
@@ -111,39 +112,26 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
   return logits_NxE, probs_NxE, weights_NxP, ids_NxP
 
 
-def _group_by_expert(ids_NxP, n_experts: int):
-  """The N·P assignments in expert order: (order [A], sorted ids [A], group sizes [E]).
-
-  An id >= n_experts (an expert another shard holds, see `experts_sharded`) belongs to no
-  group: it sorts after every group and is computed by no expert.
-  """
-  ids_A = ids_NxP.reshape(-1)
-  order_A = jnp.argsort(ids_A, stable=True)
-  return order_A, ids_A[order_A], jnp.bincount(ids_A, length=n_experts).astype(jnp.int32)
-
-
-def _combine(y_AxD, order_A, weights_NxP):
-  """Expert outputs in sorted order -> [N, D]: unsort, then the top-k weighted sum."""
-  n, k = weights_NxP.shape
-  inverse_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(n * k, dtype=order_A.dtype))
-  y_NxPxD = jnp.take(y_AxD, inverse_A, axis=0).reshape(n, k, -1)
-  return jnp.einsum("nkd,nk->nd", y_NxPxD, weights_NxP.astype(y_NxPxD.dtype))
-
-
 def _swiglu(matmul, x, gate, up, down):
-  return matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
+  """The experts' SwiGLU on rows in expert order, its three grouped matmuls' outputs named for
+  remat=save_experts (layers.EXPERT_SAVES)."""
+  h = jax.nn.silu(checkpoint_name(matmul(x, gate), "moe_gate")) * checkpoint_name(
+      matmul(x, up), "moe_up")
+  return checkpoint_name(matmul(h, down), "moe_out")
+
+
+def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
+  return moe_dispatch.Routing(*(checkpoint_name(a, "moe_routing") for a in routing))
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Sort the N·P assignments by expert (one argsort), gather their rows once, three grouped
-  matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then unsort and combine."""
-  k = ids_NxP.shape[1]
-  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, gate_ExDxF.shape[0])
-  x_AxD = jnp.take(x_NxD, order_A // k, axis=0)
-  y_AxD = _swiglu(lambda a, w: matmul(a, w, sizes_E), x_AxD, gate_ExDxF, up_ExDxF, down_ExFxD)
-  # Rows past the groups (other shards' experts) are left undefined by grouped GEMMs.
-  y_AxD = jnp.where((sorted_A < gate_ExDxF.shape[0])[:, None], y_AxD, 0)
-  return _combine(y_AxD, order_A, weights_NxP)
+  """Sort the N·P assignments by expert (`moe_dispatch`: one sort, gathers both ways), three
+  grouped matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then combine."""
+  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0]))
+  x_AxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
+  y_AxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_AxD, gate_ExDxF, up_ExDxF,
+                  down_ExFxD)
+  return moe_dispatch.combine(y_AxD, weights_NxP, routing)   # rows past the groups: unread
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -161,59 +149,42 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
 
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                backend: str | None = None):
+                backend: str | None = None, kernels: grouped_matmul.Kernels | None = None):
   """Dropless experts on `kernels.grouped_matmul`: the forward and both gradients (dX per
   group, dW as one per-expert xᵀ·dy reduction) are grouped GEMMs, with no [A, E] array and no
-  padding of the groups. `backend` (default: `platform.grouped_matmul_backend`): tokamax's
-  Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
-  backend = backend or platform.grouped_matmul_backend()[0]
-  return _experts_sorted(lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend),
-                         x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
-
-
-def block_rows(assignments: int, n_experts: int) -> int:
-  """Rows per block of `experts_blocked`: the largest power of two <= A / (4E), at most 512,
-  so that padding every expert's group to whole blocks adds at most ~25% to the A rows."""
-  return 1 << min(9, max(0, (assignments // (4 * n_experts)).bit_length() - 1))
-
+  padding of the groups. `backend` and `kernels` (default: `platform.grouped_matmul_backend`):
+  tokamax's Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
+  if backend is None:
+    backend, kernels, _ = platform.grouped_matmul_backend()
+  kernels = kernels or grouped_matmul.Kernels()
+  return _experts_sorted(
+      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
+      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):
   """Dropless experts as a batched matmul over fixed-size row blocks, one expert per block.
 
-  The assignments, sorted by expert, are written into a buffer where each expert's group is
-  padded to a whole number of `block` rows; block b is multiplied by the weights of its
-  expert (a gather of [blocks, D, F]). Work is (N·P + E·block) rows, so the compiled FLOPs
-  follow the active parameters on every backend, XLA:CPU included; the price is the
-  gathered weights, blocks x D x F per matrix, which is why TPU and GPU use ragged_dot.
+  The assignments, sorted by expert, are gathered into a buffer where each expert's group is
+  padded to a whole number of `block` rows (`moe_dispatch.blocked`); block b is multiplied
+  by the weights of its expert (a gather of [blocks, D, F]). Work is (N·P + E·block) rows, so
+  the compiled FLOPs follow the active parameters on every backend, XLA:CPU included; the
+  price is the gathered weights, blocks x D x F per matrix, which is why TPU and GPU use
+  grouped GEMMs.
   """
-  n, k = ids_NxP.shape
-  e = gate_ExDxF.shape[0]
-  m = n * k
-  block = block_rows(m, e) if block is None else block
-  order_A, sorted_A, sizes_E = _group_by_expert(ids_NxP, e)
-  padded_E = -(-sizes_E // block) * block
-  starts_E = jnp.cumsum(sizes_E) - sizes_E
-  padded_ends_E = jnp.cumsum(padded_E)
-  # sum_e ceil(size_e / block) <= (A + min(E, A) (block - 1)) / block blocks in all.
-  n_blocks = (m + min(e, m) * (block - 1)) // block
-  valid_A = sorted_A < e
-  expert_A = jnp.minimum(sorted_A, e - 1)
-  row_A = padded_ends_E[expert_A] - padded_E[expert_A] + jnp.arange(m) - starts_E[expert_A]
-  row_A = jnp.where(valid_A, row_A, n_blocks * block)           # out of range: dropped
-  x_RxD = jnp.zeros((n_blocks * block, x_NxD.shape[1]), x_NxD.dtype).at[row_A].set(
-      jnp.take(x_NxD, order_A // k, axis=0), mode="drop")
-  block_expert = jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block, side="right")
-  block_expert = jnp.minimum(block_expert, e - 1)    # blocks past the last group hold zeros
+  (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
+  block = moe_dispatch.block_rows(n * k, e) if block is None else block
+  routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
+  routing, block_expert = _routed(routing), checkpoint_name(block_expert, "moe_routing")
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, k)
 
   def matmul(a, w):                                    # a [R, in], w [E, in, out] -> [R, out]
-    a_blocks = a.reshape(n_blocks, block, -1)          # [blocks, C, in]
+    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, in]
     return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
-        n_blocks * block, -1)
+        a.shape[0], -1)
 
   y_RxD = _swiglu(matmul, x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
-  y_AxD = jnp.take(y_RxD, row_A, axis=0, mode="fill", fill_value=0)
-  return _combine(y_AxD, order_A, weights_NxP)
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing)
 
 
 def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):

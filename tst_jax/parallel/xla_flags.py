@@ -98,6 +98,34 @@ def local_gpus(environ, local_device_ids: str = "") -> int:
   return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
+# A GPU profile needs XLA's command buffers off: with them on (XLA's default), a trace shows each
+# captured run of kernels as one op, command_buffer_N, and the step profile (tools/step_profile)
+# cannot say what ran (97-98% of every H100 step went to "other ops", 2026-11-25).
+COMMAND_BUFFERS_OFF = "--xla_gpu_enable_command_buffer="   # the empty list: none
+
+
+def command_buffers_off(environ=os.environ) -> bool:
+  """Whether XLA_FLAGS turns XLA's GPU command buffers off."""
+  return any(f.rstrip("'\"") == COMMAND_BUFFERS_OFF
+             for f in environ.get("XLA_FLAGS", "").split())
+
+
+def for_profile(environ=os.environ) -> str:
+  """Add COMMAND_BUFFERS_OFF to XLA_FLAGS (after `apply`, which reads a set XLA_FLAGS as the
+  user's), before the backend starts; a flag the user set for command buffers is kept. It holds
+  for the whole process: every step of it runs without command buffers. The line says what
+  was done."""
+  current = environ.get("XLA_FLAGS", "")
+  if "xla_gpu_enable_command_buffer" in current:
+    return f"XLA_FLAGS: command buffers as the user set them ({current})"
+  if xla_bridge.backends_are_initialized():
+    return ("XLA_FLAGS: command buffers left on: the JAX backend had already started (set "
+            f"XLA_FLAGS={COMMAND_BUFFERS_OFF} yourself)")
+  environ["XLA_FLAGS"] = f"{current} {COMMAND_BUFFERS_OFF}".strip()
+  return (f"XLA_FLAGS += {COMMAND_BUFFERS_OFF} (XLA's GPU command buffers off, so that the "
+          "profile sees every kernel)")
+
+
 def _installed(prefix: str) -> bool:
   return any(m.name.startswith(prefix) for m in pkgutil.iter_modules())
 

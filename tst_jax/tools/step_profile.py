@@ -26,14 +26,19 @@ import time
 import jax
 from jax.profiler import ProfileData
 
+from tst_jax.parallel import xla_flags
+
 CATEGORIES = ("attention", "matmul forward", "matmul backward", "loss", "optimizer",
-              "embedding", "collectives", "other ops", "idle")
+              "embedding", "dispatch+combine", "collectives", "other ops", "idle")
 SCOPES = (("optimizer", "optimizer"), ("loss", "loss"), ("embedding", "embed"),
-          ("attention", "attention"))   # (category, the jax.named_scope that marks it)
+          ("attention", "attention"), ("dispatch+combine", "moe_dispatch"),
+          ("dispatch+combine", "moe_combine"))   # (category, the jax.named_scope marking it)
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
                "ragged-all-to-all", "collective-broadcast")
 MATMULS = ("dot", "convolution", "ragged-dot", "scaled-dot")
-_MATMUL_CALLS = re.compile(r"gemm|matmul|cublas|\$dot", re.I)   # cuBLAS / cuBLASLt custom calls
+# cuBLAS / cuBLASLt custom calls, and Pallas kernels outside the scopes above: tokamax's grouped
+# GEMMs (Mosaic GPU: custom call `mosaic_gpu`, ops named mpmd_map.N; Triton: `...triton`).
+_MATMUL_CALLS = re.compile(r"gemm|matmul|cublas|\$dot|mosaic_gpu|triton", re.I)
 _ATTENTION_CALLS = re.compile(r"fmha|flash|attention", re.I)   # cuDNN / Pallas attention calls
 CONTAINERS = ("while", "conditional", "call")   # ops whose body ops have their own events
 STEP_NAME = "train_step"
@@ -119,7 +124,8 @@ def category(op: Op) -> str:
   if any(_ATTENTION_CALLS.search(t) for t in op.targets):
     return "attention"
   if base & set(MATMULS) or any(_MATMUL_CALLS.search(t) for t in op.targets):
-    dots = [n for n in op.op_names if "dot_general" in n or "einsum" in n] or op.op_names
+    dots = [n for n in op.op_names if re.search(r"dot_general|einsum|ragged_dot", n)] or \
+        op.op_names
     return "matmul backward" if any("transpose(" in n for n in dots) else "matmul forward"
   return "other ops"
 
@@ -132,16 +138,19 @@ class StepProfile:
   ms: dict                         # category -> mean ms per step (every CATEGORIES entry)
   top_ops: tuple                   # ((op name, category, ms per step), ...), largest first
   trace_dir: str
+  note: str = ""                   # what may have blurred the categories (GPU command buffers)
 
   def to_json(self) -> dict:
     return dict(steps=self.steps, step_ms=self.step_ms, ms_per_step=self.ms,
-                top_ops=[list(t) for t in self.top_ops], trace_dir=self.trace_dir)
+                top_ops=[list(t) for t in self.top_ops], trace_dir=self.trace_dir,
+                note=self.note)
 
   def table(self) -> str:
     lines = [f"{'category':<18}{'ms/step':>10}{'share':>8}"]
     for cat in CATEGORIES:
       lines.append(f"{cat:<18}{self.ms[cat]:>10.3f}{self.ms[cat] / self.step_ms:>8.1%}")
     lines.append(f"{'step (wall)':<18}{self.step_ms:>10.3f}{1:>8.0%}")
+    lines += [f"  note: {self.note}"] if self.note else []
     lines += [f"  top op: {ms:9.3f} ms  {cat:<16} {name}" for name, cat, ms in self.top_ops[:5]]
     return "\n".join(lines)
 
@@ -273,4 +282,10 @@ def profile_steps(step, state, batch, *, steps: int = 3, trace_dir: str | None =
         state, metrics = step(state, batch)
         jax.block_until_ready((state, metrics))
       walls.append(time.perf_counter() - t)
-  return state, summarize(trace_dir, hlo_text), walls
+  profile = summarize(trace_dir, hlo_text)
+  if jax.default_backend() == "gpu" and not xla_flags.command_buffers_off():
+    profile = dataclasses.replace(profile, note=(
+        "XLA's command buffers were on: their ops (command_buffer_N) are 'other ops'; turn "
+        f"them off before JAX starts (XLA_FLAGS={xla_flags.COMMAND_BUFFERS_OFF}, or "
+        "benchmarks/step.py --profile)"))
+  return state, profile, walls

@@ -1,0 +1,143 @@
+"""MoE dispatch and combine (tst_jax/kernels/moe_dispatch.py) against slow per-assignment loops:
+the layouts (sorted, blocked), values and both gradients, ids of other shards' experts, and
+backwards made of gathers (no scatter in the differentiated program)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tst_jax.kernels import moe_dispatch
+
+N, P, E, D = 12, 3, 5, 4
+
+
+def _ids(other_shards: bool):
+  """[N, P] expert ids, distinct per token, expert 1 empty; with other_shards, some >= E."""
+  rng = np.random.default_rng(0)
+  ids = np.stack([rng.choice([0, 2, 3, 4] + [E, E + 1] * other_shards, P, replace=False)
+                  for _ in range(N)])
+  return jnp.asarray(ids, jnp.int32)
+
+
+def _layout(ids, kind):
+  if kind == "sorted":
+    return moe_dispatch.sort_by_expert(ids, E), None
+  return moe_dispatch.blocked(ids, E, 4)
+
+
+def _slow_rows(ids, routing, block_expert):
+  """The buffer the obvious way: walk the assignments in expert order (stable), each expert's
+  group starting where the layout says; check every row's expert on the way."""
+  ids = np.asarray(ids).reshape(-1)
+  rows = np.full(routing.assignment_R.shape[0], -1)
+  starts = {}
+  for e in range(E):
+    group = [a for a in range(ids.size) if ids[a] == e]
+    start = int(np.asarray(routing.row_A)[group[0]]) if group else None
+    for i, a in enumerate(group):
+      rows[start + i] = a
+      if block_expert is not None:
+        assert int(block_expert[(start + i) // 4]) == e
+    starts[e] = start
+  return rows
+
+
+@pytest.mark.parametrize("kind", ["sorted", "blocked"])
+@pytest.mark.parametrize("other_shards", [False, True])
+def test_layout_is_a_permutation_both_ways(kind, other_shards):
+  ids = _ids(other_shards)
+  routing, block_expert = _layout(ids, kind)
+  flat = np.asarray(ids).reshape(-1)
+  a, r = flat.size, routing.assignment_R.shape[0]
+  np.testing.assert_array_equal(routing.sizes_E, np.bincount(flat[flat < E], minlength=E))
+  row_A, assignment_R = np.asarray(routing.row_A), np.asarray(routing.assignment_R)
+  assert np.all(row_A[flat >= E] == r) and np.all(row_A[flat < E] < r)
+  for i in np.flatnonzero(flat < E):             # row_A and assignment_R are inverses
+    assert assignment_R[row_A[i]] == i
+  assert np.sum(assignment_R < a) == np.sum(flat < E) and np.all(assignment_R <= a)
+  np.testing.assert_array_equal(np.where(assignment_R < a, assignment_R, -1),
+                                _slow_rows(ids, routing, block_expert))
+  if kind == "sorted":   # groups back to back from row 0, in expert order
+    np.testing.assert_array_equal(np.sort(row_A[flat < E]), np.arange(np.sum(flat < E)))
+
+
+def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
+  """Per assignment: x rows into the buffer; out[n] = sum_p w[n,p] y[row of (n, p)]."""
+  x, y_rows, w = (np.asarray(v, np.float64) for v in (x, y_rows, weights))
+  flat = np.asarray(ids).reshape(-1)
+  rows = np.zeros((routing.assignment_R.shape[0], D))
+  out = np.zeros((N, D))
+  for a in np.flatnonzero(flat < E):
+    n, row = a // P, int(routing.row_A[a])
+    rows[row] = x[n]
+    out[n] += w[n, a % P] * y_rows[row]
+  return rows, out
+
+
+@pytest.mark.parametrize("kind", ["sorted", "blocked"])
+@pytest.mark.parametrize("other_shards", [False, True])
+def test_dispatch_combine_values_and_gradients(kind, other_shards):
+  ids = _ids(other_shards)
+  routing, _ = _layout(ids, kind)
+  r = routing.assignment_R.shape[0]
+  k = jax.random.split(jax.random.key(0), 5)
+  x = jax.random.normal(k[0], (N, D))
+  y_rows = jax.random.normal(k[1], (r, D))
+  weights = jax.random.uniform(k[2], (N, P))
+  ct_rows, ct_out = jax.random.normal(k[3], (r, D)), jax.random.normal(k[4], (N, D))
+  rows, out = _slow_dispatch_combine(x, y_rows, weights, ids, routing)
+  np.testing.assert_allclose(moe_dispatch.dispatch(x, routing, P), rows, rtol=1e-6)
+  np.testing.assert_allclose(moe_dispatch.combine(y_rows, weights, routing), out,
+                             rtol=1e-5, atol=1e-6)
+  # Gradients: the custom VJPs (gathers) against autodiff of the slow version's formulas
+  # written with scatters (jnp .at[].add), which XLA transposes the ordinary way.
+  flat = np.asarray(ids).reshape(-1)
+  valid = flat < E
+  row_of = np.where(valid, np.asarray(routing.row_A), 0)
+
+  def reference(x, y_rows, weights):
+    token = np.arange(N * P) // P
+    buffer = jnp.zeros((r, D)).at[row_of[valid]].set(x[token[valid]])
+    picked = jnp.where(valid[:, None], y_rows[row_of], 0.0).reshape(N, P, D)
+    return buffer, jnp.einsum("npd,np->nd", picked, weights)
+
+  def loss(fns):
+    def f(x, y_rows, weights):
+      rows, out = fns(x, y_rows, weights)
+      return jnp.sum(rows * ct_rows) + jnp.sum(out * ct_out)
+    return f
+
+  ours = lambda x, y, w: (moe_dispatch.dispatch(x, routing, P),
+                          moe_dispatch.combine(y, w, routing))
+  got = jax.grad(loss(ours), argnums=(0, 1, 2))(x, y_rows, weights)
+  want = jax.grad(loss(reference), argnums=(0, 1, 2))(x, y_rows, weights)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert float(jnp.abs(got[0]).max()) > 0 and float(jnp.abs(got[2]).max()) > 0
+
+
+def test_bfloat16_rows_combine_in_float32():
+  """bf16 expert outputs: the P-way weighted sum accumulates in float32 (one rounding at the
+  end), so it matches the float64 sum to bf16's last bit."""
+  ids = _ids(False)
+  routing, _ = _layout(ids, "sorted")
+  y = jax.random.normal(jax.random.key(1), (N * P, D)).astype(jnp.bfloat16)
+  w = jax.random.uniform(jax.random.key(2), (N, P))
+  got = moe_dispatch.combine(y, w, routing)
+  assert got.dtype == jnp.bfloat16
+  _, want = _slow_dispatch_combine(jnp.zeros((N, D)), y.astype(jnp.float32), w, ids, routing)
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-6)
+
+
+def test_differentiated_program_has_no_scatter():
+  """Forward and backward of dispatch + combine: gathers, sorts and sums only."""
+  ids = _ids(True)
+
+  def f(x, w):
+    routing = moe_dispatch.sort_by_expert(ids, E)
+    return jnp.sum(moe_dispatch.combine(jnp.sin(moe_dispatch.dispatch(x, routing, P)), w,
+                                        routing))
+  hlo = jax.jit(jax.grad(f, argnums=(0, 1))).lower(jnp.ones((N, D)), jnp.ones((N, P))).as_text()
+  assert "stablehlo.gather" in hlo and "stablehlo.sort" in hlo
+  assert "scatter" not in hlo

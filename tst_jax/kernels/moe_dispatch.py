@@ -1,0 +1,165 @@
+"""MoE dispatch and combine as permutations: token rows gathered into expert order and back.
+
+Letters (the package docstring's): N tokens, P experts per token, A = N·P assignments
+(assignment a = n·P + p), E experts, R rows of the expert-ordered buffer (R = A for grouped
+GEMMs; more when each expert's group is padded to whole blocks of C rows), D model dim.
+
+One sort of the A expert ids lays the buffer out (`Routing`), both ways: the row of every
+assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer;
+`combine` gathers each token's P expert outputs back and sums them, weighted, in float32.
+Autodiff would transpose each gather into a scatter-add over [rows, D] (on an H100 two such
+bf16 scatters took 44 of the MoE recipe's 287 ms step, docs/performance.md); but these
+gathers are permutations, and a permutation's transpose is its inverse, so custom VJPs make
+each backward the other gather: dispatch's backward gathers every token's P rows and sums
+them, combine's gathers the token rows back into the buffer (and dots them for the weights).
+The inverse permutation is a second sort (of the first one's order), and the group sizes a
+search of the sorted ids: no scatter anywhere, no float atomics.
+
+An expert id >= E (an expert another shard holds, `moe.experts_sharded`) belongs to no row:
+it sorts after every group, its assignment is dispatched nowhere and combines as 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tst_jax.parallel import varying
+
+
+class Routing(NamedTuple):
+  """Where each assignment sits in the expert-ordered buffer of R rows (int32, no gradient)."""
+  row_A: jax.Array          # [A] the buffer row of assignment a; R (none) for an id >= E
+  assignment_R: jax.Array   # [R] the assignment held in row r; A (none) for an empty row
+  sizes_E: jax.Array        # [E] rows of each expert's group (padding excluded)
+
+
+def _sort(ids_NxP, n_experts: int):
+  """(order [A]: the assignments in expert order, inverse [A]: the position of each in it,
+  bounds [E + 1]: where each expert's group starts, the last one where the groups end)."""
+  ids_A = ids_NxP.reshape(-1).astype(jnp.int32)
+  iota_A = jax.lax.iota(jnp.int32, ids_A.shape[0])
+  sorted_A, order_A = jax.lax.sort((ids_A, iota_A), num_keys=1, is_stable=True)
+  _, inverse_A = jax.lax.sort((order_A, iota_A), num_keys=1)
+  bounds = jnp.searchsorted(sorted_A, jnp.arange(n_experts + 1, dtype=jnp.int32),
+                            method="scan_unrolled").astype(jnp.int32)
+  return order_A, inverse_A, bounds
+
+
+@jax.named_scope("moe_dispatch")   # the step profile's category (tools/step_profile)
+def sort_by_expert(ids_NxP, n_experts: int) -> Routing:
+  """The buffer of grouped GEMMs (R = A): the assignments sorted by expert, groups unpadded."""
+  order_A, inverse_A, bounds = _sort(ids_NxP, n_experts)
+  a = order_A.shape[0]
+  mine_A = ids_NxP.reshape(-1) < n_experts
+  filled_R = jnp.arange(a) < bounds[-1]
+  return Routing(jnp.where(mine_A, inverse_A, a), jnp.where(filled_R, order_A, a),
+                 jnp.diff(bounds))
+
+
+def block_rows(assignments: int, n_experts: int) -> int:
+  """Rows per block of `blocked`: the largest power of two <= A / (4E), at most 512, so that
+  padding every expert's group to whole blocks adds at most ~25% to the A rows."""
+  return 1 << min(9, max(0, (assignments // (4 * n_experts)).bit_length() - 1))
+
+
+@jax.named_scope("moe_dispatch")
+def blocked(ids_NxP, n_experts: int, block: int) -> tuple[Routing, jax.Array]:
+  """(the buffer with each expert's group padded to whole blocks of `block` rows, the expert
+  of each block). sum_e ceil(size_e / C) <= (A + min(E, A)(C - 1)) / C blocks in all; blocks
+  past the last group hold no row (their expert is E - 1, their rows zeros)."""
+  e, (n, k) = n_experts, ids_NxP.shape
+  a = n * k
+  order_A, inverse_A, bounds = _sort(ids_NxP, e)
+  starts_E, sizes_E = bounds[:-1], jnp.diff(bounds)
+  padded_E = -(-sizes_E // block) * block
+  padded_ends_E = jnp.cumsum(padded_E)
+  padded_starts_E = padded_ends_E - padded_E
+  n_blocks = (a + min(e, a) * (block - 1)) // block
+  rows = n_blocks * block
+  ids_A = ids_NxP.reshape(-1)
+  expert_A = jnp.minimum(ids_A, e - 1)
+  row_A = jnp.where(ids_A < e, padded_starts_E[expert_A] + inverse_A - starts_E[expert_A], rows)
+  block_expert = jnp.minimum(jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block,
+                                              side="right", method="scan_unrolled"), e - 1)
+  expert_R = block_expert[jnp.arange(rows) // block]
+  offset_R = jnp.arange(rows) - padded_starts_E[expert_R]   # within the expert's group
+  filled_R = offset_R < sizes_E[expert_R]
+  assignment_R = jnp.where(filled_R, jnp.take(order_A, starts_E[expert_R] + offset_R,
+                                              mode="clip"), a)
+  return Routing(row_A, assignment_R, sizes_E), block_expert
+
+
+def _rows(table, index):
+  """table[index] along axis 0, 0 where the index is out of range (the 'none' markers)."""
+  return jnp.take(table, index, axis=0, mode="fill", fill_value=0)
+
+
+def dispatch(x_NxD, routing: Routing, top_k: int):
+  """Token rows in expert order: [R, D], row r = x[token of its assignment] (0 if none)."""
+  with jax.named_scope("moe_dispatch"):
+    x_NxD, row_A, assignment_R = varying.alike(x_NxD, routing.row_A, routing.assignment_R)
+    return _dispatch(x_NxD, row_A, assignment_R, top_k)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dispatch(x_NxD, row_A, assignment_R, top_k):
+  del row_A
+  return _rows(x_NxD, assignment_R // top_k)   # A // P = N: out of range, a zero row
+
+
+def _dispatch_fwd(x_NxD, row_A, assignment_R, top_k):
+  return _dispatch(x_NxD, row_A, assignment_R, top_k), (row_A, assignment_R)
+
+
+def _dispatch_bwd(top_k, residuals, dy_RxD):
+  """dx[n] = the sum of its P rows' cotangents: a gather, then a sum over P in float32."""
+  row_A, _ = residuals
+  with jax.named_scope("moe_dispatch"):
+    dy_NxPxD = _rows(dy_RxD, row_A).reshape(-1, top_k, dy_RxD.shape[1])
+    dx_NxD = jnp.sum(dy_NxPxD.astype(jnp.float32), axis=1).astype(dy_RxD.dtype)
+  return dx_NxD, None, None
+
+
+_dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+def combine(y_RxD, weights_NxP, routing: Routing):
+  """[N, D] in y's dtype: each token's P expert outputs gathered back from the buffer and
+  summed with its top-k weights, in float32."""
+  with jax.named_scope("moe_combine"):
+    return _combine(*varying.alike(y_RxD, weights_NxP, routing.row_A, routing.assignment_R))
+
+
+@jax.custom_vjp
+def _combine(y_RxD, weights_NxP, row_A, assignment_R):
+  del assignment_R
+  n, k = weights_NxP.shape
+  y_NxPxD = _rows(y_RxD, row_A).reshape(n, k, -1).astype(jnp.float32)
+  return jnp.sum(y_NxPxD * weights_NxP.astype(jnp.float32)[..., None], axis=1).astype(
+      y_RxD.dtype)
+
+
+def _combine_fwd(y_RxD, weights_NxP, row_A, assignment_R):
+  return _combine(y_RxD, weights_NxP, row_A, assignment_R), (y_RxD, weights_NxP, row_A,
+                                                             assignment_R)
+
+
+def _combine_bwd(residuals, dout_NxD):
+  """dy[r] = weight · dout[token] of its assignment (a gather of the token rows back into
+  the buffer); dweight[n, p] = <dout[n], y[row of n·P + p]> (a gather and a dot over D)."""
+  y_RxD, weights_NxP, row_A, assignment_R = residuals
+  n, k = weights_NxP.shape
+  with jax.named_scope("moe_combine"):
+    dout_NxD = dout_NxD.astype(jnp.float32)
+    weight_R = _rows(weights_NxP.reshape(-1), assignment_R).astype(jnp.float32)
+    dy_RxD = (_rows(dout_NxD, assignment_R // k) * weight_R[:, None]).astype(y_RxD.dtype)
+    y_NxPxD = _rows(y_RxD, row_A).reshape(n, k, -1).astype(jnp.float32)
+    dweights_NxP = jnp.sum(y_NxPxD * dout_NxD[:, None, :], axis=-1).astype(weights_NxP.dtype)
+  return dy_RxD, dweights_NxP, None, None
+
+
+_combine.defvjp(_combine_fwd, _combine_bwd)

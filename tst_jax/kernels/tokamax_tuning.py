@@ -1,0 +1,96 @@
+"""tokamax's autotuning for the shapes a run's kernels see: once per shape, kept on disk.
+
+tokamax gives each kernel call the tile configuration its autotuning cache holds for that
+exact call (shapes, dtypes, dimension numbers, kernel): the tables it ships, measured at shapes
+of its own choosing, and any `tokamax.AutotuningResult` entered as a context. A call it has no
+entry for runs a small default tile: on the H100 (2026-11-25, docs/performance.md) every
+grouped GEMM of the MoE step missed the tables. `tuned(call, *args)` is that context for one
+call's shapes: `tokamax.autotune`'s result, read from `directory()` where an earlier process
+kept it, else measured now (minutes, once per shape and device kind) and kept there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+
+import jax
+
+from tst_jax import fileio
+
+ENV = "TST_JAX_TOKAMAX_TUNING"   # a directory, or "off"
+TIMEOUT_S = 60.0                 # tokamax's limit on compiling one candidate configuration
+_RESULTS: dict = {}              # key -> tokamax.AutotuningResult, in this process
+
+
+def directory(environ=os.environ) -> str | None:
+  """Where results are kept: $TST_JAX_TOKAMAX_TUNING, else the user cache directory
+  ($XDG_CACHE_HOME or ~/.cache)/tst_jax/tokamax; None when that variable is 'off' (tokamax's
+  own tables and heuristics only)."""
+  chosen = environ.get(ENV, "")
+  if chosen == "off":
+    return None
+  if chosen:
+    return chosen
+  cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "tst_jax", "tokamax")
+
+
+def describe(environ=os.environ) -> str:
+  """What the plan says about it."""
+  where = directory(environ)
+  if where is None:
+    return f"tokamax autotuning off ({ENV}=off)"
+  return f"each shape autotuned once by tokamax, results kept in {where} ({ENV} to move)"
+
+
+def key(call, *args) -> str:
+  """What a result is valid for: device kind, tokamax's version, the call's own arguments
+  (dimension numbers, output dtype, kernel) and the operands' shapes and dtypes."""
+  import tokamax   # pylint: disable=g-import-not-at-top  (optional: the gpu extra)
+  settings = sorted((k, repr(v)) for k, v in call.keywords.items())
+  return json.dumps([jax.devices()[0].device_kind, tokamax.__version__, settings,
+                     [(list(a.shape), str(a.dtype)) for a in args]])
+
+
+def tuned(call, *args):
+  """The autotuning context for `call(*args)` (a functools.partial of a tokamax op; args may
+  be tracers: only their shapes count). A no-op context when tuning is off."""
+  where = directory()
+  if where is None:
+    return contextlib.nullcontext()
+  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+  k = key(call, *specs)
+  if k not in _RESULTS:
+    _RESULTS[k] = _load(where, k) or _tune(where, k, call, specs)
+  return _RESULTS[k]
+
+
+def _path(where: str, k: str) -> str:
+  return os.path.join(where, hashlib.sha256(k.encode()).hexdigest()[:24] + ".json")
+
+
+def _load(where: str, k: str):
+  """The kept result for key `k`, or None (none kept, another key, or unreadable: tune again)."""
+  import tokamax   # pylint: disable=g-import-not-at-top
+  try:
+    with open(_path(where, k)) as f:
+      kept = json.load(f)
+    if kept.get("key") != k:
+      return None
+    return tokamax.AutotuningResult.loads(json.dumps(kept["result"]))
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _tune(where: str, k: str, call, specs):
+  import tokamax   # pylint: disable=g-import-not-at-top
+  shapes = " x ".join(f"{a.dtype}{list(a.shape)}" for a in specs)
+  sys.stderr.write(f"tokamax: autotuning {shapes} once (kept in {where})\n")
+  result = tokamax.autotune(call, *specs, timeout=TIMEOUT_S, progress_bar=False)
+  os.makedirs(where, exist_ok=True)
+  fileio.write_json(_path(where, k), dict(key=k, result=json.loads(result.dumps())))
+  return result
