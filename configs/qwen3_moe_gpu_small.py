@@ -3,13 +3,15 @@
 Shape: D 768, 12 layers, every one sparse with 64 experts of width 384, top-8 (Qwen3's small
 experts and its routing), QK-norm GQA 12/4 heads of 64, untied 8192-token BPE; bf16 compute,
 float32 parameters. Data, batch and schedule are configs/gpu_small.py's (2000 steps of 64 x 512,
-S=4, r=0.3), so the dense and the MoE results sit side by side (docs/results.md).
+r=0.3), so the dense and the MoE results sit side by side (docs/results.md); S=4, the paper's
+range (the dense 33.6M model measured best at S=2: `:s2`; TST on this MoE is not yet measured).
 
   python main.py --config configs/qwen3_moe_gpu_small.py --mode plan
   python main.py --config configs/qwen3_moe_gpu_small.py --workdir /tmp/moe_small_tst \
       --config.data.source='text:/path/to/site-packages/**/*.py'
   python -m tst_jax.tools.sweep --config configs/qwen3_moe_gpu_small.py --workdir runs/moe_small \
-      --arms baseline,tst --seeds 0,1 --parallel 2 --set data.source='text:...'
+      --arms baseline,tst,baseline+3k,baseline+4k --seeds 0,1 --parallel 2 \
+      --set data.source='text:...'      # + the 3k/4k baselines: the equal-loss speed-up
 
 Args: the arms of every config (baseline, reinit, input_only, output_only, smooth, s<S>,
 r<ratio>, <N>k). At 2000 steps the plan warns that TST is expected to end behind its baseline
