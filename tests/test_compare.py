@@ -96,8 +96,47 @@ def test_h100_case_speedup_against_finished_baselines_not_the_long_curve(tmp_pat
   tst_rows = [line for line in table.splitlines() if line.startswith("| tst |")]
   assert len(tst_rows) == 2
   for line in tst_rows:       # no speed-up above 1.25x anywhere in tst's rows
-    assert all(float(x) <= 1.25 for x in re.findall(r"(\d+\.\d+)x", line)), line
+    assert _speedups(line.split("|")[-2]) and max(_speedups(line.split("|")[-2])) <= 1.25
   assert "1.15x (1 seed)" in tst_rows[0] and "-0.0403" in tst_rows[0]
+  # The same through the compare command's table and JSON.
+  out = tmp_path / "out"
+  assert compare.main(["--runs", ",".join(run.workdir for _, _, run in runs),
+                       "--out", str(out)]) == 0
+  rows = {r["run"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+  assert rows["tst"]["speedup"] == pytest.approx(1.153, abs=0.005)
+  assert rows["tst"]["delta_equal_flops"] == pytest.approx(-0.0403, abs=0.0005)
+  assert rows["baseline"]["speedup_text"] == "1.00x"
+  line = next(l for l in (out / "compare.md").read_text().splitlines()
+              if l.startswith("| tst |"))
+  assert max(_speedups(line.split("|")[-2])) <= 1.25 and "1.15x" in line   # the speed-up cell
+
+
+def _speedups(text: str) -> list[float]:
+  """Every number of a speed-up cell: '1.30 ± 0.01x [1.29, 1.31] (2 seeds)' -> 1.30, 0.01,
+  1.29, 1.31 (not the seed count)."""
+  return [float(x) for x in re.findall(r"\d+\.\d+", text)]
+
+
+def test_unfinished_runs_and_non_finite_losses_are_not_compared(tmp_path):
+  short, _ = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)])
+  cut, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0), [(4, 5.0), (8, 4.2)])
+  with pytest.raises(ValueError, match="unfinished .*step 8 of 16"):
+    compare.load_run(cut)
+  nan, _ = _fake_run(tmp_path / "nan", tiny_config(steps=8, ratio=0.5), [(4, 6.0), (8, "NaN")])
+  long, _ = _fake_run(tmp_path / "b12", tiny_config(steps=12, ratio=0.0), [(4, 5.0), (12, 3.0)])
+  runs = [compare.load_run(d) for d in (short, long, nan)]
+  rows = {r["run"]: r for r in compare.compare(runs)}
+  assert rows["nan"]["speedup"] is None and rows["nan"]["delta_equal_flops"] is None
+  assert rows["nan"]["speedup_text"] == "its final loss is not finite"
+  f = Frontier.of([(8.0, 4.0, "a"), (12.0, float("nan"), "b"), (16.0, 3.0, "c")])
+  assert f.names == ["a", "c"] and f.dropped[0][2:] == ("b", "")
+
+
+def test_a_run_slightly_below_the_shortest_baselines_flops_is_compared_with_it():
+  # tst.equal_flops='batch' runs attention over L/S positions: ~1% fewer FLOPs per step.
+  f = Frontier.of([(100.0, 4.0, "b"), (200.0, 3.0, "b2")])
+  assert f.loss_at(98.75) == 4.0 and f.loss_at(90.0) is None
+  assert f.equal_loss(3.9, 98.75).speedup == pytest.approx(110 / 98.75)
 
 
 def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_path):

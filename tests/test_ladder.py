@@ -49,7 +49,12 @@ def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monk
   plan_lib.measured_trend.cache_clear()
   try:
     assert Trend.load(str(path)) == trend
-    assert "predicted 1.10x by the trend of 2 measured runs" in plan_lib.format_plan(plan)
+    text = plan_lib.format_plan(plan)
+    assert "predicted 1.10x by the trend of 2 measured runs" in text
+    assert plan_lib.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule
+    assert plan_lib.ntp_tokens_per_param(plan) < plan_lib.PAYS_FROM_NTP_TOKENS_PER_PARAM
+    behind = Trend.fit([(x / 2, 0.7, "a"), (x * 2, 0.9, "b")], "test")
+    assert "trend predicts 0.80x" in plan_lib.behind_baseline_warning(plan, behind)
     longer = spec_lib.check(tiny_config(steps=60, ratio=0.5)).plan
     assert "not predicted: outside the measured range" in plan_lib.format_plan(longer)
     baseline = spec_lib.check(tiny_config(steps=12, ratio=0.0)).plan
@@ -99,14 +104,19 @@ workdir = sys.argv[sys.argv.index("--workdir") + 1]
 def stop(*_):
   pathlib.Path(workdir, "checkpointed").write_text("yes")
   sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
+if "guarded" in sys.argv[0]:    # past start-up: the trainer's preemption guard is installed
+  signal.signal(signal.SIGTERM, stop)
 time.sleep(60)
 """
 
 
-def test_sweep_deadline_checkpoints_the_running_point_and_starts_no_other(tmp_path,
-                                                                         monkeypatch, capsys):
-  fake = tmp_path / "fake_main.py"
+@pytest.mark.parametrize("trainer", ["guarded", "starting"])
+def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp_path,
+                                                                   monkeypatch, capsys):
+  """At the deadline the running trainer gets SIGTERM: past its start-up it checkpoints and
+  exits 0, before that SIGTERM ends it; either way the point is 'interrupted' (resumable),
+  not failed, and the points after it do not start."""
+  fake = tmp_path / f"{trainer}_main.py"
   fake.write_text(FAKE_TRAINER)
   monkeypatch.setattr(sweep.run, "_MAIN", str(fake))
   work = tmp_path / "w"
@@ -116,9 +126,9 @@ def test_sweep_deadline_checkpoints_the_running_point_and_starts_no_other(tmp_pa
           "--seeds", "0", "--deadline_s", "3", "--set", "data.seed=0"]
   assert sweep.main(args) == 0
   out = capsys.readouterr().out
-  assert "baseline_seed0: interrupted at the deadline, checkpointed" in out
+  assert "baseline_seed0: interrupted at the deadline" in out and "FAILED" not in out
   assert "tst_seed0: not started" in out
   assert "unfinished at the deadline: baseline_seed0, tst_seed0" in out
-  assert (work / "baseline_seed0" / "checkpointed").read_text() == "yes"
+  assert (work / "baseline_seed0" / "checkpointed").exists() == (trainer == "guarded")
   meta = json.loads((work / "baseline_seed0" / "sweep_point.json").read_text())
   assert meta["status"] == "interrupted"

@@ -90,6 +90,8 @@ def _check_tables(workdir, expected):
     assert f"{final[-1]:.4f}" in md
     assert (int(row["data_tokens"]), int(row["equivalent_tokens"])) == (
         last["data_tokens"], last["equivalent_tokens"])
+    store = run_data.TokenStore(str(workdir / name / "data"))
+    assert float(row["passes"]) == pytest.approx(last["data_tokens"] / len(store.train))
     plan = spec_lib.check(tiny_config(steps=STEPS, ratio=ratio, bag_size=bag)).plan.to_json()
     assert float(row["flops"]) == plan["flops_total"]
     assert (float(row["r"]), int(row["S"])) == ((ratio, bag) if ratio else (0.0, 1))

@@ -30,6 +30,10 @@ import math
 import numpy as np
 
 LENGTHS_NEEDED = "needs baselines of two or more lengths"
+# A run up to this fraction below the shortest baseline's FLOPs is compared with that baseline
+# (tst.equal_flops='batch' runs attention over L/S positions: about 1% fewer FLOPs); the
+# baseline then had the more compute. Above the longest baseline nothing is extrapolated.
+BELOW_SHORTEST = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +70,9 @@ class Frontier:
     points, dropped = [], []
     for f, v in sorted(by_flops.items()):
       loss, name = float(np.mean([l for l, _ in v])), " + ".join(n for _, n in v)
-      if points and loss >= points[-1][1]:
+      if not math.isfinite(loss):
+        dropped.append((f, loss, name, ""))
+      elif points and loss >= points[-1][1]:
         dropped.append((f, loss, name, points[-1][2]))
       else:
         points.append((f, loss, name))
@@ -89,17 +95,19 @@ class Frontier:
     return any(name in p[2].split(" + ") for p in self.points)
 
   def loss_at(self, flops: float) -> float | None:
-    """The baselines' final loss at `flops`, interpolated between lengths; None outside them
-    (a relative tolerance of 1e-9 makes a run of a baseline's length land on it)."""
+    """The baselines' final loss at `flops`, interpolated between lengths; None above the
+    longest or more than BELOW_SHORTEST below the shortest."""
     if not self.points:
       return None
     x, lo, hi = float(flops), self.flops[0], self.flops[-1]
-    if x < lo * (1 - 1e-9) or x > hi * (1 + 1e-9):
+    if x < lo * (1 - BELOW_SHORTEST) or x > hi * (1 + 1e-9):
       return None
     return float(np.interp(min(max(x, lo), hi), self.flops, self.losses))
 
   def equal_loss(self, loss: float, flops: float) -> EqualLoss:
     """FLOPs at which the frontier reaches `loss`, over the run's `flops`."""
+    if not math.isfinite(loss):
+      return EqualLoss(None, note="its final loss is not finite")
     if len(self.points) < 2:
       return EqualLoss(None, note=LENGTHS_NEEDED)
     x, y = self.flops, self.losses

@@ -137,8 +137,8 @@ def training_tokens(d: DataSpec, workdir: str | None = None) -> TrainTokens | No
   bound = sources.token_bound(d.source, d.max_bytes or None)
   if bound is None:
     return None
-  return TrainTokens(bound, False, f"{d.source} is not tokenized yet: the bytes of its text "
-                                   "bound them")
+  return TrainTokens(bound, False, f"not tokenized yet: the bytes of {d.source}, a bound for "
+                                   "UTF-8 text")
 
 
 def workdir_train_tokens(workdir: str) -> int | None:

@@ -30,13 +30,13 @@ import ml_collections
 import numpy as np
 
 from tst_jax import errors, fileio
-from tst_jax.analysis.frontier import EqualLoss, Frontier, spread
+from tst_jax.analysis.frontier import LENGTHS_NEEDED, EqualLoss, Frontier, spread
 from tst_jax.data import run_data
 from tst_jax.train import defaults, spec as spec_lib
 from tst_jax.train.console import human
 
 METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished baselines' "
-          "(r = 0, same seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
+          "(r = 0; in a sweep, of the run's seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
           "those baselines' final losses reach the run's final loss, interpolated between "
           "baseline lengths, over the run's FLOPs (a baseline is 1.00x; '>' and '≤' are bounds "
           "past the longest and shortest baseline). Both use finished runs, whose learning "
@@ -115,6 +115,11 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
     raise errors.DataError(f"{workdir}/metrics.jsonl: has no eval lines: give runs that "
                            "reached their first eval")
   rows = [evals[s] for s in sorted(evals)]
+  if rows[-1]["step"] != plan["total_steps"]:
+    raise errors.DataError(
+        f"{workdir}: unfinished (its last eval is at step {rows[-1]['step']} of "
+        f"{plan['total_steps']}): compare finished runs, whose learning rate has decayed; "
+        "the same command resumes it")
   phases = plan["phases"]
   tst = phases[0] if phases[0]["name"] == "tst" else None
   return EvalCurve(name or os.path.basename(os.path.normpath(workdir)), workdir,
@@ -125,9 +130,11 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
                    train_tokens=run_data.workdir_train_tokens(workdir))
 
 
-def lengths_to_add(steps: int) -> list[str]:
-  """Baseline arms of 1.5x and 2x `steps`, as `--arms` spells them."""
-  return [f"baseline+{defaults.steps_arm(round(steps * f))}" for f in (1.5, 2)]
+def lengths_to_add(steps: int, have_one: bool = True) -> list[str]:
+  """Baseline arms of 1.5x and 2x `steps` (and of `steps` itself without any baseline), as
+  `--arms` spells them."""
+  return ([] if have_one else ["baseline"]) + [
+      f"baseline+{defaults.steps_arm(round(steps * f))}" for f in (1.5, 2)]
 
 
 def frontier_of(runs: list[EvalCurve]) -> Frontier:
@@ -144,15 +151,15 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
 
 def run_row(run: EvalCurve, frontier: Frontier) -> dict:
   """One run against the frontier: Δ at equal FLOPs and the equal-loss speed-up."""
-  at = frontier.loss_at(run.total_flops)
+  at = frontier.loss_at(run.total_flops) if np.isfinite(run.final_loss) else None
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
-             EqualLoss(None, note="left out of the frontier: ends above a shorter baseline"))
+             EqualLoss(None, note="left out of the frontier (see the notes)"))
   else:
     equal = frontier.equal_loss(run.final_loss, run.total_flops)
-    if equal.speedup is None:
-      equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms "
-                                  f"{','.join(lengths_to_add(run.total_steps))}")
+    if equal.note == LENGTHS_NEEDED:
+      add = lengths_to_add(run.total_steps, have_one=bool(frontier.points))
+      equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms {','.join(add)}")
   return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
               is_baseline=run.is_baseline, frontier=frontier.names,
@@ -165,7 +172,8 @@ def run_row(run: EvalCurve, frontier: Frontier) -> dict:
 def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -> list[str]:
   """The baselines left out of the frontier: each ends above a shorter one (data repeats?)."""
   passes = {r.name: r.passes for r in runs}
-  return [f"{label}{name} ends at {loss:.4f}, above the shorter {shorter}: left out of the "
+  return [f"{label}{name} " + (f"ends at {loss:.4f}, above the shorter {shorter}" if shorter
+                                else "ends with a non-finite loss") + ": left out of the "
           "frontier" + (f" (it read its training tokens {passes[name]:.1f} times)"
                          if (passes.get(name) or 0) > 1 else "")
           for _, loss, name, shorter in frontier.dropped]
@@ -312,7 +320,7 @@ def speedup_text(arm: dict) -> str:
   """'1.15x (1 seed)', '1.30 ± 0.01x [1.29, 1.30] (2 seeds)', '> 1.33x (1 seed)', both for
   mixed seeds, or why there is none."""
   if arm["is_baseline"]:
-    return "1.00x (a baseline)"
+    return arm["speedup_note"] or "1.00x (a baseline)"
   parts = []
   if arm["speedup"]:
     s = arm["speedup"]
@@ -341,7 +349,9 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
   for r in per_run:
     lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
                  f"{fmt(r['passes'], '.2f')} | {fmt(r['frontier_loss_at_equal_flops'])} | "
-                 f"{fmt(r['delta_equal_flops'], '+.4f')} | {human(r['equal_loss_flops'])} | "
+                 f"{fmt(r['delta_equal_flops'], '+.4f')} | "
+                 f"{'' if r['speedup_bound'] == '=' else r['speedup_bound'] + ' '}"
+                 f"{human(r['equal_loss_flops'])} | "
                  f"{r['speedup_text']} |")
   return "\n".join(lines)
 

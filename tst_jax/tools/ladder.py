@@ -29,6 +29,7 @@ import numpy as np
 from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import compare, sweep
+from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.tools.sweep.report import points_under
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train import defaults
@@ -78,6 +79,21 @@ def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[s
   return sorted(points, key=lambda p: (p["tokens_per_param"], p["seed"])), notes
 
 
+def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[str]:
+  """The ladder's points (every arm, TST or baseline, and seed) without a final eval."""
+  left = []
+  for point in sweep.make_arm_points(arms, seeds):
+    meta = os.path.join(workdir, point.name, POINT_FILE)
+    if not os.path.isfile(meta):
+      left.append(point.name)
+      continue
+    with open(meta) as f:
+      steps = json.load(f)["steps"]
+    if final_eval(os.path.join(workdir, point.name), steps) is None:
+      left.append(point.name)
+  return left
+
+
 def fit(points: list[dict], source: str) -> Trend | None:
   """The trend over the exact speed-ups (bounds are shown, not fitted)."""
   exact = [(p["tokens_per_param"], p["speedup"], f"{p['arm']} seed {p['seed']}")
@@ -106,15 +122,17 @@ def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | Non
                  f"{compare.fmt(p['delta_equal_flops'], '+.4f')} | {p['speedup_text']} | "
                  f"{', '.join(p['baselines'])} |")
   lines.append("")
-  if trend is None:
+  if unfinished:
+    lines.append(f"Unfinished: {', '.join(unfinished)}; the same command resumes them. No "
+                 "trend is fitted until every run is finished (a missing long baseline turns "
+                 "a speed-up into a bound).")
+  elif trend is None:
     lines.append("No trend: it needs exact speed-ups at two or more tokens per parameter.")
   else:
     lines.append(f"Trend: speed-up ≈ {trend.a:.3f} {trend.b:+.3f} · ln(tokens per parameter), "
                  f"least squares over {len(trend.points)} runs from {trend.low:.3g} to "
                  f"{trend.high:.3g} tokens per parameter (W/speedup_trend.json).")
   lines += [f"Note: {n}" for n in notes]
-  if unfinished:
-    lines.append(f"Unfinished: {', '.join(unfinished)} (the same command resumes them).")
   lines += ["", f"![speed-up against tokens per parameter]({os.path.basename(paths['png'])})",
             ""]
   with open(paths["md"], "w") as f:
@@ -179,10 +197,10 @@ def main(argv=None) -> int:
   source = (f"{command}; {jax.devices()[0].device_kind}; "
             f"{datetime.date.today().isoformat()}")
   points, notes = ladder_points(args.workdir, tst)
-  done = {(p["arm"], p["seed"]) for p in points}
-  unfinished = [f"{a} seed {s}" for a in tst for s in args.seeds.split(",")
-                if (a, int(s)) not in done]
-  paths = write(args.workdir, points, notes, fit(points, source), command, unfinished)
+  seeds = [int(x) for x in args.seeds.split(",")]
+  unfinished = unfinished_points(args.workdir, run_order(tst, base), seeds)
+  trend = None if unfinished else fit(points, source)   # no fit of a half-measured ladder
+  paths = write(args.workdir, points, notes, trend, command, unfinished)
   print(open(paths["md"]).read())
   return status
 

@@ -174,7 +174,7 @@ def arm_steps(part: str) -> int:
 
 def steps_arm(steps: int) -> str:
   """The '<N>k' arm of `steps` steps (`arm_steps`' inverse): 2000 -> '2k', 450 -> '0.45k'."""
-  return f"{steps / 1000:g}k"
+  return f"{steps / 1000:.12g}k"
 
 
 def _is_float(text: str) -> bool:

@@ -192,10 +192,18 @@ def tokens_per_param(plan: Plan) -> float:
   return plan.tokens_at(plan.total_steps)["equivalent_tokens"] / max(plan.params_active, 1)
 
 
-def behind_baseline_warning(plan: Plan) -> str | None:
-  """The warning of a TST run too short for TST to pay (PAYS_FROM_NTP_TOKENS_PER_PARAM)."""
+def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
+  """The warning of a TST run too short for TST to pay: where the measured `trend` covers
+  the run, when it predicts a speed-up below 1; elsewhere by the rule of its next-token
+  phase (PAYS_FROM_NTP_TOKENS_PER_PARAM)."""
   ratio = ntp_tokens_per_param(plan)
-  if ratio is None or ratio >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
+  if ratio is None:
+    return None
+  predicted = trend.predict(tokens_per_param(plan)) if trend else None
+  if predicted is not None:
+    return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
+                                        f"predicts {predicted:.2f}x at this length)")
+  if ratio >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
     return None
   return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ratio:.2g} tokens per "
           f"parameter; TST has paid from about {PAYS_FROM_NTP_TOKENS_PER_PARAM:g})")
@@ -272,7 +280,8 @@ def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) 
   if resolved is not None:
     lines.append(resolved.line())
   lines += data_lines(plan, tokens)
-  lines += filter(None, [pays_line(plan, measured_trend()), behind_baseline_warning(plan)])
+  trend = measured_trend()
+  lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
   if with_json:
     if tokens is not None:
       summary["data"] = dict(train_tokens=tokens.count, exact=tokens.exact,

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from tst_jax.data import run_data
 from tst_jax.tools import compare
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
 from tst_jax.tools.sweep.run import final_eval
@@ -37,9 +38,11 @@ def collect(workdir: str) -> list[dict]:
     with open(summary_path) as f:
       summary = json.load(f)
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
+    train_tokens = run_data.workdir_train_tokens(os.path.join(workdir, name))
     records.append(dict(
         name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,
         final_eval_loss=loss, data_tokens=summary["data_tokens"],
+        passes=summary["data_tokens"] / train_tokens if train_tokens else None,
         equivalent_tokens=summary["equivalent_tokens"], flops=meta["plan"]["flops_total"],
         wall_s=meta.get("wall_s", summary.get("seconds_this_session")),
         train_s=summary.get("seconds_this_session"), steps=meta["steps"]))
@@ -51,8 +54,8 @@ def collect(workdir: str) -> list[dict]:
 
 
 def _extras(record: dict) -> dict:
-  fixed = ("name", "r", "S", "seed", "final_eval_loss", "data_tokens", "equivalent_tokens",
-           "flops", "wall_s", "train_s", "steps", "delta_vs_baseline")
+  fixed = ("name", "r", "S", "seed", "final_eval_loss", "data_tokens", "passes",
+           "equivalent_tokens", "flops", "wall_s", "train_s", "steps", "delta_vs_baseline")
   return {k: v for k, v in record.items() if k not in fixed}
 
 
@@ -95,7 +98,8 @@ def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
                png=os.path.join(workdir, "sweep_heatmap.png"))
   extra_keys = sorted({k for r in records for k in _extras(r)})
   columns = ["name", "r", "S", "seed", *extra_keys, "final_eval_loss", "delta_vs_baseline",
-             "data_tokens", "equivalent_tokens", "flops", "steps", "wall_s", "train_s"]
+             "data_tokens", "passes", "equivalent_tokens", "flops", "steps", "wall_s",
+             "train_s"]
   with open(paths["csv"], "w", newline="") as f:
     writer = csv.DictWriter(f, columns)
     writer.writeheader()
@@ -109,13 +113,14 @@ def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
             "includes data preparation and compilation.",
             "",
             "| run | r | S | seed | " + "".join(f"{k} | " for k in extra_keys) +
-            "final eval loss | Δ vs baseline | data tokens | equiv. tokens | FLOPs | wall s |",
-            "|---" * (10 + len(extra_keys)) + "|"]
+            "final eval loss | Δ vs baseline | data tokens | passes | equiv. tokens | FLOPs | "
+            "wall s |", "|---" * (11 + len(extra_keys)) + "|"]
   for r in records:
     lines.append(f"| {r['name']} | {r['r']:g} | {r['S']} | {r['seed']} | "
                  + "".join(f"{r.get(k, '')} | " for k in extra_keys)
                  + f"{_fmt(r['final_eval_loss'])} | {_fmt(r['delta_vs_baseline'], 4)} | "
-                 f"{human(r['data_tokens'])} | {human(r['equivalent_tokens'])} | "
+                 f"{human(r['data_tokens'])} | {_fmt(r['passes'], 2)} | "
+                 f"{human(r['equivalent_tokens'])} | "
                  f"{human(r['flops'])} | {_fmt(r['wall_s'], 0)} |")
   for extras, cells in rxs_tables(records):
     label = f"; {', '.join(f'{k}={v}' for k, v in extras.items())}" if extras else ""

@@ -79,11 +79,12 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
       with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
-        if not _train(cmd, log, env, args.deadline):
+        if not _train(cmd, log, env, args.deadline) and not finished(point_dir,
+                                                                     plan.total_steps):
           meta.update(status="interrupted", wall_s=time.time() - t0)
           fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
-          print(f"[{index}/{total}] {point.name}: interrupted at the deadline, checkpointed "
-                "(the same command resumes it)", flush=True)
+          print(f"[{index}/{total}] {point.name}: interrupted at the deadline (the same "
+                "command resumes it from its latest checkpoint)", flush=True)
           return "interrupted"
     else:
       loop.run(config, point_dir)
@@ -101,17 +102,29 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   return "done"
 
 
+GRACE_S = 120     # after SIGTERM: time for the current step and its checkpoint write
+
+
 def _train(cmd: list[str], log, env, deadline: float | None) -> bool:
-  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: it
-  checkpoints after its current step and exits 0 (tst_jax/train/preemption.py): False."""
-  proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-  try:
-    proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 0))
-  except subprocess.TimeoutExpired:
-    proc.send_signal(signal.SIGTERM)
-    if proc.wait():
-      raise subprocess.CalledProcessError(proc.returncode, cmd) from None
-    return False
+  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: past its
+  start-up it checkpoints after the current step and exits 0 (tst_jax/train/preemption.py),
+  before that (imports, data, compiling) SIGTERM ends it at once; SIGKILL after GRACE_S.
+  Either way False: the point resumes from its latest checkpoint, if any."""
+  with subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+    try:
+      proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 0))
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGTERM)
+      try:
+        proc.wait(timeout=GRACE_S)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      if proc.returncode in (0, -signal.SIGTERM, -signal.SIGKILL):
+        return False
+    except BaseException:
+      proc.kill()                  # the sweep itself stops: so does its trainer
+      raise
   if proc.returncode:
     raise subprocess.CalledProcessError(proc.returncode, cmd)
   return True
