@@ -7,7 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tst_jax import errors
-from tst_jax.train import fit, loop
+from tst_jax.train import fit, loop, spec as spec_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (resumed if it exists).")
@@ -19,7 +19,11 @@ flags.mark_flags_as_required(["config"])
 
 
 def parse_flags(argv):
-  """A bad flag, config file or config override is one `error:` line and exit status 2."""
+  """A bad flag, config file or config override is one `error:` line and exit status 2;
+  --help-config lists every config field (its default, doc and rule) and exits."""
+  if "--help-config" in argv:
+    print(spec_lib.help_text())
+    sys.exit(0)
   try:
     argv = flags.FLAGS(argv)
     path = flags.FLAGS["config"].config_filename.partition(":")[0]
@@ -34,7 +38,7 @@ def parse_flags(argv):
     name = str(e).strip("'\"")
     flag = next((a for a in argv if a.startswith("--config.") and f".{name}" in a), name)
     line = (f"error: {flag.partition('=')[0]}: the config has no field {name!r} "
-            "(every field: tst_jax/train/defaults.py)")
+            "(every field: python main.py --help-config)")
   except errors.UserError as e:
     line = errors.one_line(e)
   sys.stderr.write(line + "\n")

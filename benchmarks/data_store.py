@@ -140,12 +140,13 @@ _STARTUP = r"""
 import json, resource, sys, time
 t0 = time.time()
 from tst_jax.data import run_data
+from tst_jax.train import spec as spec_lib
 from configs import demo
 imported = time.time() - t0
 c = demo.get_config()
 c.data.source, c.data.tokenizer = "tokens:" + sys.argv[1], ""
 t1 = time.time()
-data = run_data.prepare_data(run_data.DataSpec.of(c.data, c.seed), sys.argv[2], int(sys.argv[3]), (0, 1))
+data = run_data.prepare_data(spec_lib.check(c).data, sys.argv[2], int(sys.argv[3]), (0, 1))
 seconds = time.time() - t1
 status = dict(line.split(":") for line in open("/proc/self/status") if ":" in line)
 mb = lambda key: round(int(status[key].split()[0]) / 1e3)

@@ -256,7 +256,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
   'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
   with `require_data` that data.source and data.tokenizer are set (else a warning)."""
   from tst_jax import configlib
-  from tst_jax.data.run_data import DataSpec
+  from tst_jax.train import spec as spec_lib
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
   specs = []
@@ -265,7 +265,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
     if validate:
       loaded = validate_overrides(config, unit_overrides)
       check_batch(loaded, target)
-      missing = DataSpec.of(loaded.data, loaded.seed).missing_fields()
+      missing = spec_lib.sections_of(loaded)["data"].missing_fields()
       if missing:
         message = (f"{config}: config.data.{' and data.'.join(missing)} empty; the run would "
                    "stop at start. Set e.g. --config.data.source=tokens:/gcs/BUCKET/store (made "

@@ -3,14 +3,17 @@ every config file takes the same `:arg` arms; model presets keep typed None plac
 
 import glob
 import os
+import subprocess
+import sys
 import typing
 
 import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from tst_jax import configlib, models
+from tst_jax import configlib, models, schema
 from tst_jax.errors import ConfigError
+from tst_jax.train import sections, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MOE = os.path.join(ROOT, "configs", "tiny_moe.py")
@@ -103,11 +106,24 @@ def test_none_model_defaults_are_typed_placeholders():
   for family, preset in [("llama", "tiny"), ("qwen3_moe", "tiny_moe")]:
     c = models.preset_config(family, preset)
     assert c.rope_scaling is None and c.get_type("rope_scaling") is tuple
-  optional = models._optional_type  # pylint: disable=protected-access
+  optional = schema._optional_type  # pylint: disable=protected-access
   assert optional(int | None, "x") is int
   assert optional(typing.Optional[str], "x") is str
   assert optional(tuple[int, ...] | None, "x") is tuple
-  with pytest.raises(TypeError, match="model.x: a None default"):
+  with pytest.raises(TypeError, match="x: a None default"):
     optional(int | str | None, "x")
-  with pytest.raises(TypeError, match="model.x: a None default"):
+  with pytest.raises(TypeError, match="x: a None default"):
     optional(int, "x")
+
+
+def test_help_config_lists_every_field_with_default_doc_and_rule():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--help-config"],
+                       capture_output=True, text=True, check=True).stdout
+  lines = {line.split()[0]: line for line in out.splitlines() if line[:1].isalpha() and
+           "  " in line}
+  assert lines["tst.bag_size"].split()[1] == "4" and "S: tokens superposed" in lines[
+      "tst.bag_size"] and lines["tst.bag_size"].endswith("(an integer >= 1)")
+  for name, cls in [("", sections.Run), *spec_lib.SECTIONS.items()]:
+    for f in schema.config_fields(cls):
+      assert (f"{name}.{f.name}" if name else f.name) in lines
+  assert "model.expert_impl" in lines and "model.n_experts_per_token" in lines

@@ -9,7 +9,7 @@ import sys
 
 from tst_jax.train import console as console_lib
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import spec as spec_lib
+from tst_jax.train import sections, spec as spec_lib
 from tests.tiny import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
 
 def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
   console = console_lib.Console(300, 0, enabled=True, bar=False)
-  reference = spec_lib.ReferenceSpec("the equal-FLOPs baseline (r = 0)", 3.718,
+  reference = sections.Reference("the equal-FLOPs baseline (r = 0)", 3.718,
                                      "docs/demo.md: 2-core CPU, 2026-11-24",
                                      "python main.py --config configs/demo.py:baseline")
   summary = dict(steps=300, seconds_this_session=134.0, final_eval_loss=4.3882,
@@ -87,5 +87,5 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
   assert lines[1] == ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured "
                       "(docs/demo.md: 2-core CPU, 2026-11-24); this run +0.6702 from it")
   assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
-  console.final(summary, "/tmp/w", spec_lib.ReferenceSpec("", 0.0, "", ""))
+  console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""))
   assert "measure it" not in capsys.readouterr().out

@@ -11,7 +11,8 @@ import torch
 import transformers
 
 from tests import trained
-from tst_jax import trained_run, models
+from tst_jax import models
+from tst_jax.train import trained_run
 from tst_jax.tools import export
 from tst_jax.data import run_data
 from tst_jax.train import loop, spec as spec_lib

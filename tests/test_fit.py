@@ -11,7 +11,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
-from tst_jax.parallel import xla_flags
+from tst_jax.parallel import mesh as mesh_lib, xla_flags
 from tst_jax.train import fit, loop
 from tst_jax.train import spec as spec_lib
 
@@ -93,7 +93,7 @@ MESH = dict(data=1, fsdp=-1, tensor=1, expert=1, dcn_data=1)
 
 def mesh(**axes):
   """A run spec's mesh section with `axes` changed."""
-  return spec_lib.MeshSpec(**(MESH | axes))
+  return mesh_lib.MeshShape(**(MESH | axes))
 DIST = tiny_config().distributed
 
 

@@ -19,7 +19,8 @@ from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.models import layers
-from tst_jax.train import loop, metrics as metrics_lib, spec as spec_lib, step as step_lib
+from tst_jax.train import loop, metrics as metrics_lib, sections, spec as spec_lib
+from tst_jax.train import step as step_lib
 
 needs_qwix = pytest.mark.skipif(fp8.unavailable() is not None, reason="qwix is not installed")
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
@@ -124,7 +125,7 @@ def test_model_forward_and_loss_are_near_the_default_but_not_equal():
   tokens = jnp.asarray(rng.integers(0, 512, (4, 16)), jnp.int32)
   bags = jnp.asarray(rng.integers(0, 512, (4, 16, 2)), jnp.int32)
   targets = jnp.asarray(rng.integers(0, 512, (4, 16, 2)), jnp.int32)
-  loss_cfg = spec_lib.LossSpec("naive")
+  loss_cfg = sections.Loss("naive")
   for inputs in (tokens, bags):
     logits_b, logits_q = (np.asarray(m(inputs), np.float32) for m in (base, quant))
     scale = np.abs(logits_b).max()
@@ -145,7 +146,7 @@ def test_superposed_embedding_and_loss_are_untouched():
   np.testing.assert_array_equal(base.embed(bags), quant.embed(bags))
   hidden = jnp.asarray(rng.normal(size=(4, 16, 32)), jnp.bfloat16)
   for impl in ("naive", "xla"):
-    loss_cfg = spec_lib.LossSpec(impl)
+    loss_cfg = sections.Loss(impl)
     assert float(step_lib.lm_loss(base, hidden, targets, loss_cfg)) == float(
         step_lib.lm_loss(quant, hidden, targets, loss_cfg))
 
@@ -176,7 +177,7 @@ def test_f8_only_in_the_decoder_linear_matmuls():
   c = tiny_config(model=dict(dtype="bfloat16"))
   base, quant = _models()
   for phase in spec_lib.check(c).plan.phases:
-    loss_of_window = step_lib.loss_fn(phase, spec_lib.LossSpec("naive"))
+    loss_of_window = step_lib.loss_fn(phase, sections.Loss("naive"))
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32)
     found = {}
     for name, model in (("default", base), ("fp8", quant)):
@@ -195,7 +196,7 @@ def test_gradients_reach_every_decoder_weight():
   the default's do (cosine > 0.99 per tensor)."""
   c = tiny_config(model=dict(dtype="bfloat16"))
   tst = spec_lib.check(c).plan.phases[0]
-  loss_of_window = step_lib.loss_fn(tst, spec_lib.LossSpec("naive"))
+  loss_of_window = step_lib.loss_fn(tst, sections.Loss("naive"))
   window = jnp.asarray(np.random.default_rng(0).integers(0, 512, (4, tst.window)), jnp.int32)
   grads = {}
   for name, model in zip(("default", "fp8"), _models()):

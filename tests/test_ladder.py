@@ -122,8 +122,9 @@ def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp
   work = tmp_path / "w"
   config, _ = sweep.resolve(CONFIG, ["data.seed=0"])
   sweep.run.prepare_shared_data(str(work), config)      # so that the deadline is the trainer's
+  deadline = "8" if trainer == "guarded" else "2"    # time to install its handler, or not
   args = ["--config", CONFIG, "--workdir", str(work), "--arms", "baseline,tst",
-          "--seeds", "0", "--deadline_s", "3", "--set", "data.seed=0"]
+          "--seeds", "0", "--deadline_s", deadline, "--set", "data.seed=0"]
   assert sweep.main(args) == 0
   out = capsys.readouterr().out
   assert "baseline_seed0: interrupted at the deadline" in out and "FAILED" not in out

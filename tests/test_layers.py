@@ -13,12 +13,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # (module prefix, layer): the longest matching prefix wins. The package's __init__ (the public
 # API) may import from any layer.
 LAYERS = [
-    ("tst_jax.errors", 0), ("tst_jax.fileio", 0),
+    ("tst_jax.errors", 0), ("tst_jax.fileio", 0), ("tst_jax.schema", 0),
     ("tst_jax.platform", 1), ("tst_jax.superposition", 1), ("tst_jax.kernels", 1),
     ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
     ("tst_jax.models", 2),
     ("tst_jax.data", 3), ("tst_jax.convert", 3), ("tst_jax.analysis", 3),
-    ("tst_jax.train", 4), ("tst_jax.trained_run", 4),
+    ("tst_jax.train", 4),
     ("tst_jax.tools", 5), ("tst_jax.configlib", 5),
 ]
 def layer(module: str):

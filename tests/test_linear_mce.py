@@ -11,7 +11,7 @@ from tst_jax.kernels import linear_mce_pallas, linear_mce_xla
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.superposition import IGNORE_INDEX
-from tst_jax.train.defaults import LOGICAL_AXIS_RULES
+from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 
 N, D, V = 37, 24, 301  # none a multiple of the tiles below
 XLA_BLOCKS = {"block_n": 16, "block_v": 128}

@@ -15,7 +15,7 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
-from tst_jax.train.defaults import LOGICAL_AXIS_RULES
+from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 
 AXES = ("data", "fsdp", "tensor", "expert")
 
@@ -279,6 +279,5 @@ def test_distributed_initialize_from_config_and_env(monkeypatch):
   assert (settings["num_processes"], settings["process_id"]) == (2, 1)
   with pytest.raises(RuntimeError, match="must start before any JAX computation"):
     distributed.initialize(cfg)                       # asked for, but JAX already runs here
-  cfg.mode = "sometimes"
   with pytest.raises(ValueError, match="config.distributed.mode: must be one of"):
-    distributed.initialize(cfg)
+    spec_lib.check(tiny_config(distributed=dict(mode="sometimes")))  # checked before it starts

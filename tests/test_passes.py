@@ -17,8 +17,9 @@ REPEATS = "warning: the data repeats"
 def test_plan_of_a_long_run_on_a_short_corpus_warns_with_the_passes(capsys):
   # The case: the demo on 300 kB of the stdlib for 3000 steps (before tokenizing:
   # a bound from the text's bytes, so the passes are at least the printed ones).
-  config = spec_lib.check(_demo(max_bytes=300_000, steps=3000))
-  loop.run(config.config, "", mode="plan")
+  raw = _demo(max_bytes=300_000, steps=3000)
+  config = spec_lib.check(raw)
+  loop.run(raw, "", mode="plan")
   out = capsys.readouterr().out
   tokens = run_data.training_tokens(config.data)
   assert not tokens.exact and tokens.count == sources.token_bound("builtin:pystdlib", 300_000)

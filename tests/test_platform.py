@@ -46,7 +46,9 @@ def test_resolve_applies_to_a_copy_and_prints_in_the_plan():
   assert resolved.platform == "cpu"
   assert resolved.choices["loss.impl"][0] == "xla"
   assert resolved.choices["model.attention_impl"][0] == "xla"
-  assert (spec.loss.impl, spec.config.model.attention_impl) == ("xla", "xla")
+  recorded = spec.to_json()                      # config.json: what the run ran with
+  assert (recorded["loss"]["impl"], recorded["model"]["attention_impl"]) == ("xla", "xla")
+  assert spec.loss.impl == "xla"
   assert spec.model.attention_impl == "xla"
   assert (config.loss.impl, config.model.attention_impl) == ("auto", "auto")  # untouched
   assert (checked.loss.impl, checked.model.attention_impl) == ("auto", "auto")

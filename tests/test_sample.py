@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from tests import trained
-from tst_jax import trained_run
+from tst_jax.train import trained_run
 from tst_jax.tools import sample
 from tst_jax.models.llama import Llama, LlamaConfig
 

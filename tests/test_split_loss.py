@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from tests import trained
-from tst_jax import trained_run
+from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -16,7 +16,7 @@ from tst_jax.data import (
 from tst_jax.data import prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
-from tst_jax.train import loop
+from tst_jax.train import loop, spec as spec_lib
 from tst_jax.errors import ConfigError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
@@ -399,4 +399,4 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
 
 def _data(config):
   """A tiny config's data settings as the trainer's spec makes them."""
-  return run_data.DataSpec.of(config.data, config.seed)
+  return spec_lib.check(config).data

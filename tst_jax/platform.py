@@ -9,7 +9,6 @@ same functions.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 
@@ -180,13 +179,3 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
   return Resolved(platform, kind, choices)
-
-
-def apply(config, resolved: Resolved):
-  """A copy of `config` with the resolved values in place of `auto`."""
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    for field, (value, _) in resolved.choices.items():
-      section, name = field.split(".")
-      config[section][name] = value
-  return config

@@ -25,7 +25,8 @@ import os, tempfile
 import jax
 import matplotlib.pyplot as plt
 
-from tst_jax import trained_run, configlib
+from tst_jax import configlib
+from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
 from tst_jax.train import loop, metrics
 from tst_jax.train import spec as spec_lib

@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from tst_jax import fileio
+from tst_jax import fileio, schema
 from tst_jax.data import pipeline, prepare as prepare_lib, sources, tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError, DataError
@@ -22,25 +22,37 @@ STORE_FILE = "store.json"   # the fingerprint of the token store a workdir train
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """A run's data settings, checked (tst_jax.train.spec): config.data with its seed resolved."""
-  source: str          # tokens:<store> | builtin:pystdlib | text:<glob> | jsonl: | parquet: | ...
-  tokenizer: str       # bpe | a tokenizer.json | a SentencePiece .model | "" (a store's own)
-  max_bytes: int       # of text read (0: all)
-  text_field: str      # the JSONL field / Parquet column of each document
-  val_fraction: float  # of the corpus held out
-  val_piece_bytes: int  # held out by pieces of <= this many bytes (0: whole documents)
-  seed: int            # of the split, document order and BPE: data.seed, else the run's seed
-  seq_len: int         # L
-  batch_size: int      # B, global rows
-  eval_batches: int    # held-out batches per eval
+class Data:
+  """config.data: the corpus, its tokenizer and held-out split, and each step's batch."""
+  source: str = schema.field(
+      "builtin:pystdlib", schema.STRING, "tokens:<store dir> (read in place) | "
+      "builtin:pystdlib | text:<glob> | jsonl:<glob> | parquet:<glob> | tfds:<name> | "
+      "seqio:<task> (prepared into <workdir>/data first; docs/data.md)")
+  tokenizer: str = schema.field("bpe", schema.STRING, "bpe (trained once, kept with the store) "
+                                "| a tokenizer.json | a SentencePiece .model")
+  max_bytes: int = schema.field(0, schema.integer(0), "read at most this many bytes of text "
+                                "(0: all)")
+  text_field: str = schema.field("text", schema.STRING, "the JSONL field / Parquet column "
+                                 "holding each document")
+  val_fraction: float = schema.field(0.02, schema.number(0, 1, open_lo=True, open_hi=True),
+                                     "fraction of the corpus held out for eval")
+  val_piece_bytes: int = schema.field(
+      2048, schema.integer(0), "held out by pieces of <= this many bytes cut at line ends, so "
+      "a small corpus's held-out set is many pieces (0: whole documents)", added=0)
+  seed: int = schema.field(-1, schema.integer(-1), "held-out split, document order and BPE "
+                           "(-1: the run's seed)")
+  seq_len: int = schema.field(128, schema.integer(1), "L: positions the model sees (the latent "
+                              "length in phase 1)")
+  batch_size: int = schema.field(16, schema.integer(1), "B: rows per step, global")
+  eval_batches: int = schema.field(4, schema.integer(1), "held-out batches of B x (L + 1) "
+                                   "tokens per eval")
+  run_seed: int = 0    # derived: the run's seed (config.seed), for seed = -1
 
-  @classmethod
-  def of(cls, data_cfg, run_seed: int) -> DataSpec:
-    """From config.data; data.seed = -1 means the run's seed, so runs of several seeds with
-    one data.seed share one tokenized corpus and held-out set."""
-    fields = {f.name: data_cfg[f.name] for f in dataclasses.fields(cls)}
-    return cls(**{**fields, "seed": data_cfg.seed if data_cfg.seed >= 0 else run_seed})
+  @property
+  def split_seed(self) -> int:
+    """The seed of the split, document order and BPE: data.seed, else the run's, so runs of
+    several seeds with one data.seed share one tokenized corpus and held-out set."""
+    return self.seed if self.seed >= 0 else self.run_seed
 
   def missing_fields(self) -> list[str]:
     """The fields a run needs but leaves empty (a tokens: store has its own tokenizer)."""
@@ -48,7 +60,7 @@ class DataSpec:
     return [f for f in needed if not getattr(self, f)]
 
 
-def check_paths(data: DataSpec) -> None:
+def check_paths(data: Data) -> None:
   """The files a train or eval run reads exist (plan mode does not need them)."""
   for field in data.missing_fields():
     raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "
@@ -79,7 +91,7 @@ class RunData:
   fingerprint: str                   # of the token store: a workdir resumes on the same one
 
 
-def prepare_data(d: DataSpec, workdir: str, model_vocab: int, block=None, say=None, *,
+def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
                  force_resume: bool = False) -> RunData:
   """The run's token store (`tokens:DIR` read in place, any other source prepared once into
   <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
@@ -125,7 +137,7 @@ class TrainTokens:
     return cls(len(split), True, f"the store {split.directory}")
 
 
-def training_tokens(d: DataSpec, workdir: str | None = None) -> TrainTokens | None:
+def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   """The training tokens of the run's store where it exists (a `tokens:` store, or the one
   prepared into <workdir>/data), else a bound from the source's size (`sources.token_bound`),
   else None. Reads manifests and file sizes only."""
@@ -157,7 +169,7 @@ def workdir_train_tokens(workdir: str) -> int | None:
     return None
 
 
-def _open_store(d: DataSpec, workdir: str, model_vocab: int, say) -> TokenStore:
+def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
   store of data.source prepared into <workdir>/data (reused when already there)."""
   named = None
@@ -206,9 +218,9 @@ def _check_store_of_workdir(workdir: str, store, force: bool):
         "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
-def store_request(d: DataSpec, model_vocab: int) -> dict:
+def store_request(d: Data, model_vocab: int) -> dict:
   """What a run's prepared store depends on: the arguments of `prepare.prepare` (all but the
   folder). Runs with equal requests can share one store (the sweep does)."""
-  return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.seed,
+  return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.split_seed,
               val_fraction=d.val_fraction, val_piece_bytes=d.val_piece_bytes,
               max_bytes=d.max_bytes or None, text_field=d.text_field)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import types
-import typing
 
 import ml_collections
 
+from tst_jax import schema
 from tst_jax.errors import ConfigError
 
 # family -> module; each module defines CONFIG_CLS, MODEL_CLS, PRESETS, param_counts(cfg)
@@ -27,44 +26,34 @@ def preset_config(family: str, preset: str, **overrides) -> ml_collections.Confi
   module = family_module(family)
   if preset not in module.PRESETS:
     raise ValueError(f"unknown {family} preset {preset!r}: choose from {tuple(module.PRESETS)}")
-  fields = {f.name: f.default for f in dataclasses.fields(module.CONFIG_CLS)
-            if f.default is not dataclasses.MISSING}
-  fields.update(module.PRESETS[preset], **overrides)
-  # None defaults become typed placeholders so `--config.model.rope_scaling=(8, 1, 4, 8192)`
-  # works: `tuple | None` -> placeholder(tuple).
-  hints = typing.get_type_hints(module.CONFIG_CLS)
-  for name, value in fields.items():
-    if value is None:
-      fields[name] = ml_collections.config_dict.placeholder(_optional_type(hints[name], name))
-  return ml_collections.ConfigDict(dict(family=family, **fields))
-
-
-def _optional_type(hint, name: str) -> type:
-  """`T | None` (or Optional[T]) -> T: the type a None-defaulted field holds when set."""
-  kinds = [k for k in typing.get_args(hint) if k is not type(None)]
-  if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(kinds) != 1:
-    raise TypeError(f"model.{name}: a None default needs a `T | None` annotation, got {hint}")
-  return typing.get_origin(kinds[0]) or kinds[0]    # tuple[int, ...] -> tuple
+  config = schema.defaults(module.CONFIG_CLS, **{**module.PRESETS[preset], **overrides})
+  config.family = family
+  return config
 
 
 def model_config(model_cfg):
-  """The model section of a run config -> the family's frozen config dataclass (once)."""
+  """The model section of a run config -> the family's frozen config dataclass (once): every
+  field checked by its rule (schema), then the combinations by the dataclass."""
   fields = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
-  module = family_module(fields.pop("family"))
+  module = family_module(fields.pop("family", None))
   known = {f.name for f in dataclasses.fields(module.CONFIG_CLS)}
   unknown = sorted(set(fields) - known)
   if unknown:
     raise ConfigError("model", f"unknown model fields {unknown} for "
                       f"{module.CONFIG_CLS.__name__}")
-  return module.CONFIG_CLS(**fields)
+  return schema.parse(module.CONFIG_CLS, fields, "model")
+
+
+def family_of(cfg) -> str:
+  """The family name of a model config dataclass."""
+  for family in FAMILIES:
+    if type(cfg) is family_module(family).CONFIG_CLS:
+      return family
+  raise TypeError(f"not a model config: {type(cfg).__name__}")
 
 
 def module_for(cfg):
-  for family in FAMILIES:
-    module = family_module(family)
-    if type(cfg) is module.CONFIG_CLS:
-      return module
-  raise TypeError(f"not a model config: {type(cfg).__name__}")
+  return family_module(family_of(cfg))
 
 
 def build(cfg, rngs):

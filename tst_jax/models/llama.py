@@ -13,40 +13,57 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tst_jax import platform
+from tst_jax import platform, schema
 from tst_jax.errors import ConfigError
 from tst_jax.models import layers
 from tst_jax.parallel.logical import constrain
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+MISSING = schema.MISSING
+
+
+def _positive_numbers(v) -> bool:
+  return isinstance(v, (tuple, list)) and len(v) == 4 and all(
+      schema.number(0, open_lo=True).ok(x) for x in v)
+
+
+_ROPE_SCALING = schema.Rule(lambda v: v is None or _positive_numbers(v),
+                            "None or 4 numbers > 0 (factor, low_freq_factor, "
+                            "high_freq_factor, original_len)")
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-  vocab_size: int
-  dim: int
-  n_layers: int
-  n_heads: int
-  n_kv_heads: int
-  ffw_dim: int
-  head_dim: int = 0                # 0: dim // n_heads
-  rope_theta: float = 500_000.0
-  rope_scaling: tuple | None = None  # (factor, low_freq_factor, high_freq_factor, original_len)
-  norm_eps: float = 1e-5
-  tie_embeddings: bool = False
-  dtype: str = "float32"           # compute dtype; parameters stay float32
-  attention_impl: str = "auto"     # auto | xla | cudnn | splash (TPU) (platform resolves auto)
-  remat: str = "none"              # none | full | save_dots | save_experts (save_dots and
-                                   # the MoE experts' outputs: layers.EXPERT_SAVES)
-  matmul_precision: str = "default"  # decoder linear layers: default (in dtype) | fp8 (qwix:
-                                     # attention q/k/v/o and dense MLPs; embedding, head, loss,
-                                     # attention scores, router and experts stay in dtype)
-  init_std: float = 0.02
+  """config.model of the llama family (a preset gives the sizes: `PRESETS`)."""
+  vocab_size: int = schema.field(MISSING, schema.integer(1), "V: tokens of the vocabulary")
+  dim: int = schema.field(MISSING, schema.integer(1), "D: model width")
+  n_layers: int = schema.field(MISSING, schema.integer(1), "decoder blocks")
+  n_heads: int = schema.field(MISSING, schema.integer(1), "H: query heads")
+  n_kv_heads: int = schema.field(MISSING, schema.integer(1), "K: key/value heads (GQA)")
+  ffw_dim: int = schema.field(MISSING, schema.integer(1), "F: SwiGLU width")
+  head_dim: int = schema.field(0, schema.integer(0), "G: per head (0: dim // n_heads)")
+  rope_theta: float = schema.field(500_000.0, schema.number(0, open_lo=True), "RoPE base")
+  rope_scaling: tuple | None = schema.field(None, _ROPE_SCALING, "Llama-3.1 RoPE scaling "
+                                            "(factor, low_freq_factor, high_freq_factor, "
+                                            "original_len); None: none")
+  norm_eps: float = schema.field(1e-5, schema.number(0, open_lo=True), "RMSNorm epsilon")
+  tie_embeddings: bool = schema.field(False, schema.BOOL, "the LM head is the embedding's "
+                                      "transpose")
+  dtype: str = schema.field("float32", schema.one_of(DTYPES), "compute dtype; parameters stay "
+                            "float32")
+  attention_impl: str = schema.field("auto", schema.one_of(platform.ATTENTION_IMPLS),
+                                     "auto (the platform's measured fastest) | xla | cudnn | "
+                                     "splash (TPU)")
+  remat: str = schema.field("none", schema.one_of(layers.REMAT_POLICIES), "none | full | "
+                            "save_dots | save_experts (save_dots and the MoE experts' outputs)")
+  matmul_precision: str = schema.field(
+      "default", schema.one_of(layers.MATMUL_PRECISIONS), "the decoder's linear layers: "
+      "default (in dtype) | fp8 (qwix; embedding, head, loss, router and experts stay in "
+      "dtype)", added="default")
+  init_std: float = schema.field(0.02, schema.number(0, open_lo=True), "init normal's std")
 
   def __post_init__(self):
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffw_dim"):
-      if getattr(self, name) < 1:
-        raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+    schema.check(self, "model")
     if not self.head_dim:
       if self.dim % self.n_heads:
         raise ConfigError("model.dim", f"{self.dim} is not divisible by n_heads "
@@ -57,17 +74,6 @@ class LlamaConfig:
     if self.n_heads % self.n_kv_heads:
       raise ConfigError("model.n_heads", f"{self.n_heads} must be a multiple of n_kv_heads "
                         f"{self.n_kv_heads}")
-    if self.dtype not in DTYPES:
-      raise ConfigError("model.dtype", f"must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-    if self.attention_impl not in platform.ATTENTION_IMPLS:
-      raise ConfigError("model.attention_impl", f"must be one of {platform.ATTENTION_IMPLS}, "
-                        f"got {self.attention_impl!r}")
-    if self.matmul_precision not in layers.MATMUL_PRECISIONS:
-      raise ConfigError("model.matmul_precision", f"must be one of {layers.MATMUL_PRECISIONS}, "
-                        f"got {self.matmul_precision!r}")
-    if self.remat not in layers.REMAT_POLICIES:
-      raise ConfigError("model.remat", f"must be one of {layers.REMAT_POLICIES}, got "
-                        f"{self.remat!r}")
     if self.rope_scaling is not None:
       object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
 

@@ -25,42 +25,47 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from tst_jax import platform
+from tst_jax import platform, schema
 from tst_jax.kernels import grouped_matmul, moe_dispatch
 from tst_jax.errors import ConfigError
 from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
 
+_LAYERS = schema.Rule(lambda v: isinstance(v, (tuple, list)) and all(
+    isinstance(i, int) and not isinstance(i, bool) for i in v), "a tuple of layer indices")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoEConfig(llama.LlamaConfig):
-  """LlamaConfig plus the experts; `ffw_dim` is the width of the dense (mlp_only) layers."""
-  n_experts: int                     # E
-  n_experts_per_token: int           # P, the top-k
-  moe_ffw_dim: int                   # F of every expert
-  norm_topk_prob: bool = True        # renormalise the P router weights to sum to 1
-  aux_loss_coef: float = 0.001       # load-balancing loss weight (HF router_aux_loss_coef)
-  router_z_loss_coef: float = 0.0    # weight of mean(logsumexp(router logits)^2)
-  mlp_only_layers: tuple = ()        # layer indices that use a dense MLP (HF semantics)
-  decoder_sparse_step: int = 1       # layer i is sparse iff (i + 1) % step == 0 (and not above)
-  expert_impl: str = "auto"          # ragged: lax.ragged_dot | gmm: grouped GEMMs in the
-                                     # backward too (tokamax on GPU) | blocked: row blocks |
-                                     # dense: all experts (reference) | auto: tst_jax.platform
+  """config.model of the qwen3_moe family: LlamaConfig plus the experts; `ffw_dim` is the
+  width of the dense (mlp_only) layers."""
+  n_experts: int = schema.field(llama.MISSING, schema.integer(1), "E: experts per MoE layer")
+  n_experts_per_token: int = schema.field(llama.MISSING, schema.integer(1), "P: the top-k "
+                                          "(<= n_experts)")
+  moe_ffw_dim: int = schema.field(llama.MISSING, schema.integer(1), "F of every expert")
+  norm_topk_prob: bool = schema.field(True, schema.BOOL, "renormalise the P router weights to "
+                                      "sum to 1")
+  aux_loss_coef: float = schema.field(0.001, schema.number(0), "load-balancing loss weight "
+                                      "(HF router_aux_loss_coef)")
+  router_z_loss_coef: float = schema.field(0.0, schema.number(0), "weight of "
+                                           "mean(logsumexp(router logits)^2)")
+  mlp_only_layers: tuple = schema.field((), _LAYERS, "layer indices with a dense MLP (HF "
+                                        "semantics)")
+  decoder_sparse_step: int = schema.field(1, schema.integer(1), "layer i is sparse iff "
+                                          "(i + 1) % step == 0 (and not mlp_only)")
+  expert_impl: str = schema.field("auto", schema.one_of(platform.EXPERT_IMPLS), "ragged | gmm "
+                                  "(grouped GEMMs both ways, tokamax on GPU) | blocked | dense "
+                                  "(reference) | auto (the platform's measured fastest)")
 
   def __post_init__(self):
     super().__post_init__()
     object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(self.mlp_only_layers))))
-    for name in ("n_experts", "moe_ffw_dim", "decoder_sparse_step"):
-      if getattr(self, name) < 1:
-        raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-    if not 1 <= self.n_experts_per_token <= self.n_experts:
+    if self.n_experts_per_token > self.n_experts:
       raise ConfigError("model.n_experts_per_token", f"must be in [1, {self.n_experts}], "
                         f"got {self.n_experts_per_token}")
     if any(not 0 <= i < self.n_layers for i in self.mlp_only_layers):
       raise ConfigError("model.mlp_only_layers", f"{self.mlp_only_layers} out of range "
                         f"[0, {self.n_layers})")
-    if self.expert_impl not in platform.EXPERT_IMPLS:
-      raise ConfigError("model.expert_impl", f"must be one of {platform.EXPERT_IMPLS}, "
-                        f"got {self.expert_impl!r}")
 
   def sparse_layers(self) -> tuple[bool, ...]:
     """Which layers are MoE: Hugging Face Qwen3-MoE's rule, layer by layer."""

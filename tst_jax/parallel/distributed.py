@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -14,10 +15,33 @@ from jax._src import distributed as distributed_state  # its client: the key-val
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from jax.experimental import multihost_utils
 
+from tst_jax import schema
 from tst_jax.errors import EXIT_STATUS, ConfigError
 
 log = logging.getLogger("tst_jax")
 MODES = ("auto", "on", "off")
+_DEVICE_IDS = schema.Rule(
+    lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
+    "a comma list of device numbers, or ''")
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributed:
+  """config.distributed: multi-process runs (docs/distributed.md)."""
+  mode: str = schema.field("auto", schema.one_of(MODES), "auto: on if a coordinator or "
+                           "cluster is found | on | off")
+  coordinator_address: str = schema.field("", schema.STRING, "host:port of process 0 (\"\": "
+                                          "$JAX_COORDINATOR_ADDRESS)")
+  num_processes: int = schema.field(0, schema.integer(0), "0: $JAX_NUM_PROCESSES or detected")
+  process_id: int = schema.field(-1, schema.integer(-1), "-1: $JAX_PROCESS_ID or detected")
+  local_device_ids: str = schema.field("", _DEVICE_IDS, "comma list of this process's "
+                                       "accelerators (\"\": all visible)")
+  cpu_devices: int = schema.field(0, schema.integer(0), ">0: this many CPU devices per process "
+                                  "(tests, CPU clusters)")
+  timeout_s: int = schema.field(300, schema.integer(1), "seconds to wait for every process to "
+                                "join")
+  heartbeat_timeout_s: int = schema.field(100, schema.integer(1), "a process silent this long is "
+                                          "dead: the others stop")
 
 
 def _settings(cfg) -> dict:
@@ -33,16 +57,14 @@ def _settings(cfg) -> dict:
               local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
 
 
-def initialize(cfg) -> bool:
-  """Start jax.distributed for a multi-process run (config section `distributed`).
+def initialize(cfg: Distributed) -> bool:
+  """Start jax.distributed for a multi-process run (config section `distributed`, checked).
 
   Must run before anything touches a JAX device. mode 'off': never. 'on': always (the
   missing fields auto-detected on Cloud TPU, GKE, Slurm, Open MPI). 'auto': when the config
   or environment names a coordinator or more than one process, else try cluster
   auto-detection and stay single-process if there is no cluster. Returns True if started.
   """
-  if cfg.mode not in MODES:
-    raise ConfigError("distributed.mode", f"must be one of {MODES}, got {cfg.mode!r}")
   if cfg.cpu_devices:
     if not xla_bridge.backends_are_initialized():
       jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)

@@ -10,6 +10,22 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 _CONTEXT = threading.local()
 
+# Logical axis -> mesh axes (config.logical_axis_rules). The first matching rule wins; a mesh
+# axis is used once per array.
+LOGICAL_AXIS_RULES = (
+    ("batch", ("data", "fsdp", "expert")),  # [B, ...] batches and activations: data parallel
+    ("layers", None),                       # stacked-layer axis of scanned blocks: never split
+    ("vocab", "tensor"),                    # V of the [V, D] embedding and [D, V] head
+    ("embed", "fsdp"),                      # D of every weight: FSDP shards it
+    ("heads", "tensor"),                    # H of q/o projections: tensor parallel
+    ("kv_heads", "tensor"),                 # K of k/v projections
+    ("mlp", "tensor"),                      # F of the SwiGLU weights
+    ("expert", "expert"),                   # E of the MoE expert weights: expert parallel
+    ("length", None),                       # sequence positions: not split
+    ("head_dim", None),                     # G: not split
+    ("norm", None),                         # norm scales: replicated
+)
+
 
 @contextlib.contextmanager
 def axis_rules(mesh, rules):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -9,10 +10,25 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from tst_jax import schema
 from tst_jax.errors import ConfigError
 from tst_jax.parallel.logical import logical_to_spec, mesh_axes
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
+_AXIS = schema.Rule(
+    lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
+    "an integer >= 1, or -1 (all remaining devices)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """config.mesh: the device mesh's axis sizes (one may be -1: the remaining devices)."""
+  data: int = schema.field(-1, _AXIS, "data parallel (-1: all remaining devices)")
+  fsdp: int = schema.field(1, _AXIS, "FSDP: parameters sharded over it")
+  tensor: int = schema.field(1, _AXIS, "tensor parallel: heads, FFW and vocab split")
+  expert: int = schema.field(1, _AXIS, "expert parallel: the MoE experts split")
+  dcn_data: int = schema.field(1, schema.integer(1), "multi-slice: slices (or processes) the "
+                               "data axis spans over DCN")
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:

@@ -38,7 +38,8 @@ try:
 except ImportError as e:   # an optional dependency
   raise ImportError("tst_jax.tools.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
 
-from tst_jax import fileio, trained_run
+from tst_jax import fileio
+from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
 

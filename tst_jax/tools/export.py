@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tokenizers
 
-from tst_jax import trained_run
+from tst_jax.train import trained_run
 from tst_jax.convert import hf as convert_hf
 
 log = logging.getLogger("tst_jax")

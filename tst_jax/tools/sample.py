@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tst_jax import trained_run
+from tst_jax.train import trained_run
 
 
 def filter_top_p(logits_BxV, top_p):
@@ -137,7 +137,7 @@ class _Stream:
 
 def phase1_message(trained) -> str:
   return (f"step {trained.step} of {trained.workdir} is a phase-1 (token-superposition) "
-          f"checkpoint: it has only seen bags of {trained.config.tst.bag_size} tokens, so it "
+          f"checkpoint: it has only seen bags of {trained.tst.bag_size} tokens, so it "
           "predicts bags, not next tokens (paper section 3).")
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, trained_run
+from tst_jax import fileio
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
@@ -27,7 +27,7 @@ from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import fit
 from tst_jax.train import metrics as metrics_lib
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train.console import Console
 from tst_jax.train.plan import Plan, format_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
@@ -368,20 +368,21 @@ def check_workdir(workdir: str):
 
 def _check_workdir_config(spec, workdir: str):
   """Write config.json (the checked config, `auto` fields resolved) on the first run; refuse
-  to resume a workdir of another config."""
+  to resume a workdir of another config (its sections read back through their declarations,
+  so a run written before a field was added compares with that field's old value)."""
   path = os.path.join(workdir, "config.json")
-  current = json.loads(spec.config.to_json_best_effort())
   if os.path.exists(path):
     try:
       with open(path) as f:
-        saved = spec_lib.with_added_fields(json.load(f))   # a run written before a field
-    except (ValueError, UnicodeDecodeError) as e:
+        saved = spec_lib.sections_of(json.load(f))
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
       raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                       "run: restore it, or use another --workdir") from None
-    diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
+    saved["seed"] = saved["run"].seed
+    diff = [k for k in RESUME_KEYS if saved[k] != getattr(spec, k)]
     if diff and not spec.train.force_resume:
       raise ConfigError(
           f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
           "use another --workdir, or --config.train.force_resume=True to resume anyway")
   if distributed.is_primary():
-    fileio.write_json(path, current, sort_keys=True)
+    fileio.write_json(path, spec.to_json(), sort_keys=True)

@@ -13,21 +13,23 @@ import json
 import os
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from tst_jax import data as data_lib
 from tst_jax import models
 from tst_jax.convert import hf as convert_hf
-from tst_jax.train import step as step_lib
+from tst_jax.data.run_data import Data
+from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.train.sections import Tst
 
 
 @dataclasses.dataclass
 class Trained:
   """A model with the parameters of `step`, and what it needs to read and write text."""
   workdir: str
-  config: ml_collections.ConfigDict   # the run's config.json
+  data: Data                          # the run's data section (config.json)
+  tst: Tst                            # its TST section
   model: nnx.Module
   tokenizer: data_lib.Tokenizer
   step: int
@@ -36,7 +38,7 @@ class Trained:
   @property
   def max_length(self) -> int:
     """Positions the model was trained on (data.seq_len): the context length to use."""
-    return int(self.config.data.seq_len)
+    return self.data.seq_len
 
   @property
   def phase1_only(self) -> bool:
@@ -44,12 +46,13 @@ class Trained:
     return self.meta.get("phase") == "tst"
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
+def read_sections(workdir: str) -> dict:
+  """The typed sections of the run in `workdir` (its config.json; spec.sections_of)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a tst_jax run directory")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return spec_lib.sections_of(json.load(f))
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -68,11 +71,10 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   FileNotFoundError if the workdir has no config.json or no tokenizer.
   """
   workdir = os.path.abspath(workdir)
-  config = read_config(workdir)
-  model_fields = config.model.to_dict()
+  sections = read_sections(workdir)
+  model_cfg = sections["model"]
   if dtype is not None:
-    model_fields["dtype"] = dtype
-  model_cfg = models.model_config(model_fields)
+    model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
   tokenizer = load_tokenizer(workdir, model_cfg.vocab_size)
   steps = checkpoint_steps(workdir)
   if not steps:
@@ -82,7 +84,8 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
     raise ValueError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
   params, meta = restore_params(os.path.join(workdir, "checkpoints"), step, model_cfg)
   graphdef, _ = step_lib.abstract_model(model_cfg)
-  return Trained(workdir, config, nnx.merge(graphdef, params), tokenizer, step, meta)
+  return Trained(workdir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
+                 tokenizer, step, meta)
 
 
 def load_tokenizer(workdir: str, vocab_size: int) -> data_lib.Tokenizer:

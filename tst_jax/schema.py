@@ -1,0 +1,138 @@
+"""Config fields declared once: a config section is a frozen dataclass whose fields each carry
+their default, their rule and a one-line doc (`field`).
+
+Everything else is read from that declaration: the ConfigDict of defaults that configs/*.py
+start from (`defaults`), the check that turns a ConfigDict section into the typed section
+(`parse`), the value of a field added after runs were written (`added=`: what an older
+config.json without it ran with), the config.json record of a section (`values`) and
+`python main.py --help-config` (`help_lines`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Callable
+
+import ml_collections
+
+from tst_jax.errors import ConfigError
+
+MISSING = dataclasses.MISSING
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """What every value of a field must be: `ok(value)`, and the words for it."""
+  ok: Callable[[Any], bool]
+  must: str
+
+
+def integer(lo: int, hi: int | None = None) -> Rule:
+  return Rule(lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
+                         and (hi is None or v <= hi)),
+              f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
+def number(lo: float, hi: float = math.inf, *, open_lo: bool = False,
+           open_hi: bool = False) -> Rule:
+  def ok(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+      return False
+    return (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
+  interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
+  return Rule(ok, f"a number > {lo:g}" if hi == math.inf and open_lo
+              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}")
+
+
+def one_of(options) -> Rule:
+  options = tuple(options)
+  return Rule(lambda v: isinstance(v, str) and v in options, f"one of {options}")
+
+
+BOOL = Rule(lambda v: isinstance(v, bool), "True or False")
+STRING = Rule(lambda v: isinstance(v, str), "a string")
+
+
+def field(default, rule: Rule, doc: str, *, added=MISSING):
+  """A config field: its `default` (MISSING: required, as a model's sizes, which presets
+  give), the `rule` its value must satisfy and a one-line `doc`; `added`: for a field added
+  after runs were written, the value such a run had."""
+  return dataclasses.field(default=default, metadata=dict(rule=rule, doc=doc, added=added))
+
+
+def config_fields(cls) -> list[dataclasses.Field]:
+  """The fields of section `cls` that are config fields (declared with `field`); a section
+  may hold derived values besides them."""
+  return [f for f in dataclasses.fields(cls) if "rule" in f.metadata]
+
+
+def defaults(cls, **overrides) -> ml_collections.ConfigDict:
+  """The section's defaults (and `overrides`) as a ConfigDict. A None default becomes a
+  typed placeholder, so `--config.<section>.<field>=...` can set it."""
+  hints = typing.get_type_hints(cls)
+  node = {}
+  for f in config_fields(cls):
+    value = overrides.pop(f.name, f.default)
+    if value is MISSING:
+      raise ValueError(f"{cls.__name__}.{f.name} has no default: give it")
+    node[f.name] = (ml_collections.config_dict.placeholder(_optional_type(hints[f.name], f.name))
+                    if value is None else value)
+  if overrides:
+    raise ValueError(f"{cls.__name__} has no fields {sorted(overrides)}")
+  return ml_collections.ConfigDict(node)
+
+
+def parse(cls, node, prefix: str, **derived):
+  """Section `node` (a ConfigDict or dict) as `cls`: every field present (or, for a field
+  added after runs were written, its `added` value), each value satisfying its rule; the
+  first problem is a ConfigError naming `prefix.<field>`. `derived`: the section's non-config
+  fields."""
+  values = {}
+  for f in config_fields(cls):
+    name = f"{prefix}.{f.name}" if prefix else f.name
+    if f.name in node:
+      value = node[f.name]
+    elif f.metadata["added"] is not MISSING:
+      value = f.metadata["added"]
+    else:
+      raise ConfigError(name, "is missing (a config.json of an older tst-jax?): "
+                        "python main.py --help-config lists every field")
+    if not f.metadata["rule"].ok(value):
+      raise ConfigError(name, f"must be {f.metadata['rule'].must}, got {value!r}")
+    values[f.name] = value
+  return cls(**values, **derived)
+
+
+def check(section, prefix: str) -> None:
+  """Every config field of a built `section` against its rule (for sections also built
+  directly, as the model's config dataclasses are: call it in __post_init__)."""
+  for f in config_fields(type(section)):
+    value = getattr(section, f.name)
+    if not f.metadata["rule"].ok(value):
+      raise ConfigError(f"{prefix}.{f.name}", f"must be {f.metadata['rule'].must}, got "
+                        f"{value!r}")
+
+
+def values(section) -> dict:
+  """A section's config fields and their values (config.json's record of it)."""
+  return {f.name: getattr(section, f.name) for f in config_fields(type(section))}
+
+
+def help_lines(cls, prefix: str) -> list[str]:
+  """One line per field: name, default, doc, and what the rule asks."""
+  def default(f):
+    text = "(required)" if f.default is MISSING else repr(f.default)
+    return text if len(text) <= 20 else text[:17] + "..."
+  return [f"{(prefix + '.' if prefix else '') + f.name:<34} {default(f):<20} "
+          f"{f.metadata['doc']} ({f.metadata['rule'].must})" for f in config_fields(cls)]
+
+
+def _optional_type(hint, name: str) -> type:
+  """`T | None` (or Optional[T]) -> T: the type a None-defaulted field holds when set."""
+  kinds = [k for k in typing.get_args(hint) if k is not type(None)]
+  if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(kinds) != 1:
+    raise TypeError(f"{name}: a None default needs a `T | None` annotation, got {hint}")
+  return typing.get_origin(kinds[0]) or kinds[0]    # tuple[int, ...] -> tuple

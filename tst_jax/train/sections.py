@@ -1,0 +1,117 @@
+"""The run's own config sections, each field declared once (tst_jax/schema.py): the top level
+(`Run`), tst, loss, optimizer, train and reference. The other sections live with what they
+configure: data (data/run_data.Data), model (the family's config dataclass), mesh
+(parallel/mesh.MeshShape) and distributed (parallel/distributed.Distributed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tst_jax import losses, platform, schema
+from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
+from tst_jax.parallel.mesh import MESH_AXES
+from tst_jax.superposition import MODES
+from tst_jax.train.plan import EQUAL_FLOPS
+
+
+def _axes_ok(target) -> bool:
+  names = (target,) if isinstance(target, str) else target
+  return target is None or (isinstance(names, (tuple, list)) and all(n in MESH_AXES
+                                                                     for n in names))
+
+
+_RULES = schema.Rule(
+    lambda rules: isinstance(rules, (tuple, list)) and all(
+        isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)
+        and _axes_ok(r[1]) for r in rules),
+    f"(logical name, None | a mesh axis of {MESH_AXES} | a tuple of them) pairs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """The top level of a run config."""
+  seed: int = schema.field(0, schema.integer(0), "model init, batch order (and the data "
+                           "unless data.seed)")
+  init_from_hf: str = schema.field("", schema.STRING, "a Hugging Face folder (e.g. from "
+                                   "tst_jax.tools.export) to start from")
+  logical_axis_rules: tuple = schema.field(LOGICAL_AXIS_RULES, _RULES, "logical axis -> mesh "
+                                           "axes, the first match wins (parallel/logical.py)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tst:
+  """config.tst: phase 1's settings (the plan makes each phase's own from them)."""
+  bag_size: int = schema.field(4, schema.integer(1), "S: tokens superposed per bag (1: the "
+                               "baseline)")
+  ratio: float = schema.field(0.3, schema.number(0, 1), "r: share of the steps in phase 1 "
+                              "(0: the baseline)")
+  mode: str = schema.field("full", schema.one_of(MODES), "full | input_only | output_only "
+                           "(the paper's section 5.2 ablation)")
+  weighting: str = schema.field("uniform", schema.STRING, "the MCE's bag weights: uniform | "
+                                "power | exponential | first | fitted:<F.json>")
+  variant: str = schema.field("mce", schema.one_of(losses.VARIANTS), "mce (the paper's) | alt "
+                              "(-log of the bag's probability)")
+  equal_flops: str = schema.field("seq", schema.one_of(EQUAL_FLOPS), "seq: data length S x L "
+                                  "(the paper's) | batch: S x the rows of L/S bags")
+  reinit_at_switch: bool = schema.field(False, schema.BOOL, "re-initialise embedding and head "
+                                        "at the switch (the randomisation ablation)")
+  schedule: str = schema.field("", schema.STRING, "phase 1's stages: '' one (the hard switch) "
+                               "| halve (S, S/2, ... 2) | 'S1,S2,...'", added="")
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+  """config.loss."""
+  impl: str = schema.field("naive", schema.one_of(platform.LOSS_IMPLS), "naive (logits) | xla "
+                           "(chunked) | pallas | auto (the platform's measured fastest)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """config.optimizer: AdamW and one WSD schedule over both phases."""
+  lr: float = schema.field(3e-3, schema.number(0, open_lo=True), "peak learning rate")
+  b1: float = schema.field(0.9, schema.number(0, 1, open_hi=True), "AdamW beta 1 (the paper's)")
+  b2: float = schema.field(0.95, schema.number(0, 1, open_hi=True), "AdamW beta 2 (the paper's)")
+  eps: float = schema.field(1e-8, schema.number(0, open_lo=True), "AdamW epsilon")
+  weight_decay: float = schema.field(0.1, schema.number(0), "decoupled, not on norm scales")
+  grad_clip: float = schema.field(1.0, schema.number(0, open_lo=True), "global-norm clipping")
+  warmup_steps: int = schema.field(20, schema.integer(0), "WSD: linear warmup steps")
+  decay_fraction: float = schema.field(0.1, schema.number(0, 1), "WSD: linear decay over this "
+                                       "share of all steps, at the end")
+  final_lr_fraction: float = schema.field(0.0, schema.number(0, 1), "the lr at the end, as a "
+                                          "fraction of the peak")
+  grad_accum: int = schema.field(1, schema.integer(1), "micro-batches per optimizer step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Train:
+  """config.train: the run's length, and the loop's cadences and policies."""
+  steps: int = schema.field(300, schema.integer(1), "T: total optimizer steps, both phases")
+  log_every: int = schema.field(10, schema.integer(1), "metrics.jsonl cadence (steps)")
+  eval_every: int = schema.field(50, schema.integer(1), "held-out eval cadence (and at each "
+                                 "phase end)")
+  checkpoint_every: int = schema.field(100, schema.integer(0), "periodic checkpoints (plus "
+                                       "each phase end)")
+  keep_checkpoints: int = schema.field(2, schema.integer(1), "the latest N kept, plus the "
+                                       "phase-switch checkpoints")
+  progress_bar: bool = schema.field(True, schema.BOOL, "a tqdm bar with the phase and ETA (on "
+                                    "a terminal)")
+  force_resume: bool = schema.field(False, schema.BOOL, "resume a workdir whose config or "
+                                    "store differs")
+  nan_policy: str = schema.field("stop", schema.one_of(("stop", "skip")), "a non-finite loss "
+                                 "or gradient: stop | skip (the batch, no update)")
+  max_nan_skips: int = schema.field(3, schema.integer(0), "with skip: stop after this many "
+                                    "skipped batches")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+  """config.reference: a measured result the run's final block prints beside its own."""
+  name: str = schema.field("", schema.STRING, "what it is, e.g. 'the equal-FLOPs baseline' "
+                           "('': none)", added="")
+  loss: float = schema.field(0.0, schema.number(0), "its final held-out loss (nats/token)",
+                             added=0.0)
+  measured: str = schema.field("", schema.STRING, "where and when, e.g. 'docs/demo.md: 2-core "
+                               "CPU, 2026-11-25'", added="")
+  command: str = schema.field("", schema.STRING, "the command that measures it again",
+                              added="")
