@@ -2,6 +2,7 @@
 known answers; the H100 case of 2026-11-25, where the mid-curve method printed 1.73x."""
 
 import json
+import os
 import re
 
 import numpy as np
@@ -9,16 +10,20 @@ import pytest
 
 from tests.tiny import tiny_config
 from tst_jax.analysis.frontier import Frontier
-from tst_jax.tools import compare
-from tst_jax.train import spec as spec_lib
+from tst_jax.tools import arms as arms_lib, compare
+from tst_jax.tools.eval_curve import load_run
+from tst_jax.train import plan as plan_lib, spec as spec_lib
 
 
-def _fake_run(path, config, evals, train_tokens=None):
-  """A run directory as main.py leaves it: config.json, eval lines of metrics.jsonl and, with
-  `train_tokens`, the store.json that names its store's training tokens."""
+def _fake_run(path, config, evals, train_tokens=None, plan=None):
+  """A run directory as main.py left it before it wrote plan.json: config.json, eval lines of
+  metrics.jsonl and, with `train_tokens`, the store.json that names its store's training
+  tokens; with `plan`, also the plan.json of that plan, as main.py leaves it now."""
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
-  plan = spec_lib.check(config).plan
+  if plan is not None:
+    plan_lib.PlanRecord(plan).write(str(path))
+  plan = plan or spec_lib.check(config).plan
   lines = []
   for step, loss in evals:
     data = sum(min(max(step - p.first_step, 0), p.steps) * p.data_tokens_per_step
@@ -64,35 +69,35 @@ def _h100_runs(tmp_path):
   for steps, evals in H100_BASELINES.items():
     name = "baseline" if steps == 20 else f"baseline+{steps // 10}k"
     path, _ = _fake_run(tmp_path / name, tiny_config(steps=steps, ratio=0.0), evals)
-    runs.append((name, 0, compare.load_run(path)))
+    runs.append((name, 0, load_run(path)))
   for arm, (bag, final) in H100_ARMS.items():
     ratio = 1.0 if arm == "r1.0" else 0.3
     path, _ = _fake_run(tmp_path / arm, tiny_config(steps=20, ratio=ratio, bag_size=bag),
                         [(10, 4.5), (20, final)])
-    runs.append((arm, 0, compare.load_run(path)))
+    runs.append((arm, 0, load_run(path)))
   return runs
 
 
 def test_h100_case_speedup_against_finished_baselines_not_the_long_curve(tmp_path):
   runs = _h100_runs(tmp_path)
-  arms, per_run, notes = compare.summarize_arms(runs, order=["baseline", "tst"])
+  arms, per_run, notes = arms_lib.summarize_arms(runs, order=["baseline", "tst"])
   arms = {a["arm"]: a for a in arms}
   tst = arms["tst"]
   # 1.8729 is 30.5% of the way from 1.9132 (2k) to 1.7812 (3k): 2.305k steps' FLOPs.
   assert tst["speedup"]["mean"] == pytest.approx(1.15, abs=0.01)
   assert tst["delta_equal_flops"]["mean"] == pytest.approx(-0.040, abs=0.001)
   assert arms["s2"]["speedup"]["mean"] == pytest.approx(1.30, abs=0.01)
-  assert compare.speedup_text(arms["baseline"]) == "1.00x (a baseline)"
+  assert arms_lib.speedup_text(arms["baseline"]) == "1.00x (a baseline)"
   assert {r["run"]: r["speedup"] for r in per_run}["baseline"] == 1.0
-  assert compare.speedup_text(arms["s16"]) == "≤ 1.00x (1 seed)"   # equal to the 2k baseline
-  assert compare.speedup_text(arms["r1.0"]) == "≤ 1.00x (1 seed)"
+  assert arms_lib.speedup_text(arms["s16"]) == "≤ 1.00x (1 seed)"   # equal to the 2k baseline
+  assert arms_lib.speedup_text(arms["r1.0"]) == "≤ 1.00x (1 seed)"
   assert notes == []
   # The naive method disagrees: on baseline+4k's curve (undecayed at 2k steps) 1.8729 is
   # reached at 32.96 of 40 steps, "1.65x".
   long = next(run for arm, _, run in runs if arm == "baseline+4k")
   naive = np.interp(-1.8729, -long.loss, long.steps) / 20
   assert naive > 1.6
-  table = compare.format_arms(list(arms.values()), per_run)
+  table = arms_lib.format_arms(list(arms.values()), per_run)
   tst_rows = [line for line in table.splitlines() if line.startswith("| tst |")]
   assert len(tst_rows) == 2
   for line in tst_rows:       # no speed-up above 1.25x anywhere in tst's rows
@@ -121,10 +126,10 @@ def test_unfinished_runs_and_non_finite_losses_are_not_compared(tmp_path):
   short, _ = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)])
   cut, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0), [(4, 5.0), (8, 4.2)])
   with pytest.raises(ValueError, match="unfinished .*step 8 of 16"):
-    compare.load_run(cut)
+    load_run(cut)
   nan, _ = _fake_run(tmp_path / "nan", tiny_config(steps=8, ratio=0.5), [(4, 6.0), (8, "NaN")])
   long, _ = _fake_run(tmp_path / "b12", tiny_config(steps=12, ratio=0.0), [(4, 5.0), (12, 3.0)])
-  runs = [compare.load_run(d) for d in (short, long, nan)]
+  runs = [load_run(d) for d in (short, long, nan)]
   rows = {r["run"]: r for r in compare.compare(runs)}
   assert rows["nan"]["speedup"] is None and rows["nan"]["delta_equal_flops"] is None
   assert rows["nan"]["speedup_text"] == "its final loss is not finite"
@@ -141,10 +146,10 @@ def test_a_run_slightly_below_the_shortest_baselines_flops_is_compared_with_it()
 
 def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_path):
   runs = [r for r in _h100_runs(tmp_path) if r[0] in ("baseline", "tst")]
-  arms, _, _ = compare.summarize_arms(runs)
+  arms, _, _ = arms_lib.summarize_arms(runs)
   tst = {a["arm"]: a for a in arms}["tst"]
   assert tst["speedup"] is None and tst["delta_equal_flops"]["mean"] == pytest.approx(-0.0403)
-  assert compare.speedup_text(tst) == ("needs baselines of two or more lengths: add --arms "
+  assert arms_lib.speedup_text(tst) == ("needs baselines of two or more lengths: add --arms "
                                        "baseline+0.03k,baseline+0.04k")
 
 
@@ -157,13 +162,13 @@ def test_over_seeds_mean_sd_and_bounds(tmp_path):
     for steps, final in by_steps.items():
       path, _ = _fake_run(tmp_path / f"b{steps}s{seed}", tiny_config(steps=steps, ratio=0.0),
                           [(4, 5.0), (steps, final)])
-      runs.append(("baseline" if steps == 8 else "baseline+16", seed, compare.load_run(path)))
+      runs.append(("baseline" if steps == 8 else "baseline+16", seed, load_run(path)))
   for arm, by_seed in finals.items():
     for seed, final in by_seed.items():
       path, _ = _fake_run(tmp_path / f"{arm}{seed}", tiny_config(steps=8, ratio=0.5),
                           [(4, 6.0), (8, final)])
-      runs.append((arm, seed, compare.load_run(path)))
-  arms, per_run, _ = compare.summarize_arms(runs)
+      runs.append((arm, seed, load_run(path)))
+  arms, per_run, _ = arms_lib.summarize_arms(runs)
   arms = {a["arm"]: a for a in arms}
   # Seed 0: 3.5 is halfway from 4.0 (8 steps) to 3.0 (16): 12 steps, 1.5x. Seed 1: 3.4 is
   # 80% of the way from 4.2 to 3.2: 14.4 steps, 1.8x. Δ at 8 steps: -0.5 and -0.8.
@@ -171,11 +176,11 @@ def test_over_seeds_mean_sd_and_bounds(tmp_path):
       dict(mean=1.65, sd=0.3 / 2**0.5, min=1.5, max=1.8, n=2))
   assert arms["tst"]["delta_equal_flops"] == pytest.approx(
       dict(mean=-0.65, sd=0.3 / 2**0.5, min=-0.8, max=-0.5, n=2))
-  assert compare.speedup_text(arms["tst"]) == "1.65 ± 0.21x [1.50, 1.80] (2 seeds)"
+  assert arms_lib.speedup_text(arms["tst"]) == "1.65 ± 0.21x [1.50, 1.80] (2 seeds)"
   # best: seed 0 below the 16-step baseline (> 2x), seed 1 above the 8-step one (≤ 1x).
-  assert compare.speedup_text(arms["best"]) == "≤ 1.00x (1 seed), > 2.00x (1 seed)"
-  assert compare.speedup_text(arms["baseline+16"]) == "1.00x (a baseline)"
-  table = compare.format_arms(list(arms.values()), per_run)
+  assert arms_lib.speedup_text(arms["best"]) == "≤ 1.00x (1 seed), > 2.00x (1 seed)"
+  assert arms_lib.speedup_text(arms["baseline+16"]) == "1.00x (a baseline)"
+  table = arms_lib.format_arms(list(arms.values()), per_run)
   assert "| tst | 0.5 | 2 | 8 |" in table and "3.4500 ± 0.0707 [3.4000, 3.5000]" in table
 
 
@@ -186,11 +191,11 @@ def test_a_longer_baseline_that_ends_higher_is_left_out_and_named(tmp_path):
   for steps, final in ((20, 0.9305), (30, 0.8734), (40, 0.9378)):
     path, _ = _fake_run(tmp_path / f"b{steps}", tiny_config(steps=steps, ratio=0.0),
                         [(10, 1.5), (steps, final)], train_tokens=427)
-    runs.append(("baseline", 0, compare.load_run(path)))
+    runs.append(("baseline", 0, load_run(path)))
   path, _ = _fake_run(tmp_path / "tst", tiny_config(steps=20, ratio=0.3, bag_size=4),
                       [(10, 4.0), (20, 0.8550)], train_tokens=427)
-  runs.append(("tst", 0, compare.load_run(path)))
-  _, per_run, notes = compare.summarize_arms(runs)
+  runs.append(("tst", 0, load_run(path)))
+  _, per_run, notes = arms_lib.summarize_arms(runs)
   rows = {r["run"]: r for r in per_run}
   # 40 steps of 4 x 16 tokens read a 427-token store 6.0 times.
   assert rows["b40"]["passes"] == pytest.approx(40 * 64 / 427)
@@ -228,3 +233,23 @@ def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   assert "| t | 0.5 | 2 | 8 |" in printed and "| -0.6000 | 1.60x |" in printed
   assert "mid-run" in printed and "finished" in result["method"]
   assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
+
+
+def test_a_run_is_read_from_its_plan_json_not_from_its_config(tmp_path):
+  """plan.json is the run's record: a config.json that would give another plan (a baseline of
+  16 steps) is not read; without plan.json (a run written before it) config.json is."""
+  recorded = spec_lib.check(tiny_config(steps=8, ratio=0.5, bag_size=2,
+                                        tst=dict(weighting="power"))).plan
+  path, _ = _fake_run(tmp_path / "t", tiny_config(steps=16, ratio=0.0), [(4, 5.0), (8, 3.5)],
+                      train_tokens=1024, plan=recorded)
+  run = load_run(path)
+  assert run.plan == recorded and run.plan.phases[0].weighting == "power"
+  assert (run.r, run.S, run.total_steps, run.is_baseline) == (0.5, 2, 8, False)
+  # 4 steps of 4 x 32 tokens (S = 2), then 4 of 4 x 16, at equal FLOPs per step.
+  assert run.total_data_tokens == 4 * 4 * 32 + 4 * 4 * 16
+  assert run.passes == pytest.approx(768 / 1024)
+  assert run.total_flops == pytest.approx(8 * recorded.phases[1].flops_per_step)
+  assert run.flops_at(6) == pytest.approx(6 * recorded.phases[1].flops_per_step)
+  os.remove(os.path.join(path, plan_lib.PLAN_FILE))
+  with pytest.raises(ValueError, match="unfinished .*step 8 of 16"):
+    load_run(path)

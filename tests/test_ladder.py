@@ -40,7 +40,7 @@ def test_trend_fit_and_prediction_inside_its_range_only():
 
 def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monkeypatch):
   plan = spec_lib.check(tiny_config(steps=12, ratio=0.5)).plan
-  x = plan_lib.tokens_per_param(plan)
+  x = plan.tokens_per_param
   assert x == pytest.approx(12 * 4 * 16 / plan.params_active)
   trend = Trend.fit([(x / 2, 0.9, "a"), (x * 2, 1.3, "b")], "test")
   path = tmp_path / "speedup_trend.json"
@@ -52,7 +52,7 @@ def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monk
     text = plan_lib.format_plan(plan)
     assert "predicted 1.10x by the trend of 2 measured runs" in text
     assert plan_lib.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule
-    assert plan_lib.ntp_tokens_per_param(plan) < plan_lib.PAYS_FROM_NTP_TOKENS_PER_PARAM
+    assert plan.ntp_tokens_per_param < plan_lib.PAYS_FROM_NTP_TOKENS_PER_PARAM
     behind = Trend.fit([(x / 2, 0.7, "a"), (x * 2, 0.9, "b")], "test")
     assert "trend predicts 0.80x" in plan_lib.behind_baseline_warning(plan, behind)
     longer = spec_lib.check(tiny_config(steps=60, ratio=0.5)).plan

@@ -43,7 +43,7 @@ def test_passes_count_a_stores_tokens_exactly(tmp_path):
   val = len(run_data.TokenStore(str(store)).val)
   assert tokens.count + val <= sources.token_bound(spec.data.source, spec.data.max_bytes)
   # 20 steps of 4 x 32 tokens (S = 2) then 20 of 4 x 16: each phase's share, and the sum.
-  each = plan_lib.passes(spec.plan, tokens.count)
+  each = spec.plan.passes(tokens.count)
   assert each == pytest.approx([20 * 4 * 32 / tokens.count, 20 * 4 * 16 / tokens.count])
   text = plan_lib.format_plan(spec.plan, tokens=tokens)
   assert f"the run {sum(each):.3g}" in text and (REPEATS in text) == (sum(each) > 1)

@@ -1,6 +1,7 @@
 """Phase 1 in stages of decreasing S (tst.schedule): the plan, the loss at each stage
 boundary against the MCE written out, and a resume across a boundary."""
 
+import json
 import os
 import shutil
 
@@ -12,7 +13,8 @@ from flax import nnx
 from tests.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
-from tst_jax.train import defaults, loop, spec as spec_lib
+from tst_jax.data import run_data
+from tst_jax.train import defaults, loop, plan as plan_lib, spec as spec_lib
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.errors import ConfigError
 
@@ -65,6 +67,19 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   logged = {r["step"]: r for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
             if "loss" in r}
   assert [logged[k]["bag_size"] for k in range(1, 13)] == [4] * 3 + [2] * 3 + [1] * 6
+  # The run wrote its plan into the workdir: each stage's region of the stream, the passes
+  # over its store's training tokens, the `auto` choices; read back, the run's own plan.
+  record = json.loads((tmp_path / "plan.json").read_text())
+  data = [3 * 4 * 64, 3 * 4 * 32, 6 * 4 * 16]
+  assert [(p["first_step"], p["bag_size"], p["data_start"], p["data_tokens"])
+          for p in record["phases"]] == [(0, 4, 0, data[0]), (3, 2, data[0], data[1]),
+                                         (6, 1, data[0] + data[1], data[2])]
+  train_tokens = len(run_data.TokenStore(str(tmp_path / "data")).train)
+  assert record["data"]["train_tokens"] == train_tokens
+  assert record["data"]["passes"] == pytest.approx([d / train_tokens for d in data])
+  assert record["resolved"]["model.attention_impl"]["value"] == "xla"
+  assert plan_lib.PlanRecord.read(str(tmp_path)).plan == spec_lib.check(config).plan
+  written = (tmp_path / "plan.json").read_text()
   setup = loop.Setup(spec_lib.build(config), str(tmp_path))
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
     phase = setup.plan.phase_at(step)
@@ -79,8 +94,10 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
     if d.isdigit() and int(d) > 2:
       shutil.rmtree(tmp_path / "checkpoints" / d)
   capsys.readouterr()
+  os.remove(tmp_path / "plan.json")
   loop.run(config, str(tmp_path))
   assert "at step 2 of 12" in capsys.readouterr().out
+  assert (tmp_path / "plan.json").read_text() == written      # written again, the same
   again = {r["step"]: r["loss"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
            if "loss" in r}
   np.testing.assert_array_equal([again[k] for k in range(1, 13)],

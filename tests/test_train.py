@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
+from tst_jax.data import run_data
 from tst_jax.train import loop, plan as plan_lib, spec as spec_lib, step as step_lib
 from tst_jax.train import metrics as metrics_lib
 
@@ -190,6 +191,44 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
   assert plan_lib.Phase("tst", 0, 1, 4, "output_only", 16, 2, 1.0).data_seq_len == 16
   with pytest.raises(ValueError, match="the ntp phase and only it has S = 1"):
     plan_lib.Phase("tst", 0, 1, 1, "full", 16, 2, 1.0)
+
+
+def test_the_plan_record_reads_back_typed_and_old_sweep_records_still_read():
+  """plan.json's record (plan.PlanRecord) reads back into the same plan, phases, training
+  tokens and resolved `auto` choices; the numbers in it are the phases' own."""
+  staged = tiny_config(bag_size=4, tst=dict(schedule="halve", weighting="power"))
+  batch = tiny_config(bag_size=4, tst=dict(equal_flops="batch"))
+  # data tokens of each phase: staged S = 4, 2 (3 steps each, 4 rows of S x 16), then 6 ntp
+  # steps of 4 x 16; equal_flops='batch': 6 steps of 16 rows of 4 bags of 4, then 6 ntp.
+  expected = {"staged": [3 * 4 * 64, 3 * 4 * 32, 6 * 4 * 16], "batch": [6 * 16 * 16, 6 * 4 * 16],
+              "baseline": [12 * 4 * 16]}
+  for name, config in (("staged", staged), ("batch", batch),
+                       ("baseline", tiny_config(ratio=0.0))):
+    spec = spec_lib.check(config).on_platform("cpu")
+    tokens = run_data.TrainTokens(1000, True, "the store s")
+    record = plan_lib.PlanRecord(spec.plan, tokens, spec.resolved)
+    written = json.loads(json.dumps(record.to_json()))
+    assert plan_lib.PlanRecord.from_json(written) == record, name
+    bare = plan_lib.PlanRecord(spec.plan)
+    assert plan_lib.PlanRecord.from_json(json.loads(json.dumps(bare.to_json()))) == bare
+    data = expected[name]
+    assert [p["data_tokens"] for p in written["phases"]] == data
+    assert [p["data_start"] for p in written["phases"]] == [sum(data[:k]) for k in range(len(data))]
+    assert [p["first_step"] for p in written["phases"]] == (
+        [0, 6] if len(data) == 2 else [0, 3, 6] if len(data) == 3 else [0])
+    assert written["data"]["passes"] == pytest.approx([d / 1000 for d in data])
+    assert written["data"]["passes_total"] == pytest.approx(sum(data) / 1000)
+    assert written["flops_total"] == pytest.approx(sum(p.flops_per_step * p.steps
+                                                       for p in spec.plan.phases))
+    assert written["tokens_per_param"] == pytest.approx(12 * 4 * 16 / spec.plan.params_active)
+    assert written["ratio"] == (0.0 if name == "baseline" else 0.5)
+    assert written["resolved"]["model.attention_impl"]["value"] == "xla"
+    # A sweep_point.json written before first_step and ratio were recorded.
+    old = {**written, "phases": [{k: v for k, v in p.items() if k != "first_step"}
+                                 for p in written["phases"]]}
+    del old["ratio"]
+    assert plan_lib.Plan.from_json(old) == spec.plan
+  assert spec_lib.check(staged).plan.phases[0].weighting == "power"
 
 
 def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):

@@ -24,7 +24,7 @@ def config(name, arg=""):
 def test_the_plan_warns_when_the_next_token_phase_is_too_short(name, arg, warned,
                                                                tokens_per_param, capsys):
   plan = spec_lib.check(config(name, arg)).plan
-  got = plan_lib.ntp_tokens_per_param(plan)
+  got = plan.ntp_tokens_per_param
   assert got == pytest.approx(tokens_per_param, rel=0.01) if tokens_per_param else got is None
   assert (plan_lib.BEHIND_WARNING in plan_lib.format_plan(plan)) == warned
   loop.run(config(name, arg), "", mode="plan")

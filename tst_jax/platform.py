@@ -161,6 +161,13 @@ class Resolved:
     return dict(platform=self.platform, device_kind=self.device_kind,
                 **{k: dict(value=v, reason=r) for k, (v, r) in self.choices.items()})
 
+  @classmethod
+  def from_json(cls, record: dict) -> Resolved:
+    """The choices of a `to_json` record (a run's plan.json)."""
+    choices = {k: (c["value"], c["reason"]) for k, c in record.items()
+               if k not in ("platform", "device_kind")}
+    return cls(record["platform"], record["device_kind"], choices)
+
   def line(self) -> str:
     parts = "; ".join(f"{k}={v} ({r})" for k, (v, r) in self.choices.items())
     return f"platform {self.platform} ({self.device_kind}): {parts}"

@@ -28,11 +28,13 @@ import numpy as np
 
 from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
-from tst_jax.tools import compare, sweep
+from tst_jax.tools import arms, compare, sweep
+from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.tools.sweep.report import points_under
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train import defaults
+from tst_jax.train.plan import Plan
 
 
 def ladder_arms(lengths: list[str], factors: list[float], tst_arm: str = "tst"
@@ -62,14 +64,13 @@ def run_order(tst: list[str], base: list[str]) -> list[str]:
 def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[str]]:
   """(one record per finished TST run of `tst_arms`, notes): its tokens per parameter, final
   loss, Δ at equal FLOPs and speed-up against the finished baselines of its seed."""
-  runs, tokens_per_param = [], {}
-  for name, meta in points_under(workdir):
+  runs = []
+  for name, meta, plan in points_under(workdir):
     path = os.path.join(workdir, name)
-    if meta.get("arm") and final_eval(path, meta["steps"]) is not None:
-      runs.append((meta["arm"], meta["seed"], compare.load_run(path)))
-      plan = meta["plan"]
-      tokens_per_param[name] = plan["equivalent_tokens_total"] / max(plan["params_active"], 1)
-  _, per_run, notes = compare.summarize_arms(runs)
+    if meta.get("arm") and final_eval(path, plan.total_steps) is not None:
+      runs.append((meta["arm"], meta["seed"], load_run(path)))
+  tokens_per_param = {run.name: run.plan.tokens_per_param for _, _, run in runs}
+  _, per_run, notes = arms.summarize_arms(runs)
   points = [dict(arm=r["arm"], seed=r["seed"], run=r["run"], steps=r["steps"],
                  tokens_per_param=tokens_per_param[r["run"]], final_loss=r["final_loss"],
                  delta_equal_flops=r["delta_equal_flops"], speedup=r["speedup"],
@@ -88,7 +89,7 @@ def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[s
       left.append(point.name)
       continue
     with open(meta) as f:
-      steps = json.load(f)["steps"]
+      steps = Plan.from_json(json.load(f)["plan"]).total_steps
     if final_eval(os.path.join(workdir, point.name), steps) is None:
       left.append(point.name)
   return left

@@ -29,7 +29,7 @@ from tst_jax.train import fit
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train.console import Console
-from tst_jax.train.plan import Plan, format_plan
+from tst_jax.train.plan import Plan, PlanRecord, format_plan
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 
 log = logging.getLogger("tst_jax")
@@ -85,9 +85,11 @@ def train(s: Setup) -> dict:
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=cfg.progress_bar and sys.stdout.isatty())
-  console.print(format_plan(plan, s.resolved, with_json=False,
-                            tokens=run_data.TrainTokens.of(s.data.train)) if start == 0 else
-                f"resuming {s.workdir} at step {start} of {plan.total_steps}")
+  tokens = run_data.TrainTokens.of(s.data.train)
+  if primary:                         # <workdir>/plan.json, before the first step
+    PlanRecord(plan, tokens, s.resolved).write(s.workdir)
+  console.print(format_plan(plan, s.resolved, with_json=False, tokens=tokens) if start == 0
+                else f"resuming {s.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(s.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
   step_log = StepLog(plan, cfg, writer, console, s.checkpoints)

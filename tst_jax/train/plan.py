@@ -8,12 +8,16 @@ import functools
 import json
 import os
 
-from tst_jax import models
+import numpy as np
+
+from tst_jax import fileio, models, platform
 from tst_jax import superposition as sp
 from tst_jax.analysis.frontier import Trend
+from tst_jax.data.run_data import TrainTokens
 from tst_jax.train.console import human
 
 EQUAL_FLOPS = ("seq", "batch")
+PLAN_FILE = "plan.json"   # the run's plan in its workdir (PlanRecord), written as it starts
 
 
 def bag_schedule(tst) -> tuple[int, ...]:
@@ -89,13 +93,28 @@ class Phase:
     """Model positions per step (tokens or s-tokens: the paper's 'equivalent tokens')."""
     return self.batch_size * self.latent_seq_len
 
+  @property
+  def data_tokens(self) -> int:
+    """Of the whole phase: the length of its region of the training stream."""
+    return self.steps * self.data_tokens_per_step
+
+  @property
+  def equivalent_tokens(self) -> int:
+    return self.steps * self.equivalent_tokens_per_step
+
   def to_json(self) -> dict:
-    return dict(name=self.name, steps=self.steps, bag_size=self.bag_size, mode=self.mode,
-                weighting=self.weighting, variant=self.variant,
-                latent_seq_len=self.latent_seq_len, data_seq_len=self.data_seq_len,
-                batch_size=self.batch_size, data_tokens=self.steps * self.data_tokens_per_step,
-                equivalent_tokens=self.steps * self.equivalent_tokens_per_step,
+    """Every field (`from_json` reads them back) and the counts derived from them."""
+    return dict(name=self.name, first_step=self.first_step, steps=self.steps,
+                bag_size=self.bag_size, mode=self.mode, weighting=self.weighting,
+                variant=self.variant, latent_seq_len=self.latent_seq_len,
+                data_seq_len=self.data_seq_len, batch_size=self.batch_size,
+                data_tokens=self.data_tokens, equivalent_tokens=self.equivalent_tokens,
                 flops_per_step=self.flops_per_step)
+
+  @classmethod
+  def from_json(cls, record: dict) -> Phase:
+    """The phase of a `to_json` record (the derived counts in it are not read)."""
+    return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +122,7 @@ class Plan:
   params_total: int
   params_active: int
   phases: tuple[Phase, ...]
+  ratio: float = 0.0     # r (tst.ratio): the share of the steps in phase 1; 0 without one
 
   @property
   def total_steps(self) -> int:
@@ -118,7 +138,7 @@ class Plan:
     """Stream position where `phase` starts: right where the previous phases stopped (each
     reads steps x B x T tokens). The one home of a phase's start in the stream."""
     earlier = self.phases[:self.phases.index(phase)]
-    return sum(p.steps * p.data_tokens_per_step for p in earlier)
+    return sum(p.data_tokens for p in earlier)
 
   def tokens_at(self, step: int) -> dict:
     """Data tokens and equivalent tokens (model positions) consumed by the end of `step`."""
@@ -126,14 +146,66 @@ class Plan:
     return dict(data_tokens=sum(n * p.data_tokens_per_step for n, p in done),
                 equivalent_tokens=sum(n * p.equivalent_tokens_per_step for n, p in done))
 
+  def flops_at(self, step):
+    """Training FLOPs after `step` optimizer steps (fractional steps, and arrays of them)."""
+    step = np.asarray(step, dtype=np.float64)
+    return sum(np.clip(step - p.first_step, 0, p.steps) * p.flops_per_step
+               for p in self.phases)
+
+  @property
+  def flops_total(self) -> float:
+    return float(self.flops_at(self.total_steps))
+
+  @property
+  def data_tokens_total(self) -> int:
+    return self.tokens_at(self.total_steps)["data_tokens"]
+
+  @property
+  def equivalent_tokens_total(self) -> int:
+    return self.tokens_at(self.total_steps)["equivalent_tokens"]
+
+  def passes(self, train_tokens: int) -> list[float]:
+    """How many times each phase reads `train_tokens` training tokens (its data tokens over
+    theirs); the run's passes are their sum."""
+    return [p.data_tokens / train_tokens for p in self.phases]
+
+  @property
+  def tokens_per_param(self) -> float:
+    """Model positions of the whole run (B x L per step) per active parameter."""
+    return self.equivalent_tokens_total / max(self.params_active, 1)
+
+  @property
+  def ntp_tokens_per_param(self) -> float | None:
+    """Next-token tokens (B x L per step) after the last tst phase, per active parameter;
+    None for a run with no tst phase (a baseline)."""
+    if not any(p.is_tst for p in self.phases):
+      return None
+    ntp = sum(p.equivalent_tokens for p in self.phases if not p.is_tst)
+    return ntp / max(self.params_active, 1)
+
   def to_json(self) -> dict:
-    phases = [p.to_json() for p in self.phases]
+    """Every field (`from_json` reads them back), each phase with its region of the training
+    stream (data_start, data_tokens), and the totals."""
     return dict(params_total=self.params_total, params_active=self.params_active,
-                total_steps=self.total_steps,
-                data_tokens_total=sum(p["data_tokens"] for p in phases),
-                equivalent_tokens_total=sum(p["equivalent_tokens"] for p in phases),
-                flops_total=sum(p["flops_per_step"] * p["steps"] for p in phases),
-                phases=phases)
+                ratio=self.ratio, total_steps=self.total_steps,
+                data_tokens_total=self.data_tokens_total,
+                equivalent_tokens_total=self.equivalent_tokens_total,
+                flops_total=self.flops_total, tokens_per_param=self.tokens_per_param,
+                ntp_tokens_per_param=self.ntp_tokens_per_param,
+                phases=[dict(p.to_json(), data_start=self.data_start(p)) for p in self.phases])
+
+  @classmethod
+  def from_json(cls, record: dict) -> Plan:
+    """The plan of a `to_json` record. Records of a sweep (sweep_point.json) written before
+    they held first_step and ratio: the phases follow each other, and r is the share of the
+    steps in tst phases."""
+    phases, first = [], 0
+    for p in record["phases"]:
+      phases.append(Phase.from_json({"first_step": first, **p}))
+      first += p["steps"]
+    tst_share = sum(p.steps for p in phases if p.is_tst) / max(first, 1)
+    return cls(record["params_total"], record["params_active"], tuple(phases),
+               record.get("ratio", tst_share))
 
 
 def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -> Plan:
@@ -162,7 +234,7 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
     first += steps
   if steps_total - tst_steps:
     phases.append(phase("ntp", tst_steps, steps_total - tst_steps, 1, "ntp", seq, batch))
-  return Plan(total, active, tuple(phases))
+  return Plan(total, active, tuple(phases), float(tst.ratio) if tst_steps else 0.0)
 
 
 # Where TST starts to pay (docs/results.md, "Where TST starts to pay"): its next-token phase
@@ -178,28 +250,14 @@ BEHIND_WARNING = "at this length TST is expected to end behind its baseline: doc
 TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
 
 
-def ntp_tokens_per_param(plan: Plan) -> float | None:
-  """Next-token tokens (B x L per step) after the last tst phase, per active parameter; None
-  for a run with no tst phase (a baseline)."""
-  if not any(p.is_tst for p in plan.phases):
-    return None
-  ntp = sum(p.steps * p.equivalent_tokens_per_step for p in plan.phases if not p.is_tst)
-  return ntp / max(plan.params_active, 1)
-
-
-def tokens_per_param(plan: Plan) -> float:
-  """Model positions of the whole run (B x L per step) per active parameter."""
-  return plan.tokens_at(plan.total_steps)["equivalent_tokens"] / max(plan.params_active, 1)
-
-
 def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
   """The warning of a TST run too short for TST to pay: where the measured `trend` covers
   the run, when it predicts a speed-up below 1; elsewhere by the rule of its next-token
   phase (PAYS_FROM_NTP_TOKENS_PER_PARAM)."""
-  ratio = ntp_tokens_per_param(plan)
+  ratio = plan.ntp_tokens_per_param
   if ratio is None:
     return None
-  predicted = trend.predict(tokens_per_param(plan)) if trend else None
+  predicted = trend.predict(plan.tokens_per_param) if trend else None
   if predicted is not None:
     return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
                                         f"predicts {predicted:.2f}x at this length)")
@@ -218,9 +276,9 @@ def measured_trend() -> Trend | None:
 def pays_line(plan: Plan, trend: Trend | None) -> str | None:
   """For a TST run: its tokens per parameter and the speed-up the measured trend predicts
   there, or why it predicts none."""
-  if ntp_tokens_per_param(plan) is None:
+  if plan.ntp_tokens_per_param is None:
     return None
-  x = tokens_per_param(plan)
+  x = plan.tokens_per_param
   line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
   if trend is None:
     return line + "not predicted (no measured trend: python -m tst_jax.tools.ladder)"
@@ -233,18 +291,13 @@ def pays_line(plan: Plan, trend: Trend | None) -> str | None:
                  "docs/results.md)")
 
 
-def passes(plan: Plan, train_tokens: int) -> list[float]:
-  """How many times each phase reads the training tokens (its data tokens over theirs)."""
-  return [p.steps * p.data_tokens_per_step / train_tokens for p in plan.phases]
-
-
 def data_lines(plan: Plan, tokens) -> list[str]:
   """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown)
   and a warning when the run reads any of its tokens more than once."""
   if tokens is None:
     return ["data: training tokens counted once data.source is tokenized (the run's plan "
             "then says how many times it reads them)"]
-  each = passes(plan, tokens.count)
+  each = plan.passes(tokens.count)
   total, at_least = sum(each), "" if tokens.exact else ">= "
   per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
   lines = [f"data: {'' if tokens.exact else 'at most '}{human(tokens.count)} training tokens "
@@ -260,31 +313,65 @@ def _label(phase: Phase) -> str:
   return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanRecord:
+  """What <workdir>/plan.json holds (process 0 writes it as the run starts, and again on
+  resume): the plan, the training tokens of the store it reads (the passes over them) and
+  the resolved `auto` choices; `from_json` reads it back typed."""
+  plan: Plan
+  tokens: TrainTokens | None = None          # None: not known before the data is tokenized
+  resolved: platform.Resolved | None = None  # None: not on a platform yet
+
+  def to_json(self) -> dict:
+    data = None
+    if self.tokens is not None:
+      each = self.plan.passes(self.tokens.count)
+      data = dict(train_tokens=self.tokens.count, exact=self.tokens.exact,
+                  where=self.tokens.where, passes=each, passes_total=sum(each))
+    return self.plan.to_json() | dict(
+        data=data, resolved=self.resolved.to_json() if self.resolved else None)
+
+  @classmethod
+  def from_json(cls, record: dict) -> PlanRecord:
+    data, resolved = record.get("data"), record.get("resolved")
+    return cls(Plan.from_json(record),
+               TrainTokens(data["train_tokens"], data["exact"], data["where"]) if data else None,
+               platform.Resolved.from_json(resolved) if resolved else None)
+
+  def write(self, workdir: str):
+    fileio.write_json(os.path.join(workdir, PLAN_FILE), self.to_json())
+
+  @classmethod
+  def read(cls, workdir: str) -> PlanRecord | None:
+    """The record of a run directory; None for one written before runs recorded it."""
+    path = os.path.join(workdir, PLAN_FILE)
+    if not os.path.isfile(path):
+      return None
+    with open(path) as f:
+      return cls.from_json(json.load(f))
+
+
 def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) -> str:
   """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
-  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON."""
+  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON (the
+  record of plan.json)."""
   lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
            f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
            f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"
            f"{'FLOPs/step':>12}"]
   for p in plan.phases:
-    j = p.to_json()
     lines.append(f"{p.name:<6}{p.steps:>9}{p.bag_size:>4}{p.mode:>13}{p.latent_seq_len:>10}"
                  f"{p.data_seq_len:>8}{p.batch_size:>7}{human(p.data_tokens_per_step):>15}"
-                 f"{human(j['data_tokens']):>13}{human(j['equivalent_tokens']):>14}"
+                 f"{human(p.data_tokens):>13}{human(p.equivalent_tokens):>14}"
                  f"{human(p.flops_per_step):>12}")
-  summary = plan.to_json()
-  lines.append(f"total: {plan.total_steps} steps, {human(summary['data_tokens_total'])} data "
-               f"tokens, {human(summary['equivalent_tokens_total'])} equivalent tokens, "
-               f"{human(summary['flops_total'])} FLOPs")
+  lines.append(f"total: {plan.total_steps} steps, {human(plan.data_tokens_total)} data "
+               f"tokens, {human(plan.equivalent_tokens_total)} equivalent tokens, "
+               f"{human(plan.flops_total)} FLOPs")
   if resolved is not None:
     lines.append(resolved.line())
   lines += data_lines(plan, tokens)
   trend = measured_trend()
   lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
   if with_json:
-    if tokens is not None:
-      summary["data"] = dict(train_tokens=tokens.count, exact=tokens.exact,
-                             passes=passes(plan, tokens.count))
-    lines.append(json.dumps(summary))
+    lines.append(json.dumps(PlanRecord(plan, tokens, resolved).to_json()))
   return "\n".join(lines)

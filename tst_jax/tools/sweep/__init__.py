@@ -13,7 +13,7 @@ rows), rewritten after each point. A grid gives W/sweep.csv, W/sweep.md and
 W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean difference to
 the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
 config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
-to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.compare), and the
+to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.arms), and the
 figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per prepare request (a store
 in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
 all points share a persistent XLA cache.

@@ -1,5 +1,5 @@
 """A sweep's reports: the grid's tables and heatmap (W/sweep.{csv,md}, W/sweep_heatmap.png) and
-the arms' results over seeds (W/results.{json,md} and the figure-2 curves, tools.compare)."""
+the arms' results over seeds (W/results.{json,md} and the figure-2 curves, tools.arms)."""
 
 from __future__ import annotations
 
@@ -11,27 +11,31 @@ import os
 import numpy as np
 
 from tst_jax.data import run_data
-from tst_jax.tools import compare
+from tst_jax.tools import arms as arms_lib, compare
+from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train.console import human
+from tst_jax.train.plan import Plan
 
 
 def points_under(workdir: str):
-  """(name, sweep_point.json) of every point directory under `workdir`, by name."""
+  """(name, sweep_point.json, its plan typed) of every point directory under `workdir`, by
+  name."""
   for name in sorted(os.listdir(workdir)):
     path = os.path.join(workdir, name, POINT_FILE)
     if os.path.isfile(path):
       with open(path) as f:
-        yield name, json.load(f)
+        meta = json.load(f)
+      yield name, meta, Plan.from_json(meta["plan"])
 
 
 def collect(workdir: str) -> list[dict]:
   """One record per finished point under `workdir`, with the difference to the baseline of
   the same seed (negative: TST reached a lower loss)."""
   records = []
-  for name, meta in points_under(workdir):
-    loss = final_eval(os.path.join(workdir, name), meta["steps"])
+  for name, meta, plan in points_under(workdir):
+    loss = final_eval(os.path.join(workdir, name), plan.total_steps)
     summary_path = os.path.join(workdir, name, "summary.json")
     if loss is None or not os.path.exists(summary_path):
       continue
@@ -40,12 +44,12 @@ def collect(workdir: str) -> list[dict]:
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
     train_tokens = run_data.workdir_train_tokens(os.path.join(workdir, name))
     records.append(dict(
-        name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,
+        name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,   # its grid cell
         final_eval_loss=loss, data_tokens=summary["data_tokens"],
-        passes=summary["data_tokens"] / train_tokens if train_tokens else None,
-        equivalent_tokens=summary["equivalent_tokens"], flops=meta["plan"]["flops_total"],
+        passes=sum(plan.passes(train_tokens)) if train_tokens else None,
+        equivalent_tokens=summary["equivalent_tokens"], flops=plan.flops_total,
         wall_s=meta.get("wall_s", summary.get("seconds_this_session")),
-        train_s=summary.get("seconds_this_session"), steps=meta["steps"]))
+        train_s=summary.get("seconds_this_session"), steps=plan.total_steps))
   baselines = {r["seed"]: r["final_eval_loss"] for r in records if r["r"] == 0.0}
   for r in records:
     base = baselines.get(r["seed"])
@@ -205,13 +209,13 @@ def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   """results.json, results.md and the figure-2 curves of every arm point under `workdir`
   (the finished ones; failed ones are listed with their error); returns the paths."""
   runs, failed = [], []
-  for name, meta in points_under(workdir):
+  for name, meta, plan in points_under(workdir):
     if not meta.get("arm"):
       continue
     if meta.get("status") == "failed":
       failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
-    elif final_eval(os.path.join(workdir, name), meta["steps"]) is not None:
-      runs.append((meta["arm"], meta["seed"], compare.load_run(os.path.join(workdir, name))))
-  return compare.write_arms(workdir, runs, failed, command, order)
+    elif final_eval(os.path.join(workdir, name), plan.total_steps) is not None:
+      runs.append((meta["arm"], meta["seed"], load_run(os.path.join(workdir, name))))
+  return arms_lib.write_arms(workdir, runs, failed, command, order)
 
 

@@ -63,13 +63,12 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
     print(f"[{index}/{total}] {point.name}: not started (--deadline_s)", flush=True)
     return "not started"
   os.makedirs(point_dir, exist_ok=True)
-  phases = plan.phases
   if not config.data.source.startswith("tokens:"):   # a tokens: store is read where it is
     link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
   meta = dict(name=point.name, config=spec, overrides=overrides, grid=point.grid, arm=point.arm,
               seed=point.seed, baseline=point.baseline, data_key=data_key(config),
-              r=float(config.tst.ratio) if phases[0].name == "tst" else 0.0,
-              S=phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(), status="running")
+              r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
+              plan=plan.to_json(), status="running")
   fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
   t0 = time.time()
