@@ -7,11 +7,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tst_jax import errors
-from tst_jax.train import fit, loop, spec as spec_lib
+from tst_jax.train import cli, fit, spec as spec_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (resumed if it exists).")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "plan", "eval"], "What to do.")
+_MODE = flags.DEFINE_enum("mode", "train", list(cli.MODES), "What to do.")
 _ACCELERATOR = flags.DEFINE_enum(
     "accelerator", None, list(fit.HBM_GB), "With --mode plan: compile both phases' steps on "
     "the mesh's devices (emulated on CPU) and say whether they fit this accelerator's memory.")
@@ -53,7 +53,7 @@ def main(argv):
   verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else logging.WARNING
   debug = verbosity >= 1
   logging.set_verbosity(verbosity)
-  errors.main(loop.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
+  errors.main(cli.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
               accelerator=_ACCELERATOR.value or "")
 
 

@@ -61,9 +61,9 @@ def build(config, phase_name, devices=None):
   phase = next((p for p in plan.phases if p.name == phase_name), None)
   if phase is None:
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
-  layout = step_lib.Layout.of(spec, devices)
-  return (spec, phase, spec.model, layout.mesh, spec.rules, layout.tx, layout.train_step(phase),
-          layout.batch_sharding)
+  steps = step_lib.StepBuilder.of(spec, devices)
+  return (spec, phase, spec.model, steps.mesh, spec.rules, steps.tx, steps.train_step(phase),
+          steps.batch_sharding)
 
 
 def bench_phase(config, phase_name, devices=None) -> dict:

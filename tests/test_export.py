@@ -15,7 +15,8 @@ from tst_jax import models
 from tst_jax.train import trained_run
 from tst_jax.tools import export
 from tst_jax.data import run_data
-from tst_jax.train import loop, spec as spec_lib
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.setup import Setup
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
   config = trained.config()
   config.init_from_hf = hf_dir
   config.data.tokenizer = os.path.join(hf_dir, "tokenizer.json")
-  run = loop.Setup(spec_lib.build(config), str(tmp_path / "run"))
+  run = Setup.create(spec_lib.build(config), str(tmp_path / "run"))
   state, step = run.restore_or_init()
   assert step == 0 and int(state.step) == 0
   assert run.evaluate(state.params) == pytest.approx(

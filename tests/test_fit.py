@@ -12,17 +12,24 @@ from tests.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
-from tst_jax.train import fit, loop
+from tst_jax.train import cli, fit
 from tst_jax.train import spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fit(config, accelerator):
+  """The fit check as the plan makes it: the spec resolved here (CPU) and on the target."""
+  checked = spec_lib.check(config)
+  return fit.check(checked.on_platform(), accelerator,
+                   checked.on_platform(fit.target_platform(accelerator)))
 
 
 def test_fit_counts_state_exactly_and_compiles_both_phases():
   """Parameters and Adam state per device are the shapes over the FSDP axis (norm scales
   replicated); both phases compile; activations shrink with remat=full."""
   config = tiny_config(mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"))
-  result = fit.check(spec_lib.check(config), "h100")
+  result = _fit(config, "h100")
   model_cfg = models.model_config(config.model)
   total = spec_lib.check(config).plan.params_total
   norms = model_cfg.dim * (2 * model_cfg.n_layers + 1)   # replicated
@@ -35,7 +42,7 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
   assert result.fits and result.devices == 4 and result.mesh["fsdp"] == 4
   ntp_only = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"),
                          model=dict(remat="full"))
-  full = fit.check(spec_lib.check(ntp_only), "h100")
+  full = _fit(ntp_only, "h100")
   assert full.phases[0].phase == "ntp"
   assert full.phases[0].activations < result.phases[1].activations
   assert "XLA:CPU" in result.table() and "--xla_gpu_enable_latency_hiding_scheduler=true" \
@@ -47,9 +54,10 @@ def test_flash_attention_keeps_no_scores():
   kept for the backward (remat=none keeps them with XLA attention, as on a TPU)."""
   config = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
                        model=dict(dtype="bfloat16", remat="none", head_dim=16))
-  model_cfg = models.model_config(config.model)
-  assert fit.flash_attention(model_cfg, "h100") and not fit.flash_attention(model_cfg, "v5p")
-  gpu, tpu = (fit.check(spec_lib.check(config), a) for a in ("h100", "v5p"))
+  checked = spec_lib.check(config)           # `auto` on each target: cuDNN on a GPU only
+  assert checked.on_platform(fit.target_platform("h100")).model.attention_impl == "cudnn"
+  assert checked.on_platform(fit.target_platform("v5p")).model.attention_impl == "xla"
+  gpu, tpu = (_fit(config, a) for a in ("h100", "v5p"))
   assert gpu.flash and gpu.phases[0].activations < tpu.phases[0].activations
   assert gpu.phases[0].xla_temp == tpu.phases[0].xla_temp   # the same CPU compile
 
@@ -58,7 +66,7 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
   config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
                        data=dict(batch_size=8))
   monkeypatch.setitem(fit.HBM_GB, "h100", 1e-6)     # a 1 kB accelerator
-  result = fit.check(spec_lib.check(config), "h100")
+  result = _fit(config, "h100")
   assert not result.fits and "NO" in result.table()
   advice = " ".join(result.advice)
   assert "config.mesh.fsdp >=" in advice and "model.remat=full" in advice
@@ -71,7 +79,7 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
   assert fit.accelerator_budget("h200", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"})[0] == 0.9 * 141e9
   assert fit.accelerator_budget("v5p", {})[0] == 95e9
   with pytest.raises(ConfigError, match="--accelerator: only with --mode plan"):
-    loop.run(config, "unused", "train", accelerator="h100")
+    cli.run(config, "unused", "train", accelerator="h100")
 
 
 @pytest.mark.slow
@@ -142,7 +150,7 @@ def test_a_fit_check_on_a_gpu_host_sets_no_gpu_flags(monkeypatch, capsys):
   config = tiny_config(steps=4)
   config.mesh.update(data=1, fsdp=2)
   assert xla_flags.apply(spec_lib.check(config).mesh, DIST, 1 << 20, environ={}).flags   # a run
-  loop.run(config, "", mode="plan", accelerator="h100")
+  cli.run(config, "", mode="plan", accelerator="h100")
   assert capsys.readouterr().out.startswith("XLA_FLAGS: none added (cpu")
   assert "XLA_FLAGS" not in os.environ
 

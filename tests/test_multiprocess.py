@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.tiny import tiny_config
-from tst_jax.train import loop
+from tst_jax.train import cli
 from tst_jax.train import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
                for line in (logs / f"resumed_{i}.log").read_text().splitlines()
                if f"summary of process {i}: " in line]
 
-  expected = loop.run(tiny_config(mesh=dict(data=1), **FIELDS), str(tmp_path / "one"))
+  expected = cli.run(tiny_config(mesh=dict(data=1), **FIELDS), str(tmp_path / "one"))
   records = metrics_lib.read(str(workdir / "metrics.jsonl"))
   losses = {r["step"]: r["loss"] for r in records if "loss" in r}
   reference = {r["step"]: r["loss"] for r in metrics_lib.read(

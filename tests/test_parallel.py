@@ -14,7 +14,8 @@ from tst_jax.models import moe
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
+from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
+from tst_jax.train.setup import Setup
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 
 AXES = ("data", "fsdp", "tensor", "expert")
@@ -40,12 +41,12 @@ def train_losses(config, workdir, init=None):
   Returns (per-step losses, first batch of each phase, final state). `init` (a host copy of
   a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
   """
-  run = loop.Setup(spec_lib.build(config), str(workdir))
+  run = Setup.create(spec_lib.build(config), str(workdir))
   plan = run.plan
   if init is None:
-    state = step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
+    state = step_lib.init_state(run.spec.model, run.steps.tx, config.seed, run.steps.mesh, run.spec.rules)
   else:
-    state = jax.device_put(init, run.shardings)
+    state = jax.device_put(init, run.steps.shardings)
   losses, firsts = [], []
   for phase in plan.phases:
     step = run.train_step(phase)     # the loop's step: the run's loss and grad_accum
@@ -81,9 +82,9 @@ def reference(tmp_path_factory):
   def get(family):
     if family not in cache:
       config = mesh_config(family=family)
-      run = loop.Setup(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
-      init = jax.device_get(step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh,
-                                                run.rules))
+      run = Setup.create(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
+      init = jax.device_get(step_lib.init_state(run.spec.model, run.steps.tx, config.seed,
+                                                run.steps.mesh, run.spec.rules))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
       cache[family] = init, losses
     return cache[family]
@@ -171,8 +172,8 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   scalars stay replicated), initialised directly into their shards."""
   def state_on(mesh):
     config = mesh_config(mesh)
-    run = loop.Setup(spec_lib.build(config), str(tmp_path / str(mesh[1])))
-    return step_lib.init_state(run.model_cfg, run.tx, config.seed, run.mesh, run.rules)
+    run = Setup.create(spec_lib.build(config), str(tmp_path / str(mesh[1])))
+    return step_lib.init_state(run.spec.model, run.steps.tx, config.seed, run.steps.mesh, run.spec.rules)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))
   table = fsdp.params["embed"]["table"][...]                          # [V, D]: D over fsdp
@@ -232,7 +233,7 @@ def test_bad_mesh_fails_before_compilation(tmp_path, mesh, batch, message):
   jax.monitoring.register_event_duration_secs_listener(count)
   try:
     with pytest.raises(ValueError, match=message):
-      loop.run(config, str(tmp_path / "run"))
+      cli.run(config, str(tmp_path / "run"))
   finally:
     jax.monitoring.unregister_event_duration_listener(count)
   assert not compiles and not (tmp_path / "run").exists()   # nothing compiled or written

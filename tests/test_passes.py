@@ -8,7 +8,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
-from tst_jax.train import loop, plan as plan_lib, spec as spec_lib
+from tst_jax.train import cli, plan as plan_lib, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = "warning: the data repeats"
@@ -19,7 +19,7 @@ def test_plan_of_a_long_run_on_a_short_corpus_warns_with_the_passes(capsys):
   # a bound from the text's bytes, so the passes are at least the printed ones).
   raw = _demo(max_bytes=300_000, steps=3000)
   config = spec_lib.check(raw)
-  loop.run(raw, "", mode="plan")
+  cli.run(raw, "", mode="plan")
   out = capsys.readouterr().out
   tokens = run_data.training_tokens(config.data)
   assert not tokens.exact and tokens.count == sources.token_bound("builtin:pystdlib", 300_000)
@@ -27,7 +27,7 @@ def test_plan_of_a_long_run_on_a_short_corpus_warns_with_the_passes(capsys):
   assert total > 30
   assert f"{REPEATS}: the run reads its training tokens at least {total:.3g} times" in out
   assert f"at most {plan_lib.human(tokens.count)} training tokens" in out
-  loop.run(_demo(), "", mode="plan")                  # the demo as shipped reads 0.68 of them
+  cli.run(_demo(), "", mode="plan")                  # the demo as shipped reads 0.68 of them
   assert REPEATS not in capsys.readouterr().out
 
 

@@ -16,7 +16,8 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from tests.tiny import tiny_config
 from tst_jax import errors, models
-from tst_jax.train import loop, optim, spec as spec_lib, step as step_lib
+from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
+from tst_jax.train.setup import Setup
 from tst_jax.train import metrics as metrics_lib
 
 
@@ -52,8 +53,8 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
   with pytest.raises(FloatingPointError, match=r"non-finite (loss|grad_norm) .* at step \d+; "
                      r"the update was not applied. Last good checkpoint: step \d+ in .*"
                      rf"{count} non-finite steps"):
-    loop.run(config, str(tmp_path))
-  run = loop.Setup(spec_lib.build(config), str(tmp_path))
+    cli.run(config, str(tmp_path))
+  run = Setup.create(spec_lib.build(config), str(tmp_path))
   state, step = run.restore_or_init()
   assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
@@ -122,13 +123,13 @@ def test_second_signal_exits_at_once():
 
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   config = tiny_config(steps=4)
-  loop.run(config, str(tmp_path))
+  cli.run(config, str(tmp_path))
   latest = tmp_path / "checkpoints" / "4" / "state"
   victims = [p for p in latest.rglob("*") if p.is_file() and p.stat().st_size > 64]
   for p in victims:                      # truncate the array data of the latest step
     with open(p, "r+b") as f:
       f.truncate(p.stat().st_size // 3)
-  run = loop.Setup(spec_lib.build(config), str(tmp_path))
+  run = Setup.create(spec_lib.build(config), str(tmp_path))
   with caplog.at_level("WARNING", logger="tst_jax"):
     state, step = run.restore_or_init()
   assert step == 2
@@ -136,12 +137,12 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
 
 
 def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
-  loop.run(tiny_config(steps=2), str(tmp_path))
+  cli.run(tiny_config(steps=2), str(tmp_path))
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
   wider = tiny_config(steps=2, model=dict(ffw_dim=96), train=dict(force_resume=True))
   with pytest.raises(ValueError, match=r"params/blocks/ffw/\w+_proj/value has shape "
                                        r"\(2, (32, 64|64, 32)\) there but"):
-    loop.run(wider, str(tmp_path))
+    cli.run(wider, str(tmp_path))
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
@@ -154,7 +155,7 @@ def test_failed_checkpoint_write_stops_clearly_and_resumes_from_the_last_complet
   the same command resumes from it, step for step as a run without the fault."""
   config = tiny_config(steps=8)       # checkpoints 2, 4 (phase switch), 6, 8
   reference = tmp_path / "reference"
-  loop.run(config, str(reference))
+  cli.run(config, str(reference))
   real_write = json_checkpoint_handler.JsonCheckpointHandler._save_fn
 
   async def failing_write(self, meta, directory):
@@ -166,12 +167,12 @@ def test_failed_checkpoint_write_stops_clearly_and_resumes_from_the_last_complet
   workdir = tmp_path / "run"
   with pytest.raises(errors.WorkdirError, match=rf"a checkpoint write failed \({reason}\); "
                                                 r"step 4 in .* is intact: .* resume") as e:
-    loop.run(config, str(workdir))
+    cli.run(config, str(workdir))
   assert errors.one_line(e.value).startswith(f"error: {workdir}/checkpoints/6.orbax-checkpoint")
   complete = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
   assert complete == [2, 4]
   monkeypatch.undo()
-  loop.run(config, str(workdir))
+  cli.run(config, str(workdir))
   assert _losses(workdir) == _losses(reference)
 
 

@@ -14,7 +14,8 @@ from tests.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
-from tst_jax.train import defaults, loop, plan as plan_lib, spec as spec_lib
+from tst_jax.train import cli, defaults, plan as plan_lib, spec as spec_lib
+from tst_jax.train.setup import Setup
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.errors import ConfigError
 
@@ -63,7 +64,7 @@ def written_out_loss(model, window_BxW, bag_size):
 
 def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_path, capsys):
   config = staged(train=dict(checkpoint_every=1, keep_checkpoints=20))
-  loop.run(config, str(tmp_path))
+  cli.run(config, str(tmp_path))
   logged = {r["step"]: r for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
             if "loss" in r}
   assert [logged[k]["bag_size"] for k in range(1, 13)] == [4] * 3 + [2] * 3 + [1] * 6
@@ -80,11 +81,11 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   assert record["resolved"]["model.attention_impl"]["value"] == "xla"
   assert plan_lib.PlanRecord.read(str(tmp_path)).plan == spec_lib.check(config).plan
   written = (tmp_path / "plan.json").read_text()
-  setup = loop.Setup(spec_lib.build(config), str(tmp_path))
+  setup = Setup.create(spec_lib.build(config), str(tmp_path))
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
     phase = setup.plan.phase_at(step)
     state, _ = setup.checkpoints.restore(step, setup.abstract_state)
-    model = nnx.merge(setup.graphdef, state.params)
+    model = nnx.merge(setup.steps.graphdef, state.params)
     window = np.asarray(jax.device_get(next(setup.batches(phase, step))))
     want = written_out_loss(model, window, phase.bag_size)
     np.testing.assert_allclose(logged[step + 1]["loss"], want, rtol=2e-5, err_msg=f"{step}")
@@ -95,7 +96,7 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
       shutil.rmtree(tmp_path / "checkpoints" / d)
   capsys.readouterr()
   os.remove(tmp_path / "plan.json")
-  loop.run(config, str(tmp_path))
+  cli.run(config, str(tmp_path))
   assert "at step 2 of 12" in capsys.readouterr().out
   assert (tmp_path / "plan.json").read_text() == written      # written again, the same
   again = {r["step"]: r["loss"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))

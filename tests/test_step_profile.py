@@ -30,12 +30,12 @@ def traced_step(phase_name, moe=False, **mesh):
   spec = spec_lib.check(config)
   plan = spec.plan
   phase = next(p for p in plan.phases if p.name == phase_name)
-  layout = step_lib.Layout.of(spec)
-  step = layout.train_step(phase)
-  state = step_lib.init_state(spec.model, layout.tx, 0, layout.mesh, spec.rules)
+  steps = step_lib.StepBuilder.of(spec)
+  step = steps.train_step(phase)
+  state = step_lib.init_state(spec.model, steps.tx, 0, steps.mesh, spec.rules)
   window = jax.device_put(np.random.default_rng(0).integers(
       0, spec.model.vocab_size, (phase.batch_size, phase.window), dtype=np.int32),
-      layout.batch_sharding)
+      steps.batch_sharding)
   for _ in range(2):   # compiled and warm
     state, _ = step(state, window)
   return step, jax.block_until_ready(state), window

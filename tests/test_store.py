@@ -16,7 +16,7 @@ from tst_jax.data import (
 from tst_jax.data import prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
-from tst_jax.train import loop, spec as spec_lib
+from tst_jax.train import cli, spec as spec_lib
 from tst_jax.errors import ConfigError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
@@ -333,7 +333,7 @@ def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
                      eval_batches=1)
   config.model.vocab_size = 300
   workdir = tmp_path / "w"
-  loop.run(config, str(workdir))
+  cli.run(config, str(workdir))
   os.remove(workdir / run_data.STORE_FILE)
   tokenizer = shutil.copy(store / "tokenizer.json", tmp_path / "tokenizer.json")
   shutil.rmtree(store)
@@ -342,10 +342,10 @@ def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
   with pytest.raises(DataError, match=r"checkpoints/4: this checkpoint was trained on the token "
                      rf"store with fingerprint {one_shard.fingerprint[:12]}, not on {store} "
                      rf"\({other.fingerprint[:12]}\)"):
-    loop.run(config, str(workdir))
+    cli.run(config, str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints")) == before
   config.train.force_resume = True
-  assert loop.run(config, str(workdir))["steps"] == 4
+  assert cli.run(config, str(workdir))["steps"] == 4
 
 
 def test_empty_source_and_missing_jsonl_field(tmp_path):

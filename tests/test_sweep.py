@@ -109,7 +109,7 @@ def _run_and_resume(tmp_path, grid, expected, monkeypatch, capsys):
 
   def no_training(*a, **k):
     raise AssertionError("a finished point was trained again")
-  monkeypatch.setattr("tst_jax.train.loop.run", no_training)
+  monkeypatch.setattr("tst_jax.train.cli.run", no_training)
   assert sweep.main(args) == 0
   assert capsys.readouterr().out.count("finished, skipped") == len(expected)
   assert (tmp_path / "sweep.csv").read_text() == table

@@ -9,14 +9,15 @@ import pytest
 
 from tests.tiny import tiny_config
 from tst_jax.data import run_data
-from tst_jax.train import loop, plan as plan_lib, spec as spec_lib, step as step_lib
+from tst_jax.train import cli, plan as plan_lib, setup as setup_lib, spec as spec_lib
+from tst_jax.train import step as step_lib
 from tst_jax.train import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
-  summary = loop.run(tiny_config(), str(tmp_path))
+  summary = cli.run(tiny_config(), str(tmp_path))
   records = metrics_lib.read(str(tmp_path / "metrics.jsonl"))
   phases = [r["phase"] for r in records if "loss" in r]
   assert phases == ["tst"] * 6 + ["ntp"] * 6
@@ -103,7 +104,7 @@ def test_bad_config_fails_before_training(tmp_path, field, value, message):
   config[section][name] = value
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=message):
-    loop.run(config, str(workdir))
+    cli.run(config, str(workdir))
   assert not (workdir / "checkpoints").exists() and not (workdir / "metrics.jsonl").exists()
 
 
@@ -111,25 +112,25 @@ def test_indivisible_length_and_vocab_too_small(tmp_path):
   config = tiny_config(tst=dict(equal_flops="batch", bag_size=3))
   with pytest.raises(ValueError, match="config.data.seq_len: 16 must be divisible by "
                                        "tst.bag_size 3"):
-    loop.run(config, str(tmp_path / "a"))
+    cli.run(config, str(tmp_path / "a"))
   # A tokenizer file with more tokens than the model's vocabulary.
   big = tiny_config(data=dict(tokenizer="bpe"))
-  loop.run(big, str(tmp_path / "b"), mode="plan")
+  cli.run(big, str(tmp_path / "b"), mode="plan")
   from tst_jax.data import get_tokenizer, load_documents
   tok = get_tokenizer("bpe", workdir=str(tmp_path / "tok"), vocab_size=600,
                       train_docs=load_documents("builtin:pystdlib", 100_000))
   small = tiny_config(data=dict(tokenizer=tok.path))
   with pytest.raises(ValueError, match="config.model.vocab_size: the tokenizer .* has 600 "
                                        "tokens, more than the model's 512"):
-    loop.run(small, str(tmp_path / "c"))
+    cli.run(small, str(tmp_path / "c"))
   assert not (tmp_path / "c" / "checkpoints").exists()
 
 
 def test_workdir_of_another_config_refuses_to_resume(tmp_path):
-  loop.run(tiny_config(steps=4), str(tmp_path))
+  cli.run(tiny_config(steps=4), str(tmp_path))
   before = (tmp_path / "metrics.jsonl").read_text()
   with pytest.raises(ValueError, match="holds a run of a different config"):
-    loop.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
+    cli.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
   assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
@@ -143,7 +144,7 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
   with config.unlocked():
     config.model = moe
   config.optimizer.lr = 1e-2
-  loop.run(config, str(tmp_path))
+  cli.run(config, str(tmp_path))
   train = [r for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert [r["phase"] for r in train] == ["tst"] * 4 + ["ntp"] * 12
   loads = [[r[f"moe/expert_load/{e}"] for e in range(4)] for r in train]
@@ -159,7 +160,7 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
   losses = {}
   for impl in ("naive", "xla"):
     workdir = tmp_path / impl
-    loop.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
+    cli.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
     losses[impl] = [r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)
@@ -244,7 +245,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   path = tmp_path / "config.json"
   path.write_text(open(old).read())
   same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
-  loop._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
+  setup_lib._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
   rewritten = json.loads(path.read_text())
   assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
   added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
@@ -257,4 +258,4 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
                          (tiny_config(), "data")):          # held out by pieces: another split
     with pytest.raises(ConfigError, match=rf"a different config \(sections \['{section}'\]"):
-      loop._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access
+      setup_lib._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access

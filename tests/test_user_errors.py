@@ -99,16 +99,16 @@ def _apply(config, picks) -> bool:
   return True
 
 
-def _layout_and_trace(spec):
+def _build_and_trace(spec):
   """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
-  layout = step_lib.Layout.of(spec)
-  layout.check()
+  steps = step_lib.StepBuilder.of(spec)
+  steps.check()
   for phase in spec.plan.phases:
     train_step = step_lib.make_train_step(
-        layout.graphdef, step_lib.loss_fn(phase, spec.loss), layout.tx, layout.schedule,
+        steps.graphdef, step_lib.loss_fn(phase, spec.loss), steps.tx, steps.schedule,
         spec.optimizer.grad_accum)
-    jax.eval_shape(train_step, layout.abstract,
+    jax.eval_shape(train_step, steps.abstract,
                    jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
 
 
@@ -120,7 +120,7 @@ def _check(family, picks):
       return
     spec = spec_lib.build(config, num_devices=jax.device_count())
     spec.check_paths()
-    _layout_and_trace(spec)
+    _build_and_trace(spec)
   except ConfigError as e:
     assert NAMES_A_FIELD.match(str(e)), (picks, str(e))
     assert e.field is None or str(e).startswith(f"config.{e.field}: "), (picks, str(e))

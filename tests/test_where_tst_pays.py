@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tst_jax.configlib import load_config
-from tst_jax.train import loop, plan as plan_lib, spec as spec_lib
+from tst_jax.train import cli, plan as plan_lib, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,5 +27,5 @@ def test_the_plan_warns_when_the_next_token_phase_is_too_short(name, arg, warned
   got = plan.ntp_tokens_per_param
   assert got == pytest.approx(tokens_per_param, rel=0.01) if tokens_per_param else got is None
   assert (plan_lib.BEHIND_WARNING in plan_lib.format_plan(plan)) == warned
-  loop.run(config(name, arg), "", mode="plan")
+  cli.run(config(name, arg), "", mode="plan")
   assert (plan_lib.BEHIND_WARNING in capsys.readouterr().out) == warned

@@ -4,7 +4,7 @@ import json
 import os
 
 from tests.tiny import tiny_config
-from tst_jax.train import loop
+from tst_jax.train import cli
 
 PHASE1_STEP = 4   # the handoff checkpoint: phase 1 (TST) ends here
 FINAL_STEP = 8
@@ -20,7 +20,7 @@ def workdir(tmp_path_factory) -> str:
   """Trains the run once per pytest session (the first module fixture to ask trains it)."""
   path = tmp_path_factory.getbasetemp() / "trained_run"
   if not (path / "summary.json").exists():
-    loop.run(config(), str(path))
+    cli.run(config(), str(path))
   return str(path)
 
 

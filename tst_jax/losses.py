@@ -210,7 +210,8 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
                      "the leading (position) dimensions")
   hidden_NxD = hidden_NxD.reshape(-1, hidden_NxD.shape[-1])
   targets_NxS = targets_NxS.reshape(-1, targets_NxS.shape[-1])
-  impl, _ = platform.loss_impl(impl)
+  if impl == "auto":                       # a loop of your own; a run passes its resolved impl
+    impl, _ = platform.loss_impl(impl)
   if impl == "naive":
     if chunk_kwargs:
       raise TypeError(f"impl='naive' takes no chunk arguments, got {sorted(chunk_kwargs)}")

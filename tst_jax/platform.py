@@ -177,12 +177,23 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
   """Resolve every `auto` of a run (its model config dataclass and `loss.impl`) on
   `platform` (default: the one this process runs on)."""
   platform = _platform(platform)
+  kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
   choices = {
       "model.attention_impl": attention_impl(model_cfg.attention_impl, model_cfg.dtype,
                                              model_cfg.head_dim, platform),
       "loss.impl": loss_impl(loss, platform),
   }
-  kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
   return Resolved(platform, kind, choices)
+
+
+def resolved_model(model_cfg, resolved: Resolved | None = None):
+  """`model_cfg` with the model's `auto` fields as `resolved` chose them (default: resolved
+  here and now, for a model built outside a run; a run's spec resolves once, `on_platform`)."""
+  if resolved is None:
+    if "auto" not in (model_cfg.attention_impl, getattr(model_cfg, "expert_impl", "")):
+      return model_cfg
+    resolved = resolve(model_cfg, "naive")
+  return dataclasses.replace(model_cfg, **{f.split(".")[1]: value for f, (value, _) in
+                                           resolved.choices.items() if f.startswith("model.")})

@@ -35,7 +35,7 @@ import jax
 import matplotlib.pyplot as plt
 
 from tst_jax import configlib
-from tst_jax.train import loop, metrics
+from tst_jax.train import cli, metrics
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.plan import format_plan
 
@@ -81,14 +81,14 @@ runtime was interrupted; `ROOT` must then be set to the same folder).
     ("code", '''
 summary, seconds = {}, {}
 start = time.time()
-summary["TST"] = loop.run(tst_config, runs["TST"])
+summary["TST"] = cli.run(tst_config, runs["TST"])
 seconds["TST"] = time.time() - start
 '''),
     ("code", '''
 base_config.data.source = "tokens:" + os.path.join(runs["TST"], "data")
 base_config.data.tokenizer = ""     # the store's own
 start = time.time()
-summary["baseline"] = loop.run(base_config, runs["baseline"])
+summary["baseline"] = cli.run(base_config, runs["baseline"])
 seconds["baseline"] = time.time() - start
 '''),
     ("md", '''
@@ -98,7 +98,7 @@ At equal FLOPs per step, the step axis is the compute axis. The dashed line is T
 '''),
     ("code", '''
 %matplotlib inline
-# (inline again: loop.run switched matplotlib to Agg to write each run's loss.png)
+# (inline again: cli.run switched matplotlib to Agg to write each run's loss.png)
 fig, ax = plt.subplots(figsize=(8, 4.5))
 for (label, workdir), color in zip(runs.items(), ("tab:orange", "tab:blue")):
   evals = [r for r in metrics.read(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]

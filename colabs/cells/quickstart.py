@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from tst_jax import configlib
 from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
-from tst_jax.train import loop, metrics
+from tst_jax.train import cli, metrics
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.plan import format_plan
 
@@ -65,17 +65,17 @@ print(format_plan(plan))
     ("md", '''
 ## Train
 
-`loop.run(config, workdir)` is what `python main.py --config ... --workdir ...` calls. A
+`cli.run(config, workdir)` is what `python main.py --config ... --workdir ...` calls. A
 workdir that already holds a checkpoint resumes from it (run the cell again after an
 interruption). The baseline reuses the TST run's tokenizer, so both are evaluated on the same
 held-out tokens.
 '''),
     ("code", '''
-summary = {"TST": loop.run(tst_config, runs["TST"])}
+summary = {"TST": cli.run(tst_config, runs["TST"])}
 '''),
     ("code", '''
 base_config.data.tokenizer = os.path.join(runs["TST"], "tokenizer.json")
-summary["baseline"] = loop.run(base_config, runs["baseline"])
+summary["baseline"] = cli.run(base_config, runs["baseline"])
 '''),
     ("md", '''
 ## Loss curves
@@ -86,7 +86,7 @@ tokens (right), TST's phase 1 reads S times more text per step.
 '''),
     ("code", '''
 %matplotlib inline
-# (inline again: loop.run switched matplotlib to Agg to write each run's loss.png)
+# (inline again: cli.run switched matplotlib to Agg to write each run's loss.png)
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 for (label, workdir), color in zip(runs.items(), ("tab:orange", "tab:blue")):
   records = metrics.read(os.path.join(workdir, "metrics.jsonl"))

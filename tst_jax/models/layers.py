@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tst_jax import platform
 from tst_jax.kernels import fp8, splash_attention
 from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
@@ -52,7 +51,7 @@ class AttentionConfig:
   rope_scaling: tuple | None = None  # Llama-3.1: (factor, low_freq, high_freq, original_len)
   qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
   norm_eps: float = 1e-5
-  attention_impl: str = "auto"       # auto (tst_jax.platform: cudnn on GPU in 16 bits) | xla | cudnn
+  attention_impl: str = "xla"        # xla | cudnn | splash: the model config's, resolved
   matmul_precision: str = "default"  # q/k/v/o projections: default (in dtype) | fp8
 
 
@@ -140,8 +139,7 @@ class Attention(nnx.Module):
     k = apply_rope(k, positions_BxL, inv_freq)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
     if cache is None:
-      impl, _ = platform.attention_impl(self.cfg.attention_impl, jnp.dtype(dt).name,
-                                        self.cfg.head_dim)
+      impl = self.cfg.attention_impl      # resolved with the model's config (never `auto`)
       with jax.named_scope("attention"):   # the step profile's category (tools/step_profile)
         if impl == "splash":               # Pallas TPU kernels: no [L, L] scores
           out_BxLxHxG = splash_attention.causal_attention(q, k, v)

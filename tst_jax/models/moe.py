@@ -208,8 +208,8 @@ EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_bloc
 
 
 def expert_fn(impl: str):
-  """The expert implementation; "auto" is resolved by `tst_jax.platform.expert_impl`."""
-  return EXPERTS[platform.expert_impl(impl)[0]]
+  """The expert implementation `impl` (resolved with the model's config: never `auto`)."""
+  return EXPERTS[impl]
 
 
 def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):

@@ -1,7 +1,7 @@
 """Multi-GPU XLA flags (NVIDIA JAX-Toolbox's for FSDP), put in XLA_FLAGS before the backend starts.
 
 XLA reads XLA_FLAGS once, when the first backend starts; after that a change does nothing.
-So the run decides before anything touches a device (`loop.run`, before jax.distributed),
+So the run decides before anything touches a device (`train.cli.run`, before jax.distributed),
 from what it can know without starting a backend: JAX_PLATFORMS, the GPUs `nvidia-smi -L`
 lists (limited by CUDA_VISIBLE_DEVICES and `distributed.local_device_ids`), the number of
 processes, and the config's mesh. Flags are set only for a GPU run over more than one device,

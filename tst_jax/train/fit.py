@@ -25,7 +25,7 @@ from flax import nnx
 from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 from jax._src import xla_bridge      # backends_are_initialized: no public equivalent
 
-from tst_jax import models, platform
+from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
 from tst_jax.train import step as step_lib
@@ -109,12 +109,9 @@ def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int
   return total
 
 
-def flash_attention(model_cfg, accelerator: str) -> bool:
-  """Whether the run on `accelerator` gets flash attention (`auto` on a GPU: cuDNN)."""
-  target = "tpu" if accelerator.startswith("v") else "gpu"
-  impl, _ = platform.attention_impl(model_cfg.attention_impl, model_cfg.dtype,
-                                    model_cfg.head_dim, target)
-  return impl == "cudnn"
+def target_platform(accelerator: str) -> str:
+  """The JAX platform of `accelerator` (v5p, v5e, v6e: tpu; h100, h200, b200: gpu)."""
+  return "tpu" if accelerator.startswith("v") else "gpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,20 +211,20 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
   return tuple(out)
 
 
-def check(spec, accelerator: str, devices=None) -> Fit:
-  """Compile both phases' train steps of a checked run spec for its mesh on `devices`
-  (default: the first mesh-size CPU devices) from abstract arrays, and measure what each
-  device holds."""
+def check(spec, accelerator: str, target, devices=None) -> Fit:
+  """Compile both phases' train steps of a run spec resolved on this (CPU) platform for its
+  mesh on `devices` (default: the first mesh-size CPU devices) from abstract arrays, and
+  measure what each device holds on `accelerator`; `target` is the same spec resolved for
+  the accelerator's platform (whether its attention is flash attention)."""
   budget, note = accelerator_budget(accelerator)
-  flash = flash_attention(spec.model, accelerator)   # the target's attention, from `auto`
-  spec = spec.on_platform()   # this (CPU) platform's kernels: see the docstring
+  flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
   plan = spec.plan
   n = mesh_devices(spec.mesh)
   model_cfg = spec.model
-  layout = step_lib.Layout.of(spec, list(devices or jax.devices()[:n]))
-  layout.check()
-  graphdef, abstract, shardings = layout.graphdef, layout.abstract, layout.shardings
-  batch_sharding, mesh, params = layout.batch_sharding, layout.mesh, abstract.params
+  steps = step_lib.StepBuilder.of(spec, list(devices or jax.devices()[:n]))
+  steps.check()
+  graphdef, abstract, shardings = steps.graphdef, steps.abstract, steps.shardings
+  batch_sharding, mesh, params = steps.batch_sharding, steps.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)
   accum = spec.optimizer.grad_accum
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -235,7 +232,7 @@ def check(spec, accelerator: str, devices=None) -> Fit:
   results = []
   for phase in plan.phases:
     loss_of_window = step_lib.loss_fn(phase, spec.loss)
-    step = layout.train_step(phase)
+    step = steps.train_step(phase)
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()

@@ -82,10 +82,8 @@ class RunSpec:
   def on_platform(self, name: str | None = None) -> RunSpec:
     """This spec with every `auto` resolved on platform `name` (default: this process's)."""
     resolved = platform.resolve(self.model, self.loss.impl, name)
-    model = dataclasses.replace(self.model, **{
-        f.split(".")[1]: v for f, (v, _) in resolved.choices.items() if f.startswith("model.")})
-    loss = Loss(resolved.choices["loss.impl"][0])
-    return dataclasses.replace(self, model=model, loss=loss, resolved=resolved)
+    return dataclasses.replace(self, model=platform.resolved_model(self.model, resolved),
+                               loss=Loss(resolved.choices["loss.impl"][0]), resolved=resolved)
 
   def check_devices(self, num_devices: int) -> None:
     """What this machine can run: the platform's kernels and libraries, the mesh over

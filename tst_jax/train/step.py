@@ -173,11 +173,11 @@ class JitStep:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
-  """What every phase's train step of a run is built on, from its checked spec, with nothing
-  allocated: the mesh, the optimizer and its schedule, the model graph, the abstract
-  TrainState and its shardings, the batch sharding. The trainer's Setup, the fit check and
-  the step benchmark all build their steps from one."""
+class StepBuilder:
+  """Builds each phase's jitted train step of a run from what they all share, made from its
+  checked spec with nothing allocated: the mesh, the optimizer and its schedule, the model
+  graph, the abstract TrainState and its shardings, the batch sharding. The trainer's Setup,
+  the fit check and the step benchmark all build their steps with one."""
   spec: Any
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
@@ -188,7 +188,7 @@ class Layout:
   batch_sharding: jax.sharding.NamedSharding
 
   @classmethod
-  def of(cls, spec, devices=None) -> Layout:
+  def of(cls, spec, devices=None) -> StepBuilder:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
     graphdef, _ = abstract_model(spec.model)

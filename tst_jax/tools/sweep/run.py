@@ -17,7 +17,7 @@ import traceback
 from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
 from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
-from tst_jax.train import loop, spec as spec_lib
+from tst_jax.train import cli, spec as spec_lib
 
 _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "main.py")
@@ -86,7 +86,7 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
                 "command resumes it from its latest checkpoint)", flush=True)
           return "interrupted"
     else:
-      loop.run(config, point_dir)
+      cli.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
     fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)

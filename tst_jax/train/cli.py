@@ -1,0 +1,68 @@
+"""What `python main.py` runs: one mode (train, plan or eval) of a checked config.
+
+The order matters and is written once here: the config is checked, the XLA flags and the
+distributed runtime start before anything touches a device, `auto` is resolved once for this
+platform (and, for a fit check, once for the target accelerator), then the plan is printed,
+or the run's data is prepared and its loop trains or evaluates.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from tst_jax.data import run_data
+from tst_jax.errors import ConfigError
+from tst_jax.parallel import distributed, xla_flags
+from tst_jax.train import fit, loop, spec as spec_lib
+from tst_jax.train.plan import format_plan
+from tst_jax.train.setup import Setup, check_workdir
+
+MODES = ("train", "plan", "eval")
+
+
+def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -> dict:
+  """Trains (the default), plans or evaluates the run of `config` in `workdir`; a plan with
+  an `accelerator` also compiles both phases' steps on the mesh's devices and says if they
+  fit. Returns the run's summary (train), the plan (plan) or the eval record (eval)."""
+  checked = spec_lib.check(config)             # every field, once, before anything starts
+  if mode not in MODES:
+    raise ConfigError("--mode", f"must be one of {MODES}, got {mode!r}")
+  if accelerator and mode != "plan":
+    raise ConfigError("--accelerator", "only with --mode plan (it checks that a run fits)")
+  if accelerator:
+    fit.emulate_devices(fit.mesh_devices(checked.mesh))   # CPU devices, before JAX starts
+  flags = xla_flags.apply(checked.mesh, checked.distributed,   # XLA reads them as it starts
+                          fit.layer_param_bytes(checked.model),
+                          platform="cpu" if accelerator else None)   # the fit compiles on CPU
+  distributed.initialize(checked.distributed)  # before anything touches a device
+  spec = checked.on_platform()                 # `auto`, resolved once: printed and recorded
+  if mode == "plan":
+    return plan(spec, flags, workdir, accelerator and (
+        accelerator, checked.on_platform(fit.target_platform(accelerator))))
+  if flags.applied and distributed.is_primary():
+    print(flags.line())
+  if not workdir:
+    raise ConfigError("--workdir", "required for train and eval: give a new directory, or a "
+                      "run's to resume it")
+  spec.check_devices(jax.device_count())
+  spec.check_paths()
+  check_workdir(workdir)
+  try:
+    setup = Setup.create(spec, workdir)
+    result = setup.evaluate_latest() if mode == "eval" else loop.train(setup)
+  except jax.errors.JaxRuntimeError as e:
+    distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
+    raise
+  distributed.finished()          # the other processes' watchdogs stop waiting for this one
+  return result
+
+
+def plan(spec, flags, workdir: str, target) -> dict:
+  """Prints the plan (with the passes over the data, from the store in `workdir` if there is
+  one) and, with `target` = (accelerator, the spec resolved for it), the fit check."""
+  print(flags.line())
+  fitted = fit.check(spec, *target) if target else None
+  tokens = run_data.training_tokens(spec.data, workdir or None)
+  print(*([fitted.table()] if fitted else []),
+        format_plan(spec.plan, spec.resolved, tokens=tokens), sep="\n")
+  return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
