@@ -120,8 +120,8 @@ def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp
   fake.write_text(FAKE_TRAINER)
   monkeypatch.setattr(sweep.run, "_MAIN", str(fake))
   work = tmp_path / "w"
-  config, _ = sweep.resolve(CONFIG, ["data.seed=0"])
-  sweep.run.prepare_shared_data(str(work), config)      # so that the deadline is the trainer's
+  _, spec = sweep.resolve(CONFIG, ["data.seed=0"])
+  sweep.run.prepare_shared_data(str(work), spec)      # so that the deadline is the trainer's
   deadline = "8" if trainer == "guarded" else "2"    # time to install its handler, or not
   args = ["--config", CONFIG, "--workdir", str(work), "--arms", "baseline,tst",
           "--seeds", "0", "--deadline_s", deadline, "--set", "data.seed=0"]

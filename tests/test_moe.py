@@ -214,7 +214,6 @@ def test_through_the_hf_dispatcher(hf_checkpoint, tmp_path, monkeypatch):
   """tst_jax.convert.hf.from_hf / to_hf with this family (every tensor read, same params)."""
   from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
   from tst_jax.convert import hf  # pylint: disable=import-outside-toplevel
-  monkeypatch.setitem(hf.FAMILIES, "qwen3_moe", "tst_jax.convert.qwen3_moe_hf")
   model = hf.from_hf(hf_checkpoint["path"])
   expected = nnx.to_pure_dict(nnx.state(_load_ours(hf_checkpoint["path"]), nnx.Param))
   jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model, nnx.Param)),
@@ -340,14 +339,14 @@ def test_bags_run_and_are_causal_by_gradients():
       assert bool(jnp.all(touched_jxV[j, bags_BxlxS[0, i]])) == (i <= j), (j, i)
 
 
-def test_stage_plan_keeps_the_stack_scanned():
+def test_stage_units_keep_the_stack_scanned():
   dense, sparse = False, True
-  assert moe.stage_plan((dense, sparse, sparse, sparse)) == (((dense,), 1), ((sparse,), 3))
-  assert moe.stage_plan((dense, sparse) * 3) == (((dense, sparse), 3),)
-  assert moe.stage_plan((sparse,) * 48) == (((sparse,), 48),)
+  assert moe.stage_units((dense, sparse, sparse, sparse)) == (((dense,), 1), ((sparse,), 3))
+  assert moe.stage_units((dense, sparse) * 3) == (((dense, sparse), 3),)
+  assert moe.stage_units((sparse,) * 48) == (((sparse,), 48),)
   cfg = moe.MoEConfig(**{**SMALL, "n_layers": 6}, decoder_sparse_step=3)
   assert cfg.sparse_layers() == (dense, dense, sparse) * 2
-  assert moe.stage_plan(cfg.sparse_layers()) == (((dense, dense, sparse), 2),)
+  assert moe.stage_units(cfg.sparse_layers()) == (((dense, dense, sparse), 2),)
 
 
 def test_param_counts_10b_a1b():

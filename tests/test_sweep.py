@@ -27,18 +27,19 @@ def test_points_share_a_store_exactly_when_its_prepare_arguments_agree():
   TST fields do not change the store; the held-out fraction, data seed, tokenizer and
   vocabulary do."""
   base = tiny_config()
-  key = sweep.data_key(base)
+  key = sweep.data_key(spec_lib.check(base))
   same = [dict(data=dict(seq_len=64, batch_size=8, eval_batches=3)),
           dict(bag_size=8, ratio=0.25, tst=dict(mode="input_only"))]
   other = [dict(data=dict(val_fraction=0.2)), dict(data=dict(seed=7)),
            dict(data=dict(max_bytes=1000)), dict(data=dict(tokenizer="/t/tokenizer.json")),
            dict(model=dict(vocab_size=1024))]
-  assert all(sweep.data_key(tiny_config(**f)) == key for f in same)
-  assert all(sweep.data_key(tiny_config(**f)) != key for f in other)
+  assert all(sweep.data_key(spec_lib.check(tiny_config(**f))) == key for f in same)
+  assert all(sweep.data_key(spec_lib.check(tiny_config(**f))) != key for f in other)
   pinned = tiny_config(data=dict(seed=0))     # data.seed set: the run's seed no longer counts
   reseeded = tiny_config(data=dict(seed=0))
   reseeded.seed = 1
-  assert sweep.data_key(pinned) == sweep.data_key(reseeded) == key
+  assert (sweep.data_key(spec_lib.check(pinned)) == sweep.data_key(spec_lib.check(reseeded))
+          == key)
   arguments = set(inspect.signature(prepare_lib.prepare).parameters)
   assert set(run_data.store_request(spec_lib.check(base).data, 512)) <= arguments
 
@@ -144,7 +145,7 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
   assert 33_000_000 < base_plan.params_total < 34_000_000
   per_step = base_plan.phases[0].flops_per_step
   for arm, (bag, ratio, mode, reinit) in expected.items():
-    c = configlib.load_config(sweep.Point("p", {}, 0, False, arm).config_spec(gpu_small))
+    c = configlib.load_config(sweep.Point("p", {}, 0, False, arm).config_arg(gpu_small))
     assert (c.tst.bag_size, c.tst.ratio, c.tst.mode, c.tst.reinit_at_switch) == (
         bag, ratio, mode, reinit), arm
     assert (c.model.dim, c.model.n_layers, c.model.vocab_size, c.data.batch_size,

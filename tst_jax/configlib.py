@@ -14,18 +14,19 @@ from ml_collections import config_flags
 from tst_jax.errors import ConfigError
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
+def load_config(path_arg: str) -> ml_collections.ConfigDict:
   """'path/to/config.py[:arg]' -> the file's get_config(arg) (get_config() without an arg),
   as `config_flags.DEFINE_config_file` does."""
-  path, _, arg = spec.partition(":") if not os.path.isfile(spec) else (spec, "", "")
+  path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
+                  else (path_arg, "", ""))
   if not os.path.isfile(path):
-    raise ConfigError(f"--config {spec}: file {path!r} does not exist")
+    raise ConfigError(f"--config {path_arg}: file {path!r} does not exist")
   name = "_tst_config_" + os.path.splitext(os.path.basename(path))[0]
   module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise ConfigError(f"--config {spec}: {path!r} defines no get_config()")
+    raise ConfigError(f"--config {path_arg}: {path!r} defines no get_config()")
   return module.get_config(arg) if arg else module.get_config()
 
 

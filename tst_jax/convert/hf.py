@@ -1,11 +1,12 @@
 """Hugging Face checkpoints (config.json + safetensors) <-> tst_jax models, per model family.
 
-`from_hf(path)` reads `config.json`, picks the family module by `model_type` from `FAMILIES`
+`from_hf(path)` reads `config.json`, picks the family's converter by `model_type` (the one
+registry of families: `tst_jax.models.FAMILIES`, whose names are the HF model_types)
 and loads `model.safetensors` (or the shards of `model.safetensors.index.json`); `to_hf(model,
 path)` writes `config.json` and one float32 `model.safetensors`. Parameters are always float32;
 `dtype` is the compute dtype of the tst_jax model.
 
-A family module (imported lazily by its path in `FAMILIES`) provides:
+A converter module (imported lazily by its path, `FAMILIES[model_type].hf`) provides:
 
   MODEL_CLS                           the tst_jax model class; `MODEL_CLS(cfg, rngs=...)`, and
                                       its instances keep their config as `.cfg`.
@@ -44,7 +45,7 @@ from flax import nnx
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-FAMILIES = {"llama": "tst_jax.convert.llama_hf", "qwen3_moe": "tst_jax.convert.qwen3_moe_hf"}
+from tst_jax import models
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -63,18 +64,18 @@ _ST_DTYPES = {
 
 
 def family_module(model_type: str):
-  if model_type not in FAMILIES:
+  """The converter of HF `model_type` (a family of tst_jax.models.FAMILIES)."""
+  if model_type not in models.FAMILIES:
     raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; tst_jax converts "
-                     f"{tuple(FAMILIES)}")
-  return importlib.import_module(FAMILIES[model_type])
+                     f"{tuple(models.FAMILIES)}")
+  return importlib.import_module(models.FAMILIES[model_type].hf)
 
 
 def _family_of(model):
-  for model_type in FAMILIES:
-    module = family_module(model_type)
-    if type(model) is module.MODEL_CLS:
-      return module
-  raise TypeError(f"no Hugging Face family converts {type(model).__name__}")
+  try:
+    return family_module(models.family_of(getattr(model, "cfg", None)))
+  except TypeError:
+    raise TypeError(f"no Hugging Face family converts {type(model).__name__}") from None
 
 
 def make_config(cls, fields: dict, overrides: dict):

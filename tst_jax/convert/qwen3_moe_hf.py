@@ -81,7 +81,7 @@ def config_to_hf(cfg: moe.MoEConfig) -> dict:
 def _layer_slots(cfg: moe.MoEConfig):
   """(HF layer index, stage, position in unit, repeat, sparse) for every layer, in order."""
   i = 0
-  for stage, (unit, repeats) in enumerate(moe.stage_plan(cfg.sparse_layers())):
+  for stage, (unit, repeats) in enumerate(moe.stage_units(cfg.sparse_layers())):
     for r in range(repeats):
       for j, sparse in enumerate(unit):
         yield i, stage, j, r, sparse
@@ -127,14 +127,14 @@ def _layer_from_hf(tensors, p: str, cfg: moe.MoEConfig, sparse: bool) -> dict:
 def params_from_hf(tensors: dict, cfg: moe.MoEConfig) -> dict:
   """HF tensors {name: array} -> the pure dict of `nnx.state(Qwen3MoE(cfg), nnx.Param)`."""
   v, d = cfg.vocab_size, cfg.dim
-  plan = moe.stage_plan(cfg.sparse_layers())
+  units = moe.stage_units(cfg.sparse_layers())
   per_slot = {}   # (stage, j) -> list over repeats of that block's pure dict
   for i, stage, j, _, sparse in _layer_slots(cfg):
     per_slot.setdefault((stage, j), []).append(
         _layer_from_hf(tensors, f"model.layers.{i}.", cfg, sparse))
   stages = {
-      s: {"blocks": {j: _stack(per_slot[(s, j)]) for j in range(len(unit))}}
-      for s, (unit, _) in enumerate(plan)}
+      k: {"blocks": {j: _stack(per_slot[(k, j)]) for j in range(len(unit))}}
+      for k, (unit, _) in enumerate(units)}
   pure = {"embed": {"table": read(tensors, "model.embed_tokens.weight", (v, d))},
           "final_norm": {"scale": read(tensors, "model.norm.weight", (d,))}, "stages": stages}
   if not cfg.tie_embeddings:

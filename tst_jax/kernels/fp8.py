@@ -1,6 +1,6 @@
 """FP8 matmuls for the decoder's linear layers (`model.matmul_precision=fp8`), through qwix.
 
-`einsum(spec, x, w)` is `jnp.einsum(spec, x, w)` with its dot_general replaced by qwix's
+`einsum(subscripts, x, w)` is `jnp.einsum(subscripts, x, w)` with its dot_general replaced by qwix's
 quantized-training dot_general (google/qwix, the `fp8` extra), configured as the usual FP8
 training recipe with per-tensor current scaling:
   forward   x and w each scaled by absmax / 448 (one scale per tensor, computed every step),
@@ -68,6 +68,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   return out if preferred_element_type is None else out.astype(preferred_element_type)
 
 
-def einsum(spec: str, x, w):
-  """`jnp.einsum(spec, x, w)` of two operands with both quantized to FP8 (see above)."""
-  return jnp.einsum(spec, x, w, _dot_general=dot_general)
+def einsum(subscripts: str, x, w):
+  """`jnp.einsum(subscripts, x, w)` of two operands with both quantized to FP8 (see above)."""
+  return jnp.einsum(subscripts, x, w, _dot_general=dot_general)

@@ -11,7 +11,7 @@ one shard; the others see it as ignored and give 0).
 check_vma=False, since Pallas outputs and the XLA kernel's loop carries have no
 varying-axes type. Gradients stay exact by shard_map's transpose in that mode: a replicated
 output's cotangent is split over its replicas, psum transposes to psum, and an input's
-cotangent is summed over the axes its spec omits (d_hidden over the vocab shards, d_head
+cotangent is summed over the axes its PartitionSpec omits (d_hidden over the vocab shards, d_head
 over the row shards); tests/test_linear_mce.py checks both against the naive loss.
 """
 
@@ -34,8 +34,8 @@ def lse_and_target_logits(kernel, hidden_NxD, head_DxV, targets_NxS, *, ignore_i
   if context is None:
     return call(hidden_NxD, head_DxV, targets_NxS, ignore_index)
   mesh, rules = context
-  row_spec, vocab_spec = logical.logical_to_spec(("batch", "vocab"), rules)  # axes used once
-  row_axes, vocab_axes = logical.mesh_axes(row_spec), logical.mesh_axes(vocab_spec)
+  row_entry, vocab_entry = logical.logical_to_pspec(("batch", "vocab"), rules)  # axes used once
+  row_axes, vocab_axes = logical.mesh_axes(row_entry), logical.mesh_axes(vocab_entry)
   rows, shards = (math.prod(mesh.shape[a] for a in axes) for axes in (row_axes, vocab_axes))
   if rows * shards == 1:
     return call(hidden_NxD, head_DxV, targets_NxS, ignore_index)
@@ -60,6 +60,6 @@ def lse_and_target_logits(kernel, hidden_NxD, head_DxV, targets_NxS, *, ignore_i
 
   sharded = jax.shard_map(
       local, mesh=mesh, check_vma=False,
-      in_specs=(jax.P(row_spec, None), jax.P(None, vocab_spec), jax.P(row_spec, None)),
-      out_specs=(jax.P(row_spec), jax.P(row_spec, None)))
+      in_specs=(jax.P(row_entry, None), jax.P(None, vocab_entry), jax.P(row_entry, None)),
+      out_specs=(jax.P(row_entry), jax.P(row_entry, None)))
   return sharded(hidden_NxD, head_DxV, targets_NxS)

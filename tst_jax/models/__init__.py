@@ -10,15 +10,25 @@ import ml_collections
 from tst_jax import schema
 from tst_jax.errors import ConfigError
 
-# family -> module; each module defines CONFIG_CLS, MODEL_CLS, PRESETS, param_counts(cfg)
-# (total, active) and flops_per_token(cfg, seq_len).
-FAMILIES = {"llama": "tst_jax.models.llama", "qwen3_moe": "tst_jax.models.moe"}
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model family's modules, by import path: `model` defines CONFIG_CLS, MODEL_CLS,
+  PRESETS, param_counts(cfg) (total, active) and flops_per_token(cfg, seq_len); `hf`, the
+  Hugging Face converter of the same architecture (tst_jax.convert.hf: the family's name is
+  its HF model_type)."""
+  model: str
+  hf: str
+
+
+# The one registry of model families: config.model.family, and the HF model_type.
+FAMILIES = {"llama": Family("tst_jax.models.llama", "tst_jax.convert.llama_hf"),
+            "qwen3_moe": Family("tst_jax.models.moe", "tst_jax.convert.qwen3_moe_hf")}
 
 
 def family_module(family: str):
   if family not in FAMILIES:
     raise ConfigError("model.family", f"must be one of {tuple(FAMILIES)}, got {family!r}")
-  return importlib.import_module(FAMILIES[family])
+  return importlib.import_module(FAMILIES[family].model)
 
 
 def preset_config(family: str, preset: str, **overrides) -> ml_collections.ConfigDict:

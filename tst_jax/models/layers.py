@@ -55,12 +55,12 @@ class AttentionConfig:
   matmul_precision: str = "default"  # q/k/v/o projections: default (in dtype) | fp8
 
 
-def linear(spec: str, x, w, precision: str = "default"):
-  """A linear layer's matmul `jnp.einsum(spec, x, w)` (x activations, w weights), in the
+def linear(subscripts: str, x, w, precision: str = "default"):
+  """A linear layer's matmul `jnp.einsum(subscripts, x, w)` (x activations, w weights), in the
   model's matmul precision: "default" is exactly that einsum, "fp8" is `kernels.fp8`'s."""
   if precision == "fp8":
-    return fp8.einsum(spec, x, w)
-  return jnp.einsum(spec, x, w)
+    return fp8.einsum(subscripts, x, w)
+  return jnp.einsum(subscripts, x, w)
 
 
 class KVCache(NamedTuple):

@@ -11,7 +11,7 @@ attention, untied head (as Qwen3-30B-A3B).
 Dense and sparse layers follow Hugging Face's rule (`mlp_only_layers`, `decoder_sparse_step`).
 The stack stays scanned whatever the pattern: it is split into a few *stages*, each a unit of
 consecutive layers (e.g. [dense], [sparse] or [dense, sparse]) repeated `r` times and scanned
-over `r` (`stage_plan`). First-k-dense gives 2 stages, every-n-th-sparse gives 1.
+over `r` (`stage_units`). First-k-dense gives 2 stages, every-n-th-sparse gives 1.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ PRESETS = {
 }
 
 
-def stage_plan(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], ...]:
+def stage_units(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], ...]:
   """Layer pattern -> ((unit, repeats), ...): greedily the unit that repeats over most layers.
 
   d dense, s sparse: [d, s, s, s] -> (((d,), 1), ((s,), 3));  [d, s, d, s] -> (((d, s), 2),).
@@ -229,19 +229,19 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
   if context is None:
     return experts(*args)
   mesh, rules = context
-  batch_spec = logical.logical_to_spec(("batch", None), rules)
-  spec = logical.logical_to_spec(("expert", None, "mlp"), rules)
+  batch_pspec = logical.logical_to_pspec(("batch", None), rules)
+  weight_pspec = logical.logical_to_pspec(("expert", None, "mlp"), rules)
   split = lambda entry: tuple(a for a in logical.mesh_axes(entry) if mesh.shape[a] > 1)
-  ep_axes, tp_axes = split(spec[0]), split(spec[2])
-  in_spec = P(ep_axes or None, None, tp_axes or None)          # D gathered (FSDP)
-  out_spec = P(ep_axes or None, tp_axes or None, None)
+  ep_axes, tp_axes = split(weight_pspec[0]), split(weight_pspec[2])
+  in_pspec = P(ep_axes or None, None, tp_axes or None)          # D gathered (FSDP)
+  out_pspec = P(ep_axes or None, tp_axes or None, None)
   if not ep_axes and not tp_axes:
     return experts(*args)
   ep = math.prod(mesh.shape[a] for a in ep_axes)
   if gate_ExDxF.shape[0] % ep:
     raise ValueError(f"model.n_experts={gate_ExDxF.shape[0]} must divide over the expert "
                      f"mesh axes {ep_axes} (size {ep})")
-  gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_spec[0]))
+  gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_pspec[0]))
   replicated = tuple(a for a in ep_axes if a not in gathered)   # tokens on every shard
 
   def local(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -264,8 +264,8 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
       y_NxD = jax.lax.psum(y_NxD, replicated + tp_axes)
     return y_NxD
 
-  return jax.shard_map(local, mesh=mesh, out_specs=batch_spec,
-                       in_specs=(batch_spec,) * 3 + (in_spec, in_spec, out_spec))(*args)
+  return jax.shard_map(local, mesh=mesh, out_specs=batch_pspec,
+                       in_specs=(batch_pspec,) * 3 + (in_pspec, in_pspec, out_pspec))(*args)
 
 
 class SparseMoE(nnx.Module):
@@ -313,8 +313,8 @@ class Period(nnx.Module):
       return lambda r: layers.MLP(cfg.dim, cfg.ffw_dim, dtype=dtype, rngs=r, std=cfg.init_std,
                                   matmul_precision=cfg.matmul_precision)
     self.blocks = nnx.List([
-        layers.Block(cfg.attention(qk_norm=True), make_ffw(s), dtype=dtype, rngs=rngs)
-        for s in unit])
+        layers.Block(cfg.attention(qk_norm=True), make_ffw(sparse), dtype=dtype, rngs=rngs)
+        for sparse in unit])
 
   def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None):
     """(output, aux of the unit's sparse blocks, the updated caches: None without a cache)."""
@@ -340,10 +340,10 @@ class Qwen3MoE(llama.Llama):
 
   def make_layers(self, rngs: nnx.Rngs):
     cfg = self.cfg
-    self.plan = stage_plan(cfg.sparse_layers())
+    self.units = stage_units(cfg.sparse_layers())
     self.stages = nnx.List([
         layers.stacked(repeats, lambda r, u=unit: Period(cfg, u, dtype=self.dtype, rngs=r), rngs)
-        for unit, repeats in self.plan])
+        for unit, repeats in self.units])
 
   def run_layers(self, h_BxLxD, positions_BxL, cache=None):
     """(h, aux of every sparse layer stacked in layer order, the updated caches: one per stage,
@@ -360,7 +360,7 @@ class Qwen3MoE(llama.Llama):
 
   def init_cache(self, batch: int, max_len: int):
     return [self.empty_cache((repeats, len(unit)), batch, max_len)
-            for unit, repeats in self.plan]
+            for unit, repeats in self.units]
 
   def aux_loss(self, aux):
     """aux_loss_coef · mean-over-layers load balancing + z_coef · mean z-loss, and metrics.

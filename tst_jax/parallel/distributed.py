@@ -44,37 +44,37 @@ class Distributed:
                                           "dead: the others stop")
 
 
-def _settings(cfg) -> dict:
+def _settings(dist) -> dict:
   """Config fields, falling back to JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
   JAX_PROCESS_ID; None where neither sets them (left to cluster auto-detection)."""
   env = os.environ
-  address = cfg.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
-  count = cfg.num_processes or int(env.get("JAX_NUM_PROCESSES", 0)) or None
-  index = cfg.process_id if cfg.process_id >= 0 else int(env.get("JAX_PROCESS_ID", -1))
-  ids = cfg.local_device_ids or env.get("JAX_LOCAL_DEVICE_IDS", "")
+  address = dist.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
+  count = dist.num_processes or int(env.get("JAX_NUM_PROCESSES", 0)) or None
+  index = dist.process_id if dist.process_id >= 0 else int(env.get("JAX_PROCESS_ID", -1))
+  ids = dist.local_device_ids or env.get("JAX_LOCAL_DEVICE_IDS", "")
   return dict(coordinator_address=address, num_processes=count,
               process_id=None if index < 0 else index,
               local_device_ids=[int(i) for i in ids.split(",")] if ids else None)
 
 
-def initialize(cfg: Distributed) -> bool:
-  """Start jax.distributed for a multi-process run (config section `distributed`, checked).
+def initialize(dist: Distributed) -> bool:
+  """Start jax.distributed for a multi-process run (config dist `distributed`, checked).
 
   Must run before anything touches a JAX device. mode 'off': never. 'on': always (the
   missing fields auto-detected on Cloud TPU, GKE, Slurm, Open MPI). 'auto': when the config
   or environment names a coordinator or more than one process, else try cluster
   auto-detection and stay single-process if there is no cluster. Returns True if started.
   """
-  if cfg.cpu_devices:
+  if dist.cpu_devices:
     if not xla_bridge.backends_are_initialized():
-      jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
-    elif jax.local_device_count("cpu") != cfg.cpu_devices:
-      raise RuntimeError(f"config.distributed.cpu_devices={cfg.cpu_devices} but JAX already "
+      jax.config.update("jax_num_cpu_devices", dist.cpu_devices)
+    elif jax.local_device_count("cpu") != dist.cpu_devices:
+      raise RuntimeError(f"config.distributed.cpu_devices={dist.cpu_devices} but JAX already "
                          f"started with {jax.local_device_count('cpu')} CPU devices")
-  if cfg.mode == "off" or jax.distributed.is_initialized():
+  if dist.mode == "off" or jax.distributed.is_initialized():
     return jax.distributed.is_initialized()
-  settings = _settings(cfg)
-  requested = (cfg.mode == "on" or settings["coordinator_address"] is not None
+  settings = _settings(dist)
+  requested = (dist.mode == "on" or settings["coordinator_address"] is not None
                or (settings["num_processes"] or 1) > 1)
   if xla_bridge.backends_are_initialized():
     if requested:
@@ -83,8 +83,8 @@ def initialize(cfg: Distributed) -> bool:
     return False   # already running single-process (tests, notebooks)
   try:
     # JAX's own heartbeat aborts with a C++ stack trace: give the watchdog time to go first.
-    jax.distributed.initialize(**settings, initialization_timeout=cfg.timeout_s,
-                               heartbeat_timeout_seconds=2 * cfg.heartbeat_timeout_s + 10)
+    jax.distributed.initialize(**settings, initialization_timeout=dist.timeout_s,
+                               heartbeat_timeout_seconds=2 * dist.heartbeat_timeout_s + 10)
   except ValueError as e:
     if requested or "should be defined" not in str(e):
       raise ConfigError("distributed", f"{e} (set coordinator_address, num_processes "
@@ -93,7 +93,7 @@ def initialize(cfg: Distributed) -> bool:
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",
            jax.process_index(), jax.process_count(), jax.local_device_count(),
            jax.device_count())
-  Watchdog(cfg.heartbeat_timeout_s).start()
+  Watchdog(dist.heartbeat_timeout_s).start()
   return True
 
 

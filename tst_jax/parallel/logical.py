@@ -43,14 +43,14 @@ def current():
   return getattr(_CONTEXT, "value", None)
 
 
-def mesh_axes(spec_entry) -> tuple[str, ...]:
+def mesh_axes(entry) -> tuple[str, ...]:
   """One PartitionSpec entry (None, an axis name or a tuple of them) as a tuple of names."""
-  if spec_entry is None:
+  if entry is None:
     return ()
-  return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+  return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def logical_to_spec(names, rules) -> PartitionSpec:
+def logical_to_pspec(names, rules) -> PartitionSpec:
   """Logical axis names -> PartitionSpec: the first rule for a name wins, None = replicated.
 
   A mesh axis is used at most once per array; a later name that maps to a used axis
@@ -59,12 +59,12 @@ def logical_to_spec(names, rules) -> PartitionSpec:
   table = {}
   for name, axes in rules:
     table.setdefault(name, axes)
-  used, spec = set(), []
+  used, entries = set(), []
   for name in names:
     axes = tuple(a for a in mesh_axes(table.get(name)) if a not in used)
     used.update(axes)
-    spec.append(axes[0] if len(axes) == 1 else (axes or None))
-  return PartitionSpec(*spec)
+    entries.append(axes[0] if len(axes) == 1 else (axes or None))
+  return PartitionSpec(*entries)
 
 
 def constrain(x, names):
@@ -73,4 +73,4 @@ def constrain(x, names):
   if context is None:
     return x
   mesh, rules = context
-  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(names, rules)))
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_pspec(names, rules)))

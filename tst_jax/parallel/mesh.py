@@ -12,7 +12,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from tst_jax import schema
 from tst_jax.errors import ConfigError
-from tst_jax.parallel.logical import logical_to_spec, mesh_axes
+from tst_jax.parallel.logical import logical_to_pspec, mesh_axes
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 _AXIS = schema.Rule(
@@ -85,16 +85,16 @@ def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
 
 def tree_shardings(logical_specs, mesh: Mesh, rules):
   """A pytree of logical PartitionSpecs (nnx.get_partition_spec) -> NamedShardings."""
-  def to_sharding(spec):
-    names = tuple(spec) if isinstance(spec, PartitionSpec) else ()
-    return NamedSharding(mesh, logical_to_spec(names, rules))
+  def to_sharding(pspec):
+    names = tuple(pspec) if isinstance(pspec, PartitionSpec) else ()
+    return NamedSharding(mesh, logical_to_pspec(names, rules))
   return jax.tree.map(to_sharding, logical_specs,
                       is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
 
 
 def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
   """Batches shard their first axis like the 'batch' logical axis; the rest is replicated."""
-  return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), rules))
+  return NamedSharding(mesh, logical_to_pspec(("batch",) + (None,) * (ndim - 1), rules))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -102,8 +102,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def _axes(sharding: NamedSharding, dim: int) -> tuple[str, ...]:
-  spec = tuple(sharding.spec) + (None,) * (dim + 1 - len(sharding.spec))
-  return mesh_axes(spec[dim])
+  pspec = tuple(sharding.spec) + (None,) * (dim + 1 - len(sharding.spec))
+  return mesh_axes(pspec[dim])
 
 
 def shards(sharding: NamedSharding, dim: int) -> int:

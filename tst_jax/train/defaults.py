@@ -47,7 +47,7 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
   """Sets the arm named by `arg`, every config file's `:arg` (in place, also returned): a comma
   list of 'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
   'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
-  (superposition at one end only), 'smooth' (phase 1 in stages of S, S/2, ... 2:
+  (superposition at one end only), 'smooth' (phase 1 as tst phases of S, S/2, ... 2:
   tst.schedule='halve'), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k' (total steps:
   N thousand, e.g. 2k, 1.5k, 0.45k).
   `name` is the config file, for the error message."""

@@ -30,11 +30,11 @@ log = logging.getLogger("tst_jax")
 def train(s: Setup) -> dict:
   """Trains the phases of `s.plan` from the latest checkpoint (or step 0) to the end; returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
-  cfg, plan = s.spec.train, s.plan
+  settings, plan = s.spec.train, s.plan
   state, start = s.restore_or_init()
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
-                    bar=cfg.progress_bar and sys.stdout.isatty())
+                    bar=settings.progress_bar and sys.stdout.isatty())
   tokens = run_data.TrainTokens.of(s.data.train)
   if primary:                         # <workdir>/plan.json, before the first step
     PlanRecord(plan, tokens, s.resolved).write(s.workdir)
@@ -42,7 +42,7 @@ def train(s: Setup) -> dict:
                 else f"resuming {s.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(s.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
-  step_log = StepLog(plan, cfg, writer, console, s.checkpoints)
+  step_log = StepLog(plan, settings, writer, console, s.checkpoints)
   guard = PreemptionGuard()
   t0 = time.time()
   try:
@@ -56,7 +56,7 @@ def train(s: Setup) -> dict:
         state, metrics = train_step(state, next(batches))
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
-        if done % cfg.eval_every == 0 or done == phase.last_step:
+        if done % settings.eval_every == 0 or done == phase.last_step:
           step_log.flush()
           loss = s.evaluate(state.params)
           writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done)))
@@ -111,8 +111,8 @@ class StepLog:
   """A step's metrics, fetched one step late (so the host never waits on the device): the
   non-finite guard on every step, a metrics.jsonl line and a console line per log_every."""
 
-  def __init__(self, plan: Plan, cfg, writer, console: Console, checkpoints):
-    self.plan, self.cfg, self.writer, self.console = plan, cfg, writer, console
+  def __init__(self, plan: Plan, settings, writer, console: Console, checkpoints):
+    self.plan, self.settings, self.writer, self.console = plan, settings, writer, console
     self.checkpoints = checkpoints
     self.pending, self.t_last, self.nan_skips = None, time.time(), 0
 
@@ -128,11 +128,11 @@ class StepLog:
     metrics = _scalars(jax.device_get(metrics))
     if not metrics.pop("finite"):
       self.non_finite(step, metrics)
-    logged = step % self.cfg.log_every == 0 or step == phase.last_step
+    logged = step % self.settings.log_every == 0 or step == phase.last_step
     rate = 0.0
     if logged:
       now = time.time()
-      steps = min(self.cfg.log_every, step - phase.first_step) or 1
+      steps = min(self.settings.log_every, step - phase.first_step) or 1
       rate = phase.data_tokens_per_step * steps / max(now - self.t_last, 1e-9)
       self.t_last = now
       self.writer.write(dict(step=step, phase=phase.name, bag_size=phase.bag_size, **metrics,
@@ -143,14 +143,14 @@ class StepLog:
     """train.nan_policy: the update was not applied; skip (up to max_nan_skips) or stop."""
     self.nan_skips += 1
     bad = "loss" if not np.isfinite(metrics["loss"]) else "grad_norm"
-    if self.cfg.nan_policy != "skip" or self.nan_skips > self.cfg.max_nan_skips:
+    if self.settings.nan_policy != "skip" or self.nan_skips > self.settings.max_nan_skips:
       raise FloatingPointError(
           f"non-finite {bad} ({metrics[bad]}) at step {step}; the update was not applied. "
           f"Last good checkpoint: step {self.checkpoints.latest_step()} in "
-          f"{self.checkpoints.directory} (train.nan_policy={self.cfg.nan_policy!r}, "
+          f"{self.checkpoints.directory} (train.nan_policy={self.settings.nan_policy!r}, "
           f"{self.nan_skips} non-finite steps)")
     log.warning("step %d: non-finite %s, batch skipped (%d of at most %d)", step, bad,
-                self.nan_skips, self.cfg.max_nan_skips)
+                self.nan_skips, self.settings.max_nan_skips)
 
 
 class _NoWriter:

@@ -44,7 +44,7 @@ def summarize(workdir: str, plan, final_eval: float, write: bool = True, **field
   `fields`); with `write`, to <workdir>/summary.json with the loss plot <workdir>/loss.png."""
   path = os.path.join(workdir, "metrics.jsonl")
   evals = {r["step"]: r["eval_loss"] for r in read(path) if "eval_loss" in r}
-  tst = [p for p in plan.phases if p.is_tst]     # phase 1: one tst phase per stage
+  tst = [p for p in plan.phases if p.is_tst]     # phase 1: one or more tst phases
   switch = tst[-1].last_step if tst and len(tst) < len(plan.phases) else None
   summary = dict(final_eval_loss=final_eval, steps=plan.total_steps,
                  phase1_end_eval_loss=evals.get(switch), **fields,

@@ -1,4 +1,4 @@
-"""The run plan: phases (tst for round(r*T) steps, in stages of decreasing S with
+"""The run plan: phases (tst for round(r*T) steps, as several tst phases of decreasing S with
 tst.schedule, then ntp), their tokens and FLOPs, and the warning of a run too short for TST."""
 
 from __future__ import annotations
@@ -21,30 +21,30 @@ PLAN_FILE = "plan.json"   # the run's plan in its workdir (PlanRecord), written 
 
 
 def bag_schedule(tst) -> tuple[int, ...]:
-  """S of each stage of phase 1, from tst.schedule: '' is the paper's hard switch, one stage
-  of tst.bag_size; 'halve' is S, S/2, S/4, ... down to 2; 'S1,S2,...' (decreasing, each >= 2,
-  S1 = tst.bag_size) gives them. Each stage is a tst phase of an equal share of the round(r*T)
+  """S of each tst phase of phase 1, from tst.schedule: '' is the paper's hard switch, one
+  tst phase of tst.bag_size; 'halve' is S, S/2, S/4, ... down to 2; 'S1,S2,...' (decreasing,
+  each >= 2, S1 = tst.bag_size) gives them. Each gets an equal share of the round(r*T)
   phase-1 steps at the same FLOPs per step; ntp (S = 1) follows."""
-  spec = tst.schedule.strip()
-  s = tst.bag_size
-  if spec in ("", "halve"):
-    stages = [s]
-    while spec and stages[-1] // 2 >= 2:
-      stages.append(stages[-1] // 2)
-    return tuple(stages)
-  parts = [p.strip() for p in spec.split(",")]
+  text = tst.schedule.strip()
+  if text in ("", "halve"):
+    bag_sizes = [tst.bag_size]
+    while text and bag_sizes[-1] // 2 >= 2:
+      bag_sizes.append(bag_sizes[-1] // 2)
+    return tuple(bag_sizes)
+  parts = [p.strip() for p in text.split(",")]
   if not all(p.isdigit() for p in parts):
-    raise ValueError(f"must be '', 'halve' or a comma list of bag sizes, got {spec!r}")
-  stages = tuple(int(p) for p in parts)
-  if stages[0] != s or any(b >= a for a, b in zip(stages, stages[1:])) or stages[-1] < 2:
-    raise ValueError(f"{spec!r}: the bag sizes must start at tst.bag_size ({s}), decrease, "
-                     "and stay >= 2 (S = 1 is the ntp phase that follows)")
-  return stages
+    raise ValueError(f"must be '', 'halve' or a comma list of bag sizes, got {text!r}")
+  bag_sizes = tuple(int(p) for p in parts)
+  if (bag_sizes[0] != tst.bag_size or any(b >= a for a, b in zip(bag_sizes, bag_sizes[1:]))
+      or bag_sizes[-1] < 2):
+    raise ValueError(f"{text!r}: the bag sizes must start at tst.bag_size ({tst.bag_size}), "
+                     "decrease, and stay >= 2 (S = 1 is the ntp phase that follows)")
+  return bag_sizes
 
 
-def _stage_steps(steps: int, stages: int) -> list[int]:
-  """`steps` shared by `stages` as equally as can be (the first ones get one more)."""
-  return [steps // stages + (k < steps % stages) for k in range(stages)]
+def _shares(steps: int, parts: int) -> list[int]:
+  """`steps` shared by `parts` as equally as can be (the first ones get one more)."""
+  return [steps // parts + (k < steps % parts) for k in range(parts)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,9 +213,9 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
   (checked) and the data's L and B. r = 0 or S = 1 is the baseline."""
   family = models.module_for(model_cfg)
   total, active = family.param_counts(model_cfg)
-  seq, batch, s = seq_len, batch_size, tst.bag_size
+  seq, batch = seq_len, batch_size
   steps_total = total_steps
-  tst_steps = round(tst.ratio * steps_total) if s > 1 else 0
+  tst_steps = round(tst.ratio * steps_total) if tst.bag_size > 1 else 0
 
   def phase(name, first, steps, bag, mode, latent, rows):
     flops = family.flops_per_token(model_cfg, latent) * latent * rows
@@ -223,8 +223,8 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
     return Phase(name, first, steps, bag, mode, latent, rows, flops, **loss)
 
   phases, first = [], 0
-  stages = bag_schedule(tst)     # one tst phase per stage (its own S, data region and step)
-  for bag, steps in zip(stages, _stage_steps(tst_steps, len(stages))):
+  bag_sizes = bag_schedule(tst)   # one tst phase each (its own S, data region and step)
+  for bag, steps in zip(bag_sizes, _shares(tst_steps, len(bag_sizes))):
     if not steps:
       continue
     if tst.equal_flops == "batch" and tst.mode != "output_only":

@@ -55,7 +55,7 @@ class Tst:
                                   "(the paper's) | batch: S x the rows of L/S bags")
   reinit_at_switch: bool = schema.field(False, schema.BOOL, "re-initialise embedding and head "
                                         "at the switch (the randomisation ablation)")
-  schedule: str = schema.field("", schema.STRING, "phase 1's stages: '' one (the hard switch) "
+  schedule: str = schema.field("", schema.STRING, "phase 1's tst phases: '' one (the hard switch) "
                                "| halve (S, S/2, ... 2) | 'S1,S2,...'", added="")
 
 

@@ -147,17 +147,17 @@ def check(config) -> RunSpec:
   typed = sections_of(config)
   model, tst, data, opt = typed["model"], typed["tst"], typed["data"], typed["optimizer"]
   try:
-    stages = bag_schedule(tst)
+    bag_sizes = bag_schedule(tst)
   except ValueError as e:
     raise ConfigError("tst.schedule", str(e)) from None
-  for s in stages:
+  for bag_size in bag_sizes:
     try:
-      losses.bag_weights(tst.weighting, s)
+      losses.bag_weights(tst.weighting, bag_size)
     except (ValueError, TypeError) as e:
       raise ConfigError("tst.weighting", str(e)) from None
     if tst.equal_flops == "batch" and tst.mode != "output_only":
-      _require(data.seq_len % s == 0, "data.seq_len",
-               f"{data.seq_len} must be divisible by tst.bag_size {s} when "
+      _require(data.seq_len % bag_size == 0, "data.seq_len",
+               f"{data.seq_len} must be divisible by tst.bag_size {bag_size} when "
                "tst.equal_flops='batch' (the model sees seq_len / bag_size bags)")
   _require(data.batch_size % opt.grad_accum == 0, "optimizer.grad_accum",
            f"{opt.grad_accum} must divide data.batch_size {data.batch_size}")

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
   if args.seeds:
     seeds = [int(s) for s in args.seeds.split(",")]
   else:
-    seeds = [int(resolve(args.config, args.set)[0].seed)]
+    seeds = [resolve(args.config, args.set)[1].seed]
   arms = [a.strip() for a in args.arms.split(",") if a.strip()]
   if arms and (args.grid or args.include_baseline):
     raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
@@ -86,16 +86,16 @@ def main(argv=None) -> int:
   if not points:
     raise SystemExit("no points: give --arms, or --grid and/or --include_baseline")
   # Every point's config, before anything runs: a misspelt arm or override fails here.
-  configs = [resolve(p.config_spec(args.config), p.overrides(args.set))[0] for p in points]
+  specs = [resolve(p.config_arg(args.config), p.overrides(args.set))[1] for p in points]
   if args.dry_run:
     for point in points:
-      print(point.name, point.config_spec(args.config), " ".join(point.overrides(args.set)))
+      print(point.name, point.config_arg(args.config), " ".join(point.overrides(args.set)))
     return 0
   cache = args.compilation_cache
   import jax
   if not cache:
     cache = jax.config.jax_compilation_cache_dir or os.path.join(args.workdir, ".jax_cache")
-  if (cache != "none" and any(c.mesh.expert not in (0, 1) for c in configs)
+  if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
       and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
     # persistent cache (docs/distributed.md); compiling it afresh is correct.
@@ -111,8 +111,8 @@ def main(argv=None) -> int:
 
   status = {}
   with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
-    for config in {data_key(c): c for c in configs}.values():
-      prepare_shared_data(args.workdir, config)      # tokenize once, before any point runs
+    for spec in {data_key(s): s for s in specs}.values():
+      prepare_shared_data(args.workdir, spec)        # tokenize once, before any point runs
     if args.parallel > 1:
       # Subprocesses on one accelerator: each may grow to its share of the memory.
       env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",

@@ -20,7 +20,7 @@ class Point:
   baseline: bool
   arm: str = ""         # a config arg ('+' for ','), for --arms
 
-  def config_spec(self, config: str) -> str:
+  def config_arg(self, config: str) -> str:
     """'path[:arg]' plus this point's arm: configs/x.py:s8,r0.5."""
     if not self.arm:
       return config
@@ -53,7 +53,7 @@ def make_arm_points(arms: list[str], seeds: list[int]) -> list[Point]:
           for arm in arms for seed in seeds]
 
 
-def resolve(config_spec: str, overrides: list[str]):
-  """(config, plan) of 'path[:arg]' with `overrides` applied, checked."""
-  config = configlib.apply_overrides(configlib.load_config(config_spec), overrides)
-  return config, spec_lib.check(config).plan
+def resolve(config_arg: str, overrides: list[str]):
+  """(config, its checked RunSpec) of 'path[:arg]' with `overrides` applied."""
+  config = configlib.apply_overrides(configlib.load_config(config_arg), overrides)
+  return config, spec_lib.check(config)

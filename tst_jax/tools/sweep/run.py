@@ -17,7 +17,7 @@ import traceback
 from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
 from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
-from tst_jax.train import cli, spec as spec_lib
+from tst_jax.train import cli
 
 _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "main.py")
@@ -54,19 +54,20 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   resumes it) or 'not started'."""
   point_dir = os.path.join(args.workdir, point.name)
   overrides = point.overrides(args.set)
-  spec = point.config_spec(args.config)
-  config, plan = resolve(spec, overrides)
-  if finished(point_dir, config.train.steps):
+  config_arg = point.config_arg(args.config)
+  config, spec = resolve(config_arg, overrides)
+  plan = spec.plan
+  if finished(point_dir, plan.total_steps):
     print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
     return "skipped"
   if args.deadline is not None and time.time() >= args.deadline:
     print(f"[{index}/{total}] {point.name}: not started (--deadline_s)", flush=True)
     return "not started"
   os.makedirs(point_dir, exist_ok=True)
-  if not config.data.source.startswith("tokens:"):   # a tokens: store is read where it is
-    link_prepared_data(shared_data_dir(args.workdir, config), point_dir)
-  meta = dict(name=point.name, config=spec, overrides=overrides, grid=point.grid, arm=point.arm,
-              seed=point.seed, baseline=point.baseline, data_key=data_key(config),
+  if not spec.data.source.startswith("tokens:"):   # a tokens: store is read where it is
+    link_prepared_data(shared_data_dir(args.workdir, spec), point_dir)
+  meta = dict(name=point.name, config=config_arg, overrides=overrides, grid=point.grid,
+              arm=point.arm, seed=point.seed, baseline=point.baseline, data_key=data_key(spec),
               r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
               plan=plan.to_json(), status="running")
   fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
@@ -74,7 +75,7 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   t0 = time.time()
   try:
     if args.subprocess or args.parallel > 1 or args.deadline is not None:
-      cmd = [sys.executable, _MAIN, "--config", spec, "--workdir", point_dir,
+      cmd = [sys.executable, _MAIN, "--config", config_arg, "--workdir", point_dir,
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
       with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
@@ -153,24 +154,23 @@ def compilation_cache(path: str | None):
       os.environ["JAX_COMPILATION_CACHE_DIR"] = before[1]
 
 
-def shared_data_dir(workdir: str, config) -> str:
-  return os.path.join(workdir, "data_" + hashlib.sha256(data_key(config).encode()).hexdigest()[:12])
+def shared_data_dir(workdir: str, spec) -> str:
+  return os.path.join(workdir, "data_" + hashlib.sha256(data_key(spec).encode()).hexdigest()[:12])
 
 
-def prepare_shared_data(workdir: str, config):
-  """Prepares the token store of `config`'s data (with its BPE tokenizer) once, in
+def prepare_shared_data(workdir: str, spec):
+  """Prepares the token store of a run spec's data (with its BPE tokenizer) once, in
   W/data_<key>/data (the trainer's own prepare_data), for every point with the same data to
   link; a `tokens:` store needs nothing."""
-  if config.data.source.startswith("tokens:"):
+  if spec.data.source.startswith("tokens:"):
     return
-  path = shared_data_dir(workdir, config)
+  path = shared_data_dir(workdir, spec)
   done = os.path.join(path, "prepared.json")
   if not os.path.exists(done):
     t0 = time.time()
-    spec = spec_lib.check(config)
     spec.check_paths()
-    data = run_data.prepare_data(spec.data, path, config.model.vocab_size, block=(0, 1))
-    fileio.write_json(done, dict(data_key=data_key(config), train_tokens=len(data.train),
+    data = run_data.prepare_data(spec.data, path, spec.model.vocab_size, block=(0, 1))
+    fileio.write_json(done, dict(data_key=data_key(spec), train_tokens=len(data.train),
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
@@ -198,11 +198,10 @@ def _link_or_copy(src: str, dst: str):
     shutil.copyfile(src, dst)
 
 
-def data_key(config) -> str:
-  """What the prepared store of a run depends on (not seq_len or batch_size: points that
-  differ only in those share one store)."""
-  return json.dumps(run_data.store_request(spec_lib.check(config).data,
-                                           config.model.vocab_size), sort_keys=True)
+def data_key(spec) -> str:
+  """What the prepared store of a run spec depends on (not seq_len or batch_size: points
+  that differ only in those share one store)."""
+  return json.dumps(run_data.store_request(spec.data, spec.model.vocab_size), sort_keys=True)
 
 
 def _cli_value(config, dotted: str) -> str:
