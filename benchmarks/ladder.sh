@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed-up ladder on one GPU (python -m tst_jax.tools.ladder): configs/gpu_small.py's TST
-# arm at several lengths and baselines of 1, 1.5 and 2x each, in calls of at most TOTAL_S
+# arm at several lengths and baselines of 0.5, 1, 1.5 and 2x each, in calls of at most TOTAL_S
 # seconds into the same WORKDIR; each call resumes the last (run it again until the report
 # lists nothing unfinished: about 22 minutes of one H100 for 1k,2k,4k).
 #

@@ -10,7 +10,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax.analysis.frontier import Frontier, Trend
 from tst_jax.tools import ladder, sweep
-from tst_jax.train import plan as plan_lib, spec as spec_lib
+from tst_jax.train import outlook, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
@@ -30,37 +30,39 @@ def test_ladder_arms_and_their_order():
 
 def test_trend_fit_and_prediction_inside_its_range_only():
   points = [(0.5, 0.8, "a"), (1.0, 1.0, "b"), (2.0, 1.2, "c")]
-  trend = Trend.fit(points, "test")
+  trend = Trend.fit(points, 1e6, "test")
   assert trend.b == pytest.approx(0.2 / math.log(2)) and trend.a == pytest.approx(1.0)
   assert trend.predict(1.0) == pytest.approx(1.0)
   assert trend.predict(math.sqrt(2)) == pytest.approx(1.1)
   assert trend.predict(0.49) is None and trend.predict(2.1) is None
-  assert Trend.fit(points[:1], "one x") is None
+  assert Trend.fit(points[:1], 1e6, "one x") is None
+  assert trend.predict(1.0, 2e6) == pytest.approx(1.0) and trend.predict(1.0, 2.1e6) is None
+  assert trend.predict(1.0, 0.5e6) is not None and trend.predict(1.0, 0.49e6) is None
 
 
 def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monkeypatch):
   plan = spec_lib.check(tiny_config(steps=12, ratio=0.5)).plan
   x = plan.tokens_per_param
   assert x == pytest.approx(12 * 4 * 16 / plan.params_active)
-  trend = Trend.fit([(x / 2, 0.9, "a"), (x * 2, 1.3, "b")], "test")
+  trend = Trend.fit([(x / 2, 0.9, "a"), (x * 2, 1.3, "b")], plan.params_active, "test")
   path = tmp_path / "speedup_trend.json"
   path.write_text(json.dumps(trend.to_json()))
-  monkeypatch.setattr(plan_lib, "TREND_FILE", str(path))
-  plan_lib.measured_trend.cache_clear()
+  monkeypatch.setattr(outlook, "TREND_FILE", str(path))
+  outlook.measured_trend.cache_clear()
   try:
     assert Trend.load(str(path)) == trend
-    text = plan_lib.format_plan(plan)
+    text = outlook.format_plan(plan)
     assert "predicted 1.10x by the trend of 2 measured runs" in text
-    assert plan_lib.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule
-    assert plan.ntp_tokens_per_param < plan_lib.PAYS_FROM_NTP_TOKENS_PER_PARAM
-    behind = Trend.fit([(x / 2, 0.7, "a"), (x * 2, 0.9, "b")], "test")
-    assert "trend predicts 0.80x" in plan_lib.behind_baseline_warning(plan, behind)
+    assert outlook.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule
+    assert plan.ntp_tokens_per_param < outlook.PAYS_FROM_NTP_TOKENS_PER_PARAM
+    behind = Trend.fit([(x / 2, 0.7, "a"), (x * 2, 0.9, "b")], plan.params_active, "test")
+    assert "trend predicts 0.80x" in outlook.behind_baseline_warning(plan, behind)
     longer = spec_lib.check(tiny_config(steps=60, ratio=0.5)).plan
-    assert "not predicted: outside the measured range" in plan_lib.format_plan(longer)
+    assert "not predicted: outside the measured range" in outlook.format_plan(longer)
     baseline = spec_lib.check(tiny_config(steps=12, ratio=0.0)).plan
-    assert "where TST pays" not in plan_lib.format_plan(baseline)
+    assert "where TST pays" not in outlook.format_plan(baseline)
   finally:
-    plan_lib.measured_trend.cache_clear()
+    outlook.measured_trend.cache_clear()
 
 
 def test_ladder_end_to_end_at_tiny_shapes(tmp_path, capsys):

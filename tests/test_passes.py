@@ -8,7 +8,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
-from tst_jax.train import cli, plan as plan_lib, spec as spec_lib
+from tst_jax.train import cli, outlook, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = "warning: the data repeats"
@@ -26,7 +26,7 @@ def test_plan_of_a_long_run_on_a_short_corpus_warns_with_the_passes(capsys):
   total = config.plan.tokens_at(3000)["data_tokens"] / tokens.count
   assert total > 30
   assert f"{REPEATS}: the run reads its training tokens at least {total:.3g} times" in out
-  assert f"at most {plan_lib.human(tokens.count)} training tokens" in out
+  assert f"at most {outlook.human(tokens.count)} training tokens" in out
   cli.run(_demo(), "", mode="plan")                  # the demo as shipped reads 0.68 of them
   assert REPEATS not in capsys.readouterr().out
 
@@ -45,10 +45,10 @@ def test_passes_count_a_stores_tokens_exactly(tmp_path):
   # 20 steps of 4 x 32 tokens (S = 2) then 20 of 4 x 16: each phase's share, and the sum.
   each = spec.plan.passes(tokens.count)
   assert each == pytest.approx([20 * 4 * 32 / tokens.count, 20 * 4 * 16 / tokens.count])
-  text = plan_lib.format_plan(spec.plan, tokens=tokens)
+  text = outlook.format_plan(spec.plan, tokens=tokens)
   assert f"the run {sum(each):.3g}" in text and (REPEATS in text) == (sum(each) > 1)
   long = spec_lib.check(tiny_config(steps=4000)).plan
-  assert REPEATS in plan_lib.format_plan(long, tokens=tokens)
+  assert REPEATS in outlook.format_plan(long, tokens=tokens)
 
 
 def test_a_source_of_unknown_size_is_counted_when_tokenized(tmp_path):
@@ -57,7 +57,7 @@ def test_a_source_of_unknown_size_is_counted_when_tokenized(tmp_path):
   config.data.source = f"jsonl:{tmp_path}/*.jsonl.gz"
   spec = spec_lib.check(config)
   assert run_data.training_tokens(spec.data) is None
-  assert "counted once data.source is tokenized" in plan_lib.format_plan(spec.plan)
+  assert "counted once data.source is tokenized" in outlook.format_plan(spec.plan)
 
 
 def _demo(**data_and_train):

@@ -7,7 +7,7 @@ from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul
 from tst_jax.train import spec as spec_lib
-from tst_jax.train.plan import format_plan
+from tst_jax.train.outlook import format_plan
 
 
 @pytest.mark.parametrize("dtype,head_dim,where,expected,reason", [

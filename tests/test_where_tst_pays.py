@@ -1,11 +1,12 @@
-"""The plan's warning for runs too short for TST to end ahead of its baseline."""
+"""The plan's warning for runs where TST is expected to end behind its baseline: too short a
+next-token phase, or a model as small as every one where TST ended behind."""
 
 import os
 
 import pytest
 
 from tst_jax.configlib import load_config
-from tst_jax.train import cli, plan as plan_lib, spec as spec_lib
+from tst_jax.train import cli, outlook, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,6 +19,7 @@ def config(name, arg=""):
     ("demo", "", True, 210 * 16 * 128 / 1.84e6),        # 0.23: the demo ends behind
     ("demo", "smooth", True, 210 * 16 * 128 / 1.84e6),
     ("demo", "baseline", False, None),                   # nothing to compare
+    ("cpu_ladder", "", True, 2800 * 8 * 64 / 328_256),  # 4.4, but 0.33M params: all behind
     ("gpu_small", "", False, 1400 * 64 * 512 / 33.6e6),  # 1.37: measured ahead by 0.05
     ("llama_270m", "", False, 14000 * 1024 * 2048 / 254e6),
 ])
@@ -26,6 +28,6 @@ def test_the_plan_warns_when_the_next_token_phase_is_too_short(name, arg, warned
   plan = spec_lib.check(config(name, arg)).plan
   got = plan.ntp_tokens_per_param
   assert got == pytest.approx(tokens_per_param, rel=0.01) if tokens_per_param else got is None
-  assert (plan_lib.BEHIND_WARNING in plan_lib.format_plan(plan)) == warned
+  assert (outlook.BEHIND_WARNING in outlook.format_plan(plan)) == warned
   cli.run(config(name, arg), "", mode="plan")
-  assert (plan_lib.BEHIND_WARNING in capsys.readouterr().out) == warned
+  assert (outlook.BEHIND_WARNING in capsys.readouterr().out) == warned

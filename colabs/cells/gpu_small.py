@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 from tst_jax import configlib
 from tst_jax.train import cli, metrics
 from tst_jax.train import spec as spec_lib
-from tst_jax.train.plan import format_plan
+from tst_jax.train.outlook import format_plan
 
 {SMALL_FLAG}
 print("JAX", jax.__version__, jax.devices())

@@ -30,7 +30,7 @@ from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
 from tst_jax.train import cli, metrics
 from tst_jax.train import spec as spec_lib
-from tst_jax.train.plan import format_plan
+from tst_jax.train.outlook import format_plan
 
 {SMALL_FLAG}
 print("JAX", jax.__version__, jax.devices())

@@ -132,28 +132,39 @@ def spread(values) -> dict | None:
 
 @dataclasses.dataclass(frozen=True)
 class Trend:
-  """speed-up ≈ a + b · ln(tokens per parameter), least squares over measured points, valid
-  over the range of tokens per parameter it was measured on."""
+  """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one
+  recipe: valid over the tokens per parameter it was measured on, for models of about its
+  size (within a factor SIZE_RANGE: where TST pays depends on the size too)."""
   a: float
   b: float
   low: float             # tokens per parameter: the measured range
   high: float
+  params: float          # active parameters of the recipe the points were measured on
   points: tuple          # (tokens per parameter, speed-up, label)
   source: str            # command, device, date: where the points come from
 
+  SIZE_RANGE = 2.0
+
   @classmethod
-  def fit(cls, points, source: str = "") -> Trend | None:
-    """From (tokens per parameter, speed-up, label) points; None with fewer than two
-    distinct tokens per parameter."""
+  def fit(cls, points, params: float, source: str = "") -> Trend | None:
+    """From (tokens per parameter, speed-up, label) points of a `params`-parameter recipe;
+    None with fewer than two distinct tokens per parameter."""
     x = np.log([p[0] for p in points])
     if len(set(np.round(x, 9))) < 2:
       return None
     b, a = np.polyfit(x, [p[1] for p in points], 1)
     return cls(float(a), float(b), float(np.exp(x.min())), float(np.exp(x.max())),
-               tuple((float(p[0]), float(p[1]), str(p[2])) for p in points), source)
+               float(params), tuple((float(p[0]), float(p[1]), str(p[2])) for p in points),
+               source)
 
-  def predict(self, tokens_per_param: float) -> float | None:
-    """The fitted speed-up, None outside the measured range."""
+  def covers_size(self, params: float) -> bool:
+    return self.params / self.SIZE_RANGE <= params <= self.params * self.SIZE_RANGE
+
+  def predict(self, tokens_per_param: float, params: float | None = None) -> float | None:
+    """The fitted speed-up; None outside the measured range, or for a model of `params`
+    parameters far from the recipe's."""
+    if params is not None and not self.covers_size(params):
+      return None
     if not self.low * (1 - 1e-9) <= tokens_per_param <= self.high * (1 + 1e-9):
       return None
     return self.a + self.b * math.log(tokens_per_param)
@@ -165,5 +176,5 @@ class Trend:
   def load(cls, path: str) -> Trend:
     with open(path) as f:
       record = json.load(f)
-    return cls(**{k: record[k] for k in ("a", "b", "low", "high", "source")},
+    return cls(**{k: record[k] for k in ("a", "b", "low", "high", "params", "source")},
                points=tuple(tuple(p) for p in record["points"]))

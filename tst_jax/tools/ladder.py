@@ -4,7 +4,8 @@ r"""The speed-up ladder: TST's equal-loss speed-up against run length, measured 
       --lengths 1k,2k,4k --seeds 0 --parallel 4 --deadline_s 540
 
 For each length T it trains the config's TST arm (`--tst_arm`) for T steps and baselines of
-T, 1.5T and 2T steps (`--baseline_factors`), every one a point of `tools.sweep` in W: points
+T/2, T, 1.5T and 2T steps (`--baseline_factors`: the frontier on both sides of the TST run,
+whether it ends ahead or behind), every one a point of `tools.sweep` in W: points
 already finished are skipped, interrupted ones resume from their checkpoints, so one call of
 at most ten minutes (`--deadline_s` stops the running points with a checkpoint in time) is
 followed by the same command until every point is done. Each TST run's equal-loss speed-up
@@ -69,10 +70,11 @@ def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[s
     path = os.path.join(workdir, name)
     if meta.get("arm") and final_eval(path, plan.total_steps) is not None:
       runs.append((meta["arm"], meta["seed"], load_run(path)))
-  tokens_per_param = {run.name: run.plan.tokens_per_param for _, _, run in runs}
+  plans = {run.name: run.plan for _, _, run in runs}
   _, per_run, notes = arms.summarize_arms(runs)
   points = [dict(arm=r["arm"], seed=r["seed"], run=r["run"], steps=r["steps"],
-                 tokens_per_param=tokens_per_param[r["run"]], final_loss=r["final_loss"],
+                 tokens_per_param=plans[r["run"]].tokens_per_param,
+                 params=plans[r["run"]].params_active, final_loss=r["final_loss"],
                  delta_equal_flops=r["delta_equal_flops"], speedup=r["speedup"],
                  speedup_bound=r["speedup_bound"], speedup_text=r["speedup_text"],
                  baselines=r["frontier"])
@@ -96,10 +98,11 @@ def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[s
 
 
 def fit(points: list[dict], source: str) -> Trend | None:
-  """The trend over the exact speed-ups (bounds are shown, not fitted)."""
+  """The trend over the exact speed-ups (bounds are shown, not fitted), of the recipe's
+  model size (every point of a ladder has the same)."""
   exact = [(p["tokens_per_param"], p["speedup"], f"{p['arm']} seed {p['seed']}")
            for p in points if p["speedup"] is not None and p["speedup_bound"] == "="]
-  return Trend.fit(exact, source)
+  return Trend.fit(exact, points[0]["params"], source) if exact else None
 
 
 def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
   p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/gpu_small.py")
   p.add_argument("--workdir", required=True, help="one subdirectory per run; the reports here")
   p.add_argument("--lengths", default="1k,2k,4k", help="TST run lengths, <N>k each")
-  p.add_argument("--baseline_factors", default="1,1.5,2",
+  p.add_argument("--baseline_factors", default="0.5,1,1.5,2",
                  help="baselines of each length times these (the frontier around each TST run)")
   p.add_argument("--tst_arm", default="tst", help="the TST arm at every length (e.g. s2)")
   p.add_argument("--seeds", default="0", help="comma list")

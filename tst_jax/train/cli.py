@@ -14,7 +14,7 @@ from tst_jax.data import run_data
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed, xla_flags
 from tst_jax.train import fit, loop, spec as spec_lib
-from tst_jax.train.plan import format_plan
+from tst_jax.train.outlook import format_plan
 from tst_jax.train.setup import Setup, check_workdir
 
 MODES = ("train", "plan", "eval")

@@ -20,7 +20,8 @@ from tst_jax.data import run_data
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.console import Console
-from tst_jax.train.plan import Plan, PlanRecord, format_plan
+from tst_jax.train.outlook import format_plan
+from tst_jax.train.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 from tst_jax.train.setup import Setup
 

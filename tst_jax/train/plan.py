@@ -1,10 +1,9 @@
 """The run plan: phases (tst for round(r*T) steps, as several tst phases of decreasing S with
-tst.schedule, then ntp), their tokens and FLOPs, and the warning of a run too short for TST."""
+tst.schedule, then ntp), their tokens, FLOPs and stream regions, and plan.json's record."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 
@@ -12,9 +11,7 @@ import numpy as np
 
 from tst_jax import fileio, models, platform
 from tst_jax import superposition as sp
-from tst_jax.analysis.frontier import Trend
 from tst_jax.data.run_data import TrainTokens
-from tst_jax.train.console import human
 
 EQUAL_FLOPS = ("seq", "batch")
 PLAN_FILE = "plan.json"   # the run's plan in its workdir (PlanRecord), written as it starts
@@ -237,82 +234,6 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
   return Plan(total, active, tuple(phases), float(tst.ratio) if tst_steps else 0.0)
 
 
-# Where TST starts to pay (docs/results.md, "Where TST starts to pay"): its next-token phase
-# must see this many tokens per active parameter to catch up with the baseline. At GPU scale
-# (33.6M parameters) TST crossed its baseline 600-700 next-token steps after the switch
-# (0.59-0.68 tokens per parameter) and ended 0.05 nats ahead; every CPU-scale run (1-2M
-# parameters, <= 0.35 per parameter) ended behind. One crossing measured: the GPU ladder that
-# would refine it is still to be run (the command is in docs/results.md).
-PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
-BEHIND_WARNING = "at this length TST is expected to end behind its baseline: docs/results.md"
-# The measured trend of the equal-loss speed-up against tokens per parameter
-# (`python -m tst_jax.tools.ladder`; docs/results.md, "The speed-up ladder").
-TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
-
-
-def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
-  """The warning of a TST run too short for TST to pay: where the measured `trend` covers
-  the run, when it predicts a speed-up below 1; elsewhere by the rule of its next-token
-  phase (PAYS_FROM_NTP_TOKENS_PER_PARAM)."""
-  ratio = plan.ntp_tokens_per_param
-  if ratio is None:
-    return None
-  predicted = trend.predict(plan.tokens_per_param) if trend else None
-  if predicted is not None:
-    return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
-                                        f"predicts {predicted:.2f}x at this length)")
-  if ratio >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
-    return None
-  return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ratio:.2g} tokens per "
-          f"parameter; TST has paid from about {PAYS_FROM_NTP_TOKENS_PER_PARAM:g})")
-
-
-@functools.cache
-def measured_trend() -> Trend | None:
-  """The shipped fit of the ladder's points (None when there is none)."""
-  return Trend.load(TREND_FILE) if os.path.isfile(TREND_FILE) else None
-
-
-def pays_line(plan: Plan, trend: Trend | None) -> str | None:
-  """For a TST run: its tokens per parameter and the speed-up the measured trend predicts
-  there, or why it predicts none."""
-  if plan.ntp_tokens_per_param is None:
-    return None
-  x = plan.tokens_per_param
-  line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
-  if trend is None:
-    return line + "not predicted (no measured trend: python -m tst_jax.tools.ladder)"
-  predicted = trend.predict(x)
-  if predicted is None:
-    return line + (f"not predicted: outside the measured range ({trend.low:.3g} to "
-                   f"{trend.high:.3g} tokens per parameter, docs/results.md)")
-  return line + (f"predicted {predicted:.2f}x by the trend of {len(trend.points)} measured "
-                 f"runs ({trend.low:.3g} to {trend.high:.3g} tokens per parameter, "
-                 "docs/results.md)")
-
-
-def data_lines(plan: Plan, tokens) -> list[str]:
-  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown)
-  and a warning when the run reads any of its tokens more than once."""
-  if tokens is None:
-    return ["data: training tokens counted once data.source is tokenized (the run's plan "
-            "then says how many times it reads them)"]
-  each = plan.passes(tokens.count)
-  total, at_least = sum(each), "" if tokens.exact else ">= "
-  per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
-  lines = [f"data: {'' if tokens.exact else 'at most '}{human(tokens.count)} training tokens "
-           f"({tokens.where}); passes over them: {per_phase}, the run {at_least}{total:.3g}"]
-  if total > 1:
-    lines.append(f"warning: the data repeats: the run reads its training tokens "
-                 f"{'at least ' if at_least else ''}{total:.3g} times; a repeated token teaches "
-                 "less than a new one (docs/data.md, 'Passes over the data')")
-  return lines
-
-
-def _label(phase: Phase) -> str:
-  return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
-
-
 @dataclasses.dataclass(frozen=True)
 class PlanRecord:
   """What <workdir>/plan.json holds (process 0 writes it as the run starts, and again on
@@ -349,29 +270,3 @@ class PlanRecord:
       return None
     with open(path) as f:
       return cls.from_json(json.load(f))
-
-
-def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) -> str:
-  """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
-  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON (the
-  record of plan.json)."""
-  lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
-           f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
-           f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"
-           f"{'FLOPs/step':>12}"]
-  for p in plan.phases:
-    lines.append(f"{p.name:<6}{p.steps:>9}{p.bag_size:>4}{p.mode:>13}{p.latent_seq_len:>10}"
-                 f"{p.data_seq_len:>8}{p.batch_size:>7}{human(p.data_tokens_per_step):>15}"
-                 f"{human(p.data_tokens):>13}{human(p.equivalent_tokens):>14}"
-                 f"{human(p.flops_per_step):>12}")
-  lines.append(f"total: {plan.total_steps} steps, {human(plan.data_tokens_total)} data "
-               f"tokens, {human(plan.equivalent_tokens_total)} equivalent tokens, "
-               f"{human(plan.flops_total)} FLOPs")
-  if resolved is not None:
-    lines.append(resolved.line())
-  lines += data_lines(plan, tokens)
-  trend = measured_trend()
-  lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
-  if with_json:
-    lines.append(json.dumps(PlanRecord(plan, tokens, resolved).to_json()))
-  return "\n".join(lines)

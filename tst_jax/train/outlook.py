@@ -1,0 +1,122 @@
+"""What to expect of a planned run, printed with its plan: how many times it reads its data,
+and where TST pays (the measured rule, and the speed-up the ladder's trend predicts)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from tst_jax.analysis.frontier import Trend
+from tst_jax.train.console import human
+from tst_jax.train.plan import Phase, Plan, PlanRecord
+
+# Where TST starts to pay (docs/results.md, "Where TST starts to pay"), from every run
+# measured. It takes both a model large enough and a next-token phase long enough:
+# - at 33.6M active parameters (gpu_small, H100) TST ended ahead in every run whose
+#   next-token phase saw >= 0.98 tokens per parameter, crossing its baseline at 0.59-0.68;
+# - at 0.23M-1.84M (CPU) it ended behind in every run (42 pairs), however long: up to 6.6
+#   next-token tokens per parameter, where the baseline's gap had stopped shrinking;
+# - between 1.84M and 33.6M nothing is measured.
+PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
+BEHIND_UP_TO_PARAMS = 1.84e6      # active parameters: every TST run this small ended behind
+AHEAD_FROM_PARAMS = 33.6e6        # the smallest model where TST has ended ahead
+BEHIND_WARNING = "TST is expected to end behind its baseline: docs/results.md"
+# The measured trend of the equal-loss speed-up against tokens per parameter
+# (`python -m tst_jax.tools.ladder`; docs/results.md, "The speed-up ladder").
+TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
+
+
+def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
+  """The warning of a TST run expected to end behind its baseline: where the measured
+  `trend` covers the run, when it predicts a speed-up below 1; elsewhere when its model is
+  as small as every model where TST ended behind, or its next-token phase is too short."""
+  ratio = plan.ntp_tokens_per_param
+  if ratio is None:
+    return None
+  predicted = trend.predict(plan.tokens_per_param, plan.params_active) if trend else None
+  if predicted is not None:
+    return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
+                                        f"predicts {predicted:.2f}x at this length)")
+  if plan.params_active <= BEHIND_UP_TO_PARAMS:
+    return (f"warning: {BEHIND_WARNING} (at {human(plan.params_active)} parameters: every run "
+            f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, however long)")
+  if ratio >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
+    return None
+  return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ratio:.2g} tokens per "
+          f"parameter; TST has paid from about {PAYS_FROM_NTP_TOKENS_PER_PARAM:g})")
+
+
+@functools.cache
+def measured_trend() -> Trend | None:
+  """The shipped fit of the ladder's points (None when there is none)."""
+  return Trend.load(TREND_FILE) if os.path.isfile(TREND_FILE) else None
+
+
+def pays_line(plan: Plan, trend: Trend | None) -> str | None:
+  """For a TST run: its tokens per parameter and the speed-up the measured trend predicts
+  there, or why it predicts none."""
+  if plan.ntp_tokens_per_param is None:
+    return None
+  x = plan.tokens_per_param
+  line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
+  if trend is None:
+    return line + "not predicted (no measured trend: python -m tst_jax.tools.ladder)"
+  if not trend.covers_size(plan.params_active):
+    return line + (f"not predicted: the measured trend is of a {human(trend.params)}-parameter "
+                   "model (docs/results.md)")
+  predicted = trend.predict(x, plan.params_active)
+  if predicted is None:
+    return line + (f"not predicted: outside the measured range ({trend.low:.3g} to "
+                   f"{trend.high:.3g} tokens per parameter, docs/results.md)")
+  return line + (f"predicted {predicted:.2f}x by the trend of {len(trend.points)} measured "
+                 f"runs ({trend.low:.3g} to {trend.high:.3g} tokens per parameter, "
+                 "docs/results.md)")
+
+
+def data_lines(plan: Plan, tokens) -> list[str]:
+  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown)
+  and a warning when the run reads any of its tokens more than once."""
+  if tokens is None:
+    return ["data: training tokens counted once data.source is tokenized (the run's plan "
+            "then says how many times it reads them)"]
+  each = plan.passes(tokens.count)
+  total, at_least = sum(each), "" if tokens.exact else ">= "
+  per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
+  lines = [f"data: {'' if tokens.exact else 'at most '}{human(tokens.count)} training tokens "
+           f"({tokens.where}); passes over them: {per_phase}, the run {at_least}{total:.3g}"]
+  if total > 1:
+    lines.append(f"warning: the data repeats: the run reads its training tokens "
+                 f"{'at least ' if at_least else ''}{total:.3g} times; a repeated token teaches "
+                 "less than a new one (docs/data.md, 'Passes over the data')")
+  return lines
+
+
+def _label(phase: Phase) -> str:
+  return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
+
+
+def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) -> str:
+  """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
+  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON (the
+  record of plan.json)."""
+  lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
+           f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
+           f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"
+           f"{'FLOPs/step':>12}"]
+  for p in plan.phases:
+    lines.append(f"{p.name:<6}{p.steps:>9}{p.bag_size:>4}{p.mode:>13}{p.latent_seq_len:>10}"
+                 f"{p.data_seq_len:>8}{p.batch_size:>7}{human(p.data_tokens_per_step):>15}"
+                 f"{human(p.data_tokens):>13}{human(p.equivalent_tokens):>14}"
+                 f"{human(p.flops_per_step):>12}")
+  lines.append(f"total: {plan.total_steps} steps, {human(plan.data_tokens_total)} data "
+               f"tokens, {human(plan.equivalent_tokens_total)} equivalent tokens, "
+               f"{human(plan.flops_total)} FLOPs")
+  if resolved is not None:
+    lines.append(resolved.line())
+  lines += data_lines(plan, tokens)
+  trend = measured_trend()
+  lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
+  if with_json:
+    lines.append(json.dumps(PlanRecord(plan, tokens, resolved).to_json()))
+  return "\n".join(lines)
