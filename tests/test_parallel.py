@@ -44,7 +44,7 @@ def train_losses(config, workdir, init=None):
   run = Setup.create(spec_lib.build(config), str(workdir))
   plan = run.plan
   if init is None:
-    state = step_lib.init_state(run.spec.model, run.steps.tx, config.seed, run.steps.mesh, run.spec.rules)
+    state = run.steps.init_state(config.seed)
   else:
     state = jax.device_put(init, run.steps.shardings)
   losses, firsts = [], []
@@ -83,8 +83,7 @@ def reference(tmp_path_factory):
     if family not in cache:
       config = mesh_config(family=family)
       run = Setup.create(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
-      init = jax.device_get(step_lib.init_state(run.spec.model, run.steps.tx, config.seed,
-                                                run.steps.mesh, run.spec.rules))
+      init = jax.device_get(run.steps.init_state(config.seed))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
       cache[family] = init, losses
     return cache[family]
@@ -173,7 +172,7 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   def state_on(mesh):
     config = mesh_config(mesh)
     run = Setup.create(spec_lib.build(config), str(tmp_path / str(mesh[1])))
-    return step_lib.init_state(run.spec.model, run.steps.tx, config.seed, run.steps.mesh, run.spec.rules)
+    return run.steps.init_state(config.seed)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))
   table = fsdp.params["embed"]["table"][...]                          # [V, D]: D over fsdp

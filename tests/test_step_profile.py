@@ -32,7 +32,7 @@ def traced_step(phase_name, moe=False, **mesh):
   phase = next(p for p in plan.phases if p.name == phase_name)
   steps = step_lib.StepBuilder.of(spec)
   step = steps.train_step(phase)
-  state = step_lib.init_state(spec.model, steps.tx, 0, steps.mesh, spec.rules)
+  state = steps.init_state(0)
   window = jax.device_put(np.random.default_rng(0).integers(
       0, spec.model.vocab_size, (phase.batch_size, phase.window), dtype=np.int32),
       steps.batch_sharding)

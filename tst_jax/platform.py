@@ -191,9 +191,6 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
 def resolved_model(model_cfg, resolved: Resolved | None = None):
   """`model_cfg` with the model's `auto` fields as `resolved` chose them (default: resolved
   here and now, for a model built outside a run; a run's spec resolves once, `on_platform`)."""
-  if resolved is None:
-    if "auto" not in (model_cfg.attention_impl, getattr(model_cfg, "expert_impl", "")):
-      return model_cfg
-    resolved = resolve(model_cfg, "naive")
+  resolved = resolved or resolve(model_cfg, "naive")
   return dataclasses.replace(model_cfg, **{f.split(".")[1]: value for f, (value, _) in
                                            resolved.choices.items() if f.startswith("model.")})

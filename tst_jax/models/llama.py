@@ -103,7 +103,8 @@ class Llama(nnx.Module):
   """Llama-3: embedding (superposed for bags) -> scanned decoder blocks -> norm -> head."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-    cfg = platform.resolved_model(cfg)     # `auto` left (a model built outside a run): here
+    if "auto" in (cfg.attention_impl, getattr(cfg, "expert_impl", None)):
+      cfg = platform.resolved_model(cfg)   # a model built outside a run: resolved here once
     self.cfg = cfg
     self.dtype = DTYPES[cfg.dtype]
     self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)

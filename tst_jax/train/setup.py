@@ -76,8 +76,7 @@ class Setup:
     if latest is None and self.spec.init_from_hf:
       return self.init_from_hf(), 0
     if latest is None:
-      return step_lib.init_state(self.spec.model, self.steps.tx, self.spec.seed, self.steps.mesh,
-                                 self.spec.rules), 0
+      return self.steps.init_state(self.spec.seed), 0
     for step in sorted(self.checkpoints.all_steps(), reverse=True):
       self.checkpoints.check_shapes(step, self.abstract_state)
       try:
@@ -154,8 +153,7 @@ class Setup:
   def reinit_embedding_and_head(self, state):
     """The paper's randomisation ablation: fresh embedding and LM head (and their Adam
     moments) at the start of phase 2."""
-    fresh = step_lib.init_state(self.spec.model, self.steps.tx, self.spec.seed + 1, self.steps.mesh,
-                                self.spec.rules)
+    fresh = self.steps.init_state(self.spec.seed + 1)
     return state.replace(params=sp.switch_to_next_token(state.params, fresh.params),
                          opt_state=sp.switch_to_next_token(state.opt_state, fresh.opt_state))
 

@@ -45,17 +45,18 @@ def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
   return init
 
 
+def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
+  """(the model's graph, the abstract TrainState) from one abstract build of the model:
+  nothing allocated, nothing compiled."""
+  graphdef, params = abstract_model(model_cfg)
+  state = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
+  return graphdef, state
+
+
 def state_shardings(model_cfg, tx, mesh, rules):
   """(abstract TrainState, its NamedShardings) from the parameters' logical axis names."""
-  abstract = jax.eval_shape(lambda: init_fn(model_cfg, tx)(jax.random.key(0)))  # no compile
+  _, abstract = abstract_state(model_cfg, tx)
   return abstract, mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
-
-
-def init_state(model_cfg, tx, seed: int, mesh, rules) -> TrainState:
-  """Initialise directly into its shardings: eval_shape -> shardings -> jitted init."""
-  _, shardings = state_shardings(model_cfg, tx, mesh, rules)
-  with axis_rules(mesh, rules):
-    return jax.jit(init_fn(model_cfg, tx), out_shardings=shardings)(jax.random.key(seed))
 
 
 @jax.named_scope("loss")   # the step profile's category (tools/step_profile)
@@ -186,15 +187,22 @@ class StepBuilder:
   abstract: TrainState          # shapes only
   shardings: TrainState         # NamedShardings of each leaf
   batch_sharding: jax.sharding.NamedSharding
+  init: Callable[[jax.Array], TrainState]   # key -> a fresh TrainState (init_fn)
 
   @classmethod
   def of(cls, spec, devices=None) -> StepBuilder:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
-    graphdef, _ = abstract_model(spec.model)
-    abstract, shardings = state_shardings(spec.model, tx, mesh, spec.rules)
+    init = init_fn(spec.model, tx)
+    graphdef, abstract = abstract_state(spec.model, tx)
+    shardings = mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, spec.rules)
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings,
-               mesh_lib.batch_sharding(mesh, spec.rules, 2))
+               mesh_lib.batch_sharding(mesh, spec.rules, 2), init)
+
+  def init_state(self, seed: int) -> TrainState:
+    """A fresh TrainState initialised directly into its shardings (one jitted init)."""
+    with axis_rules(self.mesh, self.spec.rules):
+      return jax.jit(self.init, out_shardings=self.shardings)(jax.random.key(seed))
 
   def check(self) -> None:
     """Before compiling: every parameter, and every phase's (micro-)batch and the eval batch,
