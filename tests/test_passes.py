@@ -8,6 +8,7 @@ import pytest
 from tests.tiny import tiny_config
 from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
+from tst_jax.errors import ConfigError
 from tst_jax.train import cli, outlook, spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,3 +68,18 @@ def _demo(**data_and_train):
   if "steps" in data_and_train:
     config.train.steps = data_and_train["steps"]
   return config
+
+
+def test_max_passes_refuses_a_run_that_would_repeat_its_data_more(tmp_path, capsys):
+  # 40 steps of the tiny run read 20 x 4 x 32 + 20 x 4 x 16 = 3,840 tokens of the store.
+  config = tiny_config(steps=40, ratio=0.5, bag_size=2, train=dict(max_passes=0.01))
+  with pytest.raises(ConfigError, match=r"config.train.max_passes: the run would read the "
+                                        r"[\d,]+ training tokens of .* 0.0\d+ times, more than "
+                                        r"0.01"):
+    cli.run(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "checkpoints").exists()        # refused before training
+  assert (tmp_path / "run" / "data" / "manifest.json").exists()   # the store is kept
+  config.train.max_passes = 1.0                                   # it reads < 1 pass: trains
+  assert cli.run(config, str(tmp_path / "run"))["steps"] == 40
+  with pytest.raises(ConfigError, match="must be a number >= 0"):
+    spec_lib.check(tiny_config(train=dict(max_passes=-1.0)))

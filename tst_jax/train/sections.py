@@ -102,6 +102,9 @@ class Train:
                                  "or gradient: stop | skip (the batch, no update)")
   max_nan_skips: int = schema.field(3, schema.integer(0), "with skip: stop after this many "
                                     "skipped batches")
+  max_passes: float = schema.field(0.0, schema.number(0), "refuse to train a run that would "
+                                   "read its training tokens more times (0: no limit)",
+                                   added=0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,6 +59,12 @@ class Setup:
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       data = run_data.prepare_data(spec.data, workdir, spec.model.vocab_size, block, say=say,
                                    force_resume=spec.train.force_resume)
+    passes = sum(spec.plan.passes(len(data.train)))
+    if spec.train.max_passes and passes > spec.train.max_passes:
+      raise ConfigError("train.max_passes", f"the run would read the {len(data.train):,} "
+                        f"training tokens of {data.train.directory} {passes:.3g} times, more "
+                        f"than {spec.train.max_passes:g}: give it more data, fewer steps, or a "
+                        "larger train.max_passes")
     return cls(spec, workdir, steps, data, block)
 
   @property
