@@ -49,6 +49,29 @@ _OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps ope
 _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
 
 
+def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size):
+  sources_lib.check_val_fraction(val_fraction)
+  sources_lib.check_max_bytes(max_bytes)
+  if val_piece_bytes < 0:
+    raise ValueError(f"val_piece_bytes must be >= 0, got {val_piece_bytes}")
+  if tokenizer == "bpe" and not vocab_size:
+    raise ValueError("tokenizer 'bpe' needs --vocab_size")
+
+
+def _tokenize_inputs(pool, jobs, tasks, progress: bool):
+  """Tokenizes the input shards of `jobs` (the others of `tasks` are done), with a bar."""
+  t0 = time.time()
+  bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
+                  desc="tokenize", disable=not progress)
+  bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
+  tokens_so_far = 0
+  for done in pool.imap_unordered(_tokenize_shard, jobs):
+    tokens_so_far += done["tokens"]
+    bar.update(done["num_bytes"])
+    bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
+  bar.close()
+
+
 def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | None = None,
             seed: int = 0, val_fraction: float = 0.02, val_piece_bytes: int = 0,
             max_bytes: int | None = None,
@@ -56,12 +79,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
             progress: bool = True) -> str:
   """Writes (or finishes, or finds already written) the store of `source` in `out`."""
-  sources_lib.check_val_fraction(val_fraction)
-  sources_lib.check_max_bytes(max_bytes)
-  if val_piece_bytes < 0:
-    raise ValueError(f"val_piece_bytes must be >= 0, got {val_piece_bytes}")
-  if tokenizer == "bpe" and not vocab_size:
-    raise ValueError("tokenizer 'bpe' needs --vocab_size")
+  _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
   out = os.path.abspath(out)
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
                  val_piece_bytes=val_piece_bytes, max_bytes=max_bytes, shard_tokens=shard_tokens,
@@ -83,15 +101,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
           if not os.path.exists(_done_path(work, f"in-{t[0]:05d}"))]
   t0 = time.time()
   with _pool(workers, len(jobs)) as pool:
-    bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
-                    desc="tokenize", disable=not progress)
-    bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
-    tokens_so_far = 0
-    for done in pool.imap_unordered(_tokenize_shard, jobs):
-      tokens_so_far += done["tokens"]
-      bar.update(done["num_bytes"])
-      bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
-    bar.close()
+    _tokenize_inputs(pool, jobs, tasks, progress)
     inputs = [dict(index=i, **_read_json(_done_path(work, f"in-{i:05d}"))) for i, _, _ in tasks]
     if not any(d["docs"] for d in inputs):
       raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents)")

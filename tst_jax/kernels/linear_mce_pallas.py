@@ -1,43 +1,29 @@
-"""Fused linear + multi-hot CE as Pallas kernels: Triton (GPU), Mosaic (TPU), interpreted on CPU."""
+"""Fused linear + multi-hot CE as Pallas kernels: the entry point, its custom VJP and the Triton
+(GPU) kernels; the Mosaic (TPU) ones are in linear_mce_tpu.py, the tile math both share in
+linear_mce_tiles.py. Interpreted on CPU."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+from tst_jax.kernels import linear_mce_tpu
+from tst_jax.kernels.linear_mce_tiles import (TileConfig, column_ids, d_logits, dot, dot_nt,
+                                              dot_tn, gather, mask_padded, online_lse)
 from tst_jax.superposition import IGNORE_INDEX
 
 # Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile or chunk;
 # bn/bd/bv the tile sizes.
-# Kernels see row-vectors as [bn, 1] so the same tile math serves both backends.
 BACKENDS = ("auto", "triton", "mosaic_tpu")
 # Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16; its
 # tiles are the fastest of a sweep on an H100 (docs/kernels.md, benchmarks/loss_tiles.py).
 # Mosaic wants multiples of (8, 128) and MXU-sized tiles.
 DEFAULT_BLOCKS = {"triton": (128, 256, 64), "mosaic_tpu": (256, 512, 512)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-  backend: str
-  interpret: bool
-  block_n: int
-  block_v: int
-  block_d: int
-  v_true: int          # unpadded vocabulary size: columns >= v_true are masked to -inf
-  v_padded: int        # vocabulary size after padding to a multiple of block_v
-  split_tiles: int     # Triton forward: vocabulary tiles per program (v_splits ranges)
-  num_warps: int | None
-  num_stages: int | None
-  vmem_limit_bytes: int | None
-  bwd_rows: int        # Triton backward: rows per chunk (a [bwd_rows, V] d-logits buffer)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -89,7 +75,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
   chunk = max(bn, min(rows, bwd_rows) // bn * bn)
   while rows % chunk:
     chunk -= bn
-  cfg = _Config(backend, bool(interpret), bn, bv, bd, v, v + v_pad, -(-num_v // v_splits),
+  cfg = TileConfig(backend, bool(interpret), bn, bv, bd, v, v + v_pad, -(-num_v // v_splits),
                 num_warps, num_stages, vmem_limit_bytes, chunk)
 
   dtype = jnp.promote_types(hidden_NxD.dtype, head_DxV.dtype)  # kernels take one input dtype
@@ -121,51 +107,6 @@ def _check_blocks(backend, bn, bv, bd, sublanes):
                      f"% 128 == 0, got {bn=}, {bv=}, {bd=}")
 
 
-# --- Tile math shared by both backends (pure functions of [bn, bv] float32 tiles). ---
-
-def _column_ids(col0, shape):
-  return col0 + lax.broadcasted_iota(jnp.int32, shape, 1)
-
-
-def _mask_padded(logits, cols, cfg):
-  if cfg.v_true == cfg.v_padded:
-    return logits
-  return jnp.where(cols < cfg.v_true, logits, -jnp.inf)
-
-
-def _online_lse(m_Cx1, l_Cx1, logits):
-  m_new = jnp.maximum(m_Cx1, logits.max(axis=1, keepdims=True))
-  l_new = l_Cx1 * jnp.exp(m_Cx1 - m_new) + jnp.exp(logits - m_new).sum(axis=1, keepdims=True)
-  return m_new, l_new
-
-
-def _gather(logits, cols, target_Cx1):
-  """The logit at each row's target column if it lies in this tile, else 0: [bn, 1]."""
-  return jnp.where(cols == target_Cx1, logits, 0.0).sum(axis=1, keepdims=True)
-
-
-def _d_logits(logits, cols, lse_Cx1, d_lse_Cx1, t_ref, d_z_ref):
-  """d loss / d logits = d_lse * softmax + d_z scattered onto the target columns."""
-  d = jnp.exp(logits - lse_Cx1) * d_lse_Cx1
-  for s in range(t_ref.shape[1]):  # S is small and static: one compare per bag slot
-    d = d + jnp.where(cols == t_ref[:, s:s + 1], d_z_ref[:, s:s + 1], 0.0)
-  return d
-
-
-def _dot(a, b):
-  return jnp.dot(a, b, preferred_element_type=jnp.float32)
-
-
-def _dot_nt(a, b):
-  """a @ b.T, the transpose folded into the matmul."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def _dot_tn(a, b):
-  """a.T @ b, the transpose folded into the matmul."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-
-
 # --- custom_vjp: (hidden, head, targets) -> (lse [N], target logits [N, S]). ---
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -186,7 +127,7 @@ def _fused_bwd(cfg, res, cts):
   if cfg.backend == "triton":
     d_hidden, d_head = _backward_triton(*args, cfg)
   else:
-    d_hidden, d_head = _backward_tpu(*args, cfg)
+    d_hidden, d_head = linear_mce_tpu.backward(*args, cfg)
   return d_hidden.astype(hidden_NxD.dtype), d_head.astype(head_DxV.dtype), None
 
 
@@ -196,7 +137,7 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def _forward(hidden_NxD, head_DxV, targets_NxS, cfg):
   if cfg.backend == "triton":
     return _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg)
-  return _forward_tpu(hidden_NxD, head_DxV, targets_NxS, cfg)
+  return linear_mce_tpu.forward(hidden_NxD, head_DxV, targets_NxS, cfg)
 
 
 # --- Triton (GPU): grid over row blocks (x vocabulary splits); loops run in the kernel. ---
@@ -212,7 +153,7 @@ def _logits_triton(h_ref, w_ref, col0, cfg, num_d):
 
   def d_step(k, acc):
     k0 = pl.multiple_of(k * bd, bd)
-    return acc + _dot(h_ref[:, pl.ds(k0, bd)], w_ref[pl.ds(k0, bd), pl.ds(col0, bv)])
+    return acc + dot(h_ref[:, pl.ds(k0, bd)], w_ref[pl.ds(k0, bd), pl.ds(col0, bv)])
 
   return lax.fori_loop(0, num_d, d_step, jnp.zeros((bn, bv), jnp.float32))
 
@@ -227,10 +168,10 @@ def _fwd_kernel_triton(h_ref, w_ref, t_ref, lse_ref, z_ref, *, cfg, num_v, num_d
     m, l, zs = carry
     col0 = pl.multiple_of(j * bv, bv)
     logits = _logits_triton(h_ref, w_ref, col0, cfg, num_d)
-    cols = _column_ids(col0, (bn, bv))
-    logits = _mask_padded(logits, cols, cfg)
-    m, l = _online_lse(m, l, logits)
-    return m, l, tuple(z + _gather(logits, cols, t) for z, t in zip(zs, targets))
+    cols = column_ids(col0, (bn, bv))
+    logits = mask_padded(logits, cols, cfg)
+    m, l = online_lse(m, l, logits)
+    return m, l, tuple(z + gather(logits, cols, t) for z, t in zip(zs, targets))
 
   init = (jnp.full((bn, 1), -jnp.inf, jnp.float32), jnp.zeros((bn, 1), jnp.float32),
           tuple(jnp.zeros((bn, 1), jnp.float32) for _ in targets))
@@ -271,9 +212,9 @@ def _dlogits_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out
   # head tile j (read once from HBM per chunk); the chunk's hidden rows stay in L2.
   col0 = (pl.program_id(0) // num_n) * cfg.block_v
   logits = _logits_triton(h_ref, w_ref, 0, cfg, num_d)
-  cols = _column_ids(col0, logits.shape)
-  logits = _mask_padded(logits, cols, cfg)
-  out_ref[...] = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref,
+  cols = column_ids(col0, logits.shape)
+  logits = mask_padded(logits, cols, cfg)
+  out_ref[...] = d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref,
                            d_z_ref).astype(out_ref.dtype)
 
 
@@ -302,8 +243,8 @@ def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_
   def chunk(d_head_DxV, xs):
     h_CxD, *rest = xs
     d_logits_CxV = dlogits(h_CxD, head_DxV, *rest)
-    d_h_CxD = _dot_nt(d_logits_CxV, head_DxV)
-    return d_head_DxV + _dot_tn(h_CxD, d_logits_CxV), d_h_CxD
+    d_h_CxD = dot_nt(d_logits_CxV, head_DxV)
+    return d_head_DxV + dot_tn(h_CxD, d_logits_CxV), d_h_CxD
 
   xs = tuple(x.reshape(n // c, c, x.shape[1])
              for x in (hidden_NxD, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS))
@@ -311,162 +252,3 @@ def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_
   return d_hidden.reshape(n, d), d_head
 
 
-# --- Mosaic TPU: the reductions are sequential ("arbitrary") grid axes with VMEM scratch. ---
-
-def _tpu_params(cfg, semantics):
-  return pltpu.CompilerParams(dimension_semantics=semantics,
-                              vmem_limit_bytes=cfg.vmem_limit_bytes)
-
-
-def _tpu_interpret(cfg):
-  return pltpu.InterpretParams() if cfg.interpret else False
-
-
-def _fwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, z_ref, acc_ref, m_ref, l_ref, zacc_ref, *,
-                    cfg, num_v, num_d):
-  # grid (row block i, vocab block j, model-dim block k); blocks h [bn, bd], w [bd, bv].
-  j, k = pl.program_id(1), pl.program_id(2)
-
-  @pl.when((j == 0) & (k == 0))
-  def _():
-    m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
-    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-    zacc_ref[...] = jnp.zeros(zacc_ref.shape, jnp.float32)
-
-  @pl.when(k == 0)
-  def _():
-    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-  acc_ref[...] += _dot(h_ref[...], w_ref[...])
-
-  @pl.when(k == num_d - 1)
-  def _():
-    cols = _column_ids(j * cfg.block_v, acc_ref.shape)
-    logits = _mask_padded(acc_ref[...], cols, cfg)
-    m_ref[...], l_ref[...] = _online_lse(m_ref[...], l_ref[...], logits)
-    for s in range(t_ref.shape[1]):
-      zacc_ref[:, s:s + 1] += _gather(logits, cols, t_ref[:, s:s + 1])
-
-  @pl.when((j == num_v - 1) & (k == num_d - 1))
-  def _():
-    lse_ref[...] = m_ref[...] + jnp.log(l_ref[...])
-    z_ref[...] = zacc_ref[...]
-
-
-def _forward_tpu(hidden_NxD, head_DxV, targets_NxS, cfg):
-  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
-  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
-  num_v, num_d = v // bv, d // bd
-  kernel = functools.partial(_fwd_kernel_tpu, cfg=cfg, num_v=num_v, num_d=num_d)
-  lse_Nx1, z_NxS = pl.pallas_call(
-      kernel,
-      grid=(n // bn, num_v, num_d),
-      in_specs=[pl.BlockSpec((bn, bd), lambda i, j, k: (i, k)),
-                pl.BlockSpec((bd, bv), lambda i, j, k: (k, j)),
-                pl.BlockSpec((bn, s), lambda i, j, k: (i, 0))],
-      out_specs=[pl.BlockSpec((bn, 1), lambda i, j, k: (i, 0)),
-                 pl.BlockSpec((bn, s), lambda i, j, k: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct((n, 1), jnp.float32),
-                 jax.ShapeDtypeStruct((n, s), jnp.float32)],
-      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, 1), jnp.float32),
-                      pltpu.VMEM((bn, 1), jnp.float32), pltpu.VMEM((bn, s), jnp.float32)],
-      compiler_params=_tpu_params(cfg, (pltpu.PARALLEL, pltpu.ARBITRARY, pltpu.ARBITRARY)),
-      interpret=_tpu_interpret(cfg),
-      name="linear_mce_fwd",
-  )(hidden_NxD, head_DxV, targets_NxS)
-  return lse_Nx1[:, 0], z_NxS
-
-
-def _bwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, acc_ref, p_ref,
-                    grad_ref, *, cfg, wrt, num_inner, num_d):
-  """One of the two backward kernels (no atomics on TPU), selected by `wrt`.
-
-  grid (outer block, inner block, phase k in [0, 2 num_d)). wrt="hidden": outer = row
-  block i, inner = vocab block j; wrt="head": outer = j, inner = i. Phase k < num_d
-  accumulates the logit tile over model-dim blocks; at k = num_d - 1 it becomes d logits
-  (kept in p_ref); phase k >= num_d adds d-block k - num_d of the gradient into grad_ref
-  [num_d, ...] (float32), written out after the last inner block.
-  """
-  outer, inner, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  j = outer if wrt == "head" else inner
-
-  @pl.when((inner == 0) & (k == 0))
-  def _():
-    grad_ref[...] = jnp.zeros(grad_ref.shape, jnp.float32)
-
-  @pl.when(k == 0)
-  def _():
-    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-  @pl.when(k < num_d)
-  def _():
-    acc_ref[...] += _dot(h_ref[...], w_ref[...])
-
-  @pl.when(k == num_d - 1)
-  def _():
-    cols = _column_ids(j * cfg.block_v, acc_ref.shape)
-    logits = _mask_padded(acc_ref[...], cols, cfg)
-    p_ref[...] = _d_logits(logits, cols, lse_ref[...], d_lse_ref[...], t_ref,
-                           d_z_ref).astype(p_ref.dtype)
-
-  @pl.when(k >= num_d)
-  def _():
-    if wrt == "hidden":
-      grad_ref[k - num_d] += _dot_nt(p_ref[...], w_ref[...])       # [bn, bd]
-    else:
-      grad_ref[k - num_d] += _dot_tn(h_ref[...], p_ref[...])       # [bd, bv]
-
-  @pl.when((inner == num_inner - 1) & (k == 2 * num_d - 1))
-  def _():
-    bd = cfg.block_d
-    for kk in range(num_d):  # static lane/sublane slices of the output block
-      if wrt == "hidden":
-        out_ref[:, kk * bd:(kk + 1) * bd] = grad_ref[kk].astype(out_ref.dtype)
-      else:
-        out_ref[kk * bd:(kk + 1) * bd, :] = grad_ref[kk].astype(out_ref.dtype)
-
-
-def _backward_tpu(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg):
-  (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
-  bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
-  num_n, num_v, num_d = n // bn, v // bv, d // bd
-  semantics = (pltpu.PARALLEL, pltpu.ARBITRARY, pltpu.ARBITRARY)
-  args = (hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS)
-  compute_dtype = head_DxV.dtype
-
-  # d_hidden: grid (i, j, k). Phase 2 needs only w, so h keeps its last block (no DMA).
-  row = lambda i, j, k: (i, 0)  # noqa: E731
-  d_hidden = pl.pallas_call(
-      functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="hidden", num_inner=num_v, num_d=num_d),
-      grid=(num_n, num_v, 2 * num_d),
-      in_specs=[pl.BlockSpec((bn, bd), lambda i, j, k: (i, jnp.minimum(k, num_d - 1))),
-                pl.BlockSpec((bd, bv), lambda i, j, k: (k % num_d, j)),
-                pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
-                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row)],
-      out_specs=pl.BlockSpec((bn, d), row),
-      out_shape=jax.ShapeDtypeStruct((n, d), hidden_NxD.dtype),
-      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, bv), compute_dtype),
-                      pltpu.VMEM((num_d, bn, bd), jnp.float32)],
-      compiler_params=_tpu_params(cfg, semantics),
-      interpret=_tpu_interpret(cfg),
-      name="linear_mce_bwd_hidden",
-  )(*args)
-
-  # d_head: grid (j, i, k). Phase 2 needs only h, so w keeps its last block.
-  row = lambda j, i, k: (i, 0)  # noqa: E731
-  d_head = pl.pallas_call(
-      functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="head", num_inner=num_n, num_d=num_d),
-      grid=(num_v, num_n, 2 * num_d),
-      in_specs=[pl.BlockSpec((bn, bd), lambda j, i, k: (i, k % num_d)),
-                pl.BlockSpec((bd, bv), lambda j, i, k: (jnp.minimum(k, num_d - 1), j)),
-                pl.BlockSpec((bn, s), row), pl.BlockSpec((bn, 1), row),
-                pl.BlockSpec((bn, 1), row), pl.BlockSpec((bn, s), row)],
-      out_specs=pl.BlockSpec((d, bv), lambda j, i, k: (0, j)),
-      out_shape=jax.ShapeDtypeStruct((d, v), head_DxV.dtype),
-      scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32), pltpu.VMEM((bn, bv), compute_dtype),
-                      pltpu.VMEM((num_d, bd, bv), jnp.float32)],
-      compiler_params=_tpu_params(cfg, semantics),
-      interpret=_tpu_interpret(cfg),
-      name="linear_mce_bwd_head",
-  )(*args)
-  return d_hidden, d_head

@@ -74,33 +74,14 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
   os.makedirs(args.workdir, exist_ok=True)
-  if args.seeds:
-    seeds = [int(s) for s in args.seeds.split(",")]
-  else:
-    seeds = [resolve(args.config, args.set)[1].seed]
   arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-  if arms and (args.grid or args.include_baseline):
-    raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
-  points = make_arm_points(arms, seeds) if arms else make_points(args.grid, seeds,
-                                                                 args.include_baseline)
-  if not points:
-    raise SystemExit("no points: give --arms, or --grid and/or --include_baseline")
+  points = _points(args, arms)
   # Every point's config, before anything runs: a misspelt arm or override fails here.
   specs = [resolve(p.config_arg(args.config), p.overrides(args.set))[1] for p in points]
   if args.dry_run:
     for point in points:
       print(point.name, point.config_arg(args.config), " ".join(point.overrides(args.set)))
     return 0
-  cache = args.compilation_cache
-  import jax
-  if not cache:
-    cache = jax.config.jax_compilation_cache_dir or os.path.join(args.workdir, ".jax_cache")
-  if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
-      and jax.default_backend() == "cpu"):
-    # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
-    # persistent cache (docs/distributed.md); compiling it afresh is correct.
-    print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
-    cache = "none"
   command = "python -m tst_jax.tools.sweep " + " ".join(
       f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
 
@@ -109,28 +90,11 @@ def main(argv=None) -> int:
       return write_arm_reports(args.workdir, command, arms)
     return write_reports(args.workdir, collect(args.workdir), command)
 
-  status = {}
-  with compilation_cache(None if cache == "none" else os.path.abspath(cache)):
+  with compilation_cache(_cache_dir(args, specs)):
     for spec in {data_key(s): s for s in specs}.values():
       prepare_shared_data(args.workdir, spec)        # tokenize once, before any point runs
-    if args.parallel > 1:
-      # Subprocesses on one accelerator: each may grow to its share of the memory.
-      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
-                 XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / args.parallel:.3f}")
-      with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        futures = {pool.submit(run_point, args, p, i + 1, len(points), env): p
-                   for i, p in enumerate(points)}
-        for future in concurrent.futures.as_completed(futures):
-          status[futures[future].name] = future.result()
-          if status[futures[future].name] == "done":
-            report()                                   # partial results after each point
-    else:
-      for i, point in enumerate(points):
-        status[point.name] = run_point(args, point, i + 1, len(points))
-        if status[point.name] == "done":
-          report()
-  paths = report()
-  print(open(paths["md"]).read())
+    status = _run_points(args, points, report)
+  print(open(report()["md"]).read())
   unfinished = [p.name for p in points if status[p.name] in ("interrupted", "not started")]
   if unfinished:
     print(f"unfinished at the deadline: {', '.join(unfinished)}; the same command resumes them")
@@ -138,3 +102,52 @@ def main(argv=None) -> int:
   if failed:
     print(f"failed points: {failed}", file=sys.stderr)
   return 1 if failed else 0
+
+
+def _points(args, arms: list[str]) -> list[Point]:
+  """The points of --arms or --grid (and --include_baseline), times the seeds."""
+  if arms and (args.grid or args.include_baseline):
+    raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
+  seeds = ([int(s) for s in args.seeds.split(",")] if args.seeds
+           else [resolve(args.config, args.set)[1].seed])
+  points = (make_arm_points(arms, seeds) if arms
+            else make_points(args.grid, seeds, args.include_baseline))
+  if not points:
+    raise SystemExit("no points: give --arms, or --grid and/or --include_baseline")
+  return points
+
+
+def _cache_dir(args, specs) -> str | None:
+  """The persistent XLA cache the points share (None: off)."""
+  import jax
+  cache = (args.compilation_cache or jax.config.jax_compilation_cache_dir
+           or os.path.join(args.workdir, ".jax_cache"))
+  if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
+      and jax.default_backend() == "cpu"):
+    # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
+    # persistent cache (docs/distributed.md); compiling it afresh is correct.
+    print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
+    cache = "none"
+  return None if cache == "none" else os.path.abspath(cache)
+
+
+def _run_points(args, points: list[Point], report) -> dict[str, str]:
+  """Each point's status ('done', 'skipped', ...), the reports rewritten after each done."""
+  status = {}
+  if args.parallel <= 1:
+    for i, point in enumerate(points):
+      status[point.name] = run_point(args, point, i + 1, len(points))
+      if status[point.name] == "done":
+        report()
+    return status
+  # Subprocesses on one accelerator: each may grow to its share of the memory.
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+             XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / args.parallel:.3f}")
+  with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+    futures = {pool.submit(run_point, args, p, i + 1, len(points), env): p
+               for i, p in enumerate(points)}
+    for future in concurrent.futures.as_completed(futures):
+      status[futures[future].name] = future.result()
+      if status[futures[future].name] == "done":
+        report()                                       # partial results after each point
+  return status
