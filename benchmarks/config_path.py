@@ -1,6 +1,6 @@
 """Follow a run's config from the entry point: the modules it is handed to, in order.
 
-  python benchmarks/config_path.py [--config tests/tiny_config.py] [--steps 2]
+  python benchmarks/config_path.py [--config tests/fixtures/tiny_config.py] [--steps 2]
 
 Runs `main.py`'s entry (`tst_jax.train.cli.run`, or `loop.run` at commits before it) on a tiny
 two-phase run under `sys.setprofile`, following every call of a tst_jax function that is handed
@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--config", default=os.path.join(ROOT, "tests", "tiny_config.py"))
+  p.add_argument("--config", default=os.path.join(ROOT, "tests", "fixtures", "tiny_config.py"))
   p.add_argument("--steps", type=int, default=2)
   args = p.parse_args()
   from tests.test_layers import layer   # the project's layer table, one home

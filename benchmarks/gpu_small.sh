@@ -18,7 +18,8 @@
 #   WORKDIR   default runs/gpu_small (git-ignored: kept while the machine stays warm)
 #   TOTAL_S   wall-clock budget of this script, default 530
 #   EXTRA     more sweep arguments, e.g. "--set train.eval_every=50"
-#   CONFIG    default configs/gpu_small.py (tests/tiny_config.py: a CPU dry run of this script)
+#   CONFIG    default configs/gpu_small.py (tests/fixtures/tiny_config.py: a CPU dry run of
+#             this script)
 # OUT_DIR gets env.json, sweep.txt (the sweep's output), results.{json,md}, loss_vs_*.png and
 # per arm its metrics.jsonl, summary.json, config.json, sweep_point.json, loss.png, log tail.
 set -u

@@ -12,7 +12,7 @@
 #   SOURCE    corpus (default: text:<torch venv site-packages>/**/*.py if it exists)
 #   WORKDIR   default runs/ladder (git-ignored: kept while the machine stays warm)
 #   TOTAL_S   wall-clock budget of this call, default 540
-#   CONFIG    default configs/gpu_small.py (tests/tiny_config.py: a CPU dry run)
+#   CONFIG    default configs/gpu_small.py (tests/fixtures/tiny_config.py: a CPU dry run)
 # OUT_DIR gets ladder.{md,json,png}, speedup_trend.json (the fit: copy it to
 # tst_jax/train/speedup_trend.json for the plan's prediction), results.{md,json} and env.json.
 set -u

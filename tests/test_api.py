@@ -11,11 +11,11 @@ import optax
 from flax import nnx
 
 import tst_jax
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT
+from tests.fixtures.tiny import tiny_config
 from tst_jax import models, superposition as sp
 from tst_jax.train import spec as spec_lib, step as step_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location(
     "tst_in_your_loop", os.path.join(ROOT, "examples", "tst_in_your_loop.py"))
 example = importlib.util.module_from_spec(spec)

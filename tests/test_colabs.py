@@ -9,11 +9,12 @@ import time
 
 import pytest
 
+from tests.fixtures.paths import ROOT
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLABS = os.path.join(REPO, "colabs")
+COLABS = os.path.join(ROOT, "colabs")
 NOTEBOOKS = ["quickstart.ipynb", "inside_tst.ipynb", "fused_loss.ipynb", "gpu_small.ipynb"]
 BUDGET_S = 90          # per notebook: CPU seconds of its kernel (about wall time on 2 idle cores)
 

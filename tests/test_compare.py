@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax.analysis.frontier import Frontier
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run

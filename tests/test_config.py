@@ -11,11 +11,11 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from tests.fixtures.paths import ROOT
 from tst_jax import configlib, models, schema
 from tst_jax.errors import ConfigError
 from tst_jax.train import sections, spec as spec_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MOE = os.path.join(ROOT, "configs", "tiny_moe.py")
 REFUSED = "refused"
 

@@ -10,11 +10,10 @@ import sys
 from tst_jax.train import console as console_lib
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import sections, spec as spec_lib
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMD = [sys.executable, os.path.join(ROOT, "main.py"),
-       "--config", os.path.join(ROOT, "tests", "tiny_config.py")]
+CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 

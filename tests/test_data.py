@@ -8,7 +8,7 @@ import sysconfig
 import numpy as np
 import pytest
 
-from tests.reference import TokenStream
+from tests.fixtures.reference import TokenStream
 from tst_jax.data import (
     WindowSource, eval_windows, get_tokenizer, load_documents, make_batches,
     split_documents, unigram_entropy)

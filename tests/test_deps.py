@@ -8,9 +8,8 @@ import types
 import pytest
 from packaging.requirements import Requirement
 
+from tests.fixtures.paths import ROOT
 from tst_jax.data import sources
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _pins(name: str = "constraints.txt") -> dict[str, str]:

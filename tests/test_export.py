@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from tests import trained
+from tests.fixtures import trained
 from tst_jax import models
 from tst_jax.train import trained_run
 from tst_jax.tools import export

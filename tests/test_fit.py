@@ -8,14 +8,13 @@ import sys
 import jax
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT
+from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
 from tst_jax.train import cli, fit
 from tst_jax.train import spec as spec_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fit(config, accelerator):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.fixtures.paths import ROOT
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning
@@ -96,11 +97,10 @@ def test_backend_choice_and_a_bad_backend():
 
 def test_the_benchmark_runs_at_tiny_shapes():
   """benchmarks/grouped_matmul.py (its GPU rows: benchmarks/gpu.sh) runs on CPU with --smoke."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "grouped_matmul.py"),
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grouped_matmul.py"),
                         "--smoke", "--backends", "xla"], capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                             PYTHONPATH=root))
+                                             PYTHONPATH=ROOT))
   assert out.returncode == 0, out.stderr
   row = json.loads(out.stdout.splitlines()[-1])
   assert row["backend"] == "xla" and row["rows"] > 0 and row["fwd_bwd_tflops"] > 0
@@ -263,8 +263,7 @@ def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeyp
   so that CPU can; both kernel choices, the platform's and one named per product. Values are
   the previous test's: here the fake returns zeros of the product's shape."""
   fake_tokamax.exact = False
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
   bench = importlib.import_module("grouped_matmul")
   bench.main(["--dim", "8", "--ffw", "4", "--repeats", "1",
               "--backends", "tokamax,tokamax:mosaic/mosaic/mosaic"])

@@ -9,9 +9,8 @@ import subprocess
 
 import pytest
 
+from tests.fixtures.paths import ROOT
 from tst_jax import configlib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dry_run(tmp_path, sections):

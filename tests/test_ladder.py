@@ -7,13 +7,12 @@ import os
 
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 from tst_jax.analysis.frontier import Frontier, Trend
 from tst_jax.tools import ladder, sweep
 from tst_jax.train import outlook, spec as spec_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
 
 
 def test_ladder_arms_and_their_order():
@@ -68,7 +67,7 @@ def test_the_plan_predicts_from_the_trend_and_says_when_it_cannot(tmp_path, monk
 def test_ladder_end_to_end_at_tiny_shapes(tmp_path, capsys):
   """TST at 4 and 8 steps, baselines of 4, 8 and 16: the speed-ups and tokens per parameter
   in ladder.json are those of the frontier of the runs' own final losses."""
-  args = ["--config", CONFIG, "--workdir", str(tmp_path), "--lengths", "0.004k,0.008k",
+  args = ["--config", TINY_CONFIG, "--workdir", str(tmp_path), "--lengths", "0.004k,0.008k",
           "--baseline_factors", "1,2", "--set", "data.seed=0",
           "--set", "train.checkpoint_every=100"]
   assert ladder.main(args) == 0
@@ -122,10 +121,10 @@ def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp
   fake.write_text(FAKE_TRAINER)
   monkeypatch.setattr(sweep.run, "_MAIN", str(fake))
   work = tmp_path / "w"
-  _, spec = sweep.resolve(CONFIG, ["data.seed=0"])
+  _, spec = sweep.resolve(TINY_CONFIG, ["data.seed=0"])
   sweep.run.prepare_shared_data(str(work), spec)      # so that the deadline is the trainer's
   deadline = "8" if trainer == "guarded" else "2"    # time to install its handler, or not
-  args = ["--config", CONFIG, "--workdir", str(work), "--arms", "baseline,tst",
+  args = ["--config", TINY_CONFIG, "--workdir", str(work), "--arms", "baseline,tst",
           "--seeds", "0", "--deadline_s", deadline, "--set", "data.seed=0"]
   assert sweep.main(args) == 0
   out = capsys.readouterr().out

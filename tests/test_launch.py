@@ -12,16 +12,16 @@ from kubernetes import client as k8s
 
 from launch import jobspec, xm_launch
 from launch.gke import render
+from tests.fixtures.paths import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOE = "configs/qwen3_moe_10b_a1b.py"
-CONFIG = MOE if os.path.exists(os.path.join(REPO, MOE)) else "configs/llama_600m.py"
+CONFIG = MOE if os.path.exists(os.path.join(ROOT, MOE)) else "configs/llama_600m.py"
 DATA = ["--config.data.source=text:gs://tst-data/dclm/**/*.txt",
         "--config.data.tokenizer=gs://tst-data/llama3/tokenizer.json"]
 
 
 def _run(*argv) -> str:
-  out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout

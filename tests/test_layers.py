@@ -9,7 +9,9 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.fixtures import paths
+
+ROOT = pathlib.Path(paths.ROOT)
 # (module prefix, layer): the longest matching prefix wins. The package's __init__ (the public
 # API) may import from any layer.
 LAYERS = [

@@ -11,11 +11,12 @@ import pytest  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
-from tests import trained  # noqa: E402
+from tests.fixtures import trained  # noqa: E402
+from tests.fixtures.paths import TESTDATA  # noqa: E402
 from tst_jax.train import trained_run  # noqa: E402
 from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 
-TASK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "mc_task")
+TASK_DIR = os.path.join(TESTDATA, "mc_task")
 
 
 @pytest.fixture(scope="module")

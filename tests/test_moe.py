@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
+from tests.fixtures.paths import ROOT
 from tst_jax import configlib, platform
 from tst_jax.convert import qwen3_moe_hf
 from tst_jax.models import llama, moe
 from tst_jax.train import spec as spec_lib, step as step_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Shapes: B batch, L length, l bags, S bag size, D 32, E experts, K top-k, F expert width.
 SMALL = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffw_dim=48,

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 from tst_jax.train import cli
 from tst_jax.train import metrics as metrics_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny run (4 tst + 4 ntp steps, checkpoints every 2), parameters sharded over 8 devices.
 FIELDS = dict(steps=8, data=dict(batch_size=8))
 FLAGS = ["--config.train.steps=8", "--config.data.batch_size=8", "--config.mesh.data=1",
@@ -39,7 +39,7 @@ def _launch(workdir, cache, logs, tag, extra=()):
   procs = []
   for i in range(2):
     cmd = [sys.executable, os.path.join(ROOT, "main.py"),
-           "--config", os.path.join(ROOT, "tests", "tiny_config.py"), "--workdir", str(workdir),
+           "--config", TINY_CONFIG, "--workdir", str(workdir),
            *FLAGS, f"--config.distributed.coordinator_address=localhost:{port}",
            "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
            "--config.distributed.cpu_devices=4", *extra]

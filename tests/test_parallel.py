@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.models import moe
 from tst_jax.parallel import distributed, mesh as mesh_lib

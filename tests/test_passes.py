@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT
+from tests.fixtures.tiny import tiny_config
 from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
 from tst_jax.errors import ConfigError
 from tst_jax.train import cli, outlook, spec as spec_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPEATS = "warning: the data repeats"
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul

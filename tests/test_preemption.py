@@ -11,9 +11,8 @@ import jax
 import pytest
 from jax.experimental import multihost_utils
 
+from tests.fixtures.paths import ROOT
 from tst_jax.train.preemption import PreemptionGuard
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, models
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.setup import Setup
@@ -59,9 +60,7 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
   assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config",
-       os.path.join(ROOT, "tests", "tiny_config.py")]
+CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests import trained
+from tests.fixtures import trained
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
 from tst_jax.models.llama import Llama, LlamaConfig

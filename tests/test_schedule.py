@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
 from tst_jax.data import run_data

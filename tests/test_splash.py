@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import splash_attention

@@ -8,12 +8,12 @@ import numpy as np
 import optax
 import pytest
 
-from tests import trained
+from tests.fixtures import trained
+from tests.fixtures.paths import ROOT
 from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "benchmarks", "split_loss.py")
+SCRIPT = os.path.join(ROOT, "benchmarks", "split_loss.py")
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT
+from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.parallel import xla_flags
 from tst_jax.tools import step_profile
 from tst_jax.train import spec as spec_lib, step as step_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def traced_step(phase_name, moe=False, **mesh):

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.reference import TokenStream
-from tests.tiny import tiny_config
+from tests.fixtures.reference import TokenStream
+from tests.fixtures.tiny import tiny_config
 from tst_jax.data import (
     DataError, TokenStore, WindowSource, eval_windows, load_documents, make_batches,
     split_documents)

@@ -9,15 +9,14 @@ import statistics
 
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.tools import sweep
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import spec as spec_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "tests", "tiny_config.py")
 STEPS = 8
 FAST = ["--set", f"train.steps={STEPS}", "--set", "train.checkpoint_every=100"]
 
@@ -101,7 +100,7 @@ def _check_tables(workdir, expected):
 
 
 def _run_and_resume(tmp_path, grid, expected, monkeypatch, capsys):
-  args = ["--config", CONFIG, "--grid", grid, "--workdir", str(tmp_path), "--include_baseline",
+  args = ["--config", TINY_CONFIG, "--grid", grid, "--workdir", str(tmp_path), "--include_baseline",
           *FAST]
   assert sweep.main(args) == 0
   _check_tables(tmp_path, expected)
@@ -161,7 +160,7 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
 
 def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     tmp_path, monkeypatch, capsys):
-  args = ["--config", CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
+  args = ["--config", TINY_CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
           "--workdir", str(tmp_path), "--set", "data.seed=0", *FAST]
   envs, real_popen = [], subprocess.Popen
 

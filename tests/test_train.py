@@ -7,13 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TESTDATA
+from tests.fixtures.tiny import tiny_config
 from tst_jax.data import run_data
 from tst_jax.train import cli, plan as plan_lib, setup as setup_lib, spec as spec_lib
 from tst_jax.train import step as step_lib
 from tst_jax.train import metrics as metrics_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
@@ -239,7 +238,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   declaration) finds its config equal and records it with those fields; another config is
   still refused."""
   from tst_jax.errors import ConfigError
-  old = os.path.join(ROOT, "tests", "testdata", "config_683731c.json")
+  old = os.path.join(TESTDATA, "config_683731c.json")
   with open(old) as f:
     written_then = json.load(f)
   path = tmp_path / "config.json"

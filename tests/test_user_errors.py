@@ -12,7 +12,8 @@ import jax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.tiny import tiny_config
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib, models, schema
 from tst_jax.errors import ConfigError, UserError
 from tst_jax.train import sections as sections_lib, spec as spec_lib, step as step_lib
@@ -194,14 +195,12 @@ def test_examples_name_their_field(picks, message):
     spec_lib.check(config).on_platform().check_devices(8)
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
 
 
-def _main(*args, config="tests/tiny_config.py"):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config",
-                         os.path.join(ROOT, config), *args], env=ENV, capture_output=True,
-                        text=True, timeout=300)
+def _main(*args, config=TINY_CONFIG):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config", config,
+                         *args], env=ENV, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("flag,message", [

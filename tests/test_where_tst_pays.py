@@ -5,10 +5,9 @@ import os
 
 import pytest
 
+from tests.fixtures.paths import ROOT
 from tst_jax.configlib import load_config
 from tst_jax.train import cli, outlook, spec as spec_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(name, arg=""):

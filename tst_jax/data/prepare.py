@@ -14,7 +14,7 @@ then two passes whose memory does not grow with the corpus:
      `split_documents`) whose seeded bucket hash falls in its range, shuffles them by seed,
      and writes each followed by EOS.
 A split of one shard is exactly the documents of `split_documents(...)` tokenized in memory (the
-tests' reference, tests/reference.py): the documents in
+tests' reference, tests/fixtures/reference.py): the documents in
 corpus order permuted by np.random.default_rng(seed). Every file is written under a .tmp name
 and renamed when complete, with a done marker; a rerun skips what is done, and manifest.json,
 written last, makes the store readable. See docs/data.md.
