@@ -11,8 +11,8 @@ JSON:
   visits     the modules the config is handed to, in the order it happens;
   returns    per module, how many times the path comes back to it after leaving it, and the
              largest (at c5be70f: 6, tst_jax.train.step);
-  climbs     how many visits climb back up a layer from the one before (tests/test_layers.py's
-             table; at c5be70f: 9).
+  climbs     how many visits climb back up a layer from the one before (the table of
+             tests/behaviour/test_import_layers.py; at c5be70f: 9).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main():
   p.add_argument("--config", default=os.path.join(ROOT, "tests", "fixtures", "tiny_config.py"))
   p.add_argument("--steps", type=int, default=2)
   args = p.parse_args()
-  from tests.test_layers import layer   # the project's layer table, one home
+  from tests.behaviour.test_import_layers import layer   # the project's layer table, one home
   from tst_jax import configlib
   config = configlib.load_config(args.config)
   config.train.steps = args.steps

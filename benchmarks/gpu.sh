@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu.sh [OUT_DIR] [SECTIONS]   # default OUT_DIR: ./gpu_bench (or $OUT);
 #                                                 # SECTIONS: all, or a comma list of those below
 #
-# tests    the compiled-kernel tests that skip on CPU (tests/test_linear_mce.py -k gpu)
+# tests    the compiled-kernel tests that skip on CPU (tests/kernels/test_linear_mce.py -k gpu)
 # loss     the fused loss at the paper's shape (N=16384, D=2048, V=128256, bf16), forward and
 #          forward+backward: naive, xla and pallas, S=1 and S=6 (benchmarks/loss_tiles.py)
 # dense    the train step (benchmarks/step.py, 16 x 2048): the 270M config with every default
@@ -48,7 +48,7 @@ EOF
 
 if want tests; then
   JAX_PLATFORMS=cuda XLA_FLAGS= timeout 150 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_linear_mce.py -k gpu 2>&1 | tail -3 | tee -a "$OUT_DIR/tests.txt"
+      tests/kernels/test_linear_mce.py -k gpu 2>&1 | tail -3 | tee -a "$OUT_DIR/tests.txt"
 fi
 
 if want loss; then

@@ -4,7 +4,7 @@
   python colabs/build.py --check    # exit 1 if a committed notebook differs from its cells
 
 Notebooks are stored without outputs. Every one opens with the same install cell and reads
-TST_SMALL=1 (CI) to shrink its steps and sizes; tests/test_colabs.py runs them.
+TST_SMALL=1 (CI) to shrink its steps and sizes; tests/behaviour/test_colabs.py runs them.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def test_attention_auto(dtype, head_dim, where, expected, reason):
 @pytest.mark.parametrize("where,loss,experts", [
     ("gpu", "pallas", "blocked"), ("cpu", "xla", "blocked"), ("tpu", "xla", "ragged")])
 def test_loss_and_experts_auto(where, loss, experts, monkeypatch):
-  # A GPU without tokamax: blocked (with tokamax, gmm: tests/test_gmm.py).
+  # A GPU without tokamax: blocked (with tokamax, gmm: tests/kernels/test_grouped_matmul.py).
   monkeypatch.setattr(grouped_matmul, "tokamax_version", lambda: None)
   assert platform.loss_impl("auto", where)[0] == loss
   assert platform.expert_impl("auto", where)[0] == experts

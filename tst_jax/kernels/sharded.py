@@ -12,7 +12,7 @@ check_vma=False, since Pallas outputs and the XLA kernel's loop carries have no
 varying-axes type. Gradients stay exact by shard_map's transpose in that mode: a replicated
 output's cotangent is split over its replicas, psum transposes to psum, and an input's
 cotangent is summed over the axes its PartitionSpec omits (d_hidden over the vocab shards, d_head
-over the row shards); tests/test_linear_mce.py checks both against the naive loss.
+over the row shards); tests/kernels/test_linear_mce.py checks both against the naive loss.
 """
 
 from __future__ import annotations

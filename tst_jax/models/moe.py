@@ -250,7 +250,7 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
                                      for a in (x_NxD, ids_NxP, weights_NxP))
     if replicated:   # same tokens on every expert shard: say so, so that AD sums their
                      # gradients over the shards (without it, on jax 0.10.2, the ragged and
-                     # blocked paths' input gradient came out unsummed: tests/test_parallel)
+                     # blocked paths' input gradient came out unsummed: tests/parallel/test_mesh)
       x_NxD, weights_NxP = (jax.lax.pcast(a, replicated, to="varying")
                             for a in (x_NxD, weights_NxP))
     e_local = gate_ExDxF.shape[0]

@@ -9,7 +9,7 @@ with --max_length). Requests are right-padded into fixed-shape batches (lengths 
 powers of two), and only continuation tokens are scored.
 
 The alternative, with no tst_jax at evaluation time: export, then lm-eval's `hf` model; both
-give the same scores (tests/test_lm_eval.py):
+give the same scores (tests/tools/test_eval.py):
 
   python -m tst_jax.tools.export --workdir W --out D
   lm_eval --model hf --model_args pretrained=D,dtype=float32 --tasks arc_easy

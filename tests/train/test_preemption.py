@@ -1,5 +1,5 @@
 """Preemption on several processes: every process stops at the same step, without a
-collective per step (the single-process signal path is tested in test_reliability)."""
+collective per step (the single-process signal path: behaviour/test_reliability)."""
 
 import os
 import signal

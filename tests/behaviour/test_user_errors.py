@@ -280,7 +280,7 @@ def test_environment_os_errors_are_one_line(capsys):
 def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
   """A truncated or missing shard of the run's store, and another store copied over it: one
   line naming the shard or the store, exit 2, no file of the store rewritten and no
-  checkpoint added (a tokens: store changed under a workdir: test_store.py)."""
+  checkpoint added (a tokens: store changed under a workdir: data/test_store.py)."""
   workdir = tmp_path / "run"
   args = ("--workdir", str(workdir), "--config.train.steps=2")
   assert _main(*args).returncode == 0

@@ -153,7 +153,8 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
   assert np.mean(ntp[-3:]) < np.mean(ntp[:3])
 
 
-@pytest.mark.slow   # the default suite runs the fused trainer in test_parallel (fsdp4 x tensor2)
+# The default suite runs the fused trainer in parallel/test_mesh (fsdp4 x tensor2).
+@pytest.mark.slow
 def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
   """loss.impl=xla (chunked, no [N, V] logits) gives the naive loss trajectory, both phases."""
   losses = {}
