@@ -12,29 +12,13 @@ import jax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from tests.fixtures.fields import BASES, FIELDS
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
-from tst_jax import configlib, models, schema
+from tst_jax import configlib
 from tst_jax.errors import ConfigError, UserError
-from tst_jax.train import sections as sections_lib, spec as spec_lib, step as step_lib
+from tst_jax.train import spec as spec_lib, step as step_lib
 
-
-def _leaves(config, prefix=""):
-  for key, value in config.items():
-    if hasattr(value, "items"):
-      yield from _leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}"
-
-
-def moe_config():
-  c = tiny_config()
-  c.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512)
-  return c
-
-
-BASES = {"llama": tiny_config, "qwen3_moe": moe_config}
-FIELDS = {family: sorted(_leaves(make())) for family, make in BASES.items()}
 DEFAULTS = {family: make() for family, make in BASES.items()}
 # Raw override strings: boundaries, wrong types, every option name of the surface, paths.
 OPTIONS = ["auto", "naive", "xla", "pallas", "cudnn", "ragged", "blocked", "dense", "full",
@@ -153,28 +137,6 @@ def test_config_overrides_plan_or_name_a_field():
 @pytest.mark.slow
 def test_config_overrides_plan_or_name_a_field_many():
   _run_property(1000)
-
-
-def test_every_run_field_has_its_check():
-  """Each leaf of the run config is a field declared with its rule and doc (tst_jax/schema.py)
-  in the section that holds it, the model's in the family's dataclass: none reaches the code
-  unchecked, none is declared twice, and the ConfigDict has no leaf the schema lacks."""
-  for family, make in BASES.items():
-    config = make()
-    declared = [name for name, _ in _declared(config)]
-    assert len(declared) == len(set(declared))
-    unchecked = [f for f in FIELDS[family] if f not in declared and f != "model.family"]
-    assert not unchecked, (family, unchecked)
-    for name, f in _declared(config):
-      assert isinstance(f.metadata["rule"], schema.Rule) and f.metadata["doc"], name
-
-
-def _declared(config):
-  """(dotted name, dataclass field) of every field the run config's sections declare."""
-  model_cls = type(models.model_config(config.model))
-  sections = [("", sections_lib.Run), ("model", model_cls), *spec_lib.SECTIONS.items()]
-  return [(f"{name}.{f.name}" if name else f.name, f) for name, cls in sections
-          for f in schema.config_fields(cls)]
 
 
 @pytest.mark.parametrize("picks,message", [

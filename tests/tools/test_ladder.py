@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.paths import TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.analysis.frontier import Frontier, Trend
 from tst_jax.tools import ladder, sweep

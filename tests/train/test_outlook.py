@@ -1,5 +1,7 @@
-"""Passes over the data: how many times each phase and the run read the training tokens, and
-the plan's warning when they repeat."""
+"""The plan's outlook (tst_jax/train/outlook.py). Passes over the data: how many times each phase
+and the run read the training tokens, and the plan's warning when they repeat. Where TST pays:
+the warning for runs where TST is expected to end behind its baseline, too short a next-token
+phase or a model as small as every one where TST ended behind."""
 
 import os
 
@@ -61,8 +63,13 @@ def test_a_source_of_unknown_size_is_counted_when_tokenized(tmp_path):
   assert "counted once data.source is tokenized" in outlook.format_plan(spec.plan)
 
 
+def _config(name, arg=""):
+  """configs/<name>.py, with its `:arg` arms."""
+  return load_config(os.path.join(ROOT, "configs", f"{name}.py") + (f":{arg}" if arg else ""))
+
+
 def _demo(**data_and_train):
-  config = load_config(os.path.join(ROOT, "configs", "demo.py"))
+  config = _config("demo")
   if "max_bytes" in data_and_train:
     config.data.max_bytes = data_and_train["max_bytes"]
   if "steps" in data_and_train:
@@ -83,3 +90,21 @@ def test_max_passes_refuses_a_run_that_would_repeat_its_data_more(tmp_path, caps
   assert cli.run(config, str(tmp_path / "run"))["steps"] == 40
   with pytest.raises(ConfigError, match="must be a number >= 0"):
     spec_lib.check(tiny_config(train=dict(max_passes=-1.0)))
+
+
+@pytest.mark.parametrize("name, arg, warned, tokens_per_param", [
+    ("demo", "", True, 210 * 16 * 128 / 1.84e6),        # 0.23: the demo ends behind
+    ("demo", "smooth", True, 210 * 16 * 128 / 1.84e6),
+    ("demo", "baseline", False, None),                   # nothing to compare
+    ("cpu_ladder", "", True, 2800 * 8 * 64 / 328_256),  # 4.4, but 0.33M params: all behind
+    ("gpu_small", "", False, 1400 * 64 * 512 / 33.6e6),  # 1.37: measured ahead by 0.05
+    ("llama_270m", "", False, 14000 * 1024 * 2048 / 254e6),
+])
+def test_the_plan_warns_when_the_next_token_phase_is_too_short(name, arg, warned,
+                                                               tokens_per_param, capsys):
+  plan = spec_lib.check(_config(name, arg)).plan
+  got = plan.ntp_tokens_per_param
+  assert got == pytest.approx(tokens_per_param, rel=0.01) if tokens_per_param else got is None
+  assert (outlook.BEHIND_WARNING in outlook.format_plan(plan)) == warned
+  cli.run(_config(name, arg), "", mode="plan")
+  assert (outlook.BEHIND_WARNING in capsys.readouterr().out) == warned

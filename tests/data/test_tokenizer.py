@@ -1,0 +1,53 @@
+"""tst_jax.data.tokenizer: the byte-level BPE (round trips, cached per config) and a
+tokenizer.json file (loaded, copied into the workdir, refused when it differs)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.fixtures.corpus import CORPUS
+from tst_jax.data import get_tokenizer
+
+
+def test_bpe_round_trips_any_text(tok):
+  rng = np.random.default_rng(0)
+  texts = ["", "hello world", "  leading and trailing  \n", "日本語 😀 Grüße\r\n\t",
+           "<|endoftext|> is text here",
+           bytes(rng.integers(0, 256, 500, dtype=np.uint8)).decode("latin1"),
+           "".join(chr(c) for c in rng.integers(0x20, 0x2FFFF, 200) if not 0xD800 <= c < 0xE000)]
+  for t in texts:
+    ids = tok.encode(t)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == t
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+  assert tok.eos_id not in tok.encode("a <|endoftext|> b")  # documents never fake an EOS.
+  assert tok.decode([tok.eos_id]) == "<|endoftext|>"
+  assert tok.vocab_size == 300
+
+
+def test_bpe_is_cached_and_checks_vocab(bpe_dir, tok):
+  path = os.path.join(bpe_dir, "tokenizer.json")
+  assert tok.path == path
+  mtime = os.stat(path).st_mtime_ns
+  again = get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=["other text"] * 9)
+  assert os.stat(path).st_mtime_ns == mtime
+  assert again.encode("def add(a, b)") == tok.encode("def add(a, b)")
+  with pytest.raises(ValueError, match="another config"):
+    get_tokenizer("bpe", workdir=bpe_dir, vocab_size=512, train_docs=CORPUS)
+
+
+def test_tokenizer_json_file_is_loaded_and_copied(bpe_dir, tmp_path):
+  src = os.path.join(bpe_dir, "tokenizer.json")
+  loaded = get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0)
+  assert loaded.path == str(tmp_path / "run" / "tokenizer.json") and os.path.isfile(loaded.path)
+  assert loaded.decode([loaded.eos_id]) == "<|endoftext|>"
+  assert get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0).path == loaded.path
+  loaded.save(str(tmp_path / "saved.json"))
+  resaved = get_tokenizer(str(tmp_path / "saved.json"), workdir=None, vocab_size=0)
+  assert resaved.encode("x = 1  # 😀") == loaded.encode("x = 1  # 😀")
+  with pytest.raises(ValueError, match="does not exist"):
+    get_tokenizer(str(tmp_path / "nope.json"), workdir=None, vocab_size=0)
+  other = get_tokenizer("bpe", workdir=str(tmp_path / "other"), vocab_size=280, train_docs=CORPUS)
+  with pytest.raises(ValueError, match="differs"):
+    get_tokenizer(other.path, workdir=str(tmp_path / "run"), vocab_size=0)

@@ -1,0 +1,48 @@
+"""Setting a run up in its workdir (tst_jax/train/setup.py): a workdir of another config refuses
+to resume; one written before the typed run spec still resumes with the same settings."""
+
+import json
+import os
+
+import pytest
+
+from tests.fixtures.paths import TESTDATA
+from tests.fixtures.tiny import tiny_config
+from tst_jax.train import cli, setup as setup_lib, spec as spec_lib
+
+
+def test_workdir_of_another_config_refuses_to_resume(tmp_path):
+  cli.run(tiny_config(steps=4), str(tmp_path))
+  before = (tmp_path / "metrics.jsonl").read_text()
+  with pytest.raises(ValueError, match="holds a run of a different config"):
+    cli.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
+  assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
+  """tests/testdata/config_683731c.json is the config.json the trainer wrote for tiny_config()
+  at 683731c, before the typed run spec: resuming such a workdir with the same settings (and
+  the fields added since at the values that run had: each field's `added=` in its
+  declaration) finds its config equal and records it with those fields; another config is
+  still refused."""
+  from tst_jax.errors import ConfigError
+  old = os.path.join(TESTDATA, "config_683731c.json")
+  with open(old) as f:
+    written_then = json.load(f)
+  path = tmp_path / "config.json"
+  path.write_text(open(old).read())
+  same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
+  setup_lib._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
+  rewritten = json.loads(path.read_text())
+  assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
+  added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
+  for section, names in added.items():                   # now recorded, at their old values
+    assert all(n not in written_then[section] for n in names)
+    assert {n: rewritten[section][n] for n in names} == {
+        n: getattr(spec_lib.sections_of(written_then)[section], n) for n in names}
+  assert rewritten["tst"]["schedule"] == "" and rewritten["data"]["val_piece_bytes"] == 0
+  assert rewritten["reference"] == {"name": "", "loss": 0.0, "measured": "", "command": ""}
+  for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
+                         (tiny_config(), "data")):          # held out by pieces: another split
+    with pytest.raises(ConfigError, match=rf"a different config \(sections \['{section}'\]"):
+      setup_lib._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access

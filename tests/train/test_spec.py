@@ -1,0 +1,86 @@
+"""The run spec (tst_jax/train/spec.py): a bad config fails before anything trains, naming its
+field; indivisible lengths and a vocabulary the tokenizer outgrows are refused; every field of
+the run config is declared with its rule and doc, and `--help-config` lists them all."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.fixtures.fields import BASES, FIELDS
+from tests.fixtures.paths import ROOT
+from tests.fixtures.tiny import tiny_config
+from tst_jax import models, schema
+from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("tst.bag_size", 0, "config.tst.bag_size: must be an integer >= 1"),
+    ("tst.ratio", 1.5, r"config.tst.ratio: must be a number in \[0, 1\]"),
+    ("tst.weighting", "cubic", "config.tst.weighting: unknown weighting 'cubic'"),
+    ("tst.mode", "both", "config.tst.mode"),
+    ("data.source", "text:/nonexistent/*.txt", "matches no files"),
+    ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
+])
+def test_bad_config_fails_before_training(tmp_path, field, value, message):
+  config = tiny_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    cli.run(config, str(workdir))
+  assert not (workdir / "checkpoints").exists() and not (workdir / "metrics.jsonl").exists()
+
+
+def test_indivisible_length_and_vocab_too_small(tmp_path):
+  config = tiny_config(tst=dict(equal_flops="batch", bag_size=3))
+  with pytest.raises(ValueError, match="config.data.seq_len: 16 must be divisible by "
+                                       "tst.bag_size 3"):
+    cli.run(config, str(tmp_path / "a"))
+  # A tokenizer file with more tokens than the model's vocabulary.
+  big = tiny_config(data=dict(tokenizer="bpe"))
+  cli.run(big, str(tmp_path / "b"), mode="plan")
+  from tst_jax.data import get_tokenizer, load_documents
+  tok = get_tokenizer("bpe", workdir=str(tmp_path / "tok"), vocab_size=600,
+                      train_docs=load_documents("builtin:pystdlib", 100_000))
+  small = tiny_config(data=dict(tokenizer=tok.path))
+  with pytest.raises(ValueError, match="config.model.vocab_size: the tokenizer .* has 600 "
+                                       "tokens, more than the model's 512"):
+    cli.run(small, str(tmp_path / "c"))
+  assert not (tmp_path / "c" / "checkpoints").exists()
+
+
+def test_every_run_field_has_its_check():
+  """Each leaf of the run config is a field declared with its rule and doc (tst_jax/schema.py)
+  in the section that holds it, the model's in the family's dataclass: none reaches the code
+  unchecked, none is declared twice, and the ConfigDict has no leaf the schema lacks."""
+  for family, make in BASES.items():
+    config = make()
+    declared = [name for name, _ in _declared(config)]
+    assert len(declared) == len(set(declared))
+    unchecked = [f for f in FIELDS[family] if f not in declared and f != "model.family"]
+    assert not unchecked, (family, unchecked)
+    for name, f in _declared(config):
+      assert isinstance(f.metadata["rule"], schema.Rule) and f.metadata["doc"], name
+
+
+def _declared(config):
+  """(dotted name, dataclass field) of every field the run config's sections declare."""
+  model_cls = type(models.model_config(config.model))
+  sections = [("", sections_lib.Run), ("model", model_cls), *spec_lib.SECTIONS.items()]
+  return [(f"{name}.{f.name}" if name else f.name, f) for name, cls in sections
+          for f in schema.config_fields(cls)]
+
+
+def test_help_config_lists_every_field_with_default_doc_and_rule():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--help-config"],
+                       capture_output=True, text=True, check=True).stdout
+  lines = {line.split()[0]: line for line in out.splitlines() if line[:1].isalpha() and
+           "  " in line}
+  assert lines["tst.bag_size"].split()[1] == "4" and "S: tokens superposed" in lines[
+      "tst.bag_size"] and lines["tst.bag_size"].endswith("(an integer >= 1)")
+  for name, cls in [("", sections_lib.Run), *spec_lib.SECTIONS.items()]:
+    for f in schema.config_fields(cls):
+      assert (f"{name}.{f.name}" if name else f.name) in lines
+  assert "model.expert_impl" in lines and "model.n_experts_per_token" in lines
