@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.models import moe
-from tst_jax.parallel import distributed, mesh as mesh_lib
+from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
@@ -266,18 +266,3 @@ def test_dcn_data_keeps_each_process_on_its_own_data_rows():
   assert [{d.process_index for d in row.ravel()} for row in grid] == [{0}, {1}]
   with pytest.raises(ValueError, match="dcn_data: 3 must divide the data axis"):
     mesh_lib.device_grid((2, 4, 1, 1), 3, devices)
-
-
-def test_distributed_initialize_from_config_and_env(monkeypatch):
-  cfg = tiny_config().distributed
-  assert distributed.initialize(cfg) is False         # auto, nothing asked: one process
-  assert distributed.is_primary()
-  distributed.barrier("noop")                         # a no-op with one process
-  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
-  monkeypatch.setenv("JAX_PROCESS_ID", "1")
-  settings = distributed._settings(cfg)  # pylint: disable=protected-access
-  assert (settings["num_processes"], settings["process_id"]) == (2, 1)
-  with pytest.raises(RuntimeError, match="must start before any JAX computation"):
-    distributed.initialize(cfg)                       # asked for, but JAX already runs here
-  with pytest.raises(ValueError, match="config.distributed.mode: must be one of"):
-    spec_lib.check(tiny_config(distributed=dict(mode="sometimes")))  # checked before it starts
