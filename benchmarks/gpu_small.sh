@@ -70,12 +70,14 @@ pack() {
   done
 }
 
-LEFT=$(( TOTAL_S - ($(date +%s) - START) - 60 ))     # 60 s kept for checkpoints and packing
+# 150 s kept: the sweep's grace for a running trainer to checkpoint (GRACE_S, 90 s), then
+# its report and the packing.
+LEFT=$(( TOTAL_S - ($(date +%s) - START) - 150 ))
 [ "$LEFT" -lt 30 ] && LEFT=30
 echo "sweep: arms $ARMS, seeds $SEEDS, $PARALLEL at once, ${LEFT} s left; ${SET[*]:-}"
 # At the deadline the running arms checkpoint and stop; the same call resumes them.
 # shellcheck disable=SC2086
-timeout -k 10 $(( LEFT + 45 )) python3 -m tst_jax.tools.sweep \
+timeout -k 10 $(( LEFT + 120 )) python3 -m tst_jax.tools.sweep \
     --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" --arms "$ARMS" \
     --seeds "$SEEDS" --parallel "$PARALLEL" --deadline_s "$LEFT" "${SET[@]}" ${EXTRA:-} 2>&1 \
     | tee "$OUT_DIR/sweep.txt" | grep -v '^|'

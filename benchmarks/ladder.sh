@@ -32,9 +32,11 @@ python3 -c "import datetime, json, subprocess, jax; print(json.dumps(dict(
     device=jax.devices()[0].device_kind, jax=jax.__version__, date=str(datetime.date.today()),
     commit=subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,
                           text=True).stdout.strip())))" | tee "$OUT_DIR/env.json"
-LEFT=$(( TOTAL_S - ($(date +%s) - START) - 60 ))     # 60 s kept for checkpoints and the report
+# 150 s kept: the sweep's grace for a running trainer to checkpoint (GRACE_S, 90 s), then
+# the report.
+LEFT=$(( TOTAL_S - ($(date +%s) - START) - 150 ))
 [ "$LEFT" -lt 30 ] && LEFT=30
-timeout -k 10 $(( LEFT + 45 )) python3 -m tst_jax.tools.ladder \
+timeout -k 10 $(( LEFT + 120 )) python3 -m tst_jax.tools.ladder \
     --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" \
     --lengths "${LENGTHS:-1k,2k,4k}" --seeds "${SEEDS:-0}" --tst_arm "${TST_ARM:-tst}" \
     --parallel "${PARALLEL:-4}" --deadline_s "$LEFT" "${SET[@]}" 2>&1 | tail -n 60

@@ -112,6 +112,9 @@ def bench_phase(config, phase_name, devices=None) -> dict:
       peak_bytes_in_use=stats.get("peak_bytes_in_use"),
       loss=float(metrics["loss"]), devices=devices, device_kind=jax.devices()[0].device_kind,
       backend=jax.default_backend(), jax_version=jax.__version__,
+      # --profile turns XLA's GPU command buffers off for the whole process (it has to be
+      # set before the backend starts): the timings above are taken with them off too.
+      command_buffers="off" if _PROFILE.value else "default",
       **(dict(profile=profile.to_json(), profile_table=profile.table()) if profile else {}))
 
 

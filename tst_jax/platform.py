@@ -17,6 +17,9 @@ import jax
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul, splash_attention, tokamax_tuning
 
+# The config fields `auto` resolves on a platform: how a run computes, not what it computes
+# (a workdir resumes, evaluates and loads on another platform with its own choices).
+PLATFORM_FIELDS = ("model.attention_impl", "model.expert_impl", "loss.impl")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
 EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
@@ -186,6 +189,13 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
   return Resolved(platform, kind, choices)
+
+
+def unresolved(section, name: str):
+  """Config section `name` (model or loss) with its PLATFORM_FIELDS back at `auto`."""
+  fields = {f.split(".")[1]: "auto" for f in PLATFORM_FIELDS if f.startswith(name + ".")
+            and hasattr(section, f.split(".")[1])}
+  return dataclasses.replace(section, **fields)
 
 
 def resolved_model(model_cfg, resolved: Resolved | None = None):

@@ -83,8 +83,9 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
                  phase1_end_eval_loss=6.1232, unigram_entropy=6.421)
   console.final(summary, "/tmp/w", reference)
   lines = capsys.readouterr().out.splitlines()
-  assert lines[1] == ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured "
-                      "(docs/demo.md: 2-core CPU, 2026-11-24); this run +0.6702 from it")
+  assert lines[1] == ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured for this "
+                      "config as written (docs/demo.md: 2-core CPU, 2026-11-24); this run "
+                      "+0.6702 from it")
   assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
   console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""))
   assert "measure it" not in capsys.readouterr().out

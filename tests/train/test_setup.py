@@ -33,6 +33,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   path.write_text(open(old).read())
   same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
   setup_lib._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
+  setup_lib._record_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
   rewritten = json.loads(path.read_text())
   assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
   added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}

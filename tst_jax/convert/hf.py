@@ -63,7 +63,7 @@ _ST_DTYPES = {
 # ----------------------------------------------------------------------------- families
 
 
-def family_module(model_type: str):
+def converter(model_type: str):
   """The converter of HF `model_type` (a family of tst_jax.models.FAMILIES)."""
   if model_type not in models.FAMILIES:
     raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; tst_jax converts "
@@ -73,7 +73,7 @@ def family_module(model_type: str):
 
 def _family_of(model):
   try:
-    return family_module(models.family_of(getattr(model, "cfg", None)))
+    return converter(models.family_of(getattr(model, "cfg", None)))
   except TypeError:
     raise TypeError(f"no Hugging Face family converts {type(model).__name__}") from None
 
@@ -161,14 +161,14 @@ def _open_tensors(path: Path) -> _Tensors:
 def config_from_hf(path_or_dict, **overrides):
   """The tst_jax config of a Hugging Face config (a dict, config.json or its folder)."""
   hf = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else _read_config(path_or_dict)
-  return family_module(hf.get("model_type")).config_from_hf(hf, **overrides)
+  return converter(hf.get("model_type")).config_from_hf(hf, **overrides)
 
 
 def from_hf(path, *, dtype: str = "float32", **overrides):
   """A tst_jax model with the weights of a Hugging Face safetensors checkpoint folder."""
   path = Path(path)
   hf = _read_config(path)
-  family = family_module(hf["model_type"])
+  family = converter(hf["model_type"])
   cfg = family.config_from_hf(hf, dtype=dtype, **overrides)
   tensors = _open_tensors(path)
   pure = family.params_from_hf(tensors, cfg)

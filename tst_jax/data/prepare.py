@@ -128,13 +128,14 @@ def _size(task) -> int:
   return shard.num_bytes if budget is None else budget
 
 
-def _tokenizer_request(spec: str, vocab_size: int | None, sample_bytes: int) -> dict:
-  if spec == "bpe":
+def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> dict:
+  # "spec" is the store format's key for the tokenizer's name (manifests on disk)
+  if name == "bpe":
     return dict(spec="bpe", vocab_size=vocab_size, sample_bytes=sample_bytes)
-  if not os.path.isfile(spec):
-    raise ValueError(f"tokenizer file {spec!r} does not exist")
-  return dict(spec=os.path.basename(spec),
-              fingerprint=get_tokenizer(spec, workdir=None, vocab_size=0).fingerprint())
+  if not os.path.isfile(name):
+    raise ValueError(f"tokenizer file {name!r} does not exist")
+  return dict(spec=os.path.basename(name),
+              fingerprint=get_tokenizer(name, workdir=None, vocab_size=0).fingerprint())
 
 
 def _claim(out: str, request: dict) -> bool:
@@ -168,12 +169,12 @@ def _differs(saved: dict, request: dict) -> str:
   return ", ".join(f"{k}: {saved.get(k)!r} there, {request.get(k)!r} asked" for k in keys)
 
 
-def _get_tokenizer(out, spec, vocab_size, tasks, split, sample_bytes) -> Tokenizer:
+def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes) -> Tokenizer:
   """The store's tokenizer in `out`: copied from a file, or a BPE trained on the first
   `sample_bytes` of training documents (never on held-out pieces), in corpus order;
   `split` is (seed, val_fraction, val_piece_bytes)."""
-  if spec != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
-    return get_tokenizer(spec, workdir=out, vocab_size=vocab_size or 0)
+  if name != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
+    return get_tokenizer(name, workdir=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
   for _, shard, budget in tasks:
     for doc in sources_lib.shard_documents(shard, budget):

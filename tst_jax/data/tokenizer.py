@@ -74,29 +74,29 @@ class Tokenizer:
     return f"Tokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, path={self.path!r})"
 
 
-def get_tokenizer(spec: str, *, workdir: str | None, vocab_size: int,
+def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
                   train_docs: list[str] | None = None) -> Tokenizer:
-  """Returns the tokenizer named by `spec`, cached in / copied to `workdir` when given.
+  """Returns the tokenizer named by `name`, cached in / copied to `workdir` when given.
 
-  spec:
+  name:
     "bpe"          a byte-level BPE with exactly `vocab_size` ids (EOS "<|endoftext|>"), trained
                    on `train_docs` only (never on validation text) and saved to
                    <workdir>/tokenizer.json; later calls load that file instead of retraining.
     "*.json"       a HF tokenizer.json (e.g. Llama-3's); `vocab_size` is not used.
     "*.model"      a SentencePiece model (the `sentencepiece` extra); `vocab_size` is not used.
   """
-  if spec == "bpe":
+  if name == "bpe":
     return _get_bpe(workdir, vocab_size, train_docs)
-  if not (spec.endswith(".json") or spec.endswith(".model")):
+  if not (name.endswith(".json") or name.endswith(".model")):
     raise ValueError(
-        f"unknown tokenizer {spec!r}: expected 'bpe', a tokenizer.json or a .model file")
-  if not os.path.isfile(spec):
-    raise ConfigError("data.tokenizer", f"file {spec!r} does not exist")
-  if spec.endswith(".json"):
-    hf = _load_tokenizer_json(spec, "config.data.tokenizer: give a valid tokenizer.json")
-    path = _copy_into_workdir(spec, workdir, "tokenizer.json", _same_json)
-    return Tokenizer(hf, eos_id=_find_eos(hf, spec), path=path)
-  return _load_sentencepiece(spec, workdir)
+        f"unknown tokenizer {name!r}: expected 'bpe', a tokenizer.json or a .model file")
+  if not os.path.isfile(name):
+    raise ConfigError("data.tokenizer", f"file {name!r} does not exist")
+  if name.endswith(".json"):
+    hf = _load_tokenizer_json(name, "config.data.tokenizer: give a valid tokenizer.json")
+    path = _copy_into_workdir(name, workdir, "tokenizer.json", _same_json)
+    return Tokenizer(hf, eos_id=_find_eos(hf, name), path=path)
+  return _load_sentencepiece(name, workdir)
 
 
 def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:

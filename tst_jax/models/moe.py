@@ -92,7 +92,7 @@ def stage_units(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int],
 
   d dense, s sparse: [d, s, s, s] -> (((d,), 1), ((s,), 3));  [d, s, d, s] -> (((d, s), 2),).
   """
-  plan, i, n = [], 0, len(sparse)
+  units, i, n = [], 0, len(sparse)
   while i < n:
     best = (1, 1)                                    # (unit length, repeats)
     for u in range(1, (n - i) // 2 + 1):
@@ -102,9 +102,9 @@ def stage_units(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int],
       if r >= 2 and r * u > best[0] * best[1]:
         best = (u, r)
     u, r = best
-    plan.append((tuple(sparse[i: i + u]), r))
+    units.append((tuple(sparse[i: i + u]), r))
     i += u * r
-  return tuple(plan)
+  return tuple(units)
 
 
 def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):

@@ -107,9 +107,9 @@ def compare(runs: list[EvalCurve], curve: EvalCurve | None = None) -> list[dict]
   return rows
 
 
-def fmt(x, spec=".4f") -> str:
+def fmt(x, form: str = ".4f") -> str:
   """`x` formatted, "--" for None."""
-  return "--" if x is None else format(x, spec)
+  return "--" if x is None else format(x, form)
 
 
 def report_head(title: str, command: str = "") -> list[str]:

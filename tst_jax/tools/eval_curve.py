@@ -75,9 +75,20 @@ def run_plan(workdir: str) -> Plan:
   """The plan a run directory recorded in plan.json; for a run written before that, its
   config.json checked again (its tst.weighting taken as uniform: the FLOPs do not depend on
   it, and a fitted file may have moved)."""
+  return run_record(workdir)[0]
+
+
+def run_record(workdir: str) -> tuple[Plan, int | None]:
+  """(the run's plan, its store's training tokens or None), from its plan.json; for a run
+  written before it recorded one, from config.json and store.json."""
   record = PlanRecord.read(workdir)
   if record is not None:
-    return record.plan
+    return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
+                         else run_data.workdir_train_tokens(workdir))
+  return _plan_of_config(workdir), run_data.workdir_train_tokens(workdir)
+
+
+def _plan_of_config(workdir: str) -> Plan:
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise errors.DataError(f"{workdir}: has no plan.json or config.json: give run directories "
@@ -93,7 +104,7 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   error."""
   if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
-  plan = run_plan(workdir)
+  plan, train_tokens = run_record(workdir)
   evals = {}
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     for line in filter(str.strip, f):
@@ -113,4 +124,4 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
                    np.array([r["step"] for r in rows], float),
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,
-                   train_tokens=run_data.workdir_train_tokens(workdir))
+                   train_tokens=train_tokens)

@@ -48,7 +48,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   spec.check_paths()
   check_workdir(workdir)
   try:
-    setup = Setup.create(spec, workdir)
+    setup = Setup.create(spec, workdir, record=mode == "train")
     result = setup.evaluate_latest() if mode == "eval" else loop.train(setup)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
@@ -64,5 +64,8 @@ def plan(spec, flags, workdir: str, target) -> dict:
   fitted = fit.check(spec, *target) if target else None
   tokens = run_data.training_tokens(spec.data, workdir or None)
   print(*([fitted.table()] if fitted else []),
-        format_plan(spec.plan, spec.resolved, tokens=tokens), sep="\n")
+        format_plan(spec.plan, spec.resolved, tokens=tokens,
+                    max_passes=spec.train.max_passes), sep="\n")
+  if target:       # the run itself, on the accelerator: what `auto` means there
+    print(f"on {target[0]}: {target[1].resolved.line()}")
   return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})

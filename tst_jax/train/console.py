@@ -84,8 +84,8 @@ class Console:
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
     if reference is not None and reference.name:
-      lines += [f"  {reference.name}: held-out loss {reference.loss:.4f}, measured "
-                f"({reference.measured}); this run "
+      lines += [f"  {reference.name}: held-out loss {reference.loss:.4f}, measured for this "
+                f"config as written ({reference.measured}); this run "
                 f"{summary['final_eval_loss'] - reference.loss:+.4f} from it",
                 f"  measure it: {reference.command}"]
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",

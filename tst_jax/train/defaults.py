@@ -1,5 +1,6 @@
 """The base run configs every configs/*.py file starts from (each field's default, rule and
-doc are declared once, with its section: tst_jax/schema.py) and the `:arg` arms they take."""
+doc are declared once, in its section's dataclass: SECTIONS in train/spec.py, the mechanism
+in tst_jax/schema.py) and the `:arg` arms they take."""
 
 import ml_collections
 
@@ -10,8 +11,8 @@ from tst_jax.train.spec import SECTIONS
 
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Every field of a run config at its declared default (tst_jax/schema.py;
-  `python main.py --help-config` lists them), the model's from `preset` of `family`."""
+  """Every field of a run config at the default its section declares (`python main.py
+  --help-config` lists them), the model's from `preset` of `family`."""
   c = schema.defaults(Run)
   c.model = models.preset_config(family, preset)
   for name, cls in SECTIONS.items():

@@ -28,22 +28,22 @@ from tst_jax.train.setup import Setup
 log = logging.getLogger("tst_jax")
 
 
-def train(s: Setup) -> dict:
-  """Trains the phases of `s.plan` from the latest checkpoint (or step 0) to the end; returns
+def train(setup: Setup) -> dict:
+  """Trains the phases of `setup.plan` from the latest checkpoint (or step 0) to the end; returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
-  settings, plan = s.spec.train, s.plan
-  state, start = s.restore_or_init()
+  settings, plan = setup.spec.train, setup.plan
+  state, start = setup.restore_or_init()
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=settings.progress_bar and sys.stdout.isatty())
-  tokens = run_data.TrainTokens.of(s.data.train)
+  tokens = run_data.TrainTokens.of(setup.data.train)
   if primary:                         # <workdir>/plan.json, before the first step
-    PlanRecord(plan, tokens, s.resolved).write(s.workdir)
-  console.print(format_plan(plan, s.resolved, with_json=False, tokens=tokens) if start == 0
-                else f"resuming {s.workdir} at step {start} of {plan.total_steps}")
-  writer = (metrics_lib.MetricsWriter(s.workdir, resume_step=start or None) if primary
+    PlanRecord(plan, tokens, setup.resolved).write(setup.workdir)
+  console.print(format_plan(plan, setup.resolved, with_json=False, tokens=tokens) if start == 0
+                else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
+  writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
-  step_log = StepLog(plan, settings, writer, console, s.checkpoints)
+  step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
   guard = PreemptionGuard()
   t0 = time.time()
   try:
@@ -51,50 +51,39 @@ def train(s: Setup) -> dict:
       if start >= phase.last_step:
         continue
       if phase.first_step > 0 and start == phase.first_step:
-        state = s.handoff(state, phase, console)
-      train_step, batches = s.train_step(phase), s.batches(phase, max(start, phase.first_step))
+        state = setup.handoff(state, phase, console)
+      train_step, batches = setup.train_step(phase), setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = train_step(state, next(batches))
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
           step_log.flush()
-          loss = s.evaluate(state.params)
+          loss = setup.evaluate(state.params)
           writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done)))
           console.eval(done, loss)
         stop = guard.should_stop(done)                # agreed by every process
-        s.save(state, done, force=stop or done == phase.last_step)
+        setup.save(state, done, force=stop or done == phase.last_step)
         if stop:
           step_log.flush()
           raise Preempted(done)
       step_log.flush()
       start = phase.last_step
-    s.checkpoints.wait()
+    setup.checkpoints.wait()
     summary = metrics_lib.summarize(
-        s.workdir, plan, s.evaluate(state.params), write=primary,
-        unigram_entropy=s.data.unigram_entropy, seconds_this_session=time.time() - t0,
-        resolved=s.resolved.to_json())
+        setup.workdir, plan, setup.evaluate(state.params), write=primary,
+        unigram_entropy=setup.data.unigram_entropy, seconds_this_session=time.time() - t0,
+        resolved=setup.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
-    console.final(summary, s.workdir, s.spec.reference)
+    console.final(summary, setup.workdir, setup.spec.reference)
     return summary
   except Preempted as stop:
-    s.checkpoints.wait()
+    setup.checkpoints.wait()
     console.print(f"preempted: checkpoint of step {stop.step} written to "
-                  f"{s.checkpoints.directory}; run the same command again to resume")
+                  f"{setup.checkpoints.directory}; run the same command again to resume")
     return dict(preempted_at_step=stop.step)
   finally:   # also after an error, which stays the one reported
-    _close(guard, console, writer, s.checkpoints, raising=sys.exc_info()[0] is None)
-
-
-def _close(*closables, raising: bool):
-  """Finish pending checkpoint writes and flush the metrics (also after an error)."""
-  for c in closables:
-    try:
-      c.close()
-    except Exception as e:  # pylint: disable=broad-except
-      if raising:
-        raise
-      log.warning("while stopping after an error: %s: %s", type(e).__name__, e)
+    _close(guard, console, writer, setup.checkpoints, raising=sys.exc_info()[0] is None)
 
 
 def _close(*closables, raising: bool):

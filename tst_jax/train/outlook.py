@@ -31,8 +31,8 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
   """The warning of a TST run expected to end behind its baseline: where the measured
   `trend` covers the run, when it predicts a speed-up below 1; elsewhere when its model is
   as small as every model where TST ended behind, or its next-token phase is too short."""
-  ratio = plan.ntp_tokens_per_param
-  if ratio is None:
+  ntp = plan.ntp_tokens_per_param
+  if ntp is None:
     return None
   predicted = trend.predict(plan.tokens_per_param, plan.params_active) if trend else None
   if predicted is not None:
@@ -41,9 +41,9 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
   if plan.params_active <= BEHIND_UP_TO_PARAMS:
     return (f"warning: {BEHIND_WARNING} (at {human(plan.params_active)} parameters: every run "
             f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, however long)")
-  if ratio >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
+  if ntp >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
     return None
-  return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ratio:.2g} tokens per "
+  return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ntp:.2g} tokens per "
           f"parameter; TST has paid from about {PAYS_FROM_NTP_TOKENS_PER_PARAM:g})")
 
 
@@ -74,9 +74,10 @@ def pays_line(plan: Plan, trend: Trend | None) -> str | None:
                  "docs/results.md)")
 
 
-def data_lines(plan: Plan, tokens) -> list[str]:
-  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown)
-  and a warning when the run reads any of its tokens more than once."""
+def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
+  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown),
+  a warning when the run reads any of its tokens more than once, and one when it reads them
+  more than `max_passes` times (train.max_passes: the run will refuse to start)."""
   if tokens is None:
     return ["data: training tokens counted once data.source is tokenized (the run's plan "
             "then says how many times it reads them)"]
@@ -89,6 +90,9 @@ def data_lines(plan: Plan, tokens) -> list[str]:
     lines.append(f"warning: the data repeats: the run reads its training tokens "
                  f"{'at least ' if at_least else ''}{total:.3g} times; a repeated token teaches "
                  "less than a new one (docs/data.md, 'Passes over the data')")
+  if max_passes and total > max_passes:
+    lines.append(f"warning: more than train.max_passes={max_passes:g}: the run will refuse to "
+                 "start")
   return lines
 
 
@@ -96,7 +100,8 @@ def _label(phase: Phase) -> str:
   return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
 
 
-def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) -> str:
+def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None,
+                max_passes: float = 0.0) -> str:
   """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
   run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON (the
   record of plan.json)."""
@@ -114,7 +119,7 @@ def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None) 
                f"{human(plan.flops_total)} FLOPs")
   if resolved is not None:
     lines.append(resolved.line())
-  lines += data_lines(plan, tokens)
+  lines += data_lines(plan, tokens, max_passes)
   trend = measured_trend()
   lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
   if with_json:

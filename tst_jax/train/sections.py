@@ -37,6 +37,11 @@ class Run:
   logical_axis_rules: tuple = schema.field(LOGICAL_AXIS_RULES, _RULES, "logical axis -> mesh "
                                            "axes, the first match wins (parallel/logical.py)")
 
+  def __post_init__(self):   # config.json's lists read back as the tuples they were
+    as_tuple = lambda axes: tuple(axes) if isinstance(axes, list) else axes
+    object.__setattr__(self, "logical_axis_rules", tuple(
+        (name, as_tuple(axes)) for name, axes in self.logical_axis_rules))
+
 
 @dataclasses.dataclass(frozen=True)
 class Tst:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio
+from tst_jax import fileio, platform
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
@@ -25,6 +25,7 @@ from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
+CONFIG_FILE = "config.json"
 
 
 class Setup:
@@ -44,9 +45,12 @@ class Setup:
                               in_shardings=(steps.shardings.params, steps.batch_sharding))
 
   @classmethod
-  def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None) -> Setup:
-    """In order: the steps' builder (checked against the mesh), the workdir and its
-    config.json, the token store (prepared once, by process 0) with this process's rows."""
+  def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,
+             record: bool = True) -> Setup:
+    """In order: the steps' builder (checked against the mesh), the workdir (a run of
+    another config refused), the token store (prepared once, by process 0) with this
+    process's rows and its passes (train.max_passes), then, with `record` (training, not an
+    eval), the workdir's config.json."""
     if spec.resolved is None:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
     steps = step_lib.StepBuilder.of(spec, devices)
@@ -63,8 +67,11 @@ class Setup:
     if spec.train.max_passes and passes > spec.train.max_passes:
       raise ConfigError("train.max_passes", f"the run would read the {len(data.train):,} "
                         f"training tokens of {data.train.directory} {passes:.3g} times, more "
-                        f"than {spec.train.max_passes:g}: give it more data, fewer steps, or a "
-                        "larger train.max_passes")
+                        f"than {spec.train.max_passes:g}: give it fewer steps or a larger "
+                        "train.max_passes, or more data in a new --workdir (this one keeps "
+                        "its token store)")
+    if record:
+      _record_config(spec, workdir)
     return cls(spec, workdir, steps, data, block)
 
   @property
@@ -199,22 +206,32 @@ def check_workdir(workdir: str):
 
 
 def _check_workdir_config(spec, workdir: str):
-  """Write config.json (the checked config, `auto` fields resolved) on the first run; refuse
-  to resume a workdir of another config (its sections read back through their declarations,
-  so a run written before a field was added compares with that field's old value)."""
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
-    try:
-      with open(path) as f:
-        saved = spec_lib.sections_of(json.load(f))
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
-      raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
-                      "run: restore it, or use another --workdir") from None
-    saved["seed"] = saved["run"].seed
-    diff = [k for k in RESUME_KEYS if saved[k] != getattr(spec, k)]
-    if diff and not spec.train.force_resume:
-      raise ConfigError(
-          f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
-          "use another --workdir, or --config.train.force_resume=True to resume anyway")
+  """Refuse to resume a workdir of another config: its config.json read back through the
+  sections' declarations (a run written before a field was added compares with that
+  field's old value), the platform's own choices (platform.PLATFORM_FIELDS) aside."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      saved = spec_lib.sections_of(json.load(f))
+  except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
+    raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
+                    "run: restore it, or use another --workdir") from None
+  saved["seed"] = saved["run"].seed
+  diff = [k for k in RESUME_KEYS
+          if _comparable(k, saved[k]) != _comparable(k, getattr(spec, k))]
+  if diff and not spec.train.force_resume:
+    raise ConfigError(
+        f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
+        "use another --workdir, or --config.train.force_resume=True to resume anyway")
+
+
+def _comparable(name: str, section):
+  return platform.unresolved(section, name) if name in ("model", "loss") else section
+
+
+def _record_config(spec, workdir: str):
+  """config.json: the config this workdir trains with (`auto` fields as resolved here)."""
   if distributed.is_primary():
-    fileio.write_json(path, spec.to_json(), sort_keys=True)
+    fileio.write_json(os.path.join(workdir, CONFIG_FILE), spec.to_json(), sort_keys=True)

@@ -53,10 +53,15 @@ def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
   return graphdef, state
 
 
+def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
+  """The NamedShardings of an abstract TrainState, from its parameters' logical axis names."""
+  return mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
+
+
 def state_shardings(model_cfg, tx, mesh, rules):
-  """(abstract TrainState, its NamedShardings) from the parameters' logical axis names."""
+  """(abstract TrainState, its NamedShardings)."""
   _, abstract = abstract_state(model_cfg, tx)
-  return abstract, mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
+  return abstract, shardings_of(abstract, mesh, rules)
 
 
 @jax.named_scope("loss")   # the step profile's category (tools/step_profile)
@@ -195,7 +200,7 @@ class StepBuilder:
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
     init = init_fn(spec.model, tx)
     graphdef, abstract = abstract_state(spec.model, tx)
-    shardings = mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, spec.rules)
+    shardings = shardings_of(abstract, mesh, spec.rules)
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings,
                mesh_lib.batch_sharding(mesh, spec.rules, 2), init)
 

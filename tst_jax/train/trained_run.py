@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from tst_jax import data as data_lib
-from tst_jax import models
+from tst_jax import platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
 from tst_jax.train import spec as spec_lib, step as step_lib
@@ -72,7 +72,7 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   """
   workdir = os.path.abspath(workdir)
   sections = read_sections(workdir)
-  model_cfg = sections["model"]
+  model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
   tokenizer = load_tokenizer(workdir, model_cfg.vocab_size)

@@ -10,24 +10,24 @@ import os
 
 import numpy as np
 
-from tst_jax.data import run_data
 from tst_jax.tools import arms as arms_lib, compare
-from tst_jax.tools.eval_curve import load_run
+from tst_jax.tools.eval_curve import load_run, run_record
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train.console import human
-from tst_jax.train.plan import Plan
+from tst_jax.train.plan import Plan, PlanRecord
 
 
 def points_under(workdir: str):
   """(name, sweep_point.json, its plan typed) of every point directory under `workdir`, by
-  name."""
+  name: the plan the run recorded (plan.json), else the one the sweep wrote as it started it."""
   for name in sorted(os.listdir(workdir)):
     path = os.path.join(workdir, name, POINT_FILE)
     if os.path.isfile(path):
       with open(path) as f:
         meta = json.load(f)
-      yield name, meta, Plan.from_json(meta["plan"])
+      record = PlanRecord.read(os.path.join(workdir, name))
+      yield name, meta, record.plan if record else Plan.from_json(meta["plan"])
 
 
 def collect(workdir: str) -> list[dict]:
@@ -42,7 +42,7 @@ def collect(workdir: str) -> list[dict]:
     with open(summary_path) as f:
       summary = json.load(f)
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
-    train_tokens = run_data.workdir_train_tokens(os.path.join(workdir, name))
+    _, train_tokens = run_record(os.path.join(workdir, name))
     records.append(dict(
         name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,   # its grid cell
         final_eval_loss=loss, data_tokens=summary["data_tokens"],

@@ -102,14 +102,17 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   return "done"
 
 
-GRACE_S = 120     # after SIGTERM: time for the current step and its checkpoint write
+# After SIGTERM: time for the current step (its compilation, if it is the first) and its
+# checkpoint write. Scripts that stop the sweep from outside leave it this much more.
+GRACE_S = 90
 
 
 def _train(cmd: list[str], log, env, deadline: float | None) -> bool:
-  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: past its
-  start-up it checkpoints after the current step and exits 0 (tst_jax/train/preemption.py),
-  before that (imports, data, compiling) SIGTERM ends it at once; SIGKILL after GRACE_S.
-  Either way False: the point resumes from its latest checkpoint, if any."""
+  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: once its
+  loop has started (tst_jax/train/preemption.py) it finishes the current step, compiling it
+  first if need be, checkpoints and exits 0; before that (imports, data, restoring) SIGTERM
+  ends it at once; SIGKILL after GRACE_S. Either way False: the point resumes from its
+  latest checkpoint, if any."""
   with subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
     try:
       proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 0))
