@@ -3,6 +3,7 @@ commands it names, and every train-step run's config file and overrides are vali
 a field would cost a GPU session its run)."""
 
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -50,3 +51,19 @@ def test_every_section_runs_valid_commands(tmp_path):
 def test_a_section_runs_alone(tmp_path, sections, steps):
   calls = _dry_run(tmp_path, sections)
   assert sum(c[0] == "benchmarks/step.py" for c in calls) == steps
+
+
+@pytest.mark.parametrize("script", ["gpu_small.sh", "ladder.sh"])
+def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
+  """The scripts give the sweep a deadline of LEFT seconds and kill it at LEFT + extra: at its
+  deadline the sweep asks its trainers to checkpoint and waits up to GRACE_S for them, then
+  writes its report, so extra must hold GRACE_S and the report; the seconds kept from the
+  script's total must hold extra and the kill's own delay, then the packing."""
+  from tst_jax.tools.sweep import run as sweep_run   # pylint: disable=import-outside-toplevel
+  text = open(os.path.join(ROOT, "benchmarks", script)).read()
+  kept = int(re.search(r"LEFT=\$\(\( TOTAL_S - \(\$\(date \+%s\) - START\) - (\d+) \)\)",
+                       text).group(1))
+  kill, extra = map(int, re.search(r"timeout -k (\d+) \$\(\( LEFT \+ (\d+) \)\)", text).groups())
+  assert "--deadline_s \"$LEFT\"" in text
+  assert extra >= sweep_run.GRACE_S + 20, (extra, sweep_run.GRACE_S)
+  assert kept >= extra + kill + 10, (kept, extra, kill)

@@ -37,24 +37,6 @@ def _fake_run(path, config, evals, train_tokens=None, plan=None):
   return str(path), plan
 
 
-def test_frontier_interpolates_between_lengths_and_bounds_past_its_ends():
-  f = Frontier.of([(10.0, 4.0, "b10"), (20.0, 3.0, "b20"), (40.0, 2.5, "b40")])
-  assert f.loss_at(15.0) == pytest.approx(3.5) and f.loss_at(20.0) == 3.0
-  assert f.loss_at(9.0) is None and f.loss_at(41.0) is None
-  # 3.4 lies 60% of the way from b10's 4.0 to b20's 3.0: 16 FLOPs, over a run of 10.
-  equal = f.equal_loss(3.4, 10.0)
-  assert (equal.speedup, equal.bound, equal.flops) == (pytest.approx(1.6), "=", pytest.approx(16))
-  assert f.equal_loss(2.0, 10.0).text() == "> 4.00x"         # below the longest baseline
-  assert f.equal_loss(4.5, 10.0).text() == "≤ 1.00x"         # above the shortest
-  assert f.equal_loss(4.0, 20.0).text() == "≤ 0.50x"
-  one = Frontier.of([(10.0, 4.0, "b10"), (10.0, 4.2, "b10s1")])     # two seeds, one length
-  assert one.points == ((10.0, pytest.approx(4.1), "b10 + b10s1"),) and one.holds("b10s1")
-  assert one.equal_loss(3.0, 10.0).speedup is None
-  assert one.equal_loss(3.0, 10.0).text() == "needs baselines of two or more lengths"
-  assert compare.lengths_to_add(2000) == ["baseline+3k", "baseline+4k"]
-  assert compare.lengths_to_add(300) == ["baseline+0.45k", "baseline+0.6k"]
-
-
 # The H100 case (../shared/gpu/2026-11-25-h100.md, configs/gpu_small.py, seed 0): baselines of
 # 2k, 3k and 4k steps end at 1.9132, 1.7812 and 1.7372; the 4k run's curve is at 2.0106 at
 # 2k steps' FLOPs (its learning rate not yet decayed). Here in tenths of the steps.
@@ -137,13 +119,6 @@ def test_unfinished_runs_and_non_finite_losses_are_not_compared(tmp_path):
   assert f.names == ["a", "c"] and f.dropped[0][2:] == ("b", "")
 
 
-def test_a_run_slightly_below_the_shortest_baselines_flops_is_compared_with_it():
-  # tst.equal_flops='batch' runs attention over L/S positions: ~1% fewer FLOPs per step.
-  f = Frontier.of([(100.0, 4.0, "b"), (200.0, 3.0, "b2")])
-  assert f.loss_at(98.75) == 4.0 and f.loss_at(90.0) is None
-  assert f.equal_loss(3.9, 98.75).speedup == pytest.approx(110 / 98.75)
-
-
 def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_path):
   runs = [r for r in _h100_runs(tmp_path) if r[0] in ("baseline", "tst")]
   arms, _, _ = arms_lib.summarize_arms(runs)
@@ -151,6 +126,8 @@ def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_pat
   assert tst["speedup"] is None and tst["delta_equal_flops"]["mean"] == pytest.approx(-0.0403)
   assert arms_lib.speedup_text(tst) == ("needs baselines of two or more lengths: add --arms "
                                        "baseline+0.03k,baseline+0.04k")
+  assert compare.lengths_to_add(2000) == ["baseline+3k", "baseline+4k"]
+  assert compare.lengths_to_add(300) == ["baseline+0.45k", "baseline+0.6k"]
 
 
 def test_over_seeds_mean_sd_and_bounds(tmp_path):

@@ -86,6 +86,11 @@ def test_max_passes_refuses_a_run_that_would_repeat_its_data_more(tmp_path, caps
     cli.run(config, str(tmp_path / "run"))
   assert not (tmp_path / "run" / "checkpoints").exists()        # refused before training
   assert (tmp_path / "run" / "data" / "manifest.json").exists()   # the store is kept
+  assert not (tmp_path / "run" / "config.json").exists()         # and no config of a run
+  capsys.readouterr()
+  cli.run(config, str(tmp_path / "run"), mode="plan")      # the plan, from that store, says so
+  out = capsys.readouterr().out
+  assert "warning: more than train.max_passes=0.01: the run will refuse to start" in out
   config.train.max_passes = 1.0                                   # it reads < 1 pass: trains
   assert cli.run(config, str(tmp_path / "run"))["steps"] == 40
   with pytest.raises(ConfigError, match="must be a number >= 0"):

@@ -47,3 +47,31 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
                          (tiny_config(), "data")):          # held out by pieces: another split
     with pytest.raises(ConfigError, match=rf"a different config \(sections \['{section}'\]"):
       setup_lib._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access
+
+
+def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_path):
+  """config.json records each `auto` as the platform that trained chose it (a GPU: cudnn
+  attention, the Pallas loss). Here those fields (platform.PLATFORM_FIELDS) are this
+  platform's own: the run resumes, evaluates and loads; an eval leaves config.json as the
+  training platform wrote it; any other difference still refuses."""
+  from tst_jax import platform
+  from tst_jax.train import trained_run
+  cli.run(tiny_config(steps=4), str(tmp_path))
+  path = tmp_path / "config.json"
+  record = json.loads(path.read_text())
+  assert record["model"]["attention_impl"] == "xla" and record["loss"]["impl"] == "naive"  # CPU
+  record["model"]["attention_impl"], record["loss"]["impl"] = "cudnn", "pallas"
+  path.write_text(json.dumps(record))
+  assert set(platform.PLATFORM_FIELDS) >= {"model.attention_impl", "loss.impl"}
+
+  setup_lib._check_workdir_config(spec_lib.build(tiny_config(steps=4)), str(tmp_path))  # pylint: disable=protected-access
+  evaluated = cli.run(tiny_config(steps=4), str(tmp_path), mode="eval")
+  assert evaluated["step"] == 4 and evaluated["eval_loss"] > 0
+  assert json.loads(path.read_text())["model"]["attention_impl"] == "cudnn"   # not rewritten
+  loaded = trained_run.load(str(tmp_path))
+  assert loaded.model.cfg.attention_impl == "xla"               # this platform's kernel
+  assert cli.run(tiny_config(steps=4), str(tmp_path))["steps"] == 4      # resumed: finished
+  assert json.loads(path.read_text())["model"]["attention_impl"] == "xla"  # trained here now
+  with pytest.raises(ValueError, match=r"sections \['tst'\] differ"):
+    setup_lib._check_workdir_config(  # pylint: disable=protected-access
+        spec_lib.build(tiny_config(steps=4, bag_size=4)), str(tmp_path))

@@ -84,3 +84,20 @@ def test_help_config_lists_every_field_with_default_doc_and_rule():
     for f in schema.config_fields(cls):
       assert (f"{name}.{f.name}" if name else f.name) in lines
   assert "model.expert_impl" in lines and "model.n_experts_per_token" in lines
+
+
+@pytest.mark.parametrize("name", sorted(os.path.basename(p)[:-3] for p in
+                                        os.listdir(os.path.join(ROOT, "configs"))
+                                        if p.endswith(".py")))
+def test_every_config_file_round_trips_through_config_json(name):
+  """Each configs/*.py (and its baseline arm), checked and resolved here, written as
+  config.json and read back through the schema, gives the same typed sections: a resumed,
+  evaluated or compared run reads the run that was trained."""
+  import json   # pylint: disable=import-outside-toplevel
+  from tst_jax import configlib   # pylint: disable=import-outside-toplevel
+  for arm in ("", ":baseline"):
+    spec = spec_lib.build(configlib.load_config(os.path.join(ROOT, "configs", name + ".py") + arm))
+    typed = spec_lib.sections_of(json.loads(json.dumps(spec.to_json())))
+    assert typed["run"] == spec.run and typed["model"] == spec.model, name + arm
+    for section in spec_lib.SECTIONS:
+      assert typed[section] == getattr(spec, section), (name + arm, section)
