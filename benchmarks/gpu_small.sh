@@ -23,38 +23,19 @@
 # OUT_DIR gets env.json, sweep.txt (the sweep's output), results.{json,md}, loss_vs_*.png and
 # per arm its metrics.jsonl, summary.json, config.json, sweep_point.json, loss.png, log tail.
 set -u
-START=$(date +%s)
-OUT_DIR=${1:-${OUT:-gpu_small_out}}
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck source=benchmarks/sweep_common.sh
+. "$(dirname "$0")/sweep_common.sh"
+sweep_start "${1:-${OUT:-gpu_small_out}}"
 
 ARMS=${ARMS:-baseline,tst,baseline+3k,baseline+4k,s4,s8,reinit,input_only,output_only,r1.0}
 SEEDS=${SEEDS:-0,1}
 PARALLEL=${PARALLEL:-4}
 WORKDIR=${WORKDIR:-runs/gpu_small}
 TOTAL_S=${TOTAL_S:-530}
-TORCH_PY=/opt/torch/.venv/lib/python3.12/site-packages
-if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
-SET=()
-[ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")
 [ -n "${MAX_BYTES:-}" ] && SET+=(--set "data.max_bytes=$MAX_BYTES")
 [ -n "${STEPS:-}" ] && SET+=(--set "train.steps=$STEPS")
 
-python3 - "$OUT_DIR/env.json" <<'EOF'
-import datetime, json, subprocess, sys, jax, flax, optax
-def out(*cmd):
-  try:
-    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
-  except OSError:
-    return None
-env = dict(gpu=out("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
-           jax=jax.__version__, flax=flax.__version__, optax=optax.__version__,
-           date=str(datetime.date.today()), commit=out("git", "rev-parse", "HEAD"))
-print(json.dumps(env))
-json.dump(env, open(sys.argv[1], "w"), indent=1)
-EOF
+write_env
 
 pack() {
   cp "$WORKDIR"/results.json "$WORKDIR"/results.md "$WORKDIR"/*.png "$OUT_DIR"/ 2>/dev/null
@@ -70,14 +51,11 @@ pack() {
   done
 }
 
-# 150 s kept: the sweep's grace for a running trainer to checkpoint (GRACE_S, 90 s), then
-# its report and the packing.
-LEFT=$(( TOTAL_S - ($(date +%s) - START) - 150 ))
-[ "$LEFT" -lt 30 ] && LEFT=30
+sweep_left
 echo "sweep: arms $ARMS, seeds $SEEDS, $PARALLEL at once, ${LEFT} s left; ${SET[*]:-}"
 # At the deadline the running arms checkpoint and stop; the same call resumes them.
 # shellcheck disable=SC2086
-timeout -k 10 $(( LEFT + 120 )) python3 -m tst_jax.tools.sweep \
+timeout -k "$KILL_S" $(( LEFT + OUTER_EXTRA_S )) python3 -m tst_jax.tools.sweep \
     --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" --arms "$ARMS" \
     --seeds "$SEEDS" --parallel "$PARALLEL" --deadline_s "$LEFT" "${SET[@]}" ${EXTRA:-} 2>&1 \
     | tee "$OUT_DIR/sweep.txt" | grep -v '^|'

@@ -16,27 +16,14 @@
 # OUT_DIR gets ladder.{md,json,png}, speedup_trend.json (the fit: copy it to
 # tst_jax/train/speedup_trend.json for the plan's prediction), results.{md,json} and env.json.
 set -u
-START=$(date +%s)
-OUT_DIR=${1:-${OUT:-ladder_out}}
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# shellcheck source=benchmarks/sweep_common.sh
+. "$(dirname "$0")/sweep_common.sh"
+sweep_start "${1:-${OUT:-ladder_out}}"
 WORKDIR=${WORKDIR:-runs/ladder}
 TOTAL_S=${TOTAL_S:-540}
-TORCH_PY=/opt/torch/.venv/lib/python3.12/site-packages
-if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
-SET=()
-[ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")
-python3 -c "import datetime, json, subprocess, jax; print(json.dumps(dict(
-    device=jax.devices()[0].device_kind, jax=jax.__version__, date=str(datetime.date.today()),
-    commit=subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,
-                          text=True).stdout.strip())))" | tee "$OUT_DIR/env.json"
-# 150 s kept: the sweep's grace for a running trainer to checkpoint (GRACE_S, 90 s), then
-# the report.
-LEFT=$(( TOTAL_S - ($(date +%s) - START) - 150 ))
-[ "$LEFT" -lt 30 ] && LEFT=30
-timeout -k 10 $(( LEFT + 120 )) python3 -m tst_jax.tools.ladder \
+write_env
+sweep_left
+timeout -k "$KILL_S" $(( LEFT + OUTER_EXTRA_S )) python3 -m tst_jax.tools.ladder \
     --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" \
     --lengths "${LENGTHS:-1k,2k,4k}" --seeds "${SEEDS:-0}" --tst_arm "${TST_ARM:-tst}" \
     --parallel "${PARALLEL:-4}" --deadline_s "$LEFT" "${SET[@]}" 2>&1 | tail -n 60

@@ -58,12 +58,16 @@ def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   """The scripts give the sweep a deadline of LEFT seconds and kill it at LEFT + extra: at its
   deadline the sweep asks its trainers to checkpoint and waits up to GRACE_S for them, then
   writes its report, so extra must hold GRACE_S and the report; the seconds kept from the
-  script's total must hold extra and the kill's own delay, then the packing."""
+  script's total must hold extra and the kill's own delay, then the packing. The numbers are
+  benchmarks/sweep_common.sh's, which both scripts source."""
   from tst_jax.tools.sweep import run as sweep_run   # pylint: disable=import-outside-toplevel
+  common = open(os.path.join(ROOT, "benchmarks", "sweep_common.sh")).read()
+  kept, extra, kill = (int(re.search(rf"^{name}=(\d+)$", common, re.M).group(1))
+                       for name in ("KEEP_S", "OUTER_EXTRA_S", "KILL_S"))
+  assert "LEFT=$(( TOTAL_S - ($(date +%s) - START) - KEEP_S ))" in common
   text = open(os.path.join(ROOT, "benchmarks", script)).read()
-  kept = int(re.search(r"LEFT=\$\(\( TOTAL_S - \(\$\(date \+%s\) - START\) - (\d+) \)\)",
-                       text).group(1))
-  kill, extra = map(int, re.search(r"timeout -k (\d+) \$\(\( LEFT \+ (\d+) \)\)", text).groups())
+  assert '. "$(dirname "$0")/sweep_common.sh"' in text and "\nsweep_left\n" in text
+  assert 'timeout -k "$KILL_S" $(( LEFT + OUTER_EXTRA_S ))' in text
   assert "--deadline_s \"$LEFT\"" in text
   assert extra >= sweep_run.GRACE_S + 20, (extra, sweep_run.GRACE_S)
   assert kept >= extra + kill + 10, (kept, extra, kill)
