@@ -71,21 +71,15 @@ class EvalCurve:
     return sum(self.plan.passes(self.train_tokens)) if self.train_tokens else None
 
 
-def run_plan(workdir: str) -> Plan:
-  """The plan a run directory recorded in plan.json; for a run written before that, its
-  config.json checked again (its tst.weighting taken as uniform: the FLOPs do not depend on
-  it, and a fitted file may have moved)."""
-  return run_record(workdir)[0]
-
-
-def run_record(workdir: str) -> tuple[Plan, int | None]:
+def run_record(workdir: str, started: Plan | None = None) -> tuple[Plan, int | None]:
   """(the run's plan, its store's training tokens or None), from its plan.json; for a run
-  written before it recorded one, from config.json and store.json."""
+  that has not written one, the plan it was `started` with (a sweep's point), else its
+  config.json checked again (a run written before runs recorded their plan), and store.json."""
   record = PlanRecord.read(workdir)
   if record is not None:
     return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
                          else run_data.workdir_train_tokens(workdir))
-  return _plan_of_config(workdir), run_data.workdir_train_tokens(workdir)
+  return started or _plan_of_config(workdir), run_data.workdir_train_tokens(workdir)
 
 
 def _plan_of_config(workdir: str) -> Plan:

@@ -30,9 +30,8 @@ import numpy as np
 from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import arms, compare, sweep
-from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import POINT_FILE
-from tst_jax.tools.sweep.report import points_under
+from tst_jax.tools.sweep.report import finished_arm_runs
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train import defaults
 from tst_jax.train.plan import Plan
@@ -65,11 +64,7 @@ def run_order(tst: list[str], base: list[str]) -> list[str]:
 def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[str]]:
   """(one record per finished TST run of `tst_arms`, notes): its tokens per parameter, final
   loss, Δ at equal FLOPs and speed-up against the finished baselines of its seed."""
-  runs = []
-  for name, meta, plan in points_under(workdir):
-    path = os.path.join(workdir, name)
-    if meta.get("arm") and final_eval(path, plan.total_steps) is not None:
-      runs.append((meta["arm"], meta["seed"], load_run(path)))
+  runs, _ = finished_arm_runs(workdir)
   plans = {run.name: run.plan for _, _, run in runs}
   _, per_run, notes = arms.summarize_arms(runs)
   points = [dict(arm=r["arm"], seed=r["seed"], run=r["run"], steps=r["steps"],

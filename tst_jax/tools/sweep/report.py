@@ -15,26 +15,41 @@ from tst_jax.tools.eval_curve import load_run, run_record
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
 from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train.console import human
-from tst_jax.train.plan import Plan, PlanRecord
+from tst_jax.train.plan import Plan
 
 
 def points_under(workdir: str):
-  """(name, sweep_point.json, its plan typed) of every point directory under `workdir`, by
-  name: the plan the run recorded (plan.json), else the one the sweep wrote as it started it."""
+  """(name, sweep_point.json, its plan typed, its store's training tokens or None) of every
+  point directory under `workdir`, by name: the plan the run recorded (plan.json), else the
+  one the sweep wrote as it started it."""
   for name in sorted(os.listdir(workdir)):
     path = os.path.join(workdir, name, POINT_FILE)
     if os.path.isfile(path):
       with open(path) as f:
         meta = json.load(f)
-      record = PlanRecord.read(os.path.join(workdir, name))
-      yield name, meta, record.plan if record else Plan.from_json(meta["plan"])
+      yield (name, meta, *run_record(os.path.join(workdir, name),
+                                     started=Plan.from_json(meta["plan"])))
+
+
+def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
+  """((arm, seed, its EvalCurve) of every finished arm point under `workdir`, the failed
+  ones with their error)."""
+  runs, failed = [], []
+  for name, meta, plan, _ in points_under(workdir):
+    if not meta.get("arm"):
+      continue
+    if meta.get("status") == "failed":
+      failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
+    elif final_eval(os.path.join(workdir, name), plan.total_steps) is not None:
+      runs.append((meta["arm"], meta["seed"], load_run(os.path.join(workdir, name))))
+  return runs, failed
 
 
 def collect(workdir: str) -> list[dict]:
   """One record per finished point under `workdir`, with the difference to the baseline of
   the same seed (negative: TST reached a lower loss)."""
   records = []
-  for name, meta, plan in points_under(workdir):
+  for name, meta, plan, train_tokens in points_under(workdir):
     loss = final_eval(os.path.join(workdir, name), plan.total_steps)
     summary_path = os.path.join(workdir, name, "summary.json")
     if loss is None or not os.path.exists(summary_path):
@@ -42,7 +57,6 @@ def collect(workdir: str) -> list[dict]:
     with open(summary_path) as f:
       summary = json.load(f)
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
-    _, train_tokens = run_record(os.path.join(workdir, name))
     records.append(dict(
         name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,   # its grid cell
         final_eval_loss=loss, data_tokens=summary["data_tokens"],
@@ -208,14 +222,7 @@ def plot_heatmap(records: list[dict], out_path: str):
 def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
   """results.json, results.md and the figure-2 curves of every arm point under `workdir`
   (the finished ones; failed ones are listed with their error); returns the paths."""
-  runs, failed = [], []
-  for name, meta, plan in points_under(workdir):
-    if not meta.get("arm"):
-      continue
-    if meta.get("status") == "failed":
-      failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
-    elif final_eval(os.path.join(workdir, name), plan.total_steps) is not None:
-      runs.append((meta["arm"], meta["seed"], load_run(os.path.join(workdir, name))))
+  runs, failed = finished_arm_runs(workdir)
   return arms_lib.write_arms(workdir, runs, failed, command, order)
 
 
