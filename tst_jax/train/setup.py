@@ -25,7 +25,6 @@ from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
-CONFIG_FILE = "config.json"
 
 
 class Setup:
@@ -209,12 +208,11 @@ def _check_workdir_config(spec, workdir: str):
   """Refuse to resume a workdir of another config: its config.json read back through the
   sections' declarations (a run written before a field was added compares with that
   field's old value), the platform's own choices (platform.PLATFORM_FIELDS) aside."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = os.path.join(workdir, trained_run.CONFIG_FILE)
   if not os.path.exists(path):
     return
   try:
-    with open(path) as f:
-      saved = spec_lib.sections_of(json.load(f))
+    saved = trained_run.read_sections(workdir)
   except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
@@ -234,4 +232,5 @@ def _comparable(name: str, section):
 def _record_config(spec, workdir: str):
   """config.json: the config this workdir trains with (`auto` fields as resolved here)."""
   if distributed.is_primary():
-    fileio.write_json(os.path.join(workdir, CONFIG_FILE), spec.to_json(), sort_keys=True)
+    fileio.write_json(os.path.join(workdir, trained_run.CONFIG_FILE), spec.to_json(),
+                      sort_keys=True)

@@ -23,6 +23,8 @@ from tst_jax.data.run_data import Data
 from tst_jax.train import spec as spec_lib, step as step_lib
 from tst_jax.train.sections import Tst
 
+CONFIG_FILE = "config.json"   # the config a workdir trains with (setup writes it)
+
 
 @dataclasses.dataclass
 class Trained:
@@ -48,7 +50,7 @@ class Trained:
 
 def read_sections(workdir: str) -> dict:
   """The typed sections of the run in `workdir` (its config.json; spec.sections_of)."""
-  path = os.path.join(workdir, "config.json")
+  path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a tst_jax run directory")
   with open(path) as f:
