@@ -321,6 +321,22 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   assert shard_bytes(one_shard.directory) == before
 
 
+def test_a_store_under_home_is_read_alike_by_plan_check_and_trainer(one_shard, tmp_path,
+                                                                     monkeypatch):
+  """`tokens:~/...`: the plan's token count, the path check and the trainer all expand ~ (the
+  trainer once opened the literal '~/...' that the check had accepted)."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  shutil.copytree(one_shard.directory, tmp_path / "store")
+  config = tiny_config()
+  config.data.update(source="tokens:~/store", seq_len=8, batch_size=2, eval_batches=2)
+  d = _data(config)
+  run_data.check_paths(d)
+  assert run_data.training_tokens(d).count == len(one_shard.train)
+  data = run_data.prepare_data(d, str(tmp_path / "w"), 512, (0, 1))
+  assert data.train.directory == str(tmp_path / "store")
+  assert data.fingerprint == one_shard.fingerprint
+
+
 def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
   """The store's fingerprint is in each checkpoint's metadata: a store prepared again in the
   same folder (same tokenizer, other seed) with the workdir's store.json gone is still one

@@ -72,8 +72,7 @@ def check_paths(data: Data) -> None:
     if not any(os.path.isfile(p) for p in matches):
       raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
                         f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
-  if kind == "tokens" and not os.path.isfile(
-      os.path.join(os.path.expanduser(pattern), MANIFEST)):
+  if kind == "tokens" and not os.path.isfile(os.path.join(_store_dir(data, None), MANIFEST)):
     raise ConfigError("data.source", f"{pattern!r} is not a token store (no manifest.json): "
                       "make one with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
   if data.tokenizer not in ("", "bpe") and not os.path.isfile(data.tokenizer):
@@ -141,9 +140,7 @@ def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   """The training tokens of the run's store where it exists (a `tokens:` store, or the one
   prepared into <workdir>/data), else a bound from the source's size (`sources.token_bound`),
   else None. Reads manifests and file sizes only."""
-  kind, _, path = d.source.partition(":")
-  store_dir = (os.path.expanduser(path) if kind == "tokens" else
-               os.path.join(workdir, "data") if workdir else None)
+  store_dir = _store_dir(d, workdir)
   if store_dir and os.path.isfile(os.path.join(store_dir, MANIFEST)):
     return TrainTokens.of(TokenStore(store_dir).train)
   bound = sources.token_bound(d.source, d.max_bytes or None)
@@ -151,6 +148,15 @@ def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
     return None
   return TrainTokens(bound, False, f"not tokenized yet: the bytes of {d.source}, a bound for "
                                    "UTF-8 text")
+
+
+def _store_dir(d: Data, workdir: str | None) -> str | None:
+  """Where the run's token store is: `tokens:DIR` (with ~ expanded, as check_paths reads it),
+  else <workdir>/data (None without a workdir)."""
+  kind, _, path = d.source.partition(":")
+  if kind == "tokens":
+    return os.path.expanduser(path)
+  return os.path.join(workdir, "data") if workdir else None
 
 
 def workdir_train_tokens(workdir: str) -> int | None:
@@ -178,13 +184,13 @@ def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
     _check_vocab(named.vocab_size, model_vocab, repr(d.tokenizer))
   t0 = time.time()
   if d.source.startswith("tokens:"):
-    store = TokenStore(d.source[len("tokens:"):])
+    store = TokenStore(_store_dir(d, workdir))
     if named is not None and named.fingerprint() != store.manifest["tokenizer"]["fingerprint"]:
       raise ConfigError("data.tokenizer", f"{d.tokenizer!r} is not the tokenizer of the "
                         f"store {store.directory} (its manifest names another); leave "
                         "data.tokenizer empty to use the store's own")
   else:
-    out = os.path.join(workdir, "data")
+    out = _store_dir(d, workdir)
     if not os.path.exists(os.path.join(out, MANIFEST)):
       say(f"data: tokenizing {d.source} into {out} (tokenizer {d.tokenizer}"
           + (f", trained first on up to {prepare_lib.BPE_SAMPLE_BYTES / 1e6:.0f} MB of it"
