@@ -192,8 +192,9 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
   def layout(mesh):
     config = mesh_config(mesh)
     tx, _ = optim.make_optimizer(config.optimizer, 10)
-    return step_lib.state_shardings(spec_lib.check(config).model, tx,
-                                    mesh_lib.make_mesh(config.mesh), config.logical_axis_rules)
+    spec = spec_lib.check(config)
+    _, abstract = step_lib.abstract_state(spec.model, tx)
+    return abstract, step_lib.shardings_of(abstract, mesh_lib.make_mesh(spec.mesh), spec.rules)
 
   abstract, fsdp = layout((1, 8, 1, 1))
   rng = np.random.default_rng(0)

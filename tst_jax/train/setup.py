@@ -9,7 +9,6 @@ import logging
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tst_jax import data as data_lib
@@ -111,9 +110,9 @@ class Setup:
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
         host, self.steps.shardings.params)
-    fresh = lambda p: step_lib.TrainState(jnp.zeros((), jnp.int32), p, self.steps.tx.init(p))
     with axis_rules(self.steps.mesh, self.spec.rules):
-      return jax.jit(fresh, out_shardings=self.steps.shardings)(params)
+      return jax.jit(lambda p: step_lib.fresh_state(p, self.steps.tx),
+                     out_shardings=self.steps.shardings)(params)
 
   def check_data_of(self, step: int, meta: dict):
     """A checkpoint continues only on the token store it was trained on (its manifest's

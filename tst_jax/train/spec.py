@@ -66,7 +66,7 @@ class RunSpec:
   @property
   def rules(self) -> tuple:
     """logical_axis_rules: (logical name, mesh axes) pairs."""
-    return tuple((k, v) for k, v in self.run.logical_axis_rules)
+    return self.run.logical_axis_rules
 
   @property
   def family(self) -> str:

@@ -37,11 +37,15 @@ def abstract_model(model_cfg):
   return nnx.split(abstract, nnx.Param)
 
 
+def fresh_state(params, tx) -> TrainState:
+  """Step 0: `params` and a fresh optimizer state."""
+  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+
+
 def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
   def init(key):
     model = models.build(model_cfg, nnx.Rngs(params=key))
-    _, params = nnx.split(model, nnx.Param)
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    return fresh_state(nnx.split(model, nnx.Param)[1], tx)
   return init
 
 
@@ -49,19 +53,12 @@ def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
   """(the model's graph, the abstract TrainState) from one abstract build of the model:
   nothing allocated, nothing compiled."""
   graphdef, params = abstract_model(model_cfg)
-  state = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
-  return graphdef, state
+  return graphdef, jax.eval_shape(lambda p: fresh_state(p, tx), params)
 
 
 def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
   """The NamedShardings of an abstract TrainState, from its parameters' logical axis names."""
   return mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
-
-
-def state_shardings(model_cfg, tx, mesh, rules):
-  """(abstract TrainState, its NamedShardings)."""
-  _, abstract = abstract_state(model_cfg, tx)
-  return abstract, shardings_of(abstract, mesh, rules)
 
 
 @jax.named_scope("loss")   # the step profile's category (tools/step_profile)
@@ -192,17 +189,17 @@ class StepBuilder:
   abstract: TrainState          # shapes only
   shardings: TrainState         # NamedShardings of each leaf
   batch_sharding: jax.sharding.NamedSharding
-  init: Callable[[jax.Array], TrainState]   # key -> a fresh TrainState (init_fn)
+  init: Callable[[jax.Array], TrainState]   # key -> a fresh TrainState (init_fn), made in
+                                            # `of` with the rest (benchmarks/config_path.py)
 
   @classmethod
   def of(cls, spec, devices=None) -> StepBuilder:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
-    init = init_fn(spec.model, tx)
     graphdef, abstract = abstract_state(spec.model, tx)
     shardings = shardings_of(abstract, mesh, spec.rules)
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings,
-               mesh_lib.batch_sharding(mesh, spec.rules, 2), init)
+               mesh_lib.batch_sharding(mesh, spec.rules, 2), init_fn(spec.model, tx))
 
   def init_state(self, seed: int) -> TrainState:
     """A fresh TrainState initialised directly into its shardings (one jitted init)."""
