@@ -100,8 +100,7 @@ def parse(cls, node, prefix: str, **derived):
     else:
       raise ConfigError(name, "is missing (a config.json of an older tst-jax?): "
                         "python main.py --help-config lists every field")
-    if not f.metadata["rule"].ok(value):
-      raise ConfigError(name, f"must be {f.metadata['rule'].must}, got {value!r}")
+    _check_field(f, value, name)
     values[f.name] = value
   return cls(**values, **derived)
 
@@ -110,10 +109,12 @@ def check(section, prefix: str) -> None:
   """Every config field of a built `section` against its rule (for sections also built
   directly, as the model's config dataclasses are: call it in __post_init__)."""
   for f in config_fields(type(section)):
-    value = getattr(section, f.name)
-    if not f.metadata["rule"].ok(value):
-      raise ConfigError(f"{prefix}.{f.name}", f"must be {f.metadata['rule'].must}, got "
-                        f"{value!r}")
+    _check_field(f, getattr(section, f.name), f"{prefix}.{f.name}")
+
+
+def _check_field(f: dataclasses.Field, value, name: str) -> None:
+  if not f.metadata["rule"].ok(value):
+    raise ConfigError(name, f"must be {f.metadata['rule'].must}, got {value!r}")
 
 
 def values(section) -> dict:
