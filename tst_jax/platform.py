@@ -198,6 +198,16 @@ def unresolved(section, name: str):
   return dataclasses.replace(section, **fields)
 
 
+def portable(model_cfg):
+  """`model_cfg` with each `auto` kernel set to one that every platform runs (XLA attention,
+  dense experts), for what does not depend on the kernel, such as the parameters' shapes,
+  without asking the platform: its first question starts JAX's backend, and the XLA flags, the
+  emulated devices of a fit check and jax.distributed must all come before that."""
+  fields = {"attention_impl": "xla", "expert_impl": "dense"}
+  return dataclasses.replace(model_cfg, **{f: v for f, v in fields.items()
+                                           if getattr(model_cfg, f, None) == "auto"})
+
+
 def resolved_model(model_cfg, resolved: Resolved | None = None):
   """`model_cfg` with the model's `auto` fields as `resolved` chose them (default: resolved
   here and now, for a model built outside a run; a run's spec resolves once, `on_platform`)."""

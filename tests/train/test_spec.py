@@ -101,3 +101,23 @@ def test_every_config_file_round_trips_through_config_json(name):
     assert typed["run"] == spec.run and typed["model"] == spec.model, name + arm
     for section in spec_lib.SECTIONS:
       assert typed[section] == getattr(spec, section), (name + arm, section)
+
+
+def test_checking_a_config_does_not_start_jax():
+  """spec.check (with the plan's parameter counts) and the layer bytes the XLA flags need run
+  before the XLA flags, a fit check's emulated devices and jax.distributed, which must all come
+  before JAX's backend starts: checking any config file leaves it unstarted. (Building the
+  model to count its parameters once resolved `auto` there and started it: two processes
+  could not start, --profile could not turn command buffers off.)"""
+  code = ("import glob, sys\n"
+          "from jax._src import xla_bridge\n"
+          "from tst_jax import configlib\n"
+          "from tst_jax.train import fit, spec\n"
+          "for path in sorted(glob.glob('configs/*.py')) + ['tests/fixtures/tiny_config.py']:\n"
+          "  checked = spec.check(configlib.load_config(path))\n"
+          "  fit.layer_param_bytes(checked.model)\n"
+          "  assert not xla_bridge.backends_are_initialized(), path\n"
+          "print('unstarted')\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=os.environ | {"PYTHONPATH": ROOT})
+  assert out.returncode == 0 and out.stdout.strip() == "unstarted", out.stderr[-2000:]

@@ -175,8 +175,10 @@ class Llama(nnx.Module):
 
 
 def param_count(model_cls, cfg) -> int:
-  """Exact number of parameters, from shapes only (nothing is allocated)."""
-  abstract = nnx.eval_shape(lambda: model_cls(cfg, rngs=nnx.Rngs(0)))
+  """Exact number of parameters, from shapes only (nothing is allocated, and JAX's backend is
+  not started: the kernels make no parameters, so `auto` is not resolved for them)."""
+  portable = platform.portable(cfg)
+  abstract = nnx.eval_shape(lambda: model_cls(portable, rngs=nnx.Rngs(0)))
   return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
