@@ -113,8 +113,9 @@ def bench_phase(config, phase_name, devices=None) -> dict:
       loss=float(metrics["loss"]), devices=devices, device_kind=jax.devices()[0].device_kind,
       backend=jax.default_backend(), jax_version=jax.__version__,
       # --profile turns XLA's GPU command buffers off for the whole process (it has to be
-      # set before the backend starts): the timings above are taken with them off too.
-      command_buffers="off" if _PROFILE.value else "default",
+      # set before the backend starts; a user's own flag is kept): what XLA_FLAGS holds is
+      # what the timings above were taken with.
+      command_buffers="off" if xla_flags.command_buffers_off() else "default",
       **(dict(profile=profile.to_json(), profile_table=profile.table()) if profile else {}))
 
 

@@ -182,6 +182,7 @@ def test_benchmark_profile_of_a_moe_step(tmp_path):
   assert lines[0]["profile_flags"].startswith("XLA_FLAGS += --xla_gpu_enable_command_buffer=")
   prof = lines[1]["profile"]
   assert lines[1]["expert_impl"] == "gmm" and prof["note"] == ""   # CPU: no command buffers
+  assert lines[1]["command_buffers"] == "off"       # read from XLA_FLAGS, as the step ran
   assert sum(prof["ms_per_step"].values()) == pytest.approx(prof["step_ms"], rel=1e-6)
   for cat in ("dispatch+combine", "matmul forward", "matmul backward"):
     assert prof["ms_per_step"][cat] > 0, (cat, prof)
