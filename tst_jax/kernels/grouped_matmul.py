@@ -31,7 +31,6 @@ from tst_jax.kernels import tokamax_tuning
 from tst_jax.parallel import varying
 
 BACKENDS = ("xla", "tokamax")
-PRODUCTS = ("forward", "dx", "dw")
 ROW_TILE = 8   # C: tokamax's Mosaic GPU kernels refuse a row count that is not a multiple of 8
 # The three products as ragged_dot_general dimension numbers (tokamax's names for them:
 # DEFAULT, TRANS_RHS and RAGGED_CONTRACTING_DOT_DIM_NUMS), so both backends see the same calls.
@@ -56,7 +55,7 @@ class Kernels(NamedTuple):
   dw: tuple[str, ...] | None = None
 
   def line(self) -> str:
-    return ", ".join(f"{p} {'/'.join(k) if k else 'default'}" for p, k in zip(PRODUCTS, self))
+    return ", ".join(f"{p} {'/'.join(k) if k else 'default'}" for p, k in zip(self._fields, self))
 
 
 def tokamax_version() -> str | None:

@@ -117,16 +117,20 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
   return logits_NxE, probs_NxE, weights_NxP, ids_NxP
 
 
+# The names remat=save_experts saves (layers.EXPERT_SAVES): the routing and the grouped
+# matmuls' outputs.
+_ROUTING, _GATE, _UP, _OUT = layers.EXPERT_SAVES
+
+
 def _swiglu(matmul, x, gate, up, down):
-  """The experts' SwiGLU on rows in expert order, its three grouped matmuls' outputs named for
-  remat=save_experts (layers.EXPERT_SAVES)."""
-  h = jax.nn.silu(checkpoint_name(matmul(x, gate), "moe_gate")) * checkpoint_name(
-      matmul(x, up), "moe_up")
-  return checkpoint_name(matmul(h, down), "moe_out")
+  """The experts' SwiGLU on rows in expert order, its three grouped matmuls' outputs named."""
+  h = jax.nn.silu(checkpoint_name(matmul(x, gate), _GATE)) * checkpoint_name(
+      matmul(x, up), _UP)
+  return checkpoint_name(matmul(h, down), _OUT)
 
 
 def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
-  return moe_dispatch.Routing(*(checkpoint_name(a, "moe_routing") for a in routing))
+  return moe_dispatch.Routing(*(checkpoint_name(a, _ROUTING) for a in routing))
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -180,7 +184,7 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
   block = moe_dispatch.block_rows(n * k, e) if block is None else block
   routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
-  routing, block_expert = _routed(routing), checkpoint_name(block_expert, "moe_routing")
+  routing, block_expert = _routed(routing), checkpoint_name(block_expert, _ROUTING)
   x_RxD = moe_dispatch.dispatch(x_NxD, routing, k)
 
   def matmul(a, w):                                    # a [R, in], w [E, in, out] -> [R, out]
