@@ -91,10 +91,11 @@ def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -
           for _, loss, name, shorter in frontier.dropped]
 
 
-def compare(runs: list[EvalCurve], curve: EvalCurve | None = None) -> list[dict]:
-  """One row per run against the frontier of the baselines among `runs`, plus figure 2's
-  equal-data view on `curve`'s eval curve (default: the longest baseline)."""
-  frontier = frontier_of(runs)
+def compare(runs: list[EvalCurve], curve: EvalCurve | None = None,
+            frontier: Frontier | None = None) -> list[dict]:
+  """One row per run against `frontier` (default: that of the baselines among `runs`), plus
+  figure 2's equal-data view on `curve`'s eval curve (default: the longest baseline)."""
+  frontier = frontier or frontier_of(runs)
   curve = curve or max((r for r in runs if r.is_baseline), key=lambda r: r.total_flops,
                        default=None)
   rows = []
@@ -110,6 +111,13 @@ def compare(runs: list[EvalCurve], curve: EvalCurve | None = None) -> list[dict]
 def fmt(x, form: str = ".4f") -> str:
   """`x` formatted, "--" for None."""
   return "--" if x is None else format(x, form)
+
+
+def command_line(module: str, argv) -> str:
+  """The command that ran `python -m module` with `argv`, as a report quotes it (an argument
+  with a space, ';' or '*' in single quotes)."""
+  return f"python -m {module} " + " ".join(
+      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
 
 
 def report_head(title: str, command: str = "") -> list[str]:
@@ -203,8 +211,8 @@ def main(argv=None) -> int:
              for d in dirs]
   runs = [load_run(d, name) for d, name in zip(dirs, names)]
   curve = runs[dirs.index(args.curve)] if args.curve else None
-  rows = compare(runs, curve)
   frontier = frontier_of(runs)
+  rows = compare(runs, curve, frontier)
   notes = frontier_notes(frontier, runs)
   table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])
   print(table)
@@ -212,8 +220,8 @@ def main(argv=None) -> int:
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "compare.md"), "w") as f:
     f.write("\n".join(report_head(
-        "Runs against finished baselines", "python -m tst_jax.tools.compare " +
-        " ".join(sys.argv[1:] if argv is None else argv))) +
+        "Runs against finished baselines",
+        command_line("tst_jax.tools.compare", sys.argv[1:] if argv is None else argv))) +
         f"\n{METHOD}\n\n{table}\n\n![comparison](compare.png)\n")
   fileio.write_json(os.path.join(out, "compare.json"),
                     dict(method=METHOD, frontier=[dict(run=n, flops=x, final_loss=y)

@@ -191,8 +191,7 @@ def main(argv=None) -> int:
                 *(x for s in args.set for x in ("--set", s))]
   status = sweep.main(sweep_argv)
   import jax
-  command = "python -m tst_jax.tools.ladder " + " ".join(
-      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
+  command = compare.command_line("tst_jax.tools.ladder", argv)
   source = (f"{command}; {jax.devices()[0].device_kind}; "
             f"{datetime.date.today().isoformat()}")
   points, notes = ladder_points(args.workdir, tst)

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+from tst_jax.tools import compare
 from tst_jax.tools.sweep.points import Point, make_arm_points, make_points, resolve
 from tst_jax.tools.sweep.report import collect, write_arm_reports, write_reports
 from tst_jax.tools.sweep.run import (compilation_cache, data_key, prepare_shared_data,
@@ -82,8 +83,7 @@ def main(argv=None) -> int:
     for point in points:
       print(point.name, point.config_arg(args.config), " ".join(point.overrides(args.set)))
     return 0
-  command = "python -m tst_jax.tools.sweep " + " ".join(
-      f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
+  command = compare.command_line("tst_jax.tools.sweep", argv)
 
   def report() -> dict:
     if arms:
