@@ -55,6 +55,12 @@ def test_parse_checks_each_field_and_names_it():
     with pytest.raises(ConfigError) as e:
       schema.parse(Section, {**node, field: bad}, "demo")
     assert f"demo.{field}: must be {must}, got {bad!r}" in str(e.value)
+  with pytest.raises(ConfigError, match=r"config.demo.wdth: is not a field of config.demo "
+                                        r"\(nor are \['zz'\]\): .*--help-config"):
+    schema.parse(Section, {**node, "wdth": 9, "zz": 1}, "demo")       # a typo is refused
+  with pytest.raises(ConfigError, match="config.inner: is not a field of the config"):
+    schema.parse(Section, {**node, "inner": {}}, "")
+  assert schema.parse(Section, {**node, "inner": {}}, "", sections=("inner",)) == Section()
   del node["width"]
   with pytest.raises(ConfigError, match="demo.width: is missing .*--help-config"):
     schema.parse(Section, node, "demo")

@@ -85,11 +85,19 @@ def defaults(cls, **overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(node)
 
 
-def parse(cls, node, prefix: str, **derived):
+def parse(cls, node, prefix: str, *, sections=(), **derived):
   """Section `node` (a ConfigDict or dict) as `cls`: every field present (or, for a field
-  added after runs were written, its `added` value), each value satisfying its rule; the
-  first problem is a ConfigError naming `prefix.<field>`. `derived`: the section's non-config
-  fields."""
+  added after runs were written, its `added` value), each value satisfying its rule, and no
+  key the section does not declare (a typo in a config file) but its `sections` (the keys of
+  sections nested in it); the first problem is a ConfigError naming `prefix.<field>`.
+  `derived`: the section's non-config fields."""
+  names = {f.name for f in config_fields(cls)}
+  unknown = sorted(set(node.keys()) - names - set(sections))
+  if unknown:
+    raise ConfigError(f"{prefix}.{unknown[0]}" if prefix else unknown[0],
+                      "is not a field of " + (f"config.{prefix}" if prefix else "the config")
+                      + (f" (nor are {unknown[1:]})" if len(unknown) > 1 else "")
+                      + ": python main.py --help-config lists every field")
   values = {}
   for f in config_fields(cls):
     name = f"{prefix}.{f.name}" if prefix else f.name

@@ -22,6 +22,9 @@ from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
     ("tst.mode", "both", "config.tst.mode"),
     ("data.source", "text:/nonexistent/*.txt", "matches no files"),
     ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
+    ("train.stepz", 5, "config.train.stepz: is not a field of config.train: python main.py "
+                       "--help-config lists every field"),       # a typo in a config file
+    ("model.dimz", 5, "config.model.dimz: is not a field of config.model"),
 ])
 def test_bad_config_fails_before_training(tmp_path, field, value, message):
   config = tiny_config()

@@ -46,11 +46,6 @@ def model_config(model_cfg):
   field checked by its rule (schema), then the combinations by the dataclass."""
   fields = model_cfg.to_dict() if hasattr(model_cfg, "to_dict") else dict(model_cfg)
   module = family_module(fields.pop("family", None))
-  known = {f.name for f in dataclasses.fields(module.CONFIG_CLS)}
-  unknown = sorted(set(fields) - known)
-  if unknown:
-    raise ConfigError("model", f"unknown model fields {unknown} for "
-                      f"{module.CONFIG_CLS.__name__}")
   return schema.parse(module.CONFIG_CLS, fields, "model")
 
 

@@ -128,7 +128,7 @@ def sections_of(config) -> dict:
   """Every section of a run config (a ConfigDict, or config.json's dict) typed, each field
   checked by its rule; a field added after `config` was written gets the value such a run
   had. Keys: "run", "model" and SECTIONS'."""
-  run = schema.parse(Run, config, "")
+  run = schema.parse(Run, config, "", sections=("model", *SECTIONS))
   try:
     model = models.model_config(config["model"])
   except ConfigError:
