@@ -185,8 +185,9 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   factors = [float(f) for f in args.baseline_factors.split(",")]
   tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
-  sweep_argv = ["--config", args.config, "--workdir", args.workdir, "--arms",
-                ",".join(run_order(tst, base)), "--seeds", args.seeds, "--parallel", str(args.parallel),
+  order = run_order(tst, base)
+  sweep_argv = ["--config", args.config, "--workdir", args.workdir, "--arms", ",".join(order),
+                "--seeds", args.seeds, "--parallel", str(args.parallel),
                 *(["--deadline_s", str(args.deadline_s)] if args.deadline_s else []),
                 *(x for s in args.set for x in ("--set", s))]
   status = sweep.main(sweep_argv)
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
             f"{datetime.date.today().isoformat()}")
   points, notes = ladder_points(args.workdir, tst)
   seeds = [int(x) for x in args.seeds.split(",")]
-  unfinished = unfinished_points(args.workdir, run_order(tst, base), seeds)
+  unfinished = unfinished_points(args.workdir, order, seeds)
   trend = None if unfinished else fit(points, source)   # no fit of a half-measured ladder
   paths = write(args.workdir, points, notes, trend, command, unfinished)
   print(open(paths["md"]).read())
