@@ -80,6 +80,18 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
     cli.run(config, "unused", "train", accelerator="h100")
 
 
+def test_a_fit_plan_says_what_auto_means_there_and_ends_with_its_json(capsys):
+  """The plan's last line stays its JSON (read by scripts and the slow test below) with the
+  line that says what each `auto` means on the accelerator printed above it."""
+  config = tiny_config(steps=4)
+  config.mesh.update(data=1, fsdp=2)
+  cli.run(config, "", mode="plan", accelerator="h100")
+  lines = capsys.readouterr().out.splitlines()
+  assert [p["name"] for p in json.loads(lines[-1])["phases"]] == ["tst", "ntp"]
+  on_h100 = [line for line in lines if line.startswith("on h100: ")]
+  assert len(on_h100) == 1 and "platform gpu" in on_h100[0] and "loss.impl=" in on_h100[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama_3b", "qwen3_moe_10b_a1b"])
 def test_paper_configs_at_64_device_fsdp(name):

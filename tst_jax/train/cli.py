@@ -63,9 +63,8 @@ def plan(spec, flags, workdir: str, target) -> dict:
   print(flags.line())
   fitted = fit.check(spec, *target) if target else None
   tokens = run_data.training_tokens(spec.data, workdir or None)
-  print(*([fitted.table()] if fitted else []),
-        format_plan(spec.plan, spec.resolved, tokens=tokens,
-                    max_passes=spec.train.max_passes), sep="\n")
-  if target:       # the run itself, on the accelerator: what `auto` means there
-    print(f"on {target[0]}: {target[1].resolved.line()}")
+  if target:       # and the run itself on the accelerator: what `auto` means there
+    print(fitted.table(), f"on {target[0]}: {target[1].resolved.line()}", sep="\n")
+  print(format_plan(spec.plan, spec.resolved, tokens=tokens,   # its last line: the plan's JSON
+                    max_passes=spec.train.max_passes))
   return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
