@@ -7,7 +7,7 @@ within CUDA_VISIBLE_DEVICES and `distributed.local_device_ids`, the number of pr
 the config's mesh. Flags are set only for a GPU run over more than one device, and never when
 XLA_FLAGS is in the environment, even empty, since the user's are then used as they are.
 
-The flag names come from JAX-Toolbox's GPU performance guide, rosetta/docs/GPU_performance.md,
+The flag names come from the GPU performance guide in JAX-Toolbox's rosetta docs
 and XLA's GPU optimization levels page, openxla.org/xla/gpu_optimization_levels. The docs
 explain each one.
 """
