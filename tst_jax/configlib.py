@@ -15,10 +15,7 @@ from tst_jax.errors import ConfigError
 
 
 def load_config(path_arg: str) -> ml_collections.ConfigDict:
-  """Loads 'path/to/config.py[:arg]' as the file's get_config(arg), or get_config() without one.
-
-  This is what `config_flags.DEFINE_config_file` does.
-  """
+  """Loads 'path/to/config.py[:arg]' as config_flags does: get_config(arg), or get_config()."""
   path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
                   else (path_arg, "", ""))
   if not os.path.isfile(path):

@@ -165,10 +165,7 @@ class Resolved:
 
 
 def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
-  """Resolves every `auto` of a run's model config and `loss.impl` on `platform`.
-
-  `platform` defaults to the one this process runs on.
-  """
+  """Resolves every `auto` of a model config and `loss.impl` on `platform`, by default this one."""
   platform = _platform(platform)
   kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
   choices = {

@@ -241,10 +241,7 @@ def unit_hash(seed: int, doc: str) -> float:
 
 
 def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[str, int]]:
-  """Yields each document's text and bytes taken: decoded, blank ones skipped, up to `max_bytes`.
-
-  The document crossing the limit is cut there.
-  """
+  """Yields each document's text and bytes taken, blank ones skipped, cut after `max_bytes`."""
   total = 0
   for item in raw:
     data = item.encode("utf-8", errors="replace") if isinstance(item, str) else item

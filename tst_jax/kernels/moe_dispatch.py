@@ -134,10 +134,7 @@ _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
 def combine(y_RxD, weights_NxP, routing: Routing):
-  """Gathers each token's P expert outputs back and sums them with its top-k weights in float32.
-
-  The result is [N, D] in y's dtype.
-  """
+  """Sums each token's P expert outputs with its top-k weights in float32: [N, D] in y's dtype."""
   with jax.named_scope("moe_combine"):
     return _combine(*varying.alike(y_RxD, weights_NxP, routing.row_A, routing.assignment_R))
 

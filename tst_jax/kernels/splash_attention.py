@@ -26,10 +26,7 @@ def block_for(length: int) -> int | None:
 
 @functools.lru_cache(maxsize=16)
 def _kernel(length: int, group: int, interpret: bool):
-  """Builds the causal MQA kernel for L positions and H/K query heads per kv head.
-
-  The mask tables are built once per shape, in numpy.
-  """
+  """Builds the causal MQA kernel for L positions and H/K query heads, mask tables in numpy."""
   b = block_for(length)
   if b is None:
     raise ValueError(f"splash attention needs L a multiple of {BLOCKS[-1]}, got {length}")

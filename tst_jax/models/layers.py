@@ -56,10 +56,7 @@ class AttentionConfig:
 
 
 def linear(subscripts: str, x, w, precision: str = "default"):
-  """Runs a linear layer's matmul `jnp.einsum(subscripts, x, w)` in the model's precision.
-
-  "default" is exactly that einsum, "fp8" is `kernels.fp8`'s.
-  """
+  """Runs a linear layer's `jnp.einsum(subscripts, x, w)` as is, or through `kernels.fp8`."""
   if precision == "fp8":
     return fp8.einsum(subscripts, x, w)
   return jnp.einsum(subscripts, x, w)

@@ -179,10 +179,7 @@ class Llama(nnx.Module):
 
 
 def param_count(model_cls, cfg) -> int:
-  """Counts parameters exactly from shapes only, allocating nothing and starting no backend.
-
-  The kernels make no parameters, so `auto` is not resolved for them.
-  """
+  """Counts parameters exactly from shapes, allocating nothing and starting no backend."""
   portable = platform.portable(cfg)
   abstract = nnx.eval_shape(lambda: model_cls(portable, rngs=nnx.Rngs(0)))
   return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

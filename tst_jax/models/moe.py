@@ -37,10 +37,7 @@ _LAYERS = schema.Rule(lambda v: isinstance(v, (tuple, list)) and all(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoEConfig(llama.LlamaConfig):
-  """config.model of the qwen3_moe family: LlamaConfig plus the experts.
-
-  `ffw_dim` is the width of the dense layers.
-  """
+  """config.model of the qwen3_moe family: LlamaConfig plus experts, `ffw_dim` for dense layers."""
   n_experts: int = schema.field(llama.MISSING, schema.integer(1), "E: experts per MoE layer")
   n_experts_per_token: int = schema.field(llama.MISSING, schema.integer(1), "P: the top-k "
                                           "(<= n_experts)")

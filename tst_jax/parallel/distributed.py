@@ -45,10 +45,7 @@ class Distributed:
 
 
 def _settings(dist) -> dict:
-  """Returns config fields or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID.
-
-  A field neither sets is None, left to cluster auto-detection.
-  """
+  """Returns config fields, else JAX_* variables, else None for cluster auto-detection."""
   env = os.environ
   address = dist.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
   count = dist.num_processes or int(env.get("JAX_NUM_PROCESSES", 0)) or None

@@ -12,10 +12,7 @@ from tst_jax.train.spec import SECTIONS
 
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Returns every field of a run config at its declared default, the model's from `preset`.
-
-  `python main.py --help-config` lists them.
-  """
+  """Returns a run config with every field at its declared default, the model's from `preset`."""
   c = schema.defaults(Run)
   c.model = models.preset_config(family, preset)
   for name, cls in SECTIONS.items():

@@ -132,10 +132,7 @@ class PhaseFit:
 
   @property
   def estimate(self) -> int:
-    """Adds params, optimizer, gradients and activations: the floor a GPU step needs.
-
-    Gradients are as large as the params. XLA's workspace comes on top.
-    """
+    """Adds params, optimizer, gradients and activations: a GPU step's floor before workspace."""
     return 2 * self.params + self.opt_state + self.activations
 
 

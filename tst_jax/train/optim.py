@@ -14,8 +14,8 @@ def wsd_schedule(lr: float, total_steps: int, warmup_steps: int, decay_fraction:
                  final_lr_fraction: float = 0.0):
   """Returns the Warmup-Stable-Decay schedule over both phases, indexed by the global step.
 
-  Linear warmup, then constant, then linear decay over the last `decay_fraction` of the steps.
-  One schedule spans both phases, as in the paper.
+  Linear warmup, then constant, then linear decay over the last `decay_fraction` of the steps,
+  one schedule for both phases as in the paper.
   """
   decay_steps = round(decay_fraction * total_steps)
   warmup_steps = min(warmup_steps, total_steps - decay_steps)

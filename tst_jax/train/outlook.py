@@ -51,10 +51,7 @@ def measured_trend() -> Trend | None:
 
 
 def pays_line(plan: Plan, trend: Trend | None) -> str | None:
-  """Says, for a TST run, its tokens per parameter and the speed-up the measured trend predicts.
-
-  Where the trend predicts none, it says why.
-  """
+  """Says a TST run's tokens per parameter and the speed-up the trend predicts, or why none."""
   if plan.ntp_tokens_per_param is None:
     return None
   x = plan.tokens_per_param
