@@ -17,7 +17,7 @@ import jax
 def varying_axes(a) -> frozenset:
   """Returns the manual mesh axes `a` varies over inside a shard_map, none outside one."""
   aval = jax.typeof(a)
-  mat = getattr(aval, "manual_axis_type", None)      # ManualAxisType.varying
+  mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10, where older jax has aval.vma
   return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
 
 
