@@ -1,23 +1,23 @@
 """tst-jax: Token-Superposition Training for JAX/Flax language models.
 
-Shape letters, one meaning each in every file (`hidden_BxLxD`, `targets_NxS`, `# [B, L, S]`):
+Shape letters, as in `hidden_BxLxD`, `targets_NxS` or `# [B, L, S]`, mean one thing in every file:
 
   B  batch rows                          N  tokens of a flattened batch, B·L
   L  positions the model sees            D  model dim
-  S  bag size (1 in the ntp phase)       F  ffw dim (an expert's, in MoE)
+  S  bag size, 1 in the ntp phase        F  ffw dim, an expert's in MoE
   T  data tokens per row, S·L            V  vocab
   W  window: a batch row, T + 1          H  query heads
   E  experts                             K  kv heads
-  P  experts per token (top-k)           G  head dim
-  A  expert assignments, N·P             M  cached positions (decoding)
-  R  assignments padded to whole blocks  C  rows of one tile / block (kernels, MoE)
+  P  experts per token, the top-k        G  head dim
+  A  expert assignments, N·P             M  cached positions when decoding
+  R  assignments padded to whole blocks  C  rows of one tile or block in kernels and MoE
 
 Counts that are not array dimensions get words: `total_steps`, `top_k`, `stream_len`.
 
-The names below are the public API for a training loop of your own (docs/api.md): the
-superposed embedding, the phase views and bag targets, the MCE loss family and the switch.
-They load on first use, so `import tst_jax` itself (which every `tst_jax.<module>` import runs
-first) imports no JAX: a module that needs none pays for none.
+The names below are the public API for a training loop of your own, as docs/api.md shows: the
+superposed embedding, the phase views and bag targets, the MCE loss family and the switch. They
+load on first use, so `import tst_jax` itself, which every `tst_jax.<module>` import runs first,
+imports no JAX: a module that needs none pays for none.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from tst_jax.errors import ConfigError
 
 
 def load_config(path_arg: str) -> ml_collections.ConfigDict:
-  """'path/to/config.py[:arg]' -> the file's get_config(arg) (get_config() without an arg),
-  as `config_flags.DEFINE_config_file` does."""
+  """Loads 'path/to/config.py[:arg]' as config_flags does: get_config(arg), or get_config()."""
   path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
                   else (path_arg, "", ""))
   if not os.path.isfile(path):
@@ -38,9 +37,11 @@ def parse_override(text: str) -> tuple[str, str]:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
-  """Sets each 'a.b.c=value' on `config` (in place, also returned), one after the other, each
-  read as main.py reads `--config.a.b.c=value`: by ml_collections.config_flags, with the
-  field's absl parser. An unknown field or an unreadable value is a ConfigError."""
+  """Sets each 'a.b.c=value' on `config` in place, one after the other, and returns it.
+
+  Each is read as main.py reads `--config.a.b.c=value`: by ml_collections.config_flags, with
+  the field's absl parser. An unknown field or an unreadable value is a ConfigError.
+  """
   for text in overrides:
     key, raw = parse_override(text)
     parent, leaf = _parent(config, key)
@@ -59,8 +60,11 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
 
 
 def parse_grid(text: str) -> list[list[str]]:
-  """'a=1,2;b=x,y' -> [['a=1', 'b=x'], ['a=1', 'b=y'], ['a=2', 'b=x'], ['a=2', 'b=y']]: the
-  cartesian product, the first key varying slowest. An empty grid is one empty point."""
+  """Expands a grid into the cartesian product of its points, the first key varying slowest.
+
+  'a=1,2' and 'b=x,y', joined by a semicolon, give a=1 b=x, a=1 b=y, a=2 b=x, a=2 b=y.
+  An empty grid is one empty point.
+  """
   axes = []
   for part in filter(None, (p.strip() for p in text.split(";"))):
     key, raw = parse_override(part)
@@ -75,7 +79,7 @@ def parse_grid(text: str) -> list[list[str]]:
 
 
 def _parent(config, key: str):
-  """(section, leaf name) of a dotted key, with a did-you-mean error for unknown names."""
+  """Splits a dotted key into section and leaf name, with a did-you-mean error for unknown names."""
   *path, leaf = key.split(".")
   node = config
   for depth, name in enumerate(path + [leaf]):

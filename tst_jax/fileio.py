@@ -1,5 +1,4 @@
-"""Files written whole or not at all: a reader (a resumed run, another process) never sees
-half of one."""
+"""Files written whole or not at all, so a reader such as a resumed run never sees half of one."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import os
 
 
 def write_json(path: str, obj, *, sort_keys: bool = False, default=None):
-  """`obj` as indented JSON in `path`, through `path`.tmp and a rename."""
+  """Writes `obj` as indented JSON to `path` through `path`.tmp and a rename."""
   with open(path + ".tmp", "w") as f:
     json.dump(obj, f, indent=1, sort_keys=sort_keys, default=default)
   os.replace(path + ".tmp", path)

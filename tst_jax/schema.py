@@ -1,11 +1,13 @@
-"""Config fields declared once: a config section is a frozen dataclass whose fields each carry
-their default, their rule and a one-line doc (`field`).
+"""Config fields declared once: a section is a frozen dataclass whose fields carry a default, a
+rule and a one-line doc, through `field`.
 
-Everything else is read from that declaration: the ConfigDict of defaults that configs/*.py
-start from (`defaults`), the check that turns a ConfigDict section into the typed section
-(`parse`), the value of a field added after runs were written (`added=`: what an older
-config.json without it ran with), the config.json record of a section (`values`) and
-`python main.py --help-config` (`help_lines`).
+Everything else is read from that declaration:
+- `defaults`: the ConfigDict of defaults that configs/*.py start from,
+- `parse`: the check that turns a ConfigDict section into the typed section,
+- `added=`: the value of a field added after runs were written, what an older config.json ran
+  with,
+- `values`: the config.json record of a section,
+- `help_lines`: `python main.py --help-config`.
 """
 
 from __future__ import annotations
@@ -57,21 +59,24 @@ STRING = Rule(lambda v: isinstance(v, str), "a string")
 
 
 def field(default, rule: Rule, doc: str, *, added=MISSING):
-  """A config field: its `default` (MISSING: required, as a model's sizes, which presets
-  give), the `rule` its value must satisfy and a one-line `doc`; `added`: for a field added
-  after runs were written, the value such a run had."""
+  """Declares a config field: its `default`, the `rule` its value must satisfy and a `doc` line.
+
+  A MISSING default makes it required, as a model's sizes that presets give. `added` is the
+  value a run written before the field existed had.
+  """
   return dataclasses.field(default=default, metadata=dict(rule=rule, doc=doc, added=added))
 
 
 def config_fields(cls) -> list[dataclasses.Field]:
-  """The fields of section `cls` that are config fields (declared with `field`); a section
-  may hold derived values besides them."""
+  """Returns the fields of section `cls` declared with `field`, leaving out derived values."""
   return [f for f in dataclasses.fields(cls) if "rule" in f.metadata]
 
 
 def defaults(cls, **overrides) -> ml_collections.ConfigDict:
-  """The section's defaults (and `overrides`) as a ConfigDict. A None default becomes a
-  typed placeholder, so `--config.<section>.<field>=...` can set it."""
+  """Returns the section's defaults and `overrides` as a ConfigDict.
+
+  A None default becomes a typed placeholder, so `--config.<section>.<field>=...` can set it.
+  """
   hints = typing.get_type_hints(cls)
   node = {}
   for f in config_fields(cls):
@@ -86,11 +91,14 @@ def defaults(cls, **overrides) -> ml_collections.ConfigDict:
 
 
 def parse(cls, node, prefix: str, *, sections=(), **derived):
-  """Section `node` (a ConfigDict or dict) as `cls`: every field present (or, for a field
-  added after runs were written, its `added` value), each value satisfying its rule, and no
-  key the section does not declare (a typo in a config file) but its `sections` (the keys of
-  sections nested in it); the first problem is a ConfigError naming `prefix.<field>`.
-  `derived`: the section's non-config fields."""
+  """Checks section `node`, a ConfigDict or dict, and builds it as `cls`.
+
+  Every field must be present, or take its `added` value for a field added after runs were
+  written, and each value must satisfy its rule. A key the section does not declare is refused
+  as a typo in a config file, except `sections`, the keys of sections nested in it. The first
+  problem is a ConfigError naming `prefix.<field>`. `derived` holds the section's non-config
+  fields.
+  """
   names = {f.name for f in config_fields(cls)}
   unknown = sorted(set(node.keys()) - names - set(sections))
   if unknown:
@@ -114,8 +122,11 @@ def parse(cls, node, prefix: str, *, sections=(), **derived):
 
 
 def check(section, prefix: str) -> None:
-  """Every config field of a built `section` against its rule (for sections also built
-  directly, as the model's config dataclasses are: call it in __post_init__)."""
+  """Checks every config field of a built `section` against its rule.
+
+  It serves sections that are also built directly, as the model's config dataclasses are,
+  which call it in __post_init__.
+  """
   for f in config_fields(type(section)):
     _check_field(f, getattr(section, f.name), f"{prefix}.{f.name}")
 
@@ -126,12 +137,12 @@ def _check_field(f: dataclasses.Field, value, name: str) -> None:
 
 
 def values(section) -> dict:
-  """A section's config fields and their values (config.json's record of it)."""
+  """Returns a section's config fields and their values, config.json's record of it."""
   return {f.name: getattr(section, f.name) for f in config_fields(type(section))}
 
 
 def help_lines(cls, prefix: str) -> list[str]:
-  """One line per field: name, default, doc, and what the rule asks."""
+  """Lists one line per field: name, default, doc, and what the rule asks."""
   def default(f):
     text = "(required)" if f.default is MISSING else repr(f.default)
     return text if len(text) <= 20 else text[:17] + "..."
@@ -140,7 +151,7 @@ def help_lines(cls, prefix: str) -> list[str]:
 
 
 def _optional_type(hint, name: str) -> type:
-  """`T | None` (or Optional[T]) -> T: the type a None-defaulted field holds when set."""
+  """Returns T for `T | None` or Optional[T]: the type a None-defaulted field holds when set."""
   kinds = [k for k in typing.get_args(hint) if k is not type(None)]
   if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(kinds) != 1:
     raise TypeError(f"{name}: a None default needs a `T | None` annotation, got {hint}")

@@ -1,30 +1,33 @@
-r"""Mutual information between tokens at distance d, a power-law fit, and MCE bag weights (app. D).
+r"""Mutual information between tokens at distance d, a power-law fit, and MCE bag weights.
+
+The paper's appendix D. Run as
 
   python -m tst_jax.analysis.mutual_info --data builtin:pystdlib --tokenizer bpe \
       --vocab_size 4096 --max_bytes 6000000 --max_distance 64 --out docs/mi_fit.json
 
-Estimator. For each distance d the sample is every pair (x_t, x_{t+d}) inside one document
-(EOS tokens and pairs that cross documents are left out), N_d pairs. With the counts n_ab of
-the pairs and their marginals n_a., n_.b, the plug-in (maximum-likelihood) estimate is
+Estimator. For each distance d the sample is every pair x_t, x_{t+d} inside one document, N_d
+pairs. EOS tokens and pairs that cross documents are left out. With the counts n_ab of the
+pairs and their marginals n_a., n_.b, the plug-in or maximum-likelihood estimate in nats is
 
-    I_plugin(d) = sum_ab (n_ab/N) log(N n_ab / (n_a. n_.b)) = H(A) + H(B) - H(A, B)   [nats]
+    I_plugin(d) = sum_ab (n_ab/N) log(N n_ab / (n_a. n_.b)) = H(A) + H(B) - H(A, B)
 
-Each plug-in entropy is low by about (m - 1)/(2N), m the number of occupied cells, so I_plugin
-is high by about (m_AB - m_A - m_B + 1)/(2N): for independent tokens over a large vocabulary
-that is a positive floor that does not decay with d. The Miller-Madow correction removes the
+Each plug-in entropy is low by about (m - 1)/(2N), m the number of occupied cells, so I_plugin is
+high by about (m_AB - m_A - m_B + 1)/(2N). For independent tokens over a large vocabulary that is
+a positive floor that does not decay with d. The Miller-Madow correction removes the
 first-order term:
 
     I_MM(d) = I_plugin(d) - (m_AB - m_A - m_B + 1) / (2N)
 
-With N well below the number of possible pairs (the undersampled regime) Miller-Madow still
-leaves a residual bias; the "shuffled" estimate (x_t paired with a random token of the corpus,
-same N) shows what each estimator reports for truly independent tokens.
+With N well below the number of possible pairs, the undersampled regime, Miller-Madow still
+leaves a residual bias. The "shuffled" estimate pairs x_t with a random token of the corpus, at
+the same N, and shows what each estimator reports for truly independent tokens.
 
-Fit. I(d) ~ C0 + a d^k by least squares: for a fixed k the model is linear in (C0, a), solved
-exactly; k is found by a grid search then golden-section refinement of that 1-D profile.
+Fit. I(d) ~ C0 + a d^k by least squares. For a fixed k the model is linear in C0 and a, solved
+exactly. k is found by a grid search, then golden-section refinement of that 1-D profile.
 
-Weights. w_d = max(C0 + a d^k, 0) for d = 1..max_distance; `losses.bag_weights("fitted:F.json",
-S)` takes the first S (the MCE loss normalises them), or evaluates the fit beyond the list.
+Weights. w_d = max(C0 + a d^k, 0) for d = 1..max_distance. `losses.bag_weights` with
+"fitted:F.json" takes the first S, which the MCE loss normalises, or evaluates the fit beyond
+the list.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _entropy(counts: np.ndarray, n: int) -> float:
 
 
 def pair_mi(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-  """(plug-in, Miller-Madow) mutual information in nats of the paired samples a[i], b[i]."""
+  """Returns the plug-in and Miller-Madow mutual information in nats of pairs a[i], b[i]."""
   n = len(a)
   if n == 0:
     return float("nan"), float("nan")
@@ -63,7 +66,7 @@ def pair_mi(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def mutual_information(docs: list[np.ndarray], max_distance: int, seed: int = 0) -> dict:
-  """I(X_t; X_{t+d}) for d = 1..max_distance over the documents (token arrays, no EOS)."""
+  """Estimates I(X_t; X_{t+d}) for d = 1..max_distance over documents of tokens without EOS."""
   docs = [np.asarray(d, np.int64) for d in docs if len(d)]
   tokens = np.concatenate(docs)
   doc_id = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
@@ -86,7 +89,7 @@ def mutual_information(docs: list[np.ndarray], max_distance: int, seed: int = 0)
 
 # -- fit -------------------------------------------------------------------------------------
 def _linear_part(d: np.ndarray, y: np.ndarray, k: float) -> tuple[float, float, float]:
-  """(C0, a, sum of squared residuals) of the best C0 + a d^k for this k."""
+  """Returns C0, a and the sum of squared residuals of the best C0 + a d^k for this k."""
   design = np.stack([np.ones_like(d), d ** k], axis=1)
   (c0, a), *_ = np.linalg.lstsq(design, y, rcond=None)
   residual = y - design @ np.array([c0, a])
@@ -94,8 +97,11 @@ def _linear_part(d: np.ndarray, y: np.ndarray, k: float) -> tuple[float, float, 
 
 
 def fit_power_law(distances, values, k_range=(-6.0, -0.01)) -> dict:
-  """Least-squares C0 + a d^k (k < 0): exact in (C0, a) for each k, then k by grid search and
-  golden-section refinement."""
+  """Fits C0 + a d^k with k < 0 by least squares.
+
+  The fit is exact in C0 and a for each k. k comes from a grid search and golden-section
+  refinement.
+  """
   d, y = np.asarray(distances, np.float64), np.asarray(values, np.float64)
   ok = np.isfinite(y)
   d, y = d[ok], y[ok]

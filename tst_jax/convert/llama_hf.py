@@ -1,9 +1,9 @@
-"""Llama family: Hugging Face `LlamaForCausalLM` <-> tst_jax `Llama` (config and weights).
+"""Llama family: converts between Hugging Face's `LlamaForCausalLM` and tst_jax's `Llama`.
 
-HF linear weights are [out, in]; tst_jax kernels are [in, out], split per head
-(q [D, H, G], k/v [D, K, G], o [H, G, D]) and stacked over layers on a leading axis.
-No permutation of q/k: `layers.apply_rope` uses HF's rotate-half layout, the layout HF's
-Llama checkpoints are stored in (the logits tests check this).
+HF linear weights are [out, in]. tst_jax kernels are [in, out], split per head as q [D, H, G],
+k and v [D, K, G], o [H, G, D], and stacked over layers on a leading axis. q and k need no
+permutation: `layers.apply_rope` uses HF's rotate-half layout, the layout HF's Llama
+checkpoints are stored in, as the logits tests check.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from tst_jax.models.llama import Llama, LlamaConfig
 
 MODEL_CLS = Llama
 ARCHITECTURE = "LlamaForCausalLM"
-# Rotary buffers saved by old transformers; the head of tied models, when saved anyway.
+# Rotary buffers saved by older transformers, and the head of tied models when saved anyway.
 IGNORED = (r"\.rotary_emb\.inv_freq$", r"^lm_head\.weight$")
-# tst_jax does not track a maximum length; written as metadata only (default RoPE ignores it).
+# tst_jax does not track a maximum length. It is written as metadata only, and default RoPE
+# ignores it.
 MAX_POSITIONS = 8192
 
 
@@ -28,7 +29,7 @@ def _require(hf: dict, key: str):
 
 
 def _rope(hf: dict):
-  """(rope_theta, rope_scaling) from transformers>=5 `rope_parameters` or <5 `rope_scaling`."""
+  """Reads rope_theta and rope_scaling from transformers>=5 `rope_parameters` or <5 fields."""
   params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}   # transformers' priority
   theta = float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
   kind = params.get("rope_type", params.get("type", "default"))
@@ -90,7 +91,7 @@ def config_to_hf(cfg: LlamaConfig) -> dict:
       "hidden_act": "silu",
       "rms_norm_eps": cfg.norm_eps,
       "max_position_embeddings": MAX_POSITIONS,
-      # Both spellings: rope_theta/rope_scaling (transformers<5), rope_parameters (>=5).
+      # Both spellings: rope_theta and rope_scaling for transformers<5, rope_parameters for >=5.
       "rope_theta": cfg.rope_theta,
       "rope_scaling": scaling,
       "rope_parameters": rope,
@@ -106,7 +107,7 @@ def params_from_hf(tensors, cfg: LlamaConfig) -> dict:
                       cfg.vocab_size)
 
   def stack(name, shape, to_tst):
-    """Layer tensor `model.layers.{i}.{name}` of HF `shape`, mapped and stacked on axis 0."""
+    """Maps layer tensor `model.layers.{i}.{name}` of HF `shape` and stacks it on axis 0."""
     return np.stack([to_tst(hf_io.read(tensors, f"model.layers.{i}.{name}", shape))
                      for i in range(cfg.n_layers)])
 

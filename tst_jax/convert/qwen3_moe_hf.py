@@ -1,10 +1,10 @@
-"""Hugging Face `Qwen3MoeForCausalLM` <-> tst_jax `Qwen3MoE`: config and parameter mapping.
+"""Converts between Hugging Face's `Qwen3MoeForCausalLM` and tst_jax's `Qwen3MoE`.
 
-A family module for `tst_jax.convert.hf` (key "qwen3_moe"). HF stores Linear weights as
-[out, in]; ours are [in, out] with heads split ([D, H, G]). Experts are read in both HF
-layouts: per expert (`mlp.experts.{e}.gate_proj.weight` [F, D], what `save_pretrained`
-writes) and fused (`mlp.experts.gate_up_proj` [E, 2F, D], `mlp.experts.down_proj`
-[E, D, F], the in-memory layout of transformers 5); they are written per expert.
+A family module for `tst_jax.convert.hf` under key "qwen3_moe". HF stores Linear weights as
+[out, in], and ours are [in, out] with heads split as [D, H, G]. Experts are read in both HF
+layouts and written per expert. `save_pretrained` writes them per expert, as
+`mlp.experts.{e}.gate_proj.weight` [F, D]. transformers 5 holds them fused in memory, as
+`mlp.experts.gate_up_proj` [E, 2F, D] and `mlp.experts.down_proj` [E, D, F].
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from tst_jax.convert.hf import make_config, read
 from tst_jax.models import moe
 
 MODEL_CLS = moe.Qwen3MoE
-# A tied checkpoint may still carry lm_head.weight (an untied config always reads it).
+# A tied checkpoint may still carry lm_head.weight, and an untied config always reads it.
 IGNORED = (r"^lm_head\.weight$", r"rotary_emb\.inv_freq$")
 
 
 def config_from_hf(hf: dict, **overrides) -> moe.MoEConfig:
-  """An HF config dict (config.json) -> MoEConfig; `overrides` replace any field."""
+  """Builds a MoEConfig from an HF config.json dict. `overrides` replace any field."""
   if hf.get("attention_bias") or hf.get("use_sliding_window"):
     raise ValueError("Qwen3-MoE with attention_bias or sliding windows is not supported")
   if hf.get("hidden_act", "silu") != "silu":
@@ -53,7 +53,7 @@ def config_from_hf(hf: dict, **overrides) -> moe.MoEConfig:
 
 
 def config_to_hf(cfg: moe.MoEConfig) -> dict:
-  """MoEConfig -> a complete HF config dict for Qwen3MoeForCausalLM."""
+  """Writes a complete HF config dict for Qwen3MoeForCausalLM from a MoEConfig."""
   rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling is not None:
     factor, low, high, original = cfg.rope_scaling
@@ -79,7 +79,7 @@ def config_to_hf(cfg: moe.MoEConfig) -> dict:
 
 
 def _layer_slots(cfg: moe.MoEConfig):
-  """(HF layer index, stage, position in unit, repeat, sparse) for every layer, in order."""
+  """Lists HF layer index, stage, position in unit, repeat and sparse for every layer, in order."""
   i = 0
   for stage, (unit, repeats) in enumerate(moe.stage_units(cfg.sparse_layers())):
     for r in range(repeats):
@@ -89,7 +89,7 @@ def _layer_slots(cfg: moe.MoEConfig):
 
 
 def _layer_from_hf(tensors, p: str, cfg: moe.MoEConfig, sparse: bool) -> dict:
-  """One HF decoder layer (prefix `p`) -> our Block's pure dict (no layer axis)."""
+  """Maps one HF decoder layer under prefix `p` to our Block's pure dict, without a layer axis."""
   d, h, k, g = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   get = lambda name, *shape: read(tensors, p + name, shape)
   block = {
@@ -111,7 +111,7 @@ def _layer_from_hf(tensors, p: str, cfg: moe.MoEConfig, sparse: bool) -> dict:
                     "down_proj": get("mlp.down_proj.weight", d, f).T}
     return block
   e, f = cfg.n_experts, cfg.moe_ffw_dim
-  if p + "mlp.experts.gate_up_proj" in tensors:   # fused: [E, 2F, D] (gate first), [E, D, F]
+  if p + "mlp.experts.gate_up_proj" in tensors:   # fused: [E, 2F, D] with gate first, [E, D, F]
     gate_up = get("mlp.experts.gate_up_proj", e, 2 * f, d)
     gate, up = gate_up[:, :f].transpose(0, 2, 1), gate_up[:, f:].transpose(0, 2, 1)
     down = get("mlp.experts.down_proj", e, d, f).transpose(0, 2, 1)
@@ -125,10 +125,10 @@ def _layer_from_hf(tensors, p: str, cfg: moe.MoEConfig, sparse: bool) -> dict:
 
 
 def params_from_hf(tensors: dict, cfg: moe.MoEConfig) -> dict:
-  """HF tensors {name: array} -> the pure dict of `nnx.state(Qwen3MoE(cfg), nnx.Param)`."""
+  """Maps HF tensors {name: array} to the pure dict of `nnx.state(Qwen3MoE(cfg), nnx.Param)`."""
   v, d = cfg.vocab_size, cfg.dim
   units = moe.stage_units(cfg.sparse_layers())
-  per_slot = {}   # (stage, j) -> list over repeats of that block's pure dict
+  per_slot = {}   # stage, j -> list over repeats of that block's pure dict
   for i, stage, j, _, sparse in _layer_slots(cfg):
     per_slot.setdefault((stage, j), []).append(
         _layer_from_hf(tensors, f"model.layers.{i}.", cfg, sparse))
@@ -143,7 +143,7 @@ def params_from_hf(tensors: dict, cfg: moe.MoEConfig) -> dict:
 
 
 def params_to_hf(pure: dict, cfg: moe.MoEConfig) -> dict:
-  """The pure param dict of a Qwen3MoE -> HF tensors (per-expert layout), float32 numpy."""
+  """Maps the pure param dict of a Qwen3MoE to HF tensors per expert, as float32 numpy."""
   d = cfg.dim
   np32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))
   out = {"model.embed_tokens.weight": np32(pure["embed"]["table"]),
@@ -173,14 +173,14 @@ def params_to_hf(pure: dict, cfg: moe.MoEConfig) -> dict:
 
 
 def _stack(trees: list) -> dict:
-  """Blocks' pure dicts -> one pure dict with a leading layer axis."""
+  """Stacks blocks' pure dicts into one pure dict with a leading layer axis."""
   if isinstance(trees[0], dict):
     return {key: _stack([t[key] for t in trees]) for key in trees[0]}
   return np.stack(trees)
 
 
 def _index(tree, r: int):
-  """Slice repeat `r` off the leading layer axis of every array in a pure dict."""
+  """Slices repeat `r` off the leading layer axis of every array in a pure dict."""
   if isinstance(tree, dict):
     return {key: _index(v, r) for key, v in tree.items()}
   return np.asarray(tree)[r]

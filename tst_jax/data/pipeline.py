@@ -1,13 +1,13 @@
 """One token stream per split, read through Grain as overlapping windows in shuffled order.
 
-Letters: B global batch size, W window length (the trainer's data length + 1), N stream length.
+Letters: B global batch size, W window length, the trainer's data length + 1, N stream length.
 
 Window i of a phase starts at stream position `start_pos + i*(W-1)` modulo N, so consecutive
 windows share one token and every token is a target once per pass. Batches draw the phase's
-windows in a seeded shuffled order (not document order, so batches are not correlated over
-time), but a phase of k batches reads exactly the region [start_pos, start_pos + k*B*(W-1)):
-phase 2 (W2 = L+1) starts right where phase 1 (W1 = S*L+1) stopped (`Plan.data_start`), without
-skipping or repeating a token.
+windows in a seeded shuffled order rather than document order, so batches are not correlated
+over time. Yet a phase of k batches reads exactly the region from start_pos to
+start_pos + k*B*(W-1). Phase 2 with W2 = L+1 starts right where phase 1 with W1 = S*L+1
+stopped, at `Plan.data_start`, without skipping or repeating a token.
 """
 
 from __future__ import annotations
@@ -20,23 +20,23 @@ from absl import logging
 from tst_jax.data.store import StoreSplit
 
 _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
-_MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory (8 MiB).
+_MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory to 8 MiB.
 
 
-Stream = np.ndarray | StoreSplit  # what the readers below accept (a store split is read in place)
+Stream = np.ndarray | StoreSplit  # what the readers below accept; a store split is read in place
 
 
 class WindowSource:
   """Grain random-access source: item k is the int32 [B_local, W] batch k.
 
-  Window i starts at stream position `start_pos + i*(W-1)` (modulo N). Global row r of
-  batch k is window perm(k*B + r), where perm shuffles window indices (seeded by `seed`)
-  within blocks of at most 2**20 windows that never cross the end of a pass (N // (W-1)
-  windows) nor the end of the `num_batches * B` windows of the source. So the source reads
-  exactly the region of the stream that the unshuffled windows would, and batch k is a pure
-  function of (stream, seed, start_pos, k). With `shuffle=False` row r of batch k is window
-  k*B + r. This process's rows are the global rows [p*B_local, (p+1)*B_local). `len()` is
-  `num_batches`, or practically endless when that is None.
+  Window i starts at stream position `start_pos + i*(W-1)` modulo N. Global row r of batch k
+  is window perm(k*B + r). perm is a seeded shuffle of window indices within blocks of at most
+  2**20 windows that cross neither the end of a pass, N // (W-1) windows, nor the end of the
+  `num_batches * B` windows of the source. So the source reads exactly the region of the
+  stream that the unshuffled windows would, and batch k is a pure function of stream, seed,
+  start_pos and k. With `shuffle=False` row r of batch k is window k*B + r. This process's
+  rows are the global rows p*B_local to (p+1)*B_local. `len()` is `num_batches`, or practically
+  endless when that is None.
   """
 
   def __init__(self, stream: Stream, batch_size: int, window: int,
@@ -63,10 +63,10 @@ class WindowSource:
     self.seed, self.shuffle, self.num_batches = seed, shuffle, num_batches
     rows = batch_size // process_count
     self.rows = np.arange(process_index * rows, (process_index + 1) * rows)  # global rows
-    self.pass_windows = len(tokens) // (window - 1)  # windows per pass (>= batch_size)
+    self.pass_windows = len(tokens) // (window - 1)  # windows per pass, at least batch_size
     self.block = min(self.pass_windows, _MAX_BLOCK)
     self._end = _ENDLESS * batch_size if num_batches is None else num_batches * batch_size
-    self._cached = (None, None)  # (block id, its permutation); replaced as a whole
+    self._cached = (None, None)  # block id and its permutation, replaced as a whole
 
   def __len__(self) -> int:
     return _ENDLESS if self.num_batches is None else self.num_batches
@@ -80,7 +80,7 @@ class WindowSource:
     return _gather(self.tokens, starts_b, self.window)
 
   def window_index(self, i: np.ndarray) -> np.ndarray:
-    """perm(i): the window read at (flattened) slot i of the batches, as int64."""
+    """Returns perm(i), the window read at flattened slot i of the batches, as int64."""
     i = np.asarray(i, dtype=np.int64)
     if not self.shuffle:
       return i
@@ -103,20 +103,20 @@ class WindowSource:
     return perm
 
   def epoch_of(self, k: int) -> int:
-    """How many times positions wrapped before the last token of batch k's windows (0: fresh)."""
+    """Counts how often positions wrapped before the last token of batch k's windows."""
     last = self.window_index(k * self.batch_size + np.arange(self.batch_size)).max()
     return int((self.start_pos + (last + 1) * (self.window - 1)) // len(self.tokens))
 
   def fresh_batches(self) -> int:
-    """Number of batches from start_pos before any token repeats (epoch_of(k) == 0)."""
+    """Counts the batches from start_pos before any token repeats, where epoch_of(k) == 0."""
     n, w = len(self.tokens), self.window
     fresh = max(0, (n - w - self.start_pos) // (w - 1) + 1)  # windows that end before N
-    end = min(self.pass_windows, self._end)  # fresh <= pass_windows: only pass 0 matters
+    end = min(self.pass_windows, self._end)  # fresh <= pass_windows, so only pass 0 matters
     if fresh >= end:
       first_stale = end
     elif not self.shuffle:
       first_stale = fresh
-    else:  # blocks below `fresh` map onto themselves; search the block that holds it
+    else:  # blocks below `fresh` map onto themselves, so search the block that holds it
       lo = fresh // self.block * self.block
       stale = np.flatnonzero(self.window_index(np.arange(lo, min(lo + self.block, end))) >= fresh)
       first_stale = lo + int(stale[0])
@@ -129,14 +129,14 @@ class WindowSource:
 
 
 def _tokens(stream: Stream) -> np.ndarray | StoreSplit:
-  """The tokens of an in-memory stream or array, or a memory-mapped store split as it is."""
+  """Returns the tokens of an in-memory stream or array, or a memory-mapped store split as is."""
   if isinstance(stream, StoreSplit):
     return stream
   return np.asarray(stream)
 
 
 def _gather(tokens: np.ndarray | StoreSplit, starts_b: np.ndarray, window: int) -> np.ndarray:
-  """int32 [b, W] rows tokens[s : s + W] for each start s, wrapping around the stream."""
+  """Reads int32 [b, W] rows tokens[s : s + W] for each start s, wrapping around the stream."""
   if isinstance(tokens, StoreSplit):   # reads only these windows, across shards if need be
     return tokens.gather(starts_b, window)
   if (starts_b + window <= len(tokens)).all():
@@ -148,11 +148,11 @@ def make_batches(stream: Stream, *, batch_size: int, window: int, start_pos: int
                  seed: int = 0, num_batches: int | None = None, process_index: int = 0,
                  process_count: int = 1,
                  read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
-  """Iterator of this process's int32 [batch_size // process_count, window] batches.
+  """Iterates this process's int32 [batch_size // process_count, window] batches.
 
-  Windows in seeded shuffled order from the region of `num_batches` batches after `start_pos`
-  (endless when None). `get_state()` / `set_state()` resume exactly; equivalently, batch k of
-  the iterator is `WindowSource(...)[k]`. By default one thread prefetches two batches.
+  Windows come in seeded shuffled order from the region of `num_batches` batches after
+  `start_pos`, endless when None. `get_state()` and `set_state()` resume exactly, and batch k
+  of the iterator is `WindowSource(...)[k]`. By default one thread prefetches two batches.
   """
   source = WindowSource(stream, batch_size, window, start_pos, seed=seed,
                         num_batches=num_batches, process_index=process_index,
@@ -163,11 +163,11 @@ def make_batches(stream: Stream, *, batch_size: int, window: int, start_pos: int
 
 def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
-  """`num_batches` int32 [B_local, W] batches of held-out windows spread evenly over the
-  whole validation stream (so every held-out document region is represented), the same
-  every eval. Windows never overlap by more than the one shared target token.
+  """Returns `num_batches` int32 [B_local, W] batches of held-out windows, the same every eval.
 
-  Returns fewer batches (with a warning) if the stream is too short for all of them.
+  The windows are spread evenly over the whole validation stream, so every held-out document
+  region is represented. They never overlap by more than the one shared target token. Returns
+  fewer batches, with a warning, if the stream is too short for all of them.
   """
   source = WindowSource(val_stream, batch_size, window, shuffle=False,
                         process_index=process_index, process_count=process_count)
@@ -185,7 +185,7 @@ def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batche
 
 
 def unigram_entropy(stream: np.ndarray) -> float:
-  """Entropy (nats/token) of the stream's token frequencies: the loss of a unigram model."""
+  """Returns the entropy in nats per token of the stream's token frequencies: a unigram loss."""
   tokens = np.asarray(stream)
   counts = np.bincount(tokens.ravel())
   p = counts[counts > 0] / tokens.size

@@ -3,21 +3,21 @@ r"""Tokenize a corpus once into a sharded token store that every run reads in pl
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3 [--workers=16]
 
-A tokenizer first (a file copied in, or `bpe` trained on the first 64 MB of training text),
-then two passes whose memory does not grow with the corpus:
-  1. one worker per input shard (a JSONL/Parquet file, or ~64 MB of text files) cuts each
-     document into pieces of at most val_piece_bytes (0: whole), holds out a piece when its hash
-     (seed, document digest, k; a one-piece document: seed, text) < val_fraction, and
-     tokenizes the held-out pieces and the runs of training pieces between them
-     (`sources.segments`) into work/in-NNNNN.bin with an index (offset, length, split hash);
-  2. one worker per output shard gathers its documents: those of its split (as
-     `split_documents`) whose seeded bucket hash falls in its range, shuffles them by seed,
-     and writes each followed by EOS.
-A split of one shard is exactly the documents of `split_documents(...)` tokenized in memory (the
-tests' reference, tests/fixtures/reference.py): the documents in
-corpus order permuted by np.random.default_rng(seed). Every file is written under a .tmp name
-and renamed when complete, with a done marker; a rerun skips what is done, and manifest.json,
-written last, makes the store readable. See docs/data.md.
+A tokenizer comes first: a file copied in, or `bpe` trained on the first 64 MB of training
+text. Then two passes whose memory does not grow with the corpus:
+  1. One worker per input shard, a JSONL or Parquet file or about 64 MB of text files, cuts
+     each document into pieces of at most val_piece_bytes, or keeps it whole with 0. It holds
+     out a piece when its hash of seed, document digest and k is below val_fraction, where a
+     one-piece document hashes seed and text. It tokenizes the held-out pieces and the runs of
+     training pieces between them, as `sources.segments` does, into work/in-NNNNN.bin with an
+     index of offset, length and split hash.
+  2. One worker per output shard gathers the documents of its split, as `split_documents`
+     assigns them, whose seeded bucket hash falls in its range. It shuffles them by seed and
+     writes each followed by EOS.
+A split of one shard is exactly the documents of `split_documents(...)` tokenized in memory,
+the tests' reference: the documents in corpus order permuted by np.random.default_rng(seed).
+Every file is written under a .tmp name and renamed when complete, with a done marker. A rerun
+skips what is done, and manifest.json, written last, makes the store readable.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 log = logging.getLogger("tst_jax")
-SHARD_TOKENS = 2**28              # tokens per output shard (0.5 GB as uint16)
-BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on (the first train docs)
+SHARD_TOKENS = 2**28              # tokens per output shard, 0.5 GB as uint16
+BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on: the first train docs
 _ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
 _WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
 _OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
@@ -59,7 +59,7 @@ def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_
 
 
 def _tokenize_inputs(pool, jobs, tasks, progress: bool):
-  """Tokenizes the input shards of `jobs` (the others of `tasks` are done), with a bar."""
+  """Tokenizes the input shards of `jobs`, the others of `tasks` being done, with a bar."""
   t0 = time.time()
   bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
                   desc="tokenize", disable=not progress)
@@ -78,7 +78,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
             text_field: str = "text", workers: int | None = None,
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
             progress: bool = True) -> str:
-  """Writes (or finishes, or finds already written) the store of `source` in `out`."""
+  """Writes, finishes or finds already written the store of `source` in `out`."""
   _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
   out = os.path.abspath(out)
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
@@ -123,13 +123,13 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
 
 
 def _size(task) -> int:
-  """Bytes of an input shard to read: on disk, or its share of max_bytes."""
+  """Returns the bytes of an input shard to read: on disk, or its share of max_bytes."""
   _, shard, budget = task
   return shard.num_bytes if budget is None else budget
 
 
 def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> dict:
-  # "spec" is the store format's key for the tokenizer's name (manifests on disk)
+  # "spec" is the store format's key for the tokenizer's name in manifests on disk
   if name == "bpe":
     return dict(spec="bpe", vocab_size=vocab_size, sample_bytes=sample_bytes)
   if not os.path.isfile(name):
@@ -139,8 +139,11 @@ def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> 
 
 
 def _claim(out: str, request: dict) -> bool:
-  """True when `out` already holds this store; records the request in a fresh or resumed
-  `out`; refuses (touching nothing) a folder that holds or is making another store."""
+  """Returns True when `out` already holds this store, else records the request in `out`.
+
+  `out` may be fresh or a resumed run's. A folder that holds or is making another store is
+  refused, with nothing touched.
+  """
   manifest_path = os.path.join(out, store_lib.MANIFEST)
   if os.path.exists(manifest_path):
     manifest = store_lib.read_manifest(out)
@@ -170,9 +173,11 @@ def _differs(saved: dict, request: dict) -> str:
 
 
 def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes) -> Tokenizer:
-  """The store's tokenizer in `out`: copied from a file, or a BPE trained on the first
-  `sample_bytes` of training documents (never on held-out pieces), in corpus order;
-  `split` is (seed, val_fraction, val_piece_bytes)."""
+  """Returns the store's tokenizer in `out`, copied from a file or trained as BPE.
+
+  A BPE is trained on the first `sample_bytes` of training documents in corpus order, never on
+  held-out pieces. `split` holds seed, val_fraction and val_piece_bytes.
+  """
   if name != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
     return get_tokenizer(name, workdir=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
@@ -193,7 +198,7 @@ def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes) -> Tokeniz
 
 
 class _Inline:
-  """Pool-like runner in this process (one worker: no process start, all tokenizer threads)."""
+  """Runs a pool's work in this process: one worker, no process start, all tokenizer threads."""
   imap = imap_unordered = staticmethod(map)
 
   def __enter__(self):
@@ -212,7 +217,7 @@ def _pool(workers: int | None, jobs: int):
 
 
 def _one_thread_per_worker():
-  os.environ["RAYON_NUM_THREADS"] = "1"   # the HF tokenizer's threads: the workers are parallel
+  os.environ["RAYON_NUM_THREADS"] = "1"   # the workers are parallel already
 
 
 def _done_path(work: str, name: str) -> str:
@@ -260,8 +265,10 @@ def _tokenize_shard(job) -> dict:
 
 
 def _plan_outputs(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
-  """Output shards per split, and the documents `split_documents` moves across: with
-  val_fraction > 0 and >= 2 documents each split gets one (the first extreme hash)."""
+  """Counts output shards per split, and picks the documents `split_documents` moves across.
+
+  With val_fraction > 0 and at least 2 documents each split gets one, the first extreme hash.
+  """
   docs = sum(d["docs"] for d in inputs)
   val_docs = sum(d["val_docs"] for d in inputs)
   moved = {}
@@ -276,20 +283,23 @@ def _plan_outputs(inputs: list[dict], val_fraction: float, shard_tokens: int) ->
   val_docs += sum(1 if to == "val" else -1 for to in moved.values())
   val_tokens = sum(d["val_tokens"] for d in inputs)
   sizes = dict(train=(docs - val_docs, sum(d["tokens"] for d in inputs) - val_tokens + docs),
-               val=(val_docs, val_tokens + val_docs))     # (documents, tokens with EOS)
+               val=(val_docs, val_tokens + val_docs))     # documents, tokens with EOS
   shards = {s: max(1, -(-tokens // shard_tokens)) if n else 0 for s, (n, tokens) in sizes.items()}
   return dict(shards=shards, moved=moved)
 
 
 def _write_output_shard(job) -> dict:
-  """Pass 2 for output shard k of a split: its documents from every input shard, in a
-  seeded order, each followed by EOS; then a done marker (skipped when already done)."""
+  """Runs pass 2 for output shard k of a split, unless it is done already.
+
+  Gathers its documents from every input shard in a seeded order, each followed by EOS, then
+  writes a done marker.
+  """
   split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
   name = f"{split}-{k:05d}"
   path, done_path = os.path.join(out, name + ".bin"), _done_path(work, name)
   if os.path.exists(done_path) and os.path.exists(path):
     return dict(split=split, **_read_json(done_path))
-  picked = []                    # (input shard, offsets, lengths) in corpus order
+  picked = []                    # input shard, offsets, lengths in corpus order
   for d in inputs:
     table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
     is_val = table["u"] < val_fraction
@@ -328,9 +338,11 @@ def _write_output_shard(job) -> dict:
 
 
 class _InputReader:
-  """Reads documents of the pass-1 token files with pread: their pages are not kept mapped
-  (a memory map would count every page touched in this process's RSS), and at most
-  _OPEN_FILES files are open at once."""
+  """Reads documents of the pass-1 token files with pread, at most _OPEN_FILES files at once.
+
+  Their pages are not kept mapped, since a memory map would count every page touched in this
+  process's RSS.
+  """
 
   def __init__(self, work: str, dtype: str):
     self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
@@ -357,7 +369,7 @@ class _InputReader:
 
 
 def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
-  """A number in [0, 1) per document of input shard `index`, fixed by (seed, index, doc)."""
+  """Returns a number in [0, 1) per document of input shard `index`, fixed by seed, index, doc."""
   return np.random.default_rng([seed, 1 << 32, index]).random(num_docs)
 
 

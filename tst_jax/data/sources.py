@@ -1,5 +1,7 @@
-"""Text corpora by name, streamed per input shard (text, JSONL, Parquet, builtin, tfds, seqio),
-and the held-out split by the hash of each document's pieces."""
+"""Text corpora by name, streamed per input shard, and the held-out split by document hash.
+
+Sources are text files, JSONL, Parquet, the builtin stdlib corpus, tfds and seqio.
+"""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<gl
 @dataclasses.dataclass(frozen=True)
 class InputShard:
   """One unit of work of `prepare`: a group of text files, one JSONL or Parquet file, or a
-  whole tfds/seqio split. `num_bytes` (on disk) drives the progress bar."""
+  whole tfds or seqio split. `num_bytes` on disk drives the progress bar."""
   kind: str                 # text | jsonl | parquet | tfds | seqio
-  paths: tuple[str, ...]    # files (text: one document each), or (name, split) for tfds/seqio
+  paths: tuple[str, ...]    # files, one document each for text:, or tfds's name and split
   num_bytes: int
   text_field: str = "text"
 
@@ -38,14 +40,14 @@ class InputShard:
 
 
 def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
-  """The input shards of `source`, in the corpus order (sorted paths).
+  """Lists the input shards of `source` in corpus order, which is sorted path order.
 
   Sources:
-    builtin:pystdlib         every *.py file of this Python's stdlib (the offline default).
-    text:<glob>              text files matched by the glob (`**` recurses), one document per file.
-    jsonl:<glob>             JSON lines (.jsonl, .jsonl.gz, .jsonl.zst), the `text_field` of each.
+    builtin:pystdlib         every *.py file of this Python's stdlib, the offline default.
+    text:<glob>              text files matched by the glob, one document per file. `**` recurses.
+    jsonl:<glob>             JSON lines, .jsonl, .jsonl.gz or .jsonl.zst: each `text_field`.
     parquet:<glob>           Parquet files, the `text_field` column.
-    tfds:<name>[:<split>]    the `text` feature of a TFDS dataset (split defaults to train).
+    tfds:<name>[:<split>]    the `text` feature of a TFDS dataset, split train by default.
     seqio:<task>[:<split>]   the `text` feature of a SeqIO task's raw source.
   """
   kind, _, arg = source.partition(":")
@@ -66,7 +68,7 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
 
 
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
-  """The documents of one input shard as read (bytes or str), blank ones included."""
+  """Yields the documents of one input shard as read, bytes or str, blank ones included."""
   if shard.kind == "text":
     return (_read_file(p) for p in shard.paths)
   if shard.kind == "jsonl":
@@ -79,14 +81,16 @@ def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
 
 
 def shard_documents(shard: InputShard, max_bytes: int | None = None) -> Iterator[str]:
-  """The decoded, non-blank documents of one shard, cut after `max_bytes` (see `take`)."""
+  """Yields the decoded, non-blank documents of one shard, cut after `max_bytes` as `take` does."""
   return (text for text, _ in take(raw_documents(shard), max_bytes))
 
 
 def byte_budgets(shards: list[InputShard], max_bytes: int | None) -> list[int | None]:
-  """Bytes of text each shard gives when the whole corpus is cut after `max_bytes` bytes:
+  """Returns the bytes of text each shard gives when the whole corpus is cut after `max_bytes`.
+
   `shard_documents(shards[i], budgets[i])` are then exactly that cut corpus's documents of
-  shard i. Reads the corpus up to `max_bytes` only; all None without a limit."""
+  shard i. Reads the corpus up to `max_bytes` only, and returns all None without a limit.
+  """
   if max_bytes is None:
     return [None] * len(shards)
   budgets, left = [], max_bytes
@@ -99,13 +103,13 @@ def byte_budgets(shards: list[InputShard], max_bytes: int | None) -> list[int | 
 
 def load_documents(source: str, max_bytes: int | None = None, text_field: str = "text"
                    ) -> list[str]:
-  """Returns the documents of `source` as strings, in a deterministic order (all in memory:
-  for small corpora and references; `prepare` streams the same documents per shard).
+  """Returns the documents of `source` as strings, in a deterministic order.
 
-  Files are read in sorted path order. Bytes that are not UTF-8 are decoded with
-  errors="replace" (each bad byte becomes U+FFFD) rather than dropping the document;
-  empty and whitespace-only documents are skipped. With `max_bytes`, reading stops once
-  that many bytes of text were taken: the document crossing the limit is cut there.
+  All are held in memory, for small corpora and references. `prepare` streams the same
+  documents per shard. Files are read in sorted path order. Bytes that are not UTF-8 are
+  decoded with errors="replace", so each bad byte becomes U+FFFD rather than the document being
+  dropped. Empty and whitespace-only documents are skipped. With `max_bytes`, reading stops
+  once that many bytes of text were taken, and the document crossing the limit is cut there.
   """
   check_max_bytes(max_bytes)
   shards = input_shards(source, text_field)
@@ -117,10 +121,12 @@ def load_documents(source: str, max_bytes: int | None = None, text_field: str = 
 
 
 def token_bound(source: str, max_bytes: int | None = None) -> int | None:
-  """At most how many tokens `source` gives, without reading it: its bytes of text (a token of
-  a byte-level BPE or a SentencePiece model covers at least one byte) plus two per document
-  (EOS, and a SentencePiece dummy prefix); `max_bytes` caps the bytes. None where the size of
-  the text is not known from the file sizes (compressed files, Parquet, tfds, seqio)."""
+  """Bounds the tokens `source` gives, without reading it, or returns None where unknown.
+
+  A token of a byte-level BPE or a SentencePiece model covers at least one byte, so the bound
+  is the bytes of text plus two per document for EOS and a SentencePiece dummy prefix.
+  `max_bytes` caps the bytes. The size is unknown for compressed files, Parquet, tfds and seqio.
+  """
   kind, _, pattern = source.partition(":")
   if kind == "builtin" and pattern == "pystdlib":
     paths = _stdlib_files()
@@ -142,15 +148,14 @@ def check_max_bytes(max_bytes: int | None):
 
 def split_documents(docs: list[str], val_fraction: float, seed: int, piece_bytes: int = 0
                     ) -> tuple[list[str], list[str]]:
-  """Splits `docs` into (train, val), each in the original order.
+  """Splits `docs` into train and val, each in the original order.
 
-  Each document is cut into pieces (`pieces`; whole with piece_bytes=0), and a piece goes to
-  val when a stable hash of (seed, its document, its place in it) falls below `val_fraction`
-  (`segments`), so the split does not depend on the corpus order or size and identical
-  documents land on the same side. A held-out
-  piece is one val document; the training pieces between them are joined back into one
-  training document (`segments`). With val_fraction > 0 and >= 2 such documents, each side
-  gets at least one (the extreme hash is moved over).
+  `pieces` cuts each document into pieces, whole with piece_bytes=0. A piece goes to val when a
+  stable hash of the seed, its document and its place in it falls below `val_fraction`, so the
+  split depends on neither the corpus order nor its size, and identical documents land on the
+  same side. A held-out piece is one val document. `segments` joins the training pieces between
+  them back into one training document. With val_fraction > 0 and at least 2 such documents,
+  each side gets at least one, by moving the extreme hash over.
   """
   check_val_fraction(val_fraction)
   parts = [seg for d in docs for seg in segments(d, seed, val_fraction, piece_bytes)]
@@ -167,9 +172,11 @@ def split_documents(docs: list[str], val_fraction: float, seed: int, piece_bytes
 
 
 def pieces(doc: str, piece_bytes: int) -> list[str]:
-  """`doc` cut at line ends into pieces of at most `piece_bytes` UTF-8 bytes (a longer line is
-  cut every piece_bytes characters); [doc] when piece_bytes is 0 or doc fits in one piece.
-  The pieces concatenate back to doc."""
+  """Cuts `doc` at line ends into pieces of at most `piece_bytes` UTF-8 bytes.
+
+  A longer line is cut every piece_bytes characters. Returns [doc] when piece_bytes is 0 or doc
+  fits in one piece. The pieces concatenate back to doc.
+  """
   if not piece_bytes or len(doc) <= piece_bytes // 4 or _nbytes(doc) <= piece_bytes:
     return [doc]
   out, current, size = [], [], 0
@@ -189,13 +196,15 @@ def pieces(doc: str, piece_bytes: int) -> list[str]:
 
 def segments(doc: str, seed: int, val_fraction: float, piece_bytes: int
              ) -> list[tuple[str, float]]:
-  """(text, hash) of the documents `doc` gives the split: each held-out piece alone (hash <
-  val_fraction), each run of consecutive training pieces joined (the least hash of the run).
-  A document of one piece keeps its hash unit_hash(seed, doc). Piece k of a longer one hashes
-  (seed, sha256 of the document, k), not its text: a piece repeated across many files (the
-  stdlib's codec tables) is then held out in ~val_fraction of them, as the training stream
-  holds it, rather than all or none of its copies (which made the demo's held-out split a
-  nat easier than its training split)."""
+  """Yields the text and hash of each document that `doc` gives the split.
+
+  Each held-out piece, whose hash is below val_fraction, stands alone. Each run of consecutive
+  training pieces is joined and takes the least hash of the run. A document of one piece keeps
+  its hash unit_hash(seed, doc). Piece k of a longer one hashes the seed, the document's sha256
+  and k, not its text. A piece repeated across many files, such as the stdlib's codec tables,
+  is then held out in about val_fraction of them, as the training stream holds it, rather than
+  in all or none of its copies, which would make the held-out split easier than training.
+  """
   parts = pieces(doc, piece_bytes)
   if len(parts) == 1:
     return [(doc, unit_hash(seed, doc))]
@@ -226,14 +235,13 @@ def check_val_fraction(val_fraction: float):
 
 
 def unit_hash(seed: int, doc: str) -> float:
-  """A number in [0, 1) fixed by (seed, doc), the same on every machine and Python."""
+  """Returns a number in [0, 1) fixed by seed and doc, the same on every machine and Python."""
   h = hashlib.sha256(f"{seed}\0".encode() + doc.encode("utf-8", errors="surrogatepass"))
   return int.from_bytes(h.digest()[:8], "big") / 2.0**64
 
 
 def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[str, int]]:
-  """(text, bytes taken) of each document: decoded, blank ones skipped, stopping after
-  `max_bytes` bytes of text (the document crossing the limit is cut there)."""
+  """Yields each document's text and bytes taken, blank ones skipped, cut after `max_bytes`."""
   total = 0
   for item in raw:
     data = item.encode("utf-8", errors="replace") if isinstance(item, str) else item
@@ -248,7 +256,7 @@ def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[st
 
 
 def _grouped(paths: list[str]) -> list[InputShard]:
-  """Consecutive files (one document each) in groups of about _GROUP_BYTES."""
+  """Groups consecutive files, one document each, into shards of about _GROUP_BYTES."""
   shards, group, size = [], [], 0
   for p in paths:
     group.append(p)
@@ -276,7 +284,7 @@ def _read_file(path: str) -> bytes:
 
 
 def _open_text(path: str) -> io.TextIOBase:
-  """A text reader for plain, .gz and .zst files (zstd needs the `data` extra)."""
+  """Opens plain, .gz and .zst files as text. zstd needs the `data` extra."""
   if path.endswith(".gz"):
     return gzip.open(path, "rt", encoding="utf-8", errors="replace")
   if path.endswith(".zst"):
@@ -290,9 +298,12 @@ def _open_text(path: str) -> io.TextIOBase:
 
 
 def _jsonl_texts(path: str, field: str) -> Iterator[str]:
-  """The `field` of every JSON line. A line that is not a JSON object holding a string
-  `field` is an error naming the file and line: that is a wrong --text_field or another
-  format far more often than one odd record, and skipping would silently drop the corpus."""
+  """Yields the `field` of every JSON line.
+
+  A line that is not a JSON object holding a string `field` is an error naming the file and
+  line. That is a wrong --text_field or another format far more often than one odd record, and
+  skipping would silently drop the corpus.
+  """
   with _open_text(path) as f:
     for line_no, line in enumerate(f, 1):
       if not line.strip():

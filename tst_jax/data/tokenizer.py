@@ -1,4 +1,4 @@
-"""Tokenizers: a byte-level BPE trained on the corpus, or a tokenizer.json / SentencePiece file."""
+"""Tokenizers: a byte-level BPE trained on the corpus, or a tokenizer.json or SentencePiece file."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ _MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
 
 
 class Tokenizer:
-  """A HF `tokenizers.Tokenizer` (or a SentencePiece model) with its EOS id and file.
+  """A HF `tokenizers.Tokenizer` or a SentencePiece model, with its EOS id and file.
 
-  Text is encoded literally: a special-token string inside a document (e.g. "<|endoftext|>")
-  is tokenized as ordinary text, so EOS appears in the token stream only where the
-  pipeline puts it. `decode` keeps special tokens, so EOS shows up in decoded text.
+  Text is encoded literally. A special-token string inside a document, such as
+  "<|endoftext|>", is tokenized as ordinary text, so EOS appears in the token stream only where
+  the pipeline puts it. `decode` keeps special tokens, so EOS shows up in decoded text.
   """
 
   def __init__(self, hf: tokenizers.Tokenizer | None = None, *, sp=None, eos_id: int,
@@ -44,7 +44,7 @@ class Tokenizer:
     return self._sp.encode(text)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Encodes many texts at once (in parallel threads for HF tokenizers)."""
+    """Encodes many texts at once, in parallel threads for HF tokenizers."""
     if self._hf is not None:
       encs = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
       return [e.ids for e in encs]
@@ -57,7 +57,7 @@ class Tokenizer:
     return self._sp.decode(ids)
 
   def save(self, path: str) -> None:
-    """Writes the tokenizer file (tokenizer.json, or the .model for SentencePiece) to `path`."""
+    """Writes the tokenizer file to `path`: tokenizer.json, or the .model for SentencePiece."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if self._hf is not None:
       self._hf.save(path)
@@ -66,7 +66,7 @@ class Tokenizer:
         f.write(self._sp.serialized_model_proto())
 
   def fingerprint(self) -> str:
-    """A string that changes whenever the id mapping could change (for caches)."""
+    """Returns a string for caches that changes whenever the id mapping could change."""
     blob = self._hf.to_str().encode() if self._hf is not None else self._sp.serialized_model_proto()
     return hashlib.sha256(blob).hexdigest()
 
@@ -76,14 +76,14 @@ class Tokenizer:
 
 def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
                   train_docs: list[str] | None = None) -> Tokenizer:
-  """Returns the tokenizer named by `name`, cached in / copied to `workdir` when given.
+  """Returns the tokenizer named by `name`, cached in or copied to `workdir` when given.
 
   name:
-    "bpe"          a byte-level BPE with exactly `vocab_size` ids (EOS "<|endoftext|>"), trained
-                   on `train_docs` only (never on validation text) and saved to
-                   <workdir>/tokenizer.json; later calls load that file instead of retraining.
-    "*.json"       a HF tokenizer.json (e.g. Llama-3's); `vocab_size` is not used.
-    "*.model"      a SentencePiece model (the `sentencepiece` extra); `vocab_size` is not used.
+    "bpe"          a byte-level BPE with exactly `vocab_size` ids and EOS "<|endoftext|>",
+                   trained on `train_docs` only, never on validation text, and saved to
+                   <workdir>/tokenizer.json. Later calls load that file instead of retraining.
+    "*.json"       a HF tokenizer.json such as Llama-3's. `vocab_size` is not used.
+    "*.model"      a SentencePiece model from the `sentencepiece` extra. `vocab_size` is not used.
   """
   if name == "bpe":
     return _get_bpe(workdir, vocab_size, train_docs)
@@ -131,7 +131,7 @@ def _load_tokenizer_json(path: str, recovery: str) -> tokenizers.Tokenizer:
 
 
 def train_bpe(docs: list[str], vocab_size: int) -> tokenizers.Tokenizer:
-  """Trains a byte-level BPE (GPT-2 style) with exactly `vocab_size` ids; id 0 is EOS.
+  """Trains a GPT-2 style byte-level BPE with exactly `vocab_size` ids, where id 0 is EOS.
 
   Every byte is in the initial alphabet, so any text encodes and decodes back exactly. If the
   corpus is too small to learn enough merges, the vocab is padded with never-produced
@@ -176,7 +176,7 @@ def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
 
 
 def _copy_into_workdir(src: str, workdir: str | None, name: str, same) -> str:
-  """Copies `src` to <workdir>/<name> (for export); refuses to replace a different file."""
+  """Copies `src` to <workdir>/<name> for export, refusing to replace a different file."""
   if not workdir:
     return src
   dst = os.path.join(workdir, name)
@@ -198,7 +198,7 @@ def _same_bytes(a: str, b: str) -> bool:
 
 
 def _same_json(a: str, b: str) -> bool:
-  """Whether tokenizer.json `b` (a workdir's copy) holds what `a` holds."""
+  """Says whether tokenizer.json `b`, a workdir's copy, holds what `a` holds."""
   if _same_bytes(a, b):
     return True
   with open(a, encoding="utf-8") as fa:

@@ -1,19 +1,21 @@
-"""FP8 matmuls for the decoder's linear layers (`model.matmul_precision=fp8`), through qwix.
+"""FP8 matmuls for the decoder's linear layers under `model.matmul_precision=fp8`, through qwix.
 
-`einsum(subscripts, x, w)` is `jnp.einsum(subscripts, x, w)` with its dot_general replaced by qwix's
-quantized-training dot_general (google/qwix, the `fp8` extra), configured as the usual FP8
+`einsum(subscripts, x, w)` is `jnp.einsum(subscripts, x, w)` with its dot_general replaced by
+qwix's quantized-training dot_general from the `fp8` extra. It is configured as the usual FP8
 training recipe with per-tensor current scaling:
-  forward   x and w each scaled by absmax / 448 (one scale per tensor, computed every step),
-            cast to float8_e4m3fn, one f8 x f8 dot (XLA's FP8 GEMM on Hopper GPUs), rescaled;
-  backward  the incoming gradient quantized the same way to float8_e5m2 (more range, less
-            precision), multiplied with the forward's f8 operands: dx and dw are fp8 dots too.
-The output has x's dtype. qwix owns the scaling code; nothing here computes a scale.
+  forward   x and w are each scaled by absmax / 448, one scale per tensor computed every step,
+            cast to float8_e4m3fn, multiplied in one f8 x f8 dot and rescaled. On Hopper GPUs
+            that dot is XLA's FP8 GEMM.
+  backward  the incoming gradient is quantized the same way to float8_e5m2, with more range and
+            less precision, and multiplied with the forward's f8 operands, so dx and dw are fp8
+            dots too.
+The output has x's dtype. qwix owns the scaling code, and nothing here computes a scale.
 
-Why not `qwix.quantize_model` (qwix's public entry): it intercepts every dot_general and einsum
-called inside the matched modules, which in our Attention includes the q·kᵀ and p·v einsums of
-`jax.nn.dot_product_attention` (the XLA path) and in the MoE layer the float32 router. Calling
-qwix's QT dot_general at the linear layers themselves quantizes exactly those (as MaxText's
-qwix integration imports it too); it lives in `qwix._src`, so the extra pins qwix below 0.2.
+This does not use `qwix.quantize_model`, qwix's public entry, because that intercepts every
+dot_general and einsum called inside the matched modules. In our Attention those include the
+q·kᵀ and p·v einsums of XLA's `jax.nn.dot_product_attention`, and in the MoE layer the float32
+router. Calling qwix's QT dot_general at the linear layers themselves quantizes exactly those,
+as MaxText's qwix integration does. It lives in `qwix._src`, so the extra pins qwix below 0.2.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ NEEDS_QWIX = ("'fp8' needs qwix (0.1.8 or a later 0.1.x), which is not installed
 
 
 def _qwix_qt():
-  """qwix's quantized-training dot_general module, imported on first use: qwix is optional."""
+  """Imports qwix's quantized-training dot_general module on first use, since qwix is optional."""
   try:
     from qwix._src.core import dot_general_qt  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -39,7 +41,7 @@ def _qwix_qt():
 
 
 def unavailable() -> str | None:
-  """Why fp8 cannot run here (None: it can)."""
+  """Says why fp8 cannot run here, or returns None when it can."""
   try:
     _qwix_qt()
   except ConfigError as e:
@@ -48,9 +50,12 @@ def unavailable() -> str | None:
 
 
 def qt_config(qt):
-  """The recipe above as qwix's DotGeneralQtConfig: absmax calibration (qwix's default), one
-  scale per tensor (no per-channel axes), e4m3 forward, e5m2 gradients; the backward reuses
-  the forward's quantized operands (qwix's default when the backward is quantized)."""
+  """Builds the recipe above as qwix's DotGeneralQtConfig.
+
+  That is absmax calibration, qwix's default, one scale per tensor with no per-channel axes,
+  e4m3 forward and e5m2 gradients. The backward reuses the forward's quantized operands, as
+  qwix does by default when the backward is quantized.
+  """
   return qt.DotGeneralQtConfig(
       lhs_qtype=FORWARD_QTYPE, rhs_qtype=FORWARD_QTYPE,
       lhs_disable_channelwise_axes=True, rhs_disable_channelwise_axes=True,
@@ -60,14 +65,16 @@ def qt_config(qt):
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                 **kwargs):
-  """`jax.lax.dot_general`'s signature (as jnp.einsum calls it) in FP8; the recipe is the
-  same for both operands, so einsum may pass them in either order."""
-  del precision, kwargs            # fp8 has one precision; XLA propagates the sharding
+  """Computes `jax.lax.dot_general` in FP8, with the signature jnp.einsum calls it with.
+
+  The recipe is the same for both operands, so einsum may pass them in either order.
+  """
+  del precision, kwargs            # fp8 has one precision, and XLA propagates the sharding
   qt = _qwix_qt()
   out = qt.dot_general_qt(lhs, rhs, dimension_numbers, qt_config(qt))
   return out if preferred_element_type is None else out.astype(preferred_element_type)
 
 
 def einsum(subscripts: str, x, w):
-  """`jnp.einsum(subscripts, x, w)` of two operands with both quantized to FP8 (see above)."""
+  """Computes `jnp.einsum(subscripts, x, w)` of two operands, both quantized to FP8 as above."""
   return jnp.einsum(subscripts, x, w, _dot_general=dot_general)

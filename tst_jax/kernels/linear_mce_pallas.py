@@ -1,6 +1,8 @@
-"""Fused linear + multi-hot CE as Pallas kernels: the entry point, its custom VJP and the Triton
-(GPU) kernels; the Mosaic (TPU) ones are in linear_mce_tpu.py, the tile math both share in
-linear_mce_tiles.py. Interpreted on CPU."""
+"""Fused linear + multi-hot CE as Pallas kernels: the entry point, its custom VJP, Triton kernels.
+
+The Triton kernels run on GPU. The TPU's Mosaic kernels are in linear_mce_tpu.py and the tile
+math both share in linear_mce_tiles.py. On CPU the kernels are interpreted.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from tst_jax.kernels.linear_mce_tiles import (TileConfig, column_ids, d_logits, 
                                               dot_tn, gather, mask_padded, online_lse)
 from tst_jax.superposition import IGNORE_INDEX
 
-# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile or chunk;
-# bn/bd/bv the tile sizes.
+# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile or chunk, and
+# bn, bd, bv the tile sizes.
 BACKENDS = ("auto", "triton", "mosaic_tpu")
-# Per-backend defaults: (block_n, block_v, block_d). Triton needs powers of two >= 16; its
-# tiles are the fastest of a sweep on an H100 (docs/kernels.md, benchmarks/loss_tiles.py).
-# Mosaic wants multiples of (8, 128) and MXU-sized tiles.
+# Per-backend block_n, block_v, block_d. Triton needs powers of two >= 16, and its tiles are
+# the fastest of benchmarks/loss_tiles.py's sweep on an H100. Mosaic wants multiples of 8 x 128
+# and MXU-sized tiles.
 DEFAULT_BLOCKS = {"triton": (128, 256, 64), "mosaic_tpu": (256, 512, 512)}
 
 
@@ -35,15 +37,15 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
                           block_d: int | None = None, v_splits: int | None = None,
                           num_warps: int | None = None, num_stages: int | None = None,
                           vmem_limit_bytes: int | None = None, bwd_rows: int = 1024):
-  """Per-row logsumexp [N] and target logits [N, S] (float32) of `hidden @ head`.
+  """Returns the per-row logsumexp [N] and target logits [N, S] of `hidden @ head` in float32.
 
-  Matmuls take the input dtype (bf16 on accelerators) and accumulate in float32; no pass
-  writes [N, V] logits. The Triton backward writes d logits one chunk of `bwd_rows` rows at
-  a time ([bwd_rows, V] in the input dtype: 263 MB at V=128256 in bf16) and gets d_hidden
-  and d_head from two XLA matmuls per chunk. backend: "triton" (GPU), "mosaic_tpu" (TPU) or "auto" (by
-  platform; Triton-style kernels interpreted on CPU). interpret defaults to True on CPU.
-  Ignored targets get logit 0 and no gradient. v_splits (Triton) splits the vocabulary of
-  each row block over programs, for occupancy when N / block_n is small.
+  Matmuls take the input dtype, bf16 on accelerators, and accumulate in float32. No pass writes
+  [N, V] logits. The Triton backward writes d logits one chunk of `bwd_rows` rows at a time,
+  [bwd_rows, V] in the input dtype, and gets d_hidden and d_head from two XLA matmuls per
+  chunk. `backend` is "triton" on GPU, "mosaic_tpu" on TPU, or "auto" to pick by platform,
+  with Triton-style kernels interpreted on CPU. interpret defaults to True on CPU. Ignored
+  targets get logit 0 and no gradient. Triton's v_splits splits the vocabulary of each row
+  block over programs, for occupancy when N / block_n is small.
   """
   n, d = hidden_NxD.shape
   v = head_DxV.shape[1]
@@ -88,7 +90,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
 
 
 def _fit(block, size, backend, align):
-  """The default block, shrunk to the smallest legal tile covering a smaller dimension."""
+  """Shrinks the default block to the smallest legal tile covering a smaller dimension."""
   if size >= block:
     return block
   if backend == "triton":
@@ -107,7 +109,7 @@ def _check_blocks(backend, bn, bv, bd, sublanes):
                      f"% 128 == 0, got {bn=}, {bv=}, {bd=}")
 
 
-# --- custom_vjp: (hidden, head, targets) -> (lse [N], target logits [N, S]). ---
+# --- custom_vjp: hidden, head, targets -> lse [N], target logits [N, S]. ---
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _fused(hidden_NxD, head_DxV, targets_NxS, cfg):
@@ -140,7 +142,7 @@ def _forward(hidden_NxD, head_DxV, targets_NxS, cfg):
   return linear_mce_tpu.forward(hidden_NxD, head_DxV, targets_NxS, cfg)
 
 
-# --- Triton (GPU): grid over row blocks (x vocabulary splits); loops run in the kernel. ---
+# --- Triton on GPU: a grid over row blocks and vocabulary splits, loops in the kernel. ---
 
 def _triton_params(cfg, num_warps, num_stages):
   return pltriton.CompilerParams(num_warps=cfg.num_warps or num_warps,
@@ -148,7 +150,7 @@ def _triton_params(cfg, num_warps, num_stages):
 
 
 def _logits_triton(h_ref, w_ref, col0, cfg, num_d):
-  """[bn, bv] float32 logits of the row block against columns col0 : col0 + bv."""
+  """Computes the [bn, bv] float32 logits of the row block against columns col0 : col0 + bv."""
   bn, bv, bd = cfg.block_n, cfg.block_v, cfg.block_d
 
   def d_step(k, acc):
@@ -159,7 +161,7 @@ def _logits_triton(h_ref, w_ref, col0, cfg, num_d):
 
 
 def _fwd_kernel_triton(h_ref, w_ref, t_ref, lse_ref, z_ref, *, cfg, num_v, num_d, per_split):
-  # h_ref [bn, D], w_ref [D, V], t_ref [bn, S]; lse_ref [bn, 1], z_ref [bn, S] (this split)
+  # h_ref [bn, D], w_ref [D, V], t_ref [bn, S], and this split's lse_ref [bn, 1], z_ref [bn, S]
   bn, bv = cfg.block_n, cfg.block_v
   first = pl.program_id(1) * per_split
   targets = [t_ref[:, s:s + 1] for s in range(t_ref.shape[1])]
@@ -201,15 +203,15 @@ def _forward_triton(hidden_NxD, head_DxV, targets_NxS, cfg):
       interpret=cfg.interpret,
       name="linear_mce_fwd",
   )(hidden_NxD, head_DxV, targets_NxS)
-  # Each split holds a partial logsumexp; a target lies in exactly one split.
+  # Each split holds a partial logsumexp, and a target lies in exactly one split.
   return jax.nn.logsumexp(lse_splitsxNx1[..., 0], axis=0), z_splitsxNxS.sum(axis=0)
 
 
 def _dlogits_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, *, cfg,
                            num_n, num_d):
-  # Program p owns logit tile (i, j) of the chunk: a GEMM tile over D with the softmax
-  # gradient as its epilogue, written in the input dtype. Consecutive programs share the
-  # head tile j (read once from HBM per chunk); the chunk's hidden rows stay in L2.
+  # Program p owns logit tile i, j of the chunk: a GEMM tile over D with the softmax gradient
+  # as its epilogue, written in the input dtype. Consecutive programs share head tile j, read
+  # once from HBM per chunk, while the chunk's hidden rows stay in L2.
   col0 = (pl.program_id(0) // num_n) * cfg.block_v
   logits = _logits_triton(h_ref, w_ref, 0, cfg, num_d)
   cols = column_ids(col0, logits.shape)
@@ -220,9 +222,12 @@ def _dlogits_kernel_triton(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out
 
 def _backward_triton(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS,
                              cfg):
-  """Backward without atomics: per chunk of C rows, a Pallas kernel writes d logits [C, V]
-  (recomputed tile by tile, never stored for all N), then two XLA (cuBLAS) matmuls give
-  d_hidden[chunk] = d_logits @ head.T and add hidden[chunk].T @ d_logits into d_head."""
+  """Runs the backward without atomics, one chunk of C rows at a time.
+
+  A Pallas kernel writes d logits [C, V], recomputed tile by tile and never stored for all N.
+  Two cuBLAS matmuls then give d_hidden[chunk] = d_logits @ head.T and add
+  hidden[chunk].T @ d_logits into d_head.
+  """
   (n, d), v, s = hidden_NxD.shape, head_DxV.shape[1], targets_NxS.shape[1]
   bn, bv, c = cfg.block_n, cfg.block_v, cfg.bwd_rows
   num_n, num_v = c // bn, v // bv

@@ -1,5 +1,7 @@
-"""The fused linear + multi-hot CE on TPU: Mosaic kernels whose reductions are sequential
-("arbitrary") grid axes with VMEM scratch (interpreted on CPU for the tests)."""
+"""The fused linear + multi-hot CE on TPU as Mosaic kernels, interpreted on CPU for the tests.
+
+Their reductions are sequential "arbitrary" grid axes with VMEM scratch.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _tpu_interpret(cfg):
 
 def _fwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, z_ref, acc_ref, m_ref, l_ref, zacc_ref, *,
                     cfg, num_v, num_d):
-  # grid (row block i, vocab block j, model-dim block k); blocks h [bn, bd], w [bd, bv].
+  # grid: row block i, vocab block j, model-dim block k. Blocks are h [bn, bd] and w [bd, bv].
   j, k = pl.program_id(1), pl.program_id(2)
 
   @pl.when((j == 0) & (k == 0))
@@ -80,13 +82,13 @@ def forward(hidden_NxD, head_DxV, targets_NxS, cfg):
 
 def _bwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, acc_ref, p_ref,
                     grad_ref, *, cfg, wrt, num_inner, num_d):
-  """One of the two backward kernels (no atomics on TPU), selected by `wrt`.
+  """Builds one of the two backward kernels, selected by `wrt`, since TPU has no atomics.
 
-  grid (outer block, inner block, phase k in [0, 2 num_d)). wrt="hidden": outer = row
-  block i, inner = vocab block j; wrt="head": outer = j, inner = i. Phase k < num_d
-  accumulates the logit tile over model-dim blocks; at k = num_d - 1 it becomes d logits
-  (kept in p_ref); phase k >= num_d adds d-block k - num_d of the gradient into grad_ref
-  [num_d, ...] (float32), written out after the last inner block.
+  The grid is outer block, inner block and phase k in [0, 2 num_d). With wrt="hidden" the
+  outer block is row block i and the inner one vocab block j, and wrt="head" swaps them.
+  Phase k < num_d accumulates the logit tile over model-dim blocks, and at k = num_d - 1 it
+  becomes d logits, kept in p_ref. Phase k >= num_d adds d-block k - num_d of the gradient
+  into the float32 grad_ref [num_d, ...], written out after the last inner block.
   """
   outer, inner, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   j = outer if wrt == "head" else inner
@@ -120,7 +122,7 @@ def _bwd_kernel_tpu(h_ref, w_ref, t_ref, lse_ref, d_lse_ref, d_z_ref, out_ref, a
   @pl.when((inner == num_inner - 1) & (k == 2 * num_d - 1))
   def _():
     bd = cfg.block_d
-    for kk in range(num_d):  # static lane/sublane slices of the output block
+    for kk in range(num_d):  # static lane and sublane slices of the output block
       if wrt == "hidden":
         out_ref[:, kk * bd:(kk + 1) * bd] = grad_ref[kk].astype(out_ref.dtype)
       else:
@@ -135,7 +137,7 @@ def backward(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg
   args = (hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS)
   compute_dtype = head_DxV.dtype
 
-  # d_hidden: grid (i, j, k). Phase 2 needs only w, so h keeps its last block (no DMA).
+  # d_hidden: grid i, j, k. Phase 2 needs only w, so h keeps its last block and no DMA runs.
   row = lambda i, j, k: (i, 0)  # noqa: E731
   d_hidden = pl.pallas_call(
       functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="hidden", num_inner=num_v, num_d=num_d),
@@ -153,7 +155,7 @@ def backward(hidden_NxD, head_DxV, targets_NxS, lse_Nx1, d_lse_Nx1, d_z_NxS, cfg
       name="linear_mce_bwd_hidden",
   )(*args)
 
-  # d_head: grid (j, i, k). Phase 2 needs only h, so w keeps its last block.
+  # d_head: grid j, i, k. Phase 2 needs only h, so w keeps its last block.
   row = lambda j, i, k: (i, 0)  # noqa: E731
   d_head = pl.pallas_call(
       functools.partial(_bwd_kernel_tpu, cfg=cfg, wrt="head", num_inner=num_n, num_d=num_d),

@@ -10,24 +10,24 @@ from jax import lax
 
 from tst_jax.superposition import IGNORE_INDEX
 
-# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one tile (block_n).
+# Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one block_n tile.
 
-# (block_n, block_v) by platform. CPU: tuned in docs/kernels.md, a 4 MiB float32 tile
-# keeps the matmuls efficient and the softmax passes in cache. GPU/TPU: large tiles so
-# that each while-loop step is a big matmul (a 4096 x 16384 float32 tile is 256 MiB).
+# block_n, block_v by platform. On CPU a 4 MiB float32 tile, the fastest of a sweep, keeps
+# the matmuls efficient and the softmax passes in cache. GPU and TPU get large tiles so that
+# each while-loop step is a big matmul: a 4096 x 16384 float32 tile is 256 MiB.
 DEFAULT_BLOCKS = {"cpu": (512, 2048), "gpu": (4096, 16384), "tpu": (4096, 16384)}
 
 
 @functools.partial(jax.jit, static_argnames=("ignore_index", "block_n", "block_v"))
 def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
                           block_n: int | None = None, block_v: int | None = None):
-  """Per-row logsumexp [N] and target logits [N, S] (float32) of `hidden @ head`.
+  """Returns the per-row logsumexp [N] and target logits [N, S] of `hidden @ head` in float32.
 
-  Never materialises [N, V]: rows are processed block_n at a time and the vocabulary
-  block_v at a time with an online logsumexp; the backward recomputes each logit tile.
-  Ignored targets get logit 0 and receive no gradient (their loss coefficient is 0).
-  N and V need not be multiples of the blocks (rows are zero-padded, columns masked);
-  a block is first shrunk by up to 2x to divide its dimension, avoiding the padded copy.
+  Never materialises [N, V]. Rows are processed block_n at a time and the vocabulary block_v
+  at a time with an online logsumexp, and the backward recomputes each logit tile. Ignored
+  targets get logit 0 and receive no gradient, since their loss coefficient is 0. N and V need
+  not be multiples of the blocks: rows are zero-padded and columns masked. A block is first
+  shrunk by up to 2x to divide its dimension, avoiding the padded copy.
   """
   n, d = hidden_NxD.shape
   v = head_DxV.shape[1]
@@ -50,7 +50,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
 
 
 def _fit(block, size):
-  """`block`, or the largest block down to half of it that divides `size` (no padding)."""
+  """Returns `block`, or the largest block down to half of it that divides `size` unpadded."""
   if size <= block:
     return size
   count = -(-size // block)
@@ -61,7 +61,7 @@ def _fit(block, size):
 
 
 def _logits_tile(h_CxD, head_DxV, j, block_v, v_true):
-  """Float32 logits of one [block_n, block_v] tile; padded vocabulary columns are -inf."""
+  """Computes float32 logits of one [block_n, block_v] tile, with padded columns at -inf."""
   w_tile = lax.dynamic_slice_in_dim(head_DxV, j * block_v, block_v, axis=1)
   logits = jnp.dot(h_CxD, w_tile, preferred_element_type=jnp.float32)
   if v_true % block_v:
@@ -71,7 +71,7 @@ def _logits_tile(h_CxD, head_DxV, j, block_v, v_true):
 
 
 def _in_tile(targets_CxS, j, block_v):
-  """Tile-local column of each target and whether it falls inside tile j."""
+  """Returns the tile-local column of each target and whether it falls inside tile j."""
   local = targets_CxS - j * block_v
   inside = (local >= 0) & (local < block_v)
   return jnp.clip(local, 0, block_v - 1), inside
@@ -115,7 +115,7 @@ def _chunked_fwd(hidden_NxD, head_DxV, targets_NxS, v_true, block_n, block_v):
 
 
 def _chunked_bwd(v_true, block_n, block_v, res, cts):
-  """d logits = d_lse * softmax + scatter of d_z at the targets, one tile at a time."""
+  """Computes d logits = d_lse * softmax + scatter of d_z at the targets, one tile at a time."""
   hidden_NxD, head_DxV, targets_NxS, lse_N = res
   d_lse_N, d_z_NxS = cts
   n, d = hidden_NxD.shape

@@ -1,22 +1,21 @@
 """MoE dispatch and combine as permutations: token rows gathered into expert order and back.
 
-Letters (the package docstring's): N tokens, P experts per token, A = N·P assignments
-(assignment a = n·P + p), E experts, R rows of the expert-ordered buffer (R = A for grouped
-GEMMs; more when each expert's group is padded to whole blocks of C rows), D model dim.
+Letters follow the package docstring: N tokens, P experts per token, A = N·P assignments with
+assignment a = n·P + p, E experts, D model dim, and R rows of the expert-ordered buffer. R = A
+for grouped GEMMs, and more when each expert's group is padded to whole blocks of C rows.
 
-One sort of the A expert ids lays the buffer out (`Routing`), both ways: the row of every
-assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer;
+One sort of the A expert ids lays the buffer out both ways in `Routing`: the row of every
+assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer.
 `combine` gathers each token's P expert outputs back and sums them, weighted, in float32.
-Autodiff would transpose each gather into a scatter-add over [rows, D] (on an H100 two such
-bf16 scatters took 44 of the MoE recipe's 287 ms step, docs/performance.md); but these
-gathers are permutations, and a permutation's transpose is its inverse, so custom VJPs make
-each backward the other gather: dispatch's backward gathers every token's P rows and sums
-them, combine's gathers the token rows back into the buffer (and dots them for the weights).
-The inverse permutation is a second sort (of the first one's order), and the group sizes a
-search of the sorted ids: no scatter anywhere, no float atomics.
+Autodiff would transpose each gather into a scatter-add over [rows, D], which is slow on GPU.
+These gathers are permutations, though, and a permutation's transpose is its inverse, so
+custom VJPs make each backward the other gather. Dispatch's backward gathers every token's P
+rows and sums them. Combine's gathers the token rows back into the buffer and dots them for the
+weights. The inverse permutation is a second sort, of the first one's order, and the group
+sizes a search of the sorted ids: no scatter anywhere, no float atomics.
 
-An expert id >= E (an expert another shard holds, `moe.experts_sharded`) belongs to no row:
-it sorts after every group, its assignment is dispatched nowhere and combines as 0.
+An expert id >= E belongs to no row. It marks an expert that another shard holds in
+`moe.experts_sharded`, sorts after every group, is dispatched nowhere and combines as 0.
 """
 
 from __future__ import annotations
@@ -31,15 +30,18 @@ from tst_jax.parallel import varying
 
 
 class Routing(NamedTuple):
-  """Where each assignment sits in the expert-ordered buffer of R rows (int32, no gradient)."""
-  row_A: jax.Array          # [A] the buffer row of assignment a; R (none) for an id >= E
-  assignment_R: jax.Array   # [R] the assignment held in row r; A (none) for an empty row
-  sizes_E: jax.Array        # [E] rows of each expert's group (padding excluded)
+  """Where each assignment sits in the expert-ordered buffer of R rows, int32 without gradient."""
+  row_A: jax.Array          # [A] the buffer row of assignment a, R for none when the id is >= E
+  assignment_R: jax.Array   # [R] the assignment held in row r, A for none in an empty row
+  sizes_E: jax.Array        # [E] rows of each expert's group, padding excluded
 
 
 def _sort(ids_NxP, n_experts: int):
-  """(order [A]: the assignments in expert order, inverse [A]: the position of each in it,
-  bounds [E + 1]: where each expert's group starts, the last one where the groups end)."""
+  """Sorts assignments by expert: returns the order [A], its inverse [A] and group bounds [E + 1].
+
+  The inverse gives each assignment's position in the order. The bounds say where each expert's
+  group starts, and the last one where the groups end.
+  """
   ids_A = ids_NxP.reshape(-1).astype(jnp.int32)
   iota_A = jax.lax.iota(jnp.int32, ids_A.shape[0])
   sorted_A, order_A = jax.lax.sort((ids_A, iota_A), num_keys=1, is_stable=True)
@@ -49,9 +51,9 @@ def _sort(ids_NxP, n_experts: int):
   return order_A, inverse_A, bounds
 
 
-@jax.named_scope("moe_dispatch")   # the step profile's category (tools/step_profile)
+@jax.named_scope("moe_dispatch")   # the step profile's category
 def sort_by_expert(ids_NxP, n_experts: int) -> Routing:
-  """The buffer of grouped GEMMs (R = A): the assignments sorted by expert, groups unpadded."""
+  """Lays out the buffer of grouped GEMMs, R = A: the assignments by expert, groups unpadded."""
   order_A, inverse_A, bounds = _sort(ids_NxP, n_experts)
   a = order_A.shape[0]
   mine_A = ids_NxP.reshape(-1) < n_experts
@@ -61,16 +63,20 @@ def sort_by_expert(ids_NxP, n_experts: int) -> Routing:
 
 
 def block_rows(assignments: int, n_experts: int) -> int:
-  """Rows per block of `blocked`: the largest power of two <= A / (4E), at most 512, so that
-  padding every expert's group to whole blocks adds at most ~25% to the A rows."""
+  """Returns rows per block of `blocked`: the largest power of two <= A / 4E, at most 512.
+
+  Padding every expert's group to whole blocks then adds at most about 25% to the A rows.
+  """
   return 1 << min(9, max(0, (assignments // (4 * n_experts)).bit_length() - 1))
 
 
 @jax.named_scope("moe_dispatch")
 def blocked(ids_NxP, n_experts: int, block: int) -> tuple[Routing, jax.Array]:
-  """(the buffer with each expert's group padded to whole blocks of `block` rows, the expert
-  of each block). sum_e ceil(size_e / C) <= (A + min(E, A)(C - 1)) / C blocks in all; blocks
-  past the last group hold no row (their expert is E - 1, their rows zeros)."""
+  """Lays out the buffer with each expert's group padded to whole blocks, and each block's expert.
+
+  There are sum_e ceil(size_e / C) <= (A + min(E, A)(C - 1)) / C blocks in all. Blocks past the
+  last group hold no row: their expert is E - 1 and their rows zeros.
+  """
   e, (n, k) = n_experts, ids_NxP.shape
   a = n * k
   order_A, inverse_A, bounds = _sort(ids_NxP, e)
@@ -94,12 +100,12 @@ def blocked(ids_NxP, n_experts: int, block: int) -> tuple[Routing, jax.Array]:
 
 
 def _rows(table, index):
-  """table[index] along axis 0, 0 where the index is out of range (the 'none' markers)."""
+  """Gathers table[index] along axis 0, with 0 where the index marks none by being out of range."""
   return jnp.take(table, index, axis=0, mode="fill", fill_value=0)
 
 
 def dispatch(x_NxD, routing: Routing, top_k: int):
-  """Token rows in expert order: [R, D], row r = x[token of its assignment] (0 if none)."""
+  """Gathers token rows in expert order into [R, D]: row r is its assignment's token, 0 if none."""
   with jax.named_scope("moe_dispatch"):
     x_NxD, row_A, assignment_R = varying.alike(x_NxD, routing.row_A, routing.assignment_R)
     return _dispatch(x_NxD, row_A, assignment_R, top_k)
@@ -116,7 +122,7 @@ def _dispatch_fwd(x_NxD, row_A, assignment_R, top_k):
 
 
 def _dispatch_bwd(top_k, residuals, dy_RxD):
-  """dx[n] = the sum of its P rows' cotangents: a gather, then a sum over P in float32."""
+  """Returns dx[n], the sum of its P rows' cotangents: a gather, then a float32 sum over P."""
   row_A, _ = residuals
   with jax.named_scope("moe_dispatch"):
     dy_NxPxD = _rows(dy_RxD, row_A).reshape(-1, top_k, dy_RxD.shape[1])
@@ -128,8 +134,7 @@ _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
 def combine(y_RxD, weights_NxP, routing: Routing):
-  """[N, D] in y's dtype: each token's P expert outputs gathered back from the buffer and
-  summed with its top-k weights, in float32."""
+  """Sums each token's P expert outputs with its top-k weights in float32: [N, D] in y's dtype."""
   with jax.named_scope("moe_combine"):
     return _combine(*varying.alike(y_RxD, weights_NxP, routing.row_A, routing.assignment_R))
 
@@ -149,8 +154,11 @@ def _combine_fwd(y_RxD, weights_NxP, row_A, assignment_R):
 
 
 def _combine_bwd(residuals, dout_NxD):
-  """dy[r] = weight · dout[token] of its assignment (a gather of the token rows back into
-  the buffer); dweight[n, p] = <dout[n], y[row of n·P + p]> (a gather and a dot over D)."""
+  """Returns dy and dweight, each by a gather.
+
+  dy[r] is the weight times dout of its assignment's token, which gathers the token rows back
+  into the buffer. dweight[n, p] = <dout[n], y[row of n·P + p]>, a gather and a dot over D.
+  """
   y_RxD, weights_NxP, row_A, assignment_R = residuals
   n, k = weights_NxP.shape
   with jax.named_scope("moe_combine"):

@@ -1,18 +1,18 @@
 """A fused-loss kernel under shard_map: rows split like 'batch', the head's V like 'vocab'.
 
-Why: XLA's SPMD partitioner cannot split a Pallas kernel (a custom call), so under a mesh it
-would all-gather the batch-sharded hidden and the vocab-sharded head onto every device; the
-XLA kernel's loop over vocab tiles of a vocab-sharded head partitions badly too. Here each
-device runs the kernel on its rows against its V/tp columns (shard_map's entry all-gathers
-the head's D, as FSDP does) and the shards combine exactly: lse is the logsumexp of the
-local lse over vocab shards, z the psum of the local target logits (a valid target lies in
-one shard; the others see it as ignored and give 0).
+XLA's SPMD partitioner cannot split a Pallas kernel, a custom call, so under a mesh it would
+all-gather the batch-sharded hidden and the vocab-sharded head onto every device. The XLA
+kernel's loop over vocab tiles of a vocab-sharded head partitions badly too. Here each device
+runs the kernel on its rows against its V/tp columns, shard_map's entry all-gathers the head's
+D as FSDP does, and the shards combine exactly. lse is the logsumexp of the local lse over vocab
+shards, and z the psum of the local target logits. A valid target lies in one shard, and the
+others see it as ignored and give 0.
 
-check_vma=False, since Pallas outputs and the XLA kernel's loop carries have no
-varying-axes type. Gradients stay exact by shard_map's transpose in that mode: a replicated
-output's cotangent is split over its replicas, psum transposes to psum, and an input's
-cotangent is summed over the axes its PartitionSpec omits (d_hidden over the vocab shards, d_head
-over the row shards); tests/kernels/test_linear_mce.py checks both against the naive loss.
+check_vma=False, since Pallas outputs and the XLA kernel's loop carries have no varying-axes
+type. Gradients stay exact by shard_map's transpose in that mode. A replicated output's
+cotangent is split over its replicas, psum transposes to psum, and an input's cotangent is
+summed over the axes its PartitionSpec omits: d_hidden over the vocab shards, d_head over the
+row shards. tests/kernels/test_linear_mce.py checks both against the naive loss.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ from tst_jax.parallel import logical
 
 def lse_and_target_logits(kernel, hidden_NxD, head_DxV, targets_NxS, *, ignore_index,
                           **kernel_kwargs):
-  """`kernel(hidden, head, targets, ...)` -> (lse [N], z [N, S]), split over the mesh of the
-  enclosing `axis_rules`; without one, or when no axis used is larger than 1, the plain call."""
+  """Runs `kernel(hidden, head, targets, ...)` -> lse [N], z [N, S] split over the mesh.
+
+  The mesh is the enclosing `axis_rules`'. Without one, or when no axis used is larger than 1,
+  this is the plain call.
+  """
   context = logical.current()
   call = lambda h, w, t, ignore: kernel(h, w, t, ignore_index=ignore, **kernel_kwargs)  # noqa: E731
   if context is None:
@@ -50,7 +53,7 @@ def lse_and_target_logits(kernel, hidden_NxD, head_DxV, targets_NxS, *, ignore_i
     offset = jax.lax.axis_index(vocab_axes) * v_local if vocab_axes else 0
     mine_NxS = (targets_NxS != ignore_index) & (targets_NxS >= offset) & (
         targets_NxS < offset + v_local)
-    # -1 marks the others (never a local column), so a shard's column can't equal ignore_index.
+    # -1 marks the others, never a local column, so a shard's column can't equal ignore_index.
     lse_N, z_NxS = call(hidden_NxD, head_DxV, jnp.where(mine_NxS, targets_NxS - offset, -1), -1)
     if not vocab_axes:
       return lse_N, z_NxS

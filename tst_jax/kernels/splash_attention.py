@@ -1,11 +1,11 @@
-"""Causal grouped-query attention through JAX's Pallas splash-attention kernels (TPU).
+"""Causal grouped-query attention through JAX's Pallas splash-attention kernels on TPU.
 
-Letters: B rows, L positions, H query heads, K kv heads, G head dim. The kernels take one
-example and one kv head at a time: queries [H/K, L, G] against keys and values [L, G]
-(`make_splash_mqa`), with a causal mask processed once into block tables; `causal_attention`
-maps them over B and K. They skip the fully masked blocks and never hold [L, L] scores, as
-MaxText's TPU default does. `interpret=True` runs the same kernels on CPU (Pallas' TPU
-interpreter): what the tests check against XLA attention.
+Letters: B rows, L positions, H query heads, K kv heads, G head dim. The kernels of
+`make_splash_mqa` take one example and one kv head at a time: queries [H/K, L, G] against keys
+and values [L, G], with a causal mask processed once into block tables. `causal_attention` maps
+them over B and K. They skip the fully masked blocks and never hold [L, L] scores, as MaxText's
+TPU default does. `interpret=True` runs the same kernels on CPU through Pallas' TPU
+interpreter, which is what the tests check against XLA attention.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
-BLOCKS = (512, 256, 128)   # rows of a q / kv tile: the largest that divides L is used
+BLOCKS = (512, 256, 128)   # rows of a q or kv tile: the largest that divides L is used
 
 
 def block_for(length: int) -> int | None:
-  """The splash tile for L positions, or None when L is no multiple of 128."""
+  """Returns the splash tile for L positions, or None when L is no multiple of 128."""
   return next((b for b in BLOCKS if length % b == 0), None)
 
 
 @functools.lru_cache(maxsize=16)
 def _kernel(length: int, group: int, interpret: bool):
-  """The causal MQA kernel for L positions and H/K query heads per kv head (mask tables are
-  built once per shape, in numpy)."""
+  """Builds the causal MQA kernel for L positions and H/K query heads, mask tables in numpy."""
   b = block_for(length)
   if b is None:
     raise ValueError(f"splash attention needs L a multiple of {BLOCKS[-1]}, got {length}")
@@ -40,8 +39,10 @@ def _kernel(length: int, group: int, interpret: bool):
 
 
 def causal_attention(q_BxLxHxG, k_BxLxKxG, v_BxLxKxG, *, interpret: bool = False):
-  """softmax(q kᵀ / sqrt(G), causal) v -> [B, L, H, G]; query head h reads kv head h // (H/K),
-  as jax.nn.dot_product_attention does."""
+  """Computes causal softmax(q kᵀ / sqrt(G)) v as [B, L, H, G].
+
+  Query head h reads kv head h // (H/K), as jax.nn.dot_product_attention does.
+  """
   b, length, h, g = q_BxLxHxG.shape
   k = k_BxLxKxG.shape[2]
   attend = _kernel(length, h // k, interpret)

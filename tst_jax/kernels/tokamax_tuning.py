@@ -1,12 +1,12 @@
 """tokamax's autotuning for the shapes a run's kernels see: once per shape, kept on disk.
 
-tokamax gives each kernel call the tile configuration its autotuning cache holds for that
-exact call (shapes, dtypes, dimension numbers, kernel): the tables it ships, measured at shapes
-of its own choosing, and any `tokamax.AutotuningResult` entered as a context. A call it has no
-entry for runs a small default tile: on the H100 (2026-11-25, docs/performance.md) every
-grouped GEMM of the MoE step missed the tables. `tuned(call, *args)` is that context for one
-call's shapes: `tokamax.autotune`'s result, read from `directory()` where an earlier process
-kept it, else measured now (minutes, once per shape and device kind) and kept there.
+tokamax gives each kernel call the tile configuration its autotuning cache holds for that exact
+call: shapes, dtypes, dimension numbers and kernel. The cache holds the tables it ships,
+measured at shapes of its own choosing, and any `tokamax.AutotuningResult` entered as a
+context. A call it has no entry for runs a small default tile, and every grouped GEMM of the
+MoE step missed the tables on an H100. `tuned(call, *args)` is that context for one call's
+shapes: `tokamax.autotune`'s result, read from `directory()` where an earlier process kept it,
+else measured now, which takes minutes once per shape and device kind, and kept there.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ _RESULTS: dict = {}              # key -> tokamax.AutotuningResult, in this proc
 
 
 def directory(environ=os.environ) -> str | None:
-  """Where results are kept: $TST_JAX_TOKAMAX_TUNING, else the user cache directory
-  ($XDG_CACHE_HOME or ~/.cache)/tst_jax/tokamax; None when that variable is 'off' (tokamax's
-  own tables and heuristics only)."""
+  """Returns where results are kept, or None when $TST_JAX_TOKAMAX_TUNING is 'off'.
+
+  That variable names the directory, else it is tst_jax/tokamax in the user cache directory,
+  $XDG_CACHE_HOME or ~/.cache. With 'off' only tokamax's own tables and heuristics apply.
+  """
   chosen = environ.get(ENV, "")
   if chosen == "off":
     return None
@@ -40,7 +42,7 @@ def directory(environ=os.environ) -> str | None:
 
 
 def describe(environ=os.environ) -> str:
-  """What the plan says about it."""
+  """Says what the plan prints about tuning."""
   where = directory(environ)
   if where is None:
     return f"tokamax autotuning off ({ENV}=off)"
@@ -48,17 +50,23 @@ def describe(environ=os.environ) -> str:
 
 
 def key(call, *args) -> str:
-  """What a result is valid for: device kind, tokamax's version, the call's own arguments
-  (dimension numbers, output dtype, kernel) and the operands' shapes and dtypes."""
-  import tokamax   # pylint: disable=g-import-not-at-top  (optional: the gpu extra)
+  """Returns what a result is valid for: device kind, tokamax's version, the call and operands.
+
+  The call counts with its own arguments, such as dimension numbers, output dtype and kernel,
+  and the operands with their shapes and dtypes.
+  """
+  import tokamax   # pylint: disable=g-import-not-at-top
   settings = sorted((k, repr(v)) for k, v in call.keywords.items())
   return json.dumps([jax.devices()[0].device_kind, tokamax.__version__, settings,
                      [(list(a.shape), str(a.dtype)) for a in args]])
 
 
 def tuned(call, *args):
-  """The autotuning context for `call(*args)` (a functools.partial of a tokamax op; args may
-  be tracers: only their shapes count). A no-op context when tuning is off."""
+  """Returns the autotuning context for `call(*args)`, a no-op context when tuning is off.
+
+  `call` is a functools.partial of a tokamax op. args may be tracers, since only their shapes
+  count.
+  """
   where = directory()
   if where is None:
     return contextlib.nullcontext()
@@ -74,7 +82,7 @@ def _path(where: str, k: str) -> str:
 
 
 def _load(where: str, k: str):
-  """The kept result for key `k`, or None (none kept, another key, or unreadable: tune again)."""
+  """Returns the kept result for key `k`, or None when there is none, another key or junk."""
   import tokamax   # pylint: disable=g-import-not-at-top
   try:
     with open(_path(where, k)) as f:

@@ -1,10 +1,10 @@
 """Blocks shared by every model family: embedding, RMSNorm, RoPE, GQA attention, SwiGLU, decoder.
 
-Letters (the package docstring's): B batch, L positions, S bag size, D model dim, H heads,
-K kv heads, G head dim, F ffw dim, V vocab, M cached positions. Parameters are float32
-(`param_dtype`), matmuls run in `dtype`; the linear layers' matmuls (attention q/k/v/o, the
-SwiGLU MLP) can run in FP8 instead (`matmul_precision`, `linear`). Every parameter carries
-logical axis names (`sharding_names`) for the mesh rules.
+Letters follow the package docstring: B batch, L positions, S bag size, D model dim, H heads,
+K kv heads, G head dim, F ffw dim, V vocab, M cached positions. Parameters are float32 and
+matmuls run in `dtype`. The linear layers' matmuls, attention q/k/v/o and the SwiGLU MLP, can
+run in FP8 instead through `matmul_precision`. Every parameter carries logical axis names for
+the mesh rules.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ from tst_jax.parallel.logical import constrain
 from tst_jax.superposition import superpose
 
 REMAT_POLICIES = ("none", "full", "save_dots", "save_experts")
-# What remat=save_experts keeps beyond save_dots (models/moe.py names them): each MoE layer's
-# routing (int32, 3 x A) and its grouped GEMMs' outputs (gate and up [A, F], the experts' [A, D]),
-# so that the backward reruns neither the sort nor the GEMMs (ragged_dot is no dot_general,
-# blocked's einsum has a batch dimension: save_dots keeps none of them). The dispatched rows
-# are gathered again instead: as much memory traffic as keeping them, and no memory.
+# What remat=save_experts keeps beyond save_dots: each MoE layer's int32 routing and its grouped
+# GEMMs' outputs, so that the backward reruns neither the sort nor the GEMMs. save_dots keeps
+# none of them, since ragged_dot is no dot_general and blocked's einsum has a batch dimension.
+# The dispatched rows are gathered again instead, as much memory traffic as keeping them and no
+# memory.
 EXPERT_SAVES = ("moe_routing", "moe_gate", "moe_up", "moe_out")
-MATMUL_PRECISIONS = ("default", "fp8")   # the linear layers' matmuls: in `dtype` | FP8 (qwix)
+MATMUL_PRECISIONS = ("default", "fp8")   # linear layers: `dtype` or FP8 via qwix
 
 
 def param(rngs: nnx.Rngs, shape, names, *, std=None, init=None, dtype=jnp.float32):
-  """A parameter with logical axis names; truncated-normal(std) or a constant init."""
+  """Creates a parameter with logical axis names, truncated-normal(std) or constant."""
   if init is not None:
     value = jnp.full(shape, init, dtype)
   else:
@@ -48,24 +48,25 @@ class AttentionConfig:
   n_kv_heads: int
   head_dim: int
   rope_theta: float = 500_000.0
-  rope_scaling: tuple | None = None  # Llama-3.1: (factor, low_freq, high_freq, original_len)
+  rope_scaling: tuple | None = None  # Llama-3.1: factor, low_freq, high_freq, original_len
   qk_norm: bool = False              # Qwen3: RMSNorm on every head's q and k
   norm_eps: float = 1e-5
   attention_impl: str = "xla"        # xla | cudnn | splash: the model config's, resolved
-  matmul_precision: str = "default"  # q/k/v/o projections: default (in dtype) | fp8
+  matmul_precision: str = "default"  # q/k/v/o projections: default in dtype, or fp8
 
 
 def linear(subscripts: str, x, w, precision: str = "default"):
-  """A linear layer's matmul `jnp.einsum(subscripts, x, w)` (x activations, w weights), in the
-  model's matmul precision: "default" is exactly that einsum, "fp8" is `kernels.fp8`'s."""
+  """Runs a linear layer's `jnp.einsum(subscripts, x, w)` as is, or through `kernels.fp8`."""
   if precision == "fp8":
     return fp8.einsum(subscripts, x, w)
   return jnp.einsum(subscripts, x, w)
 
 
 class KVCache(NamedTuple):
-  """Keys and values of the positions seen so far, [B, M, K, G] per layer (M the cache length);
-  a model's cache stacks them over layers, [n_layers, B, M, K, G], and is scanned with them."""
+  """Keys and values of the positions seen so far, [B, M, K, G] per layer.
+
+  A model's cache stacks them over layers, [n_layers, B, M, K, G], and is scanned with them.
+  """
   k: jax.Array
   v: jax.Array
 
@@ -84,7 +85,7 @@ class RMSNorm(nnx.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
-  """Inverse frequencies [G/2], with Llama-3.1 frequency scaling if given."""
+  """Returns inverse frequencies [G/2], with Llama-3.1 frequency scaling if given."""
   inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
   if scaling is None:
     return inv.astype(np.float32)
@@ -99,7 +100,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
 
 
 def apply_rope(x_BxLxHxG, positions_BxL, inv_freq):
-  """Rotary embedding in the Hugging Face (rotate-half) layout."""
+  """Applies the rotary embedding in Hugging Face's rotate-half layout."""
   angles = positions_BxL[..., None].astype(jnp.float32) * inv_freq[None, None, :]  # [B, L, G/2]
   cos = jnp.cos(angles)[:, :, None, :]
   sin = jnp.sin(angles)[:, :, None, :]
@@ -125,9 +126,11 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
 
   def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
-    """Causal attention over x; with a `cache`, x's keys and values are written into it at
-    `positions` (consecutive per row) and x attends to every cached position up to its own.
-    Returns (output, the updated cache), the cache None when none is given."""
+    """Attends causally over x and returns the output and the updated cache.
+
+    With a `cache`, x's keys and values are written into it at `positions`, consecutive per
+    row, and x attends to every cached position up to its own. Without one the cache is None.
+    """
     dt, mp = self.dtype, self.cfg.matmul_precision
     q = linear("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt), mp)
     k = linear("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt), mp)
@@ -139,9 +142,9 @@ class Attention(nnx.Module):
     k = apply_rope(k, positions_BxL, inv_freq)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
     if cache is None:
-      impl = self.cfg.attention_impl      # resolved with the model's config (never `auto`)
-      with jax.named_scope("attention"):   # the step profile's category (tools/step_profile)
-        if impl == "splash":               # Pallas TPU kernels: no [L, L] scores
+      impl = self.cfg.attention_impl      # resolved with the model's config, never `auto`
+      with jax.named_scope("attention"):   # the step profile's category
+        if impl == "splash":               # Pallas TPU kernels keep no [L, L] scores
           out_BxLxHxG = splash_attention.causal_attention(q, k, v)
         else:
           out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True,
@@ -187,19 +190,19 @@ class Block(nnx.Module):
     self.ffw = make_ffw(rngs)
 
   def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
-    """(output, aux, the updated KV cache: None when none is given)."""
+    """Returns the output, aux and the updated KV cache, None when none is given."""
     attn, cache = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache)
     x_BxLxD = x_BxLxD + attn
     out = self.ffw(self.post_attn_norm(x_BxLxD))
     aux = {}
-    if isinstance(out, tuple):   # MoE layers also return auxiliary losses/statistics
+    if isinstance(out, tuple):   # MoE layers also return auxiliary losses and statistics
       out, aux = out
     out = constrain(x_BxLxD + out, ("batch", "length", "embed"))
     return out, aux, cache
 
 
 def stacked(n: int, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs):
-  """`n` blocks with parameters stacked on a leading 'layers' axis (scanned in `run_stack`)."""
+  """Builds `n` blocks with parameters stacked on a leading 'layers' axis for `run_stack`."""
   @nnx.split_rngs(splits=n)
   @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
   def make(r):
@@ -223,10 +226,10 @@ def _remat(fn, policy: str):
 
 def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
               cache: KVCache | None = None):
-  """Apply stacked blocks with lax.scan: compile time stays flat in depth.
+  """Applies stacked blocks with lax.scan, so compile time stays flat in depth.
 
-  Returns (output, the per-layer auxiliary outputs stacked on axis 0, the updated stacked KV
-  cache: scanned with the layers' parameters, None when none is given).
+  Returns the output, the per-layer auxiliary outputs stacked on axis 0, and the updated stacked
+  KV cache, scanned with the layers' parameters and None when none is given.
   """
   graphdef, state = nnx.split(blocks)
 
@@ -246,12 +249,12 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
 
 
 class Embedding(nnx.Module):
-  """Token embedding table [V, D]; bags [B, L, S] are superposed (mean, summed in float32)."""
+  """Token embedding table [V, D]. Bags [B, L, S] are superposed as a mean summed in float32."""
 
   def __init__(self, vocab_size: int, dim: int, rngs: nnx.Rngs, std: float = 0.02):
     self.table = param(rngs, (vocab_size, dim), ("vocab", "embed"), std=std)
 
-  @jax.named_scope("embed")   # the step profile's category (tools/step_profile)
+  @jax.named_scope("embed")   # the step profile's category
   def __call__(self, tokens):
     table = self.table[...]
     if tokens.ndim == 3:

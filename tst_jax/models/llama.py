@@ -1,7 +1,7 @@
-"""Llama-3 decoder in Flax NNX, with the paper's model presets (270M, 600M, 3B) and tiny shapes.
+"""Llama-3 decoder in Flax NNX, with the paper's 270M, 600M and 3B presets and tiny shapes.
 
-Calling the model on tokens [B, L] gives logits [B, L, V]; on bags [B, L, S] it superposes
-them at the embedding and runs the same network over the L positions.
+Calling the model on tokens [B, L] gives logits [B, L, V]. On bags [B, L, S] it superposes them
+at the embedding and runs the same network over the L positions.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _ROPE_SCALING = schema.Rule(lambda v: v is None or _positive_numbers(v),
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-  """config.model of the llama family (a preset gives the sizes: `PRESETS`)."""
+  """config.model of the llama family. A preset in `PRESETS` gives the sizes."""
   vocab_size: int = schema.field(MISSING, schema.integer(1), "V: tokens of the vocabulary")
   dim: int = schema.field(MISSING, schema.integer(1), "D: model width")
   n_layers: int = schema.field(MISSING, schema.integer(1), "decoder blocks")
@@ -86,7 +86,8 @@ class LlamaConfig:
 
 
 LLAMA3_VOCAB = 128_256
-# The paper's section 4: SmolLM2/SmolLM3 shapes in the Llama-3 code, Llama-3 vocabulary, untied.
+# The paper's section 4: SmolLM2 and SmolLM3 shapes in the Llama-3 code, Llama-3 vocabulary,
+# untied.
 PRESETS = {
     "tiny": dict(vocab_size=4096, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffw_dim=384,
                  rope_theta=10_000.0),
@@ -100,11 +101,11 @@ PRESETS = {
 
 
 class Llama(nnx.Module):
-  """Llama-3: embedding (superposed for bags) -> scanned decoder blocks -> norm -> head."""
+  """Llama-3: the embedding, superposed for bags, scanned decoder blocks, a norm and the head."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
     if "auto" in (cfg.attention_impl, getattr(cfg, "expert_impl", None)):
-      cfg = platform.resolved_model(cfg)   # a model built outside a run: resolved here once
+      cfg = platform.resolved_model(cfg)   # a model built outside a run is resolved here once
     self.cfg = cfg
     self.dtype = DTYPES[cfg.dtype]
     self.embed = layers.Embedding(cfg.vocab_size, cfg.dim, rngs, std=cfg.init_std)
@@ -115,11 +116,11 @@ class Llama(nnx.Module):
                                   std=cfg.init_std)
 
   def make_layers(self, rngs: nnx.Rngs):
-    """The decoder stack (a subclass hook: the MoE builds stages of dense/sparse layers)."""
+    """Builds the decoder stack, a hook the MoE overrides to build dense and sparse stages."""
     self.blocks = layers.stacked(self.cfg.n_layers, self.make_block, rngs)
 
   def run_layers(self, h_BxLxD, positions_BxL, cache=None):
-    """(h, aux, the updated KV cache: None without one): the scanned stack of `make_layers`."""
+    """Runs the scanned stack of `make_layers`: returns h, aux and the updated KV cache or None."""
     return layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat, cache=cache)
 
   def make_block(self, rngs: nnx.Rngs) -> layers.Block:
@@ -131,7 +132,7 @@ class Llama(nnx.Module):
         dtype=self.dtype, rngs=rngs)
 
   def forward(self, tokens):
-    """tokens [B, L] or bags [B, L, S] -> (final hidden states [B, L, D], per-layer aux)."""
+    """Maps tokens [B, L] or bags [B, L, S] to final hidden states [B, L, D] and per-layer aux."""
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
@@ -139,12 +140,12 @@ class Llama(nnx.Module):
     return self.final_norm(h_BxLxD), aux
 
   def aux_loss(self, aux):
-    """Auxiliary training loss and metrics from `forward`'s per-layer aux (none for dense)."""
+    """Returns the auxiliary training loss and metrics from `forward`'s aux, none for dense."""
     del aux
     return jnp.zeros((), jnp.float32), {}
 
   def head_kernel(self):
-    """The LM head as a [D, V] kernel (the embedding's transpose when tied)."""
+    """Returns the LM head as a [D, V] kernel, the embedding's transpose when tied."""
     if self.cfg.tie_embeddings:
       return self.embed.table[...].T
     return self.lm_head[...]
@@ -159,7 +160,7 @@ class Llama(nnx.Module):
     return h_BxLxD if return_hidden else self.logits(h_BxLxD)
 
   def init_cache(self, batch: int, max_len: int) -> layers.KVCache:
-    """An empty KV cache for `decode`: keys and values [n_layers, B, max_len, K, G]."""
+    """Returns an empty KV cache for `decode`: keys and values [n_layers, B, max_len, K, G]."""
     return self.empty_cache((self.cfg.n_layers,), batch, max_len)
 
   def empty_cache(self, layer_dims: tuple, batch: int, max_len: int) -> layers.KVCache:
@@ -167,24 +168,28 @@ class Llama(nnx.Module):
     return layers.KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
 
   def decode(self, tokens_BxL, positions_BxL, cache: layers.KVCache):
-    """Tokens at `positions_BxL` (consecutive per row) attending to the cache and themselves
-    -> (logits [B, L, V], cache): a prompt at positions 0.. fills it, then one token a step."""
+    """Runs tokens at `positions_BxL` against the cache and themselves, returning logits and cache.
+
+    Positions are consecutive per row. A prompt at positions 0.. fills the cache, then one
+    token a step follows.
+    """
     h_BxLxD = self.embed(tokens_BxL).astype(self.dtype)
     h_BxLxD, _, cache = self.run_layers(h_BxLxD, positions_BxL, cache)
     return self.logits(self.final_norm(h_BxLxD)), cache
 
 
 def param_count(model_cls, cfg) -> int:
-  """Exact number of parameters, from shapes only (nothing is allocated, and JAX's backend is
-  not started: the kernels make no parameters, so `auto` is not resolved for them)."""
+  """Counts parameters exactly from shapes, allocating nothing and starting no backend."""
   portable = platform.portable(cfg)
   abstract = nnx.eval_shape(lambda: model_cls(portable, rngs=nnx.Rngs(0)))
   return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
 def matmul_params(cfg: LlamaConfig) -> int:
-  """Parameters that cost 2 FLOPs per token in the forward pass (everything but the
-  embedding lookup and the norms): the 'N' of the 6N rule."""
+  """Counts the parameters that cost 2 FLOPs per token in the forward pass: the N of 6N.
+
+  That is everything but the embedding lookup and the norms.
+  """
   d, g = cfg.dim, cfg.head_dim
   attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
   mlp = 3 * d * cfg.ffw_dim
@@ -192,8 +197,10 @@ def matmul_params(cfg: LlamaConfig) -> int:
 
 
 def flops_per_token(cfg: LlamaConfig, seq_len: int, active_matmul_params: int | None = None):
-  """Training FLOPs per model position: 6N + 12 * layers * heads * head_dim * seq_len
-  (the PaLM/Chinchilla formula: forward + backward, attention scores counted in full)."""
+  """Returns training FLOPs per model position: 6N + 12 * layers * heads * head_dim * seq_len.
+
+  This is the PaLM and Chinchilla formula: forward and backward, attention scores in full.
+  """
   n = matmul_params(cfg) if active_matmul_params is None else active_matmul_params
   return 6.0 * n + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
 
@@ -202,6 +209,6 @@ CONFIG_CLS, MODEL_CLS = LlamaConfig, Llama
 
 
 def param_counts(cfg: LlamaConfig) -> tuple[int, int]:
-  """(total, active) parameters; equal for a dense model."""
+  """Returns total and active parameters, equal for a dense model."""
   total = param_count(Llama, cfg)
   return total, total

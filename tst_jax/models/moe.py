@@ -1,17 +1,17 @@
-"""Qwen3-style Mixture-of-Experts decoder (the paper's 10B-A1B) on the shared Llama blocks.
+"""Qwen3-style Mixture-of-Experts decoder, the paper's 10B-A1B, on the shared Llama blocks.
 
-Letters (the package docstring's): N tokens (B·L flattened), E experts, P experts per token
-(top-k), A = N·P assignments, R assignment rows padded to whole blocks of C, D model dim,
-F expert ffw dim, I/O a matmul's input/output dim. Attention, norms, RoPE and the decoder
-block come from `layers`; only the feed-forward differs: a float32 softmax router picks P of E
-SwiGLU experts per token, and the experts run dropless as one grouped matmul
-(`jax.lax.ragged_dot`) over the assignments sorted by expert. No shared expert, QK-norm
-attention, untied head (as Qwen3-30B-A3B).
+Letters follow the package docstring: N tokens with B·L flattened, E experts, P experts per
+token, A = N·P assignments, R assignment rows padded to whole blocks of C, D model dim, F expert
+ffw dim, I and O a matmul's input and output dims. Attention, norms, RoPE and the decoder block
+come from `layers`. Only the feed-forward differs: a float32 softmax router picks P of E SwiGLU
+experts per token, and the experts run dropless as one grouped matmul over the assignments
+sorted by expert. As in Qwen3-30B-A3B there is no shared expert, attention has QK-norm and the
+head is untied.
 
-Dense and sparse layers follow Hugging Face's rule (`mlp_only_layers`, `decoder_sparse_step`).
-The stack stays scanned whatever the pattern: it is split into a few *stages*, each a unit of
-consecutive layers (e.g. [dense], [sparse] or [dense, sparse]) repeated `r` times and scanned
-over `r` (`stage_units`). First-k-dense gives 2 stages, every-n-th-sparse gives 1.
+Dense and sparse layers follow Hugging Face's `mlp_only_layers` and `decoder_sparse_step`.
+The stack stays scanned whatever the pattern. `stage_units` splits it into a few stages, each a
+unit of consecutive layers such as [dense], [sparse] or [dense, sparse], repeated `r` times and
+scanned over `r`. First-k-dense gives 2 stages, every-n-th-sparse gives 1.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ _LAYERS = schema.Rule(lambda v: isinstance(v, (tuple, list)) and all(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoEConfig(llama.LlamaConfig):
-  """config.model of the qwen3_moe family: LlamaConfig plus the experts; `ffw_dim` is the
-  width of the dense (mlp_only) layers."""
+  """config.model of the qwen3_moe family: LlamaConfig plus experts, `ffw_dim` for dense layers."""
   n_experts: int = schema.field(llama.MISSING, schema.integer(1), "E: experts per MoE layer")
   n_experts_per_token: int = schema.field(llama.MISSING, schema.integer(1), "P: the top-k "
                                           "(<= n_experts)")
@@ -68,18 +67,18 @@ class MoEConfig(llama.LlamaConfig):
                         f"[0, {self.n_layers})")
 
   def sparse_layers(self) -> tuple[bool, ...]:
-    """Which layers are MoE: Hugging Face Qwen3-MoE's rule, layer by layer."""
+    """Returns which layers are MoE, by Hugging Face Qwen3-MoE's rule."""
     return tuple(i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
                  for i in range(self.n_layers))
 
 
-# Qwen3 conventions: rope_theta 1e6, RMSNorm eps 1e-6, head_dim 128 (at scale), QK-norm.
+# Qwen3 conventions: rope_theta 1e6, RMSNorm eps 1e-6, head_dim 128 at scale, QK-norm.
 PRESETS = {
     "tiny_moe": dict(vocab_size=4096, dim=128, n_layers=4, n_heads=4, n_kv_heads=2,
                      ffw_dim=384, n_experts=8, n_experts_per_token=2, moe_ffw_dim=128,
                      rope_theta=10_000.0, norm_eps=1e-6),
-    # 10B total / 1B active: Qwen3-30B-A3B halved in width (D 1024, 16 heads of 128, 4 KV heads)
-    # with its expert layout (128 experts, top-8, expert width 768) in all 32 layers.
+    # 10B total and 1B active: Qwen3-30B-A3B at half width, D 1024 with 16 heads of 128 and 4 KV
+    # heads, keeping its 128 experts, top-8 and expert width 768 in all 32 layers.
     "10b_a1b": dict(vocab_size=llama.LLAMA3_VOCAB, dim=1024, n_layers=32, n_heads=16,
                     n_kv_heads=4, head_dim=128, ffw_dim=6144, n_experts=128,
                     n_experts_per_token=8, moe_ffw_dim=768, rope_theta=1_000_000.0,
@@ -88,13 +87,14 @@ PRESETS = {
 
 
 def stage_units(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int], ...]:
-  """Layer pattern -> ((unit, repeats), ...): greedily the unit that repeats over most layers.
+  """Splits a layer pattern into (unit, repeats) pairs, greedily the unit covering most layers.
 
-  d dense, s sparse: [d, s, s, s] -> (((d,), 1), ((s,), 3));  [d, s, d, s] -> (((d, s), 2),).
+  With d dense and s sparse, [d, s, s, s] gives ((d,), 1), ((s,), 3), and [d, s, d, s] gives
+  ((d, s), 2).
   """
   units, i, n = [], 0, len(sparse)
   while i < n:
-    best = (1, 1)                                    # (unit length, repeats)
+    best = (1, 1)                                    # unit length, repeats
     for u in range(1, (n - i) // 2 + 1):
       r = 1
       while sparse[i + r * u: i + (r + 1) * u] == sparse[i: i + u]:
@@ -108,7 +108,7 @@ def stage_units(sparse: tuple[bool, ...]) -> tuple[tuple[tuple[bool, ...], int],
 
 
 def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
-  """float32 softmax router -> (logits [N, E], probs [N, E], top-k weights [N, P], ids [N, P])."""
+  """Routes in float32: returns logits and probs [N, E], top-k weights and ids [N, P]."""
   logits_NxE = jnp.dot(x_NxD.astype(jnp.float32), router_DxE)
   probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
   weights_NxP, ids_NxP = jax.lax.top_k(probs_NxE, k)
@@ -117,13 +117,12 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
   return logits_NxE, probs_NxE, weights_NxP, ids_NxP
 
 
-# The names remat=save_experts saves (layers.EXPERT_SAVES): the routing and the grouped
-# matmuls' outputs.
+# The names that remat=save_experts saves: the routing and the grouped matmuls' outputs.
 _ROUTING, _GATE, _UP, _OUT = layers.EXPERT_SAVES
 
 
 def _swiglu(matmul, x, gate, up, down):
-  """The experts' SwiGLU on rows in expert order, its three grouped matmuls' outputs named."""
+  """Applies the experts' SwiGLU to rows in expert order, naming the three matmuls' outputs."""
   h = jax.nn.silu(checkpoint_name(matmul(x, gate), _GATE)) * checkpoint_name(
       matmul(x, up), _UP)
   return checkpoint_name(matmul(h, down), _OUT)
@@ -134,8 +133,10 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Sort the N·P assignments by expert (`moe_dispatch`: one sort, gathers both ways), three
-  grouped matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then combine."""
+  """Sorts the N·P assignments by expert, runs three grouped matmuls, then combines.
+
+  `matmul` takes rows [A, I], weights [E, I, O] and group sizes [E].
+  """
   routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0]))
   x_AxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
   y_AxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_AxD, gate_ExDxF, up_ExDxF,
@@ -144,14 +145,14 @@ def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, d
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Dropless experts: sort the N·P assignments by expert, three grouped matmuls, unsort.
+  """Runs dropless experts on jax.lax.ragged_dot: sort by expert, three grouped matmuls, unsort.
 
-  Each ragged_dot multiplies row block e (group_sizes[e] rows) by expert e's weights only: a
-  grouped-GEMM backend does N·P rows of work whatever E is. TPU lowers ragged_dot natively; on
-  GPU set `jax_ragged_dot_use_gpu_pallas_triton_lowering` (or XLA's cuDNN ragged-dot fusion),
-  otherwise XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does
-  (there, `experts_blocked` is the one whose cost follows the active parameters). Its
-  gradients are JAX's own transposes of ragged_dot; `experts_gmm` writes them as grouped GEMMs.
+  Each ragged_dot multiplies row block e by expert e's weights only, so a grouped-GEMM backend
+  does N·P rows of work whatever E is. TPU lowers ragged_dot natively. On GPU it needs
+  `jax_ragged_dot_use_gpu_pallas_triton_lowering` or XLA's cuDNN ragged-dot fusion, otherwise
+  XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does. There
+  `experts_blocked` is the one whose cost follows the active parameters. The gradients are
+  JAX's own transposes of ragged_dot, where `experts_gmm` writes them as grouped GEMMs.
   """
   return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
                          up_ExDxF, down_ExFxD)
@@ -159,10 +160,13 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                 backend: str | None = None, kernels: grouped_matmul.Kernels | None = None):
-  """Dropless experts on `kernels.grouped_matmul`: the forward and both gradients (dX per
-  group, dW as one per-expert xᵀ·dy reduction) are grouped GEMMs, with no [A, E] array and no
-  padding of the groups. `backend` and `kernels` (default: `platform.grouped_matmul_backend`):
-  tokamax's Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
+  """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
+
+  The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
+  with no [A, E] array and no padding of the groups. `backend` and `kernels` default to
+  `platform.grouped_matmul_backend`: tokamax's kernels where installed on a GPU, else XLA's
+  ragged_dot.
+  """
   if backend is None:
     backend, kernels, _ = platform.grouped_matmul_backend()
   kernels = kernels or grouped_matmul.Kernels()
@@ -172,14 +176,13 @@ def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):
-  """Dropless experts as a batched matmul over fixed-size row blocks, one expert per block.
+  """Runs dropless experts as a batched matmul over fixed-size row blocks, one expert each.
 
-  The assignments, sorted by expert, are gathered into a buffer where each expert's group is
-  padded to a whole number of `block` rows (`moe_dispatch.blocked`); block b is multiplied
-  by the weights of its expert (a gather of [blocks, D, F]). Work is (N·P + E·block) rows, so
-  the compiled FLOPs follow the active parameters on every backend, XLA:CPU included; the
-  price is the gathered weights, blocks x D x F per matrix, which is why TPU and GPU use
-  grouped GEMMs.
+  `moe_dispatch.blocked` gathers the assignments, sorted by expert, into a buffer where each
+  expert's group is padded to whole blocks. Block b is multiplied by the weights of its expert,
+  a gather of [blocks, D, F]. Work is N·P + E·block rows, so the compiled FLOPs follow the
+  active parameters on every backend, XLA:CPU included. The price is the gathered weights,
+  blocks x D x F per matrix, which is why TPU and GPU use grouped GEMMs.
   """
   (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
   block = moe_dispatch.block_rows(n * k, e) if block is None else block
@@ -187,8 +190,8 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   routing, block_expert = _routed(routing), checkpoint_name(block_expert, _ROUTING)
   x_RxD = moe_dispatch.dispatch(x_NxD, routing, k)
 
-  def matmul(a, w):                                    # a [R, in], w [E, in, out] -> [R, out]
-    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, in]
+  def matmul(a, w):                                    # a [R, I], w [E, I, O] -> [R, O]
+    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, I]
     return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
         a.shape[0], -1)
 
@@ -197,7 +200,7 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
 
 
 def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Reference: every expert on every token, combined with the top-k weights (0 elsewhere)."""
+  """Runs every expert on every token and combines them with the top-k weights, as a reference."""
   e = gate_ExDxF.shape[0]
   gate_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, gate_ExDxF)
   up_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, up_ExDxF)
@@ -212,21 +215,21 @@ EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_bloc
 
 
 def expert_fn(impl: str):
-  """The expert implementation `impl` (resolved with the model's config: never `auto`)."""
+  """Returns the expert implementation `impl`, which the model's config has resolved from auto."""
   return EXPERTS[impl]
 
 
 def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """`experts(...)` with expert parallelism written out: shard_map over the mesh.
+  """Runs `experts` with expert parallelism written out as a shard_map over the mesh.
 
-  Under `axis_rules` with the E axis of the expert weights split over mesh axes (rule
-  'expert'), each device holds E/ep experts and its own token rows. Inside one expert group
-  the tokens are all-gathered (with their top-k ids and weights), every device runs only its
-  experts on the assignments routed to them, and a reduce-scatter sums each token's P
-  outputs back onto the device that owns the token. This is dropless and needs no capacity;
-  its traffic, ~(ep-1)/ep of the group's tokens each way, is at most an all-to-all's
-  P(ep-1)/ep when ep <= P. Expert weights split over 'tensor' (rule 'mlp') add a psum.
-  Without a mesh, or when nothing is split, it is `experts(...)` itself.
+  Under `axis_rules` whose 'expert' rule splits the expert weights' E axis, each device holds
+  E/ep experts and its own token rows. Inside one expert group the tokens, top-k ids and
+  weights are all-gathered, every device runs only its experts on the assignments routed to
+  them, and a reduce-scatter sums each token's P outputs back onto the device that owns the
+  token. This is dropless and needs no capacity. Its traffic, about (ep-1)/ep of the group's
+  tokens each way, is at most an all-to-all's P·(ep-1)/ep when ep <= P. Expert weights split
+  over 'tensor' by the 'mlp' rule add a psum. Without a mesh, or when nothing is split, this is
+  `experts` itself.
   """
   context = logical.current()
   args = (x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
@@ -237,7 +240,7 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
   weight_pspec = logical.logical_to_pspec(("expert", None, "mlp"), rules)
   split = lambda entry: tuple(a for a in logical.mesh_axes(entry) if mesh.shape[a] > 1)
   ep_axes, tp_axes = split(weight_pspec[0]), split(weight_pspec[2])
-  in_pspec = P(ep_axes or None, None, tp_axes or None)          # D gathered (FSDP)
+  in_pspec = P(ep_axes or None, None, tp_axes or None)          # FSDP's D gathered
   out_pspec = P(ep_axes or None, tp_axes or None, None)
   if not ep_axes and not tp_axes:
     return experts(*args)
@@ -252,9 +255,8 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
     if gathered:
       x_NxD, ids_NxP, weights_NxP = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
                                      for a in (x_NxD, ids_NxP, weights_NxP))
-    if replicated:   # same tokens on every expert shard: say so, so that AD sums their
-                     # gradients over the shards (without it, on jax 0.10.2, the ragged and
-                     # blocked paths' input gradient came out unsummed: tests/parallel/test_mesh)
+    if replicated:   # same tokens on every expert shard: marking them varying makes AD sum
+                     # their gradients over the shards
       x_NxD, weights_NxP = (jax.lax.pcast(a, replicated, to="varying")
                             for a in (x_NxD, weights_NxP))
     e_local = gate_ExDxF.shape[0]
@@ -273,7 +275,7 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
 
 
 class SparseMoE(nnx.Module):
-  """Router + E SwiGLU experts; returns (output [B, L, D], aux dict of per-layer statistics)."""
+  """Routes each token to P of E SwiGLU experts, returning the output and per-layer statistics."""
 
   def __init__(self, cfg: MoEConfig, *, dtype, rngs: nnx.Rngs):
     d, e, f, std = cfg.dim, cfg.n_experts, cfg.moe_ffw_dim, cfg.init_std
@@ -293,8 +295,8 @@ class SparseMoE(nnx.Module):
     out_NxD = experts_sharded(expert_fn(cfg.expert_impl), x_NxD, ids_NxP, weights_NxP,
                               self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
                               self.down_proj[...].astype(dt))
-    # Switch / HF Qwen3-MoE load balancing: frac_E counts top-k assignments per token (sums
-    # to P), prob_E is the mean router probability; balanced routing gives lb_loss = P.
+    # Switch and HF Qwen3-MoE load balancing. frac_E counts top-k assignments per token and sums
+    # to P, prob_E is the mean router probability, and balanced routing gives lb_loss = P.
     n = b * length
     frac_E = jnp.bincount(ids_NxP.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
     prob_E = jnp.mean(probs_NxE, axis=0)
@@ -321,7 +323,7 @@ class Period(nnx.Module):
         for sparse in unit])
 
   def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None):
-    """(output, aux of the unit's sparse blocks, the updated caches: None without a cache)."""
+    """Returns the output, the aux of the unit's sparse blocks and the updated caches or None."""
     auxes, caches = [], []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else layers.KVCache(cache.k[i], cache.v[i])
@@ -329,17 +331,17 @@ class Period(nnx.Module):
       caches.append(layer_cache)
       if aux:
         auxes.append(aux)
-    aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes) if auxes else {}  # [sparse in unit]
+    aux = jax.tree.map(lambda *a: jnp.stack(a), *auxes) if auxes else {}  # over sparse blocks
     if cache is None:
       return x_BxLxD, aux, None
     return x_BxLxD, aux, jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
 
 class Qwen3MoE(llama.Llama):
-  """Qwen3-MoE: embedding (superposed for bags) -> scanned stages of blocks -> norm -> head.
+  """Qwen3-MoE: the embedding, scanned stages of blocks, a norm and the head.
 
-  Shares Llama's embedding, head, `logits` and `__call__`; `forward` returns the per-layer
-  MoE statistics of every sparse layer, in layer order, stacked on axis 0.
+  Shares Llama's embedding, head, `logits` and `__call__`. `forward` returns the MoE statistics
+  of every sparse layer, in layer order, stacked on axis 0.
   """
 
   def make_layers(self, rngs: nnx.Rngs):
@@ -350,14 +352,16 @@ class Qwen3MoE(llama.Llama):
         for unit, repeats in self.units])
 
   def run_layers(self, h_BxLxD, positions_BxL, cache=None):
-    """(h, aux of every sparse layer stacked in layer order, the updated caches: one per stage,
-    [repeats, unit, B, M, K, G], None without a cache)."""
+    """Returns h, the aux of every sparse layer in layer order, and the updated caches.
+
+    There is one cache per stage, [repeats, unit, B, M, K, G], or None without a cache.
+    """
     auxes, caches = [], []
     for i, stage in enumerate(self.stages):
       h_BxLxD, aux, stage_cache = layers.run_stack(
           stage, h_BxLxD, positions_BxL, self.cfg.remat, cache=None if cache is None else cache[i])
       caches.append(stage_cache)
-      if aux:   # [repeats, sparse in unit, ...] -> [layers, ...]
+      if aux:   # repeats x sparse blocks -> layers
         auxes.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), aux))
     aux = jax.tree.map(lambda *a: jnp.concatenate(a), *auxes) if auxes else {}
     return h_BxLxD, aux, None if cache is None else caches
@@ -367,10 +371,10 @@ class Qwen3MoE(llama.Llama):
             for unit, repeats in self.units]
 
   def aux_loss(self, aux):
-    """aux_loss_coef · mean-over-layers load balancing + z_coef · mean z-loss, and metrics.
+    """Returns the weighted load-balancing and z-losses, averaged over layers, and metrics.
 
-    `moe/expert_load` [E] is each expert's share of the top-k assignments (sums to 1),
-    averaged over layers; `moe/max_load` is E · its maximum (1 when balanced).
+    `moe/expert_load` [E] is each expert's share of the top-k assignments averaged over layers.
+    `moe/max_load` is E times its maximum, 1 when balanced.
     """
     if not aux:
       return jnp.zeros((), jnp.float32), {}
@@ -383,18 +387,22 @@ class Qwen3MoE(llama.Llama):
 
 
 def param_counts(cfg: MoEConfig) -> tuple[int, int]:
-  """(total, active) parameters, from shapes only. Active = every parameter except the
-  E - P unused experts of each sparse layer: embeddings, head, attention, norms, routers and
-  dense layers count in full, plus P experts per sparse layer."""
+  """Counts total and active parameters from shapes only.
+
+  Active parameters leave out the E - P unused experts of each sparse layer. Embeddings, head,
+  attention, norms, routers and dense layers count in full.
+  """
   total = llama.param_count(Qwen3MoE, cfg)
   unused = sum(cfg.sparse_layers()) * (cfg.n_experts - cfg.n_experts_per_token)
   return total, total - unused * 3 * cfg.dim * cfg.moe_ffw_dim
 
 
 def matmul_params_active(cfg: MoEConfig) -> int:
-  """The 'N' of the 6N rule for MoE: matmul parameters a token goes through (attention,
-  dense MLPs, routers, P experts per sparse layer, head; not the embedding lookup or norms).
-  Pass it to `llama.flops_per_token(cfg, seq_len, active_matmul_params=...)`."""
+  """Counts the matmul parameters a token goes through, the N of the 6N rule for MoE.
+
+  These are attention, dense MLPs, routers, P experts per sparse layer and the head, without the
+  embedding lookup or norms. Pass it to `llama.flops_per_token` as `active_matmul_params`.
+  """
   d, g = cfg.dim, cfg.head_dim
   n_sparse = sum(cfg.sparse_layers())
   attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
@@ -405,7 +413,7 @@ def matmul_params_active(cfg: MoEConfig) -> int:
 
 
 def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
-  """Training FLOPs per position: llama's 6N + attention formula with N the active params."""
+  """Returns training FLOPs per position: llama's 6N plus attention, N the active parameters."""
   return llama.flops_per_token(cfg, seq_len, active_matmul_params=matmul_params_active(cfg))
 
 

@@ -1,4 +1,4 @@
-"""Multi-process runs (one per host, see docs/distributed.md): jax.distributed, barriers."""
+"""Multi-process runs, one per host: jax.distributed, barriers, a watchdog."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ _DEVICE_IDS = schema.Rule(
 
 @dataclasses.dataclass(frozen=True)
 class Distributed:
-  """config.distributed: multi-process runs (docs/distributed.md)."""
+  """config.distributed: multi-process runs."""
   mode: str = schema.field("auto", schema.one_of(MODES), "auto: on if a coordinator or "
                            "cluster is found | on | off")
   coordinator_address: str = schema.field("", schema.STRING, "host:port of process 0 (\"\": "
@@ -45,8 +45,7 @@ class Distributed:
 
 
 def _settings(dist) -> dict:
-  """Config fields, falling back to JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-  JAX_PROCESS_ID; None where neither sets them (left to cluster auto-detection)."""
+  """Returns config fields, else JAX_* variables, else None for cluster auto-detection."""
   env = os.environ
   address = dist.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
   count = dist.num_processes or int(env.get("JAX_NUM_PROCESSES", 0)) or None
@@ -58,12 +57,13 @@ def _settings(dist) -> dict:
 
 
 def initialize(dist: Distributed) -> bool:
-  """Start jax.distributed for a multi-process run (config dist `distributed`, checked).
+  """Starts jax.distributed for a multi-process run, from the checked `distributed` section.
 
-  Must run before anything touches a JAX device. mode 'off': never. 'on': always (the
-  missing fields auto-detected on Cloud TPU, GKE, Slurm, Open MPI). 'auto': when the config
-  or environment names a coordinator or more than one process, else try cluster
-  auto-detection and stay single-process if there is no cluster. Returns True if started.
+  Must run before anything touches a JAX device. mode 'off' never starts it. 'on' always does,
+  with the missing fields auto-detected on Cloud TPU, GKE, Slurm and Open MPI. 'auto' starts
+  it when the config or environment names a coordinator or more than one process, else tries
+  cluster auto-detection and stays single-process if there is no cluster. Returns True if
+  started.
   """
   if dist.cpu_devices:
     if not xla_bridge.backends_are_initialized():
@@ -80,16 +80,16 @@ def initialize(dist: Distributed) -> bool:
     if requested:
       raise RuntimeError("config.distributed: jax.distributed must start before any JAX "
                          "computation; call tst_jax.parallel.distributed.initialize first")
-    return False   # already running single-process (tests, notebooks)
+    return False   # already running single-process, as tests and notebooks do
   try:
-    # JAX's own heartbeat aborts with a C++ stack trace: give the watchdog time to go first.
+    # JAX's own heartbeat aborts with a C++ stack trace, so the watchdog gets time to go first.
     jax.distributed.initialize(**settings, initialization_timeout=dist.timeout_s,
                                heartbeat_timeout_seconds=2 * dist.heartbeat_timeout_s + 10)
   except ValueError as e:
     if requested or "should be defined" not in str(e):
       raise ConfigError("distributed", f"{e} (set coordinator_address, num_processes "
                        "and process_id, or the JAX_* variables; see docs/distributed.md)") from e
-    return False   # 'auto' and no cluster found: a single process
+    return False   # 'auto' and no cluster found, so a single process
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",
            jax.process_index(), jax.process_count(), jax.local_device_count(),
            jax.device_count())
@@ -98,13 +98,13 @@ def initialize(dist: Distributed) -> bool:
 
 
 class Watchdog(threading.Thread):
-  """Ends this process with one `error:` line (exit 2) when another process of the run has
-  died, instead of waiting forever in a collective it will never join.
+  """Ends this process with one `error:` line and exit 2 when another process of the run died.
 
-  Every process bumps its own key in the coordination service's key-value store every
-  timeout/4 seconds and reads the others'; one whose key has not changed for `timeout_s`,
-  or a coordinator that no longer answers, means the run cannot go on. A process that ends
-  normally marks its key 'done' (`finished`), so the others do not wait for it.
+  Without it the process would wait forever in a collective the dead one never joins. Every
+  process bumps its own key in the coordination service's key-value store every timeout/4
+  seconds and reads the others'. A key unchanged for `timeout_s`, or a coordinator that no
+  longer answers, means the run cannot go on. A process that ends normally marks its key 'done'
+  in `finished`, so the others do not wait for it.
   """
 
   PREFIX = "tst_jax/alive/"
@@ -116,7 +116,7 @@ class Watchdog(threading.Thread):
 
   def run(self):
     me, beat, seen, failures = jax.process_index(), 0, {}, 0
-    while threading.main_thread().is_alive():   # not while exiting: others may then stop
+    while threading.main_thread().is_alive():   # not while exiting, since others may then stop
       try:
         self.client.key_value_set(f"{self.PREFIX}{me}", str(beat), allow_overwrite=True)
         values = dict(self.client.key_value_dir_get(self.PREFIX))
@@ -142,7 +142,7 @@ class Watchdog(threading.Thread):
 
 
 def finished():
-  """Tell the other processes' watchdogs that this one ends normally."""
+  """Tells the other processes' watchdogs that this one ends normally."""
   client = distributed_state.global_state.client
   if jax.process_count() > 1 and client is not None:
     client.key_value_set(f"{Watchdog.PREFIX}{jax.process_index()}", "done",
@@ -150,9 +150,12 @@ def finished():
 
 
 def stop_if_peer_lost(e: BaseException):
-  """In a multi-process run, a collective that failed in the runtime (Gloo/NCCL: a closed
-  connection) means another process died: one `error:` line and exit 2 now, before JAX's
-  exit-time shutdown waits on (and aborts for) the dead process. Otherwise returns."""
+  """Exits with one `error:` line when a collective failed because another process died.
+
+  In a multi-process run, a runtime failure such as a closed Gloo or NCCL connection means a
+  dead process. Exiting now, with code 2, beats JAX's exit-time shutdown waiting on the dead
+  process and aborting. Otherwise returns.
+  """
   if jax.process_count() > 1 and isinstance(e, jax.errors.JaxRuntimeError):
     _stop(f"a collective with the other processes failed ({type(e).__name__}: "
           f"{' '.join(str(e).split())[:200]}): another process died or hangs")
@@ -163,23 +166,23 @@ def _stop(why: str):
                    "so this one stops: see the other processes' logs, then start every "
                    "process again to resume from the last checkpoint\n")
   sys.stderr.flush()
-  os._exit(EXIT_STATUS)   # no Python cleanup: it would wait on the other process
+  os._exit(EXIT_STATUS)   # no Python cleanup, which would wait on the other process
 
 
 def is_primary() -> bool:
-  """Process 0 writes the run's files (metrics, plots, config, summary)."""
+  """Says whether this process writes the run's files: process 0 does."""
   return jax.process_index() == 0
 
 
 def barrier(name: str):
-  """Block until every process reaches the barrier `name` (no-op with one process)."""
+  """Blocks until every process reaches the barrier `name`, a no-op with one process."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
 
 
 @contextlib.contextmanager
 def primary_first(name: str):
-  """Process 0 runs the block first (it builds caches such as the tokenizer), then the rest."""
+  """Runs the block on process 0 first, which builds caches such as the tokenizer, then the rest."""
   if not is_primary():
     barrier(name)
   yield

@@ -1,4 +1,8 @@
-"""Logical axis names on activations, resolved against the active mesh and rules."""
+"""Logical axis names on arrays, resolved against the active mesh and rules.
+
+Kept over Flax's logical_to_mesh_axes: Flax assigns rules in priority order over the whole
+array and skips a rule whose axes are partly taken, where this fills dimensions left to right.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 _CONTEXT = threading.local()
 
-# Logical axis -> mesh axes (config.logical_axis_rules). The first matching rule wins; a mesh
-# axis is used once per array.
+# The default config.logical_axis_rules. The first rule for a name wins, and a mesh axis is used
+# once per array.
 LOGICAL_AXIS_RULES = (
     ("batch", ("data", "fsdp", "expert")),  # [B, ...] batches and activations: data parallel
     ("layers", None),                       # stacked-layer axis of scanned blocks: never split
@@ -29,7 +33,7 @@ LOGICAL_AXIS_RULES = (
 
 @contextlib.contextmanager
 def axis_rules(mesh, rules):
-  """Within this block, `constrain` maps logical names to `mesh` axes through `rules`."""
+  """Makes `constrain` map logical names to `mesh` axes through `rules` within the block."""
   previous = getattr(_CONTEXT, "value", None)
   _CONTEXT.value = (mesh, tuple((k, v) for k, v in rules))
   try:
@@ -39,22 +43,22 @@ def axis_rules(mesh, rules):
 
 
 def current():
-  """The (mesh, rules) of the enclosing `axis_rules` block, or None outside one."""
+  """Returns the mesh and rules of the enclosing `axis_rules` block, or None outside one."""
   return getattr(_CONTEXT, "value", None)
 
 
 def mesh_axes(entry) -> tuple[str, ...]:
-  """One PartitionSpec entry (None, an axis name or a tuple of them) as a tuple of names."""
+  """Returns one PartitionSpec entry as a tuple of mesh axis names."""
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def logical_to_pspec(names, rules) -> PartitionSpec:
-  """Logical axis names -> PartitionSpec: the first rule for a name wins, None = replicated.
+  """Maps logical axis names to a PartitionSpec, taking each dimension's free mesh axes in order.
 
-  A mesh axis is used at most once per array; a later name that maps to a used axis
-  is left replicated.
+  The first rule for a name wins and None means replicated. A mesh axis is used at most once
+  per array, so a later name whose axes are all taken stays replicated.
   """
   table = {}
   for name, axes in rules:
@@ -68,7 +72,7 @@ def logical_to_pspec(names, rules) -> PartitionSpec:
 
 
 def constrain(x, names):
-  """Sharding constraint on an activation by logical names; a no-op without a mesh."""
+  """Constrains an activation's sharding by logical names, a no-op outside `axis_rules`."""
   context = getattr(_CONTEXT, "value", None)
   if context is None:
     return x

@@ -22,7 +22,7 @@ _AXIS = schema.Rule(
 
 @dataclasses.dataclass(frozen=True)
 class MeshShape:
-  """config.mesh: the device mesh's axis sizes (one may be -1: the remaining devices)."""
+  """config.mesh: the device mesh's axis sizes. One may be -1 for the remaining devices."""
   data: int = schema.field(-1, _AXIS, "data parallel (-1: all remaining devices)")
   fsdp: int = schema.field(1, _AXIS, "FSDP: parameters sharded over it")
   tensor: int = schema.field(1, _AXIS, "tensor parallel: heads, FFW and vocab split")
@@ -32,8 +32,10 @@ class MeshShape:
 
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
-  """Axis sizes from config; one axis may be -1 (fill with the remaining devices). A mesh
-  without -1 may use fewer devices than there are, if its size divides their number."""
+  """Returns axis sizes from config, filling an axis of -1 with the remaining devices.
+
+  A mesh without -1 may use fewer devices than there are, if its size divides their number.
+  """
   sizes = {axis: int(getattr(mesh_cfg, axis)) for axis in MESH_AXES}
   fill = [a for a, n in sizes.items() if n == -1]
   if len(fill) > 1:
@@ -50,7 +52,7 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
 
 
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
-  """The (data, fsdp, tensor, expert) mesh over `devices` (default: all of them)."""
+  """Builds the data, fsdp, tensor, expert mesh over `devices`, by default all of them."""
   devices = jax.devices() if devices is None else list(devices)
   sizes = mesh_shape(mesh_cfg, len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
@@ -64,11 +66,10 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
 
 
 def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
-  """Devices laid out as `shape` (data, fsdp, tensor, expert), fast links on the inner axes.
+  """Lays out devices as `shape`, with fast links on the inner axes.
 
-  With dcn_data > 1 the data axis is split over that many slices (TPU multi-slice) or
-  processes (GPU and CPU hosts), joined by the slower data-centre network (DCN); every other
-  axis stays inside one slice (ICI).
+  With dcn_data > 1 the data axis is split over that many TPU slices, or GPU and CPU host
+  processes, joined by the slower data-centre network. Every other axis stays inside one slice.
   """
   if dcn_data <= 1:
     try:
@@ -84,7 +85,7 @@ def device_grid(shape, dcn_data: int, devices) -> np.ndarray:
 
 
 def tree_shardings(logical_specs, mesh: Mesh, rules):
-  """A pytree of logical PartitionSpecs (nnx.get_partition_spec) -> NamedShardings."""
+  """Maps a pytree of logical PartitionSpecs from nnx.get_partition_spec to NamedShardings."""
   def to_sharding(pspec):
     names = tuple(pspec) if isinstance(pspec, PartitionSpec) else ()
     return NamedSharding(mesh, logical_to_pspec(names, rules))
@@ -93,7 +94,7 @@ def tree_shardings(logical_specs, mesh: Mesh, rules):
 
 
 def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
-  """Batches shard their first axis like the 'batch' logical axis; the rest is replicated."""
+  """Shards a batch's first axis like the 'batch' logical axis and replicates the rest."""
   return NamedSharding(mesh, logical_to_pspec(("batch",) + (None,) * (ndim - 1), rules))
 
 
@@ -107,13 +108,16 @@ def _axes(sharding: NamedSharding, dim: int) -> tuple[str, ...]:
 
 
 def shards(sharding: NamedSharding, dim: int) -> int:
-  """How many ways dimension `dim` is split by `sharding`."""
+  """Counts how many ways dimension `dim` is split by `sharding`."""
   return math.prod(sharding.mesh.shape[a] for a in _axes(sharding, dim))
 
 
 def process_batch_block(sharding: NamedSharding) -> tuple[int, int]:
-  """(index, count): this process loads rows block `index` of `count` equal blocks of every
-  global batch; processes holding the same rows (replicas) get the same block."""
+  """Returns index and count: this process loads block `index` of `count` equal row blocks.
+
+  The blocks split every global batch. Replicas, processes holding the same rows, get the same
+  block.
+  """
   n = shards(sharding, 0)
   rows = {index[0].start or 0
           for index in sharding.addressable_devices_indices_map((n, 1)).values()}
@@ -126,7 +130,7 @@ def process_batch_block(sharding: NamedSharding) -> tuple[int, int]:
 
 def check_batch(batch_size: int, sharding: NamedSharding, what: str,
                 field: str = "data.batch_size"):
-  """A global batch must split evenly over the mesh axes that shard the batch."""
+  """Checks that a global batch splits evenly over the mesh axes that shard the batch."""
   n = shards(sharding, 0)
   if batch_size % n:
     axes = {a: sharding.mesh.shape[a] for a in _axes(sharding, 0) if sharding.mesh.shape[a] > 1}
@@ -135,7 +139,7 @@ def check_batch(batch_size: int, sharding: NamedSharding, what: str,
 
 
 def check_divisible(abstract_tree, shardings, what: str = "parameter"):
-  """Every sharded array dimension must be a multiple of its mesh axes' size."""
+  """Checks that every sharded array dimension is a multiple of its mesh axes' size."""
   problems = []
 
   def check(path, leaf, sharding):
@@ -154,7 +158,7 @@ def check_divisible(abstract_tree, shardings, what: str = "parameter"):
 
 
 def per_device_bytes(tree, device=None) -> int:
-  """Bytes of `tree`'s shards that live on `device` (default: the first local device)."""
+  """Counts the bytes of `tree`'s shards on `device`, by default the first local device."""
   device = jax.local_devices()[0] if device is None else device
   return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
              for shard in leaf.addressable_shards if shard.device == device)

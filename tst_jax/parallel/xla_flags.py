@@ -1,16 +1,15 @@
-"""Multi-GPU XLA flags (NVIDIA JAX-Toolbox's for FSDP), put in XLA_FLAGS before the backend starts.
+"""Multi-GPU XLA flags, NVIDIA JAX-Toolbox's for FSDP, put in XLA_FLAGS before the backend starts.
 
-XLA reads XLA_FLAGS once, when the first backend starts; after that a change does nothing.
-So the run decides before anything touches a device (`train.cli.run`, before jax.distributed),
-from what it can know without starting a backend: JAX_PLATFORMS, the GPUs `nvidia-smi -L`
-lists (limited by CUDA_VISIBLE_DEVICES and `distributed.local_device_ids`), the number of
-processes, and the config's mesh. Flags are set only for a GPU run over more than one device,
-and never when XLA_FLAGS is in the environment, even empty (the user's are used as they are).
+XLA reads XLA_FLAGS once, when the first backend starts, and a later change does nothing. So
+`train.cli.run` decides before anything touches a device or jax.distributed starts. It decides
+from what it can know without starting a backend: JAX_PLATFORMS, the GPUs `nvidia-smi -L` lists
+within CUDA_VISIBLE_DEVICES and `distributed.local_device_ids`, the number of processes, and
+the config's mesh. Flags are set only for a GPU run over more than one device, and never when
+XLA_FLAGS is in the environment, even empty, since the user's are then used as they are.
 
-Flag names: JAX-Toolbox's GPU performance guide (rosetta/docs/GPU_performance.md: "Pipelined
-comm/compute for FSDP flags", "Enable Optimizations for FSDP communication") and XLA's GPU
-optimization levels page (openxla.org/xla/gpu_optimization_levels); docs/distributed.md
-explains each one.
+The flag names come from the GPU performance guide in JAX-Toolbox's rosetta docs
+and XLA's GPU optimization levels page, openxla.org/xla/gpu_optimization_levels. The docs
+explain each one.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import subprocess
 
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 
-# (flag, value, what it does); a value of None is the combine threshold: one layer's bytes.
+# flag, value, what it does. A value of None is the combine threshold: one layer's bytes.
 FSDP_FLAGS = (
     ("xla_gpu_enable_latency_hiding_scheduler", "true",
      "schedule collectives early and compute in between, so they overlap"),
@@ -47,7 +46,7 @@ FSDP_FLAGS = (
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-  """The flags this run adds to XLA_FLAGS (empty: none) and why."""
+  """The flags this run adds to XLA_FLAGS, maybe none, and why."""
   flags: dict          # flag name -> value
   reason: str
   applied: bool = False   # written into os.environ["XLA_FLAGS"] by `apply`
@@ -60,7 +59,7 @@ class Decision:
 
 
 def recommended(platform: str, num_devices: int, layer_bytes: int) -> dict[str, str]:
-  """The flags a run on `num_devices` devices of `platform` gets ({} unless GPU and > 1)."""
+  """Returns the flags a run on `num_devices` of `platform` gets: none unless GPU and > 1."""
   if platform != "gpu" or num_devices <= 1:
     return {}
   threshold = str(max(int(layer_bytes), 1))
@@ -68,7 +67,7 @@ def recommended(platform: str, num_devices: int, layer_bytes: int) -> dict[str, 
 
 
 def decide(environ, *, platform: str, num_devices: int, layer_bytes: int) -> Decision:
-  """Pure: what `apply` does for this environment, platform and device count."""
+  """Returns what `apply` does for this environment, platform and device count: pure."""
   if "XLA_FLAGS" in environ:   # even empty: `XLA_FLAGS= python main.py ...` turns them off
     return Decision({}, "XLA_FLAGS is set by the user and used as it is")
   flags = recommended(platform, num_devices, layer_bytes)
@@ -81,8 +80,11 @@ def decide(environ, *, platform: str, num_devices: int, layer_bytes: int) -> Dec
 
 
 def local_gpus(environ, local_device_ids: str = "") -> int:
-  """NVIDIA GPUs this process will use, without starting a JAX backend: `nvidia-smi -L`,
-  limited by CUDA_VISIBLE_DEVICES and the config's local_device_ids; 0 without a driver."""
+  """Counts the NVIDIA GPUs this process will use, without starting a JAX backend.
+
+  `nvidia-smi -L` lists them, within CUDA_VISIBLE_DEVICES and the config's local_device_ids.
+  Without a driver there are 0.
+  """
   if local_device_ids:
     return len(local_device_ids.split(","))
   visible = environ.get("CUDA_VISIBLE_DEVICES")
@@ -98,23 +100,25 @@ def local_gpus(environ, local_device_ids: str = "") -> int:
   return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
-# A GPU profile needs XLA's command buffers off: with them on (XLA's default), a trace shows each
-# captured run of kernels as one op, command_buffer_N, and the step profile (tools/step_profile)
-# cannot say what ran (97-98% of every H100 step went to "other ops", 2026-11-25).
-COMMAND_BUFFERS_OFF = "--xla_gpu_enable_command_buffer="   # the empty list: none
+# A GPU profile needs XLA's command buffers off. With them on, as XLA defaults, a trace shows
+# each captured run of kernels as one op, command_buffer_N, and the step profile cannot say
+# what ran.
+COMMAND_BUFFERS_OFF = "--xla_gpu_enable_command_buffer="   # the empty list, meaning none
 
 
 def command_buffers_off(environ=os.environ) -> bool:
-  """Whether XLA_FLAGS turns XLA's GPU command buffers off."""
+  """Says whether XLA_FLAGS turns XLA's GPU command buffers off."""
   return any(f.rstrip("'\"") == COMMAND_BUFFERS_OFF
              for f in environ.get("XLA_FLAGS", "").split())
 
 
 def for_profile(environ=os.environ) -> str:
-  """Add COMMAND_BUFFERS_OFF to XLA_FLAGS (after `apply`, which reads a set XLA_FLAGS as the
-  user's), before the backend starts; a flag the user set for command buffers is kept. It holds
-  for the whole process: every step of it runs without command buffers. The line says what
-  was done."""
+  """Adds COMMAND_BUFFERS_OFF to XLA_FLAGS before the backend starts, and says what it did.
+
+  Call it after `apply`, which reads a set XLA_FLAGS as the user's. A flag the user set for
+  command buffers is kept. It holds for the whole process, so every step runs without command
+  buffers.
+  """
   current = environ.get("XLA_FLAGS", "")
   if "xla_gpu_enable_command_buffer" in current:
     return f"XLA_FLAGS: command buffers as the user set them ({current})"
@@ -135,8 +139,10 @@ def _cuda_plugin() -> bool:
 
 
 def run_platform(environ, gpus: int) -> str:
-  """The platform JAX will pick: JAX_PLATFORMS's first entry, else gpu when there are NVIDIA
-  GPUs and a CUDA plugin for jaxlib, tpu with libtpu, else cpu."""
+  """Guesses the platform JAX will pick: JAX_PLATFORMS's first entry, else gpu or tpu, else cpu.
+
+  gpu needs NVIDIA GPUs and a CUDA plugin for jaxlib, tpu needs libtpu.
+  """
   first = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
   if first:
     return "gpu" if first in ("cuda", "gpu") else first
@@ -146,15 +152,17 @@ def run_platform(environ, gpus: int) -> str:
 
 
 def run_devices(mesh_cfg, local: int, processes: int) -> int:
-  """Devices the run's mesh uses: all of them (local x processes) unless every mesh axis is
-  given, as in `mesh.data=1` for a one-device run on a host of 8."""
+  """Counts the devices the run's mesh uses: local times processes, unless every axis is given.
+
+  `mesh.data=1` gives a one-device run on a host of 8.
+  """
   axes = [int(getattr(mesh_cfg, a)) for a in ("data", "fsdp", "tensor", "expert")]
   total = local * max(processes, 1)
   return total if -1 in axes else min(math.prod(axes), total)
 
 
 def process_count(distributed_cfg, environ) -> int:
-  """Processes of the run, as far as the config and the usual launcher variables say."""
+  """Counts the run's processes, as far as the config and the usual launcher variables say."""
   for value in (distributed_cfg.num_processes, environ.get("JAX_NUM_PROCESSES"),
                 environ.get("SLURM_NTASKS"), environ.get("OMPI_COMM_WORLD_SIZE")):
     if value and int(value) > 0:
@@ -164,9 +172,12 @@ def process_count(distributed_cfg, environ) -> int:
 
 def apply(mesh_cfg, distributed_cfg, layer_bytes: int, environ=os.environ,
           platform: str | None = None) -> Decision:
-  """Decide and, for a multi-GPU run, set environ["XLA_FLAGS"]. Call it before anything
-  starts a JAX backend (after that it is too late and nothing is set). `platform`: the one
-  this process will use, where the caller has chosen it (default: read from the machine)."""
+  """Decides and, for a multi-GPU run, sets environ["XLA_FLAGS"].
+
+  Call it before anything starts a JAX backend, since after that nothing is set. `platform` is
+  the one this process will use where the caller has chosen it, by default read from the
+  machine.
+  """
   gpus = local_gpus(environ, distributed_cfg.local_device_ids)
   platform = platform or run_platform(environ, gpus)
   local = gpus if platform == "gpu" else 1

@@ -2,12 +2,12 @@
 
   python -m tst_jax.tools.export --workdir W --out D [--step N] [--overwrite]
 
-D gets config.json and float32 model.safetensors (`tst_jax.convert.hf.to_hf`), and the run's
-tokenizer as tokenizer.json + tokenizer_config.json, so that
+D gets config.json and float32 model.safetensors from `tst_jax.convert.hf.to_hf`, and the run's
+tokenizer as tokenizer.json and tokenizer_config.json, so that
 `AutoModelForCausalLM.from_pretrained(D)` and `AutoTokenizer.from_pretrained(D)` work without
-tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at
-(lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.tools.eval` does).
-The reverse: `--config.init_from_hf=D` starts a run from such a folder.
+tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at.
+lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.tools.eval` does. The
+reverse, `--config.init_from_hf=D`, starts a run from such a folder.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool = False) -> Path:
-  """Write checkpoint `step` (default: the latest) of the run in `workdir` to folder `out`.
+  """Writes checkpoint `step`, by default the latest, of the run in `workdir` to folder `out`.
 
-  Refuses an `out` that holds files unless `overwrite` (which replaces only the files this
-  writes); everything is read and checked before anything is written.
+  Refuses an `out` that holds files unless `overwrite`, which replaces only the files this
+  writes. Everything is read and checked before anything is written.
   """
   out = Path(out)
   if out.exists() and not out.is_dir():

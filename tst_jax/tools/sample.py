@@ -5,7 +5,7 @@
 
 `--temperature 0` decodes greedily. The prompt follows an end-of-text token, as a document
 start does in training. A checkpoint of TST's phase 1 is refused unless `--force`: it has only
-seen bags and predicts the next bag, not the next token (the paper's section 3).
+seen bags and predicts the next bag, not the next token, as the paper's section 3 says.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tst_jax.train import trained_run
 
 
 def filter_top_p(logits_BxV, top_p):
-  """Nucleus filter: keep the most likely tokens whose probability mass first reaches top_p."""
+  """Keeps the most likely tokens whose probability mass first reaches top_p: a nucleus filter."""
   sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
   probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
   keep_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV < top_p   # the first is always kept
@@ -33,7 +33,7 @@ def filter_top_p(logits_BxV, top_p):
 
 
 def pick(logits_BxV, key, temperature, top_p):
-  """Next tokens [B]: argmax if temperature is 0, else a sample of the filtered softmax."""
+  """Picks next tokens [B]: argmax if temperature is 0, else a sample of the filtered softmax."""
   logits_BxV = logits_BxV.astype(jnp.float32)
   scaled = filter_top_p(logits_BxV / jnp.maximum(temperature, 1e-6), top_p)
   sampled_B = jax.random.categorical(key, scaled, axis=-1)
@@ -41,13 +41,13 @@ def pick(logits_BxV, key, temperature, top_p):
 
 
 def padded_length(n: int) -> int:
-  """Pad lengths to powers of two (at least 16): few shapes, few compilations."""
+  """Pads lengths to powers of two, at least 16, so there are few shapes and compilations."""
   return max(16, 1 << (n - 1).bit_length())
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _prefill(graphdef, state, tokens_BxP, lengths_B, cache, key, temperature, top_p):
-  """The prompts' pass: fills the cache, picks each row's first new token."""
+  """Runs the prompts' pass: fills the cache and picks each row's first new token."""
   model = nnx.merge(graphdef, state)
   batch, length = tokens_BxP.shape
   positions_BxP = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
@@ -58,18 +58,18 @@ def _prefill(graphdef, state, tokens_BxP, lengths_B, cache, key, temperature, to
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
 def _step(graphdef, state, tokens_B, positions_B, cache, key, temperature, top_p):
-  """One decode step: every row's last token at its position -> the next tokens."""
+  """Runs one decode step from every row's last token at its position to the next tokens."""
   model = nnx.merge(graphdef, state)
   logits_Bx1xV, cache = model.decode(tokens_B[:, None], positions_B[:, None], cache)
   return pick(logits_Bx1xV[:, 0], key, temperature, top_p), cache
 
 
 class Sampler:
-  """Batched generation for a model with `init_cache` and `decode` (tst_jax Llama).
+  """Generates in batches for a model with `init_cache` and `decode`, such as tst_jax's Llama.
 
-  Prompts of different lengths are right-padded: the prompt pass fills the cache at positions
+  Prompts of different lengths are right-padded. The prompt pass fills the cache at positions
   0..P-1, and row b's new tokens go to positions len_b, len_b + 1, ... overwriting its padding
-  before anything attends to it. Two jitted functions, compiled once per model and shape.
+  before anything attends to it. Two jitted functions are compiled once per model and shape.
   """
 
   def __init__(self, model):
@@ -81,8 +81,11 @@ class Sampler:
                eos_id: int | None = None,
                done: Callable[[int, list[int]], bool] | None = None,
                on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
-    """New tokens of every prompt, at most `max_new_tokens` each. A row stops at `eos_id`
-    (not included) or when `done(row, its new tokens)` is true; `on_token(row, id)` streams."""
+    """Returns the new tokens of every prompt, at most `max_new_tokens` each.
+
+    A row stops at `eos_id`, not included, or when `done(row, its new tokens)` is true.
+    `on_token(row, id)` streams them.
+    """
     lengths = np.array([len(p) for p in prompts], np.int32)
     if lengths.min() < 1:
       raise ValueError("every prompt needs at least one token")

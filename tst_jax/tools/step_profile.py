@@ -1,14 +1,14 @@
 """Where a train step's milliseconds go: a JAX profiler trace summarised by op category.
 
-`profile_steps` traces a few calls of a jitted step (`jax.profiler.trace`), then `summarize`
-reads the trace's XSpace (`jax.profiler.ProfileData`, no TensorBoard needed) and gives every
-executed HLO op of the step's module a category from the compiled HLO text: its opcode (dots,
-collectives), the ops fused into it, and the name scopes the model and step put on it
-(`attention`, `loss`, `embed`, `optimizer`; a backward op's name holds `transpose(`). Time is
-attributed on the device's timeline: where ops overlap (threads on CPU, streams on GPU) each
-instant is split evenly between them, and nested events count once (the innermost), so the
-categories plus `idle` (no op of the step running: dispatch, host work, waiting) sum to the
-step's wall time.
+`profile_steps` traces a few calls of a jitted step with `jax.profiler.trace`. `summarize` then
+reads the trace's XSpace through `jax.profiler.ProfileData`, with no TensorBoard needed, and
+gives every executed HLO op of the step's module a category from the compiled HLO text. The
+category comes from its opcode, such as dots and collectives, the ops fused into it, and the
+name scopes the model and step put on it: `attention`, `loss`, `embed`, `optimizer`. A
+backward op's name holds `transpose(`. Time is attributed on the device's timeline. Where ops
+overlap, as threads on CPU or streams on GPU, each instant is split evenly between them, and
+nested events count once, at the innermost. So the categories plus `idle`, when no op of the
+step runs, sum to the step's wall time.
 
   python benchmarks/step.py --config configs/llama_270m.py --phase both --profile
 """
@@ -32,14 +32,14 @@ CATEGORIES = ("attention", "matmul forward", "matmul backward", "loss", "optimiz
               "embedding", "dispatch+combine", "collectives", "other ops", "idle")
 SCOPES = (("optimizer", "optimizer"), ("loss", "loss"), ("embedding", "embed"),
           ("attention", "attention"), ("dispatch+combine", "moe_dispatch"),
-          ("dispatch+combine", "moe_combine"))   # (category, the jax.named_scope marking it)
+          ("dispatch+combine", "moe_combine"))   # category, the jax.named_scope marking it
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
                "ragged-all-to-all", "collective-broadcast")
 MATMULS = ("dot", "convolution", "ragged-dot", "scaled-dot")
-# cuBLAS / cuBLASLt custom calls, and Pallas kernels outside the scopes above: tokamax's grouped
-# GEMMs (Mosaic GPU: custom call `mosaic_gpu`, ops named mpmd_map.N; Triton: `...triton`).
+# cuBLAS and cuBLASLt custom calls, and Pallas kernels outside the scopes above, such as
+# tokamax's grouped GEMMs: custom call `mosaic_gpu` with ops named mpmd_map.N, or `...triton`.
 _MATMUL_CALLS = re.compile(r"gemm|matmul|cublas|\$dot|mosaic_gpu|triton", re.I)
-_ATTENTION_CALLS = re.compile(r"fmha|flash|attention", re.I)   # cuDNN / Pallas attention calls
+_ATTENTION_CALLS = re.compile(r"fmha|flash|attention", re.I)   # cuDNN and Pallas attention calls
 CONTAINERS = ("while", "conditional", "call")   # ops whose body ops have their own events
 STEP_NAME = "train_step"
 
@@ -50,12 +50,15 @@ class Op:
   opcode: str
   op_names: tuple[str, ...]   # its own metadata op_name first, then those of its fused ops
   opcodes: frozenset[str]     # its own opcode and those of its fused ops
-  targets: tuple[str, ...]    # custom-call targets (its own or fused)
+  targets: tuple[str, ...]    # custom-call targets, its own or fused
 
 
 def _opcode(rhs: str) -> str:
-  """The opcode of an HLO instruction's right-hand side, `TYPE opcode(operands), attrs`: the
-  first `name(` outside the type's brackets (tuple types and layouts hold brackets too)."""
+  """Returns the opcode of an HLO instruction's right-hand side, `TYPE opcode(operands), attrs`.
+
+  That is the first `name(` outside the type's brackets, since tuple types and layouts hold
+  brackets too.
+  """
   depth = 0
   for m in re.finditer(r"[()\[\]{}]|(?<![\w\-.])([a-z][a-z0-9\-]*)\(", rhs):
     if m.group(1) and depth == 0:
@@ -66,7 +69,7 @@ def _opcode(rhs: str) -> str:
 
 
 def parse_hlo(hlo_text: str) -> tuple[str, dict[str, Op]]:
-  """(module name, instruction name -> Op) of a compiled module's text (`compiled.as_text()`)."""
+  """Parses `compiled.as_text()` into the module name and a map from instruction name to Op."""
   module = re.search(r"HloModule\s+([\w.\-]+)", hlo_text)
   computations: dict[str, list] = collections.defaultdict(list)
   raw, current = {}, None
@@ -109,7 +112,7 @@ def _has_scope(op_name: str, scope: str) -> bool:
 
 
 def category(op: Op) -> str:
-  """The category of one HLO instruction (one of CATEGORIES, never 'idle')."""
+  """Returns the category of one HLO instruction, one of CATEGORIES and never 'idle'."""
   base = {c.removesuffix("-start").removesuffix("-done") for c in op.opcodes}
   if base & set(COLLECTIVES) or any("nccl" in t.lower() for t in op.targets):
     return "collectives"
@@ -132,13 +135,13 @@ def category(op: Op) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StepProfile:
-  """Milliseconds per step by category (they sum to `step_ms`), from `steps` traced steps."""
+  """Milliseconds per step by category, summing to `step_ms`, from `steps` traced steps."""
   steps: int
   step_ms: float                   # mean wall time of a traced step
-  ms: dict                         # category -> mean ms per step (every CATEGORIES entry)
-  top_ops: tuple                   # ((op name, category, ms per step), ...), largest first
+  ms: dict                         # category -> mean ms per step, every CATEGORIES entry
+  top_ops: tuple                   # op name, category and ms per step, largest first
   trace_dir: str
-  note: str = ""                   # what may have blurred the categories (GPU command buffers)
+  note: str = ""                   # what may have blurred the categories: GPU command buffers
 
   def to_json(self) -> dict:
     return dict(steps=self.steps, step_ms=self.step_ms, ms_per_step=self.ms,
@@ -160,11 +163,11 @@ def _stats(event) -> dict:
 
 
 def _op_events(space: ProfileData, module: str, device_ordinal: int):
-  """(line key, start_ns, end_ns, hlo op name) of the module's ops on one device.
+  """Yields the line key, start_ns, end_ns and hlo op name of the module's ops on one device.
 
-  A device plane (GPU, TPU) with an "XLA Ops" line gives one event per op there; otherwise
-  (XLA:CPU, a GPU plane of kernels on stream lines) ops are the events carrying an `hlo_op`
-  stat, on the one device asked for.
+  A GPU or TPU device plane with an "XLA Ops" line gives one event per op there. Otherwise, on
+  XLA:CPU or a GPU plane of kernels on stream lines, ops are the events carrying an `hlo_op`
+  stat on the one device asked for.
   """
   planes = [p for p in space.planes if p.name.startswith("/device:")]
   device = [p for p in planes if re.search(rf":{device_ordinal}$", p.name)]
@@ -200,10 +203,12 @@ def _step_windows(space: ProfileData, annotation: str) -> list[tuple[float, floa
 
 
 def attribute(windows, events, category_of, is_container=lambda op: False):
-  """(category -> ns, op -> ns) summed over `windows`. Inside a window, each instant goes to
-  the innermost event of every line running then, split evenly between lines (a container
-  op, a while loop whose body runs on other threads, only when nothing else runs); no event
-  running is 'idle'."""
+  """Sums nanoseconds per category and per op over `windows`.
+
+  Inside a window, each instant goes to the innermost event of every line running then, split
+  evenly between lines. A container op, such as a while loop whose body runs on other threads,
+  gets time only when nothing else runs. An instant with no event running is 'idle'.
+  """
   by_cat, by_op = collections.defaultdict(float), collections.defaultdict(float)
   for lo, hi in windows:
     points = []
@@ -239,7 +244,7 @@ def attribute(windows, events, category_of, is_container=lambda op: False):
 
 def summarize(trace_dir: str, hlo_text: str, *, annotation: str = STEP_NAME,
               device_ordinal: int = 0, top: int = 10) -> StepProfile:
-  """The StepProfile of the steps annotated `annotation` in the trace under `trace_dir`."""
+  """Returns the StepProfile of the steps annotated `annotation` in the trace under `trace_dir`."""
   paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
   if not paths:
     raise FileNotFoundError(f"{trace_dir}: no *.xplane.pb trace")
@@ -269,9 +274,11 @@ def summarize(trace_dir: str, hlo_text: str, *, annotation: str = STEP_NAME,
 
 def profile_steps(step, state, batch, *, steps: int = 3, trace_dir: str | None = None,
                   hlo_text: str | None = None):
-  """(state, StepProfile, wall seconds of each step): `steps` calls of the jitted `step`
-  (compiled and warmed up before), each one traced and waited for. `hlo_text`: the compiled
-  step's text, if the caller has it (else it is compiled again from `step.lower`)."""
+  """Traces `steps` calls of the jitted `step` and returns the state, a StepProfile and step times.
+
+  `step` is compiled and warmed up before, and each call is waited for. `hlo_text` is the
+  compiled step's text if the caller has it, else it is compiled again from `step.lower`.
+  """
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="tst_jax_profile_")
   hlo_text = hlo_text or step.lower(state, batch).compile().as_text()
   walls = []

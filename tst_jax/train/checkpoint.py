@@ -13,12 +13,12 @@ from tst_jax.errors import ConfigError, WorkdirError
 
 
 class Checkpoints:
-  """Periodic saves, keep the latest N plus the phase handoffs, restore latest (or a step).
+  """Saves periodically, keeps the latest N plus the phase handoffs, restores the latest or a step.
 
-  Each step directory holds the TrainState ("state") and a small JSON ("meta"): the phase, its
-  step, the stream position where it started and the token store's fingerprint. A restart
-  rebuilds the data position from the global step (the plan), so it continues with the very
-  next batch; the meta records it for reading and checks.
+  Each step directory holds the TrainState as "state" and a small JSON as "meta": the phase,
+  its step, the stream position where it started and the token store's fingerprint. A restart
+  rebuilds the data position from the global step through the plan, so it continues with the
+  very next batch. The meta records it for reading and checks.
   """
 
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0):
@@ -39,26 +39,26 @@ class Checkpoints:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-    """Save unless a checkpoint of this step exists; `force` ignores the cadence."""
+    """Saves unless a checkpoint of this step exists. `force` ignores the cadence."""
     if step in self.manager.all_steps():
       return False
     if not force and not (self.every and step % self.every == 0):
       return False
-    with self._write_faults():    # also reports a failure of the previous (async) write
+    with self._write_faults():    # also reports a failure of the previous async write
       return self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
   def restore(self, step: int, abstract_state):
-    """(state, meta) of `step`; `abstract_state` carries shapes, dtypes and shardings."""
+    """Restores the state and meta of `step`. `abstract_state` carries shapes, dtypes, shardings."""
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     return restored.state, restored.meta
 
   def check_shapes(self, step: int, abstract_state):
-    """Refuse, naming the parameter, a checkpoint whose shapes differ from the model's."""
+    """Refuses a checkpoint whose shapes differ from the model's, naming the parameter."""
     try:
       saved = _leaf_shapes(self.manager.item_metadata(step)["state"])
-    except Exception:  # unreadable metadata: restore() reports it (and falls back)
+    except Exception:  # unreadable metadata: restore() reports it and falls back
       return
     for name, shape in _leaf_shapes(abstract_state).items():
       if name in saved and saved[name] != shape:
@@ -77,9 +77,12 @@ class Checkpoints:
 
   @contextlib.contextmanager
   def _write_faults(self):
-    """A checkpoint write that fails on the file system (full disk, permissions) becomes a
-    WorkdirError naming the last complete checkpoint, which is left as it was: orbax writes
-    each step into a temporary folder and renames it only once complete."""
+    """Turns a checkpoint write that fails on the file system into a WorkdirError.
+
+    Full disks and permissions are such failures. The error names the last complete
+    checkpoint, which is left as it was, since orbax writes each step into a temporary folder
+    and renames it only once complete.
+    """
     try:
       yield
     except Exception as e:  # orbax re-raises the background write's error, maybe wrapped
@@ -101,7 +104,7 @@ def abstract_with_shardings(abstract_state, shardings):
 
 
 def _os_error(e: BaseException | None) -> OSError | None:
-  """The OSError behind `e` (itself, its cause or context), if any."""
+  """Returns the OSError behind `e`: itself, its cause or its context, if any."""
   seen = set()
   while e is not None and id(e) not in seen:
     if isinstance(e, OSError):

@@ -1,6 +1,7 @@
-"""The base run configs every configs/*.py file starts from (each field's default, rule and
-doc are declared once, in its section's dataclass: SECTIONS in train/spec.py, the mechanism
-in tst_jax/schema.py) and the `:arg` arms they take."""
+"""The base run configs every configs/*.py file starts from, and the `:arg` arms they take.
+
+Each field's default, rule and doc are declared once, in its section's dataclass.
+"""
 
 import ml_collections
 
@@ -11,8 +12,7 @@ from tst_jax.train.spec import SECTIONS
 
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Every field of a run config at the default its section declares (`python main.py
-  --help-config` lists them), the model's from `preset` of `family`."""
+  """Returns a run config with every field at its declared default, the model's from `preset`."""
   c = schema.defaults(Run)
   c.model = models.preset_config(family, preset)
   for name, cls in SECTIONS.items():
@@ -21,17 +21,18 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
 
 
 def paper_base_config(family: str, preset: str) -> ml_collections.ConfigDict:
-  """base_config at the paper's scale: a prepared corpus, bf16, remat, the fused loss, FSDP and
-  sparse logging. Each paper config sets its recipe (shape, batch, schedule, S, r) on it."""
+  """Returns base_config at the paper's scale: a prepared corpus, bf16, remat, the fused loss,
+  FSDP and sparse logging. Each paper config sets its recipe of shape, batch, schedule, S and r.
+  """
   c = base_config(family, preset)
-  c.data.source = ""                # required: the paper used DCLM; e.g. tokens:/data/tok/dclm-llama3
-  c.data.tokenizer = ""             # the Llama-3 tokenizer.json (128,256 tokens); "" with tokens:
+  c.data.source = ""                # required, e.g. tokens:/data/tok/dclm-llama3 of DCLM
+  c.data.tokenizer = ""             # Llama-3 tokenizer.json, or "" with tokens:
   c.data.eval_batches = 16
   c.data.val_fraction = 0.001
   c.data.val_piece_bytes = 0        # web-scale corpora: whole documents held out
   c.model.dtype = "bfloat16"        # bf16 compute, float32 master weights
   c.model.remat = "save_dots"
-  c.loss.impl = "auto"              # fused linear + MCE: no [N, V] logits
+  c.loss.impl = "auto"              # fused linear + MCE, with no [N, V] logits
   c.mesh.data, c.mesh.fsdp = 1, -1  # FSDP over every device, as in the paper
   c.train.log_every = 50
   c.train.eval_every = 1000
@@ -40,18 +41,24 @@ def paper_base_config(family: str, preset: str) -> ml_collections.ConfigDict:
 
 
 def arms(arg: str) -> list[str]:
-  """A config's `:arg`, 'baseline, 20k' -> ['baseline', '20k']."""
+  """Splits a config's `:arg`: 'baseline, 20k' -> ['baseline', '20k']."""
   return [part for part in (p.strip() for p in (arg or "").split(",")) if part]
 
 
 def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collections.ConfigDict:
-  """Sets the arm named by `arg`, every config file's `:arg` (in place, also returned): a comma
-  list of 'tst' (the config as written), 'baseline' (r = 0: next-token steps, the same FLOPs),
-  'reinit' (fresh embedding and head at the switch), 'input_only' / 'output_only'
-  (superposition at one end only), 'smooth' (phase 1 as tst phases of S, S/2, ... 2:
-  tst.schedule='halve'), 's<S>' (bag size), 'r<r>' (step ratio) and '<N>k' (total steps:
-  N thousand, e.g. 2k, 1.5k, 0.45k).
-  `name` is the config file, for the error message."""
+  """Sets the arms named by `arg`, every config file's `:arg`, in place and returns the config.
+
+  `arg` is a comma list of:
+    tst           the config as written
+    baseline      r = 0: next-token steps at the same FLOPs
+    reinit        a fresh embedding and head at the switch
+    input_only    superposition at the input only, output_only at the output only
+    smooth        phase 1 as tst phases of S, S/2, ... 2, which is tst.schedule='halve'
+    s<S>          the bag size
+    r<r>          the step ratio
+    <N>k          total steps in thousands, e.g. 2k, 1.5k, 0.45k
+  `name` is the config file, for the error message.
+  """
   for part in arms(arg):
     if part == "tst":
       continue
@@ -76,17 +83,19 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
 
 
 def arm_steps(part: str) -> int:
-  """The steps of a '<N>k' arm: '2k' -> 2000, '1.5k' -> 1500, '0.45k' -> 450; 0 for any other
-  text (or one that is not a positive whole number of steps)."""
+  """Reads the steps of a '<N>k' arm: '2k' -> 2000, '1.5k' -> 1500, '0.45k' -> 450.
+
+  Any other text, or one that is not a positive whole number of steps, gives 0.
+  """
   if not (part.endswith("k") and _is_float(part[:-1])):
     return 0
   steps = float(part[:-1]) * 1000
-  whole = 1 <= steps < 1e12 and abs(steps - round(steps)) < 1e-6    # (not inf or nan)
+  whole = 1 <= steps < 1e12 and abs(steps - round(steps)) < 1e-6    # not inf or nan
   return int(round(steps)) if whole else 0
 
 
 def steps_arm(steps: int) -> str:
-  """The '<N>k' arm of `steps` steps (`arm_steps`' inverse): 2000 -> '2k', 450 -> '0.45k'."""
+  """Names the '<N>k' arm of `steps` steps, the inverse of `arm_steps`: 2000 -> '2k'."""
   return f"{steps / 1000:.12g}k"
 
 

@@ -1,15 +1,16 @@
 """Will a run fit? Both phases' train steps compiled ahead of time on emulated devices.
 
 `python main.py --config configs/llama_3b.py --mode plan --config.mesh.fsdp=64
---accelerator=b200` builds the run's mesh over that many (CPU) devices, lowers and compiles the
-same jitted train step the loop runs (`step.make_train_step` + `step.JitStep`) from abstract
-arrays (`jax.ShapeDtypeStruct` with shardings: nothing is allocated), and prints per device:
-parameters and optimizer state (exact, from the shapes and shardings), the activations the
-backward pass keeps at the config's remat (exact, the residuals JAX saves, over the batch
-shards), and XLA's own temporaries and peak from `compiled.memory_analysis()`. XLA:CPU
-compiles the plain-XLA kernels (attention materialises its scores, no cuDNN flash attention,
-no Pallas loss) and schedules memory differently from XLA:GPU/TPU, so its temporaries are an
-upper bound there, not a GPU number.
+--accelerator=b200` builds the run's mesh over that many CPU devices. It lowers and compiles the
+same jitted train step the loop runs from abstract arrays with shardings, so nothing is
+allocated, and prints per device:
+- parameters and optimizer state, exact from the shapes and shardings,
+- the activations the backward pass keeps at the config's remat, exact from the residuals JAX
+  saves, over the batch shards,
+- XLA's own temporaries and peak from `compiled.memory_analysis()`.
+XLA:CPU compiles the plain-XLA kernels, where attention materialises its scores and there is
+no cuDNN flash attention or Pallas loss. It also schedules memory differently from XLA:GPU and
+TPU, so its temporaries are an upper bound there, not a GPU number.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ from tst_jax.parallel import mesh as mesh_lib, xla_flags
 from tst_jax.train import step as step_lib
 
 GB = 1e9
-# HBM per device, datasheet decimal GB (B200: DGX B200's 1,440 GB over 8 GPUs).
+# HBM per device, datasheet decimal GB. B200 is DGX B200's 1,440 GB over 8 GPUs.
 HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v5p": 95, "v5e": 16, "v6e": 32}
-# GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it (JAX preallocates 75% by default).
+# GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it, and JAX preallocates 75% by default.
 DEFAULT_GPU_FRACTION = 0.75
 
 
 def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str]:
-  """(bytes a step may use on one device of `accelerator`, how that was decided)."""
+  """Returns the bytes a step may use on one device of `accelerator`, and how that was decided."""
   if accelerator not in HBM_GB:
     raise ConfigError(f"--accelerator: must be one of {tuple(HBM_GB)}, got {accelerator!r}")
   hbm = HBM_GB[accelerator] * GB
@@ -54,7 +55,7 @@ def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str
 
 
 def mesh_devices(mesh_cfg) -> int:
-  """Devices the fit check emulates: the product of the mesh axes, every one given."""
+  """Counts the devices the fit check emulates: the product of the mesh axes, every one given."""
   sizes = [int(getattr(mesh_cfg, a)) for a in mesh_lib.MESH_AXES]
   if -1 in sizes:
     raise ConfigError("config.mesh: give every axis for a fit check, e.g. "
@@ -63,7 +64,7 @@ def mesh_devices(mesh_cfg) -> int:
 
 
 def emulate_devices(n: int):
-  """Before the backend starts: compile on `n` CPU devices (nothing runs on them)."""
+  """Makes the backend, not yet started, compile on `n` CPU devices. Nothing runs on them."""
   if xla_bridge.backends_are_initialized():
     if jax.device_count("cpu") < n:
       raise ConfigError(f"config.mesh: a fit check on {n} devices needs them before JAX "
@@ -74,8 +75,11 @@ def emulate_devices(n: int):
 
 
 def layer_param_bytes(model_cfg) -> int:
-  """Bytes of one decoder layer's float32 parameters (the mean layer: a MoE's sparse layers
-  are larger): all parameters but the embedding, the head and the final norm, over layers."""
+  """Returns the bytes of one decoder layer's float32 parameters, the mean over layers.
+
+  That is all parameters but the embedding, the head and the final norm. A MoE's sparse layers
+  are larger than the mean.
+  """
   total, _ = models.module_for(model_cfg).param_counts(model_cfg)
   io = model_cfg.vocab_size * model_cfg.dim * (1 if model_cfg.tie_embeddings else 2)
   return 4 * (total - io - model_cfg.dim) // model_cfg.n_layers
@@ -89,12 +93,14 @@ def _shard_bytes(abstract_tree, shardings) -> int:
 
 def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
                      flash_len: int = 0) -> int:
-  """Bytes per device of what the backward pass keeps from the forward (remat decides), from
-  JAX's saved residuals; those with a batch axis split over the batch shards (only: with
-  mesh.tensor > 1, an upper bound). `flash_len` = L
-  when the target runs flash attention (cuDNN), which keeps no [.., L, L] scores but its
-  softmax statistics: residuals with two axes of that length are left out (the statistics,
-  [layers, B, H, L] float32, are small and counted)."""
+  """Counts the bytes per device that the backward pass keeps from the forward at the remat.
+
+  The count comes from JAX's saved residuals. Those with a batch axis are split over the batch
+  shards only, so with mesh.tensor > 1 this is an upper bound. `flash_len` is L when the target
+  runs cuDNN flash attention, which keeps its softmax statistics but no L x L scores. Residuals
+  with two axes of that length are then left out, and the small float32 statistics
+  [layers, B, H, L] are counted.
+  """
   def loss(params, window):
     return loss_of_window(nnx.merge(graphdef, params), window)[0]
   rows = window.shape[0]
@@ -110,7 +116,7 @@ def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int
 
 
 def target_platform(accelerator: str) -> str:
-  """The JAX platform of `accelerator` (v5p, v5e, v6e: tpu; h100, h200, b200: gpu)."""
+  """Returns the JAX platform of `accelerator`: tpu for v5p, v5e, v6e, gpu for h100, h200, b200."""
   return "tpu" if accelerator.startswith("v") else "gpu"
 
 
@@ -120,14 +126,13 @@ class PhaseFit:
   params: int            # bytes per device, exact
   opt_state: int         # bytes per device, exact
   activations: int       # bytes per device kept for the backward pass at model.remat
-  xla_temp: int          # XLA:CPU's temporaries of the compiled step (includes activations)
-  xla_peak: int          # arguments + outputs - aliased + temporaries (XLA:CPU)
+  xla_temp: int          # XLA:CPU's temporaries of the compiled step, activations included
+  xla_peak: int          # arguments + outputs - aliased + temporaries, on XLA:CPU
   compile_s: float
 
   @property
   def estimate(self) -> int:
-    """params + optimizer + gradients (as large as the params) + activations: the floor a
-    GPU step needs, before XLA's workspace."""
+    """Adds params, optimizer, gradients and activations: a GPU step's floor before workspace."""
     return 2 * self.params + self.opt_state + self.activations
 
 
@@ -137,12 +142,12 @@ class Fit:
   devices: int
   mesh: dict
   remat: str
-  flash: bool            # activations counted as flash attention keeps them (cuDNN on GPU)
+  flash: bool            # activations counted as cuDNN flash attention keeps them on GPU
   budget: float
   budget_note: str
   phases: tuple[PhaseFit, ...]
   advice: tuple[str, ...]
-  gpu_xla_flags: str     # what a GPU run over this mesh puts in XLA_FLAGS (parallel.xla_flags)
+  gpu_xla_flags: str     # what a GPU run over this mesh puts in XLA_FLAGS
 
   @property
   def fits(self) -> bool:
@@ -181,7 +186,7 @@ class Fit:
 
 def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
            batch_shards: int, fsdp: int, full_activations: int) -> tuple[str, ...]:
-  """Which knob to turn when a phase does not fit, with the estimate it gives."""
+  """Says which knob to turn when a phase does not fit, with the estimate it gives."""
   worst = max(fit_phases, key=lambda p: p.estimate)
   if worst.estimate <= budget:
     return ("fits: " + ", ".join(f"{p.phase} {p.estimate / GB:.1f} GB" for p in fit_phases)
@@ -212,10 +217,13 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
 
 
 def check(spec, accelerator: str, target, devices=None) -> Fit:
-  """Compile both phases' train steps of a run spec resolved on this (CPU) platform for its
-  mesh on `devices` (default: the first mesh-size CPU devices) from abstract arrays, and
-  measure what each device holds on `accelerator`; `target` is the same spec resolved for
-  the accelerator's platform (whether its attention is flash attention)."""
+  """Compiles both phases' train steps from abstract arrays and measures each device's memory.
+
+  `spec` is resolved on this CPU platform, for its mesh on `devices`, by default the first
+  mesh-size CPU devices. The memory is what each device holds on `accelerator`. `target` is
+  the same spec resolved for the accelerator's platform, which says whether its attention is
+  flash attention.
+  """
   budget, note = accelerator_budget(accelerator)
   flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
   plan = spec.plan

@@ -1,5 +1,5 @@
 """What to expect of a planned run, printed with its plan: how many times it reads its data,
-and where TST pays (the measured rule, and the speed-up the ladder's trend predicts)."""
+and where TST pays by the measured rule and the ladder's trend."""
 
 from __future__ import annotations
 
@@ -11,26 +11,23 @@ from tst_jax.analysis.frontier import Trend
 from tst_jax.train.console import human
 from tst_jax.train.plan import Phase, Plan, PlanRecord
 
-# Where TST starts to pay (docs/results.md, "Where TST starts to pay"), from every run
-# measured. It takes both a model large enough and a next-token phase long enough:
-# - at 33.6M active parameters (gpu_small, H100) TST ended ahead in every run whose
-#   next-token phase saw >= 0.98 tokens per parameter, crossing its baseline at 0.59-0.68;
-# - at 0.23M-1.84M (CPU) it ended behind in every run (42 pairs), however long: up to 6.6
-#   next-token tokens per parameter, where the baseline's gap had stopped shrinking;
-# - between 1.84M and 33.6M nothing is measured.
+# The measured rule of where TST starts to pay, kept where the warning decides: it takes both
+# a large enough model and a long enough next-token phase. docs/results.md has the runs.
 PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
 BEHIND_UP_TO_PARAMS = 1.84e6      # active parameters: every TST run this small ended behind
-AHEAD_FROM_PARAMS = 33.6e6        # the smallest model where TST has ended ahead
 BEHIND_WARNING = "TST is expected to end behind its baseline: docs/results.md"
-# The measured trend of the equal-loss speed-up against tokens per parameter
-# (`python -m tst_jax.tools.ladder`; docs/results.md, "The speed-up ladder").
+# The fit of the equal-loss speed-up against tokens per parameter that
+# `python -m tst_jax.tools.ladder` measured.
 TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
 
 
 def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
-  """The warning of a TST run expected to end behind its baseline: where the measured
-  `trend` covers the run, when it predicts a speed-up below 1; elsewhere when its model is
-  as small as every model where TST ended behind, or its next-token phase is too short."""
+  """Warns when a TST run is expected to end behind its baseline, or returns None.
+
+  Where the measured `trend` covers the run, it warns when the trend predicts a speed-up below
+  1. Elsewhere it warns when the model is as small as every model where TST ended behind, or
+  its next-token phase is too short.
+  """
   ntp = plan.ntp_tokens_per_param
   if ntp is None:
     return None
@@ -49,13 +46,12 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
 
 @functools.cache
 def measured_trend() -> Trend | None:
-  """The shipped fit of the ladder's points (None when there is none)."""
+  """Loads the shipped fit of the ladder's points, or None when there is none."""
   return Trend.load(TREND_FILE) if os.path.isfile(TREND_FILE) else None
 
 
 def pays_line(plan: Plan, trend: Trend | None) -> str | None:
-  """For a TST run: its tokens per parameter and the speed-up the measured trend predicts
-  there, or why it predicts none."""
+  """Says a TST run's tokens per parameter and the speed-up the trend predicts, or why none."""
   if plan.ntp_tokens_per_param is None:
     return None
   x = plan.tokens_per_param
@@ -75,9 +71,12 @@ def pays_line(plan: Plan, trend: Trend | None) -> str | None:
 
 
 def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
-  """The passes over the training data (`tokens`: run_data.TrainTokens, None when unknown),
-  a warning when the run reads any of its tokens more than once, and one when it reads them
-  more than `max_passes` times (train.max_passes: the run will refuse to start)."""
+  """Lists the passes over the training data, with warnings when the run repeats its tokens.
+
+  `tokens` is a run_data.TrainTokens, or None when unknown. One warning comes when the run
+  reads any of its tokens more than once, another when it reads them more than `max_passes`
+  times, train.max_passes, past which the run refuses to start.
+  """
   if tokens is None:
     return ["data: training tokens counted once data.source is tokenized (the run's plan "
             "then says how many times it reads them)"]
@@ -102,9 +101,11 @@ def _label(phase: Phase) -> str:
 
 def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None,
                 max_passes: float = 0.0) -> str:
-  """A readable table, the platform's resolved defaults, the passes over the data (`tokens`:
-  run_data.TrainTokens) and what to expect of TST at this length, then the plan as JSON (the
-  record of plan.json)."""
+  """Formats the plan as a readable table, then its JSON, the record of plan.json.
+
+  Between them come the platform's resolved defaults, the passes over the data from `tokens`,
+  a run_data.TrainTokens, and what to expect of TST at this length.
+  """
   lines = [f"parameters: {human(plan.params_total)} total, {human(plan.params_active)} active",
            f"{'phase':<6}{'steps':>9}{'S':>4}{'mode':>13}{'latent L':>10}{'data L':>8}"
            f"{'batch':>7}{'data tok/step':>15}{'data tokens':>13}{'equiv tokens':>14}"

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM/SIGINT finish the step, checkpoint, and exit 0; a second signal exits."""
+"""Preemption: SIGTERM or SIGINT finish the step, checkpoint and exit 0. A second signal exits."""
 
 from __future__ import annotations
 
@@ -24,17 +24,18 @@ class Preempted(Exception):
 
 
 class PreemptionGuard:
-  """Turns SIGTERM/SIGINT into a request the loop honours after the current step.
+  """Turns SIGTERM and SIGINT into a request the loop honours after the current step.
 
-  One process: a Python signal handler sets a flag, read every step (no communication).
+  With one process, a Python signal handler sets a flag that every step reads, with no
+  communication.
 
-  Several processes must stop (and checkpoint) at the same step, whichever of them got the
-  signal, without a collective per step. JAX's preemption service (on by default with
-  `jax.distributed`) owns SIGTERM: its notice reaches every process through the coordination
-  service in the background, and `reached_preemption_sync_point(step)` (also what Orbax's
-  CheckpointManager asks) turns true at the same step everywhere; a local call per step.
-  SIGINT is passed on to it as SIGTERM. With the service off
-  (`jax_enable_preemption_service=False`) the processes all-gather their flags every
+  Several processes must stop and checkpoint at the same step, whichever of them got the
+  signal, without a collective per step. JAX's preemption service, on by default with
+  `jax.distributed`, owns SIGTERM. Its notice reaches every process through the coordination
+  service in the background, and `reached_preemption_sync_point(step)` turns true at the same
+  step everywhere, at the cost of a local call per step. Orbax's CheckpointManager asks the
+  same. SIGINT is passed on to it as SIGTERM. With the service off through
+  `jax_enable_preemption_service=False`, the processes all-gather their flags every
   `agree_every` steps instead.
   """
 
@@ -47,7 +48,7 @@ class PreemptionGuard:
     self._calls = 0
     multi = jax.process_count() > 1
     self.service = multi and bool(jax.config.jax_enable_preemption_service)
-    if self.service:   # SIGTERM stays with JAX's notifier; SIGINT is forwarded to it
+    if self.service:   # SIGTERM stays with JAX's notifier, and SIGINT is forwarded to it
       self._install((signal.SIGINT,), self._forward)
     else:
       self._install(self.SIGNALS, self._handle)
@@ -72,8 +73,10 @@ class PreemptionGuard:
     os.kill(os.getpid(), signal.SIGTERM)   # JAX's notifier tells the other processes
 
   def should_stop(self, step: int | None = None) -> bool:
-    """True at the step where every process stops; call it once per step, after `step`
-    steps are done (the number Orbax's CheckpointManager.save is given)."""
+    """Says whether every process stops at this step, once `step` steps are done.
+
+    Call it once per step with the number Orbax's CheckpointManager.save is given.
+    """
     self._calls += 1
     if jax.process_count() == 1:
       return self.requested
@@ -82,7 +85,7 @@ class PreemptionGuard:
         raise TypeError("should_stop(step): several processes agree on a step number")
       try:
         stop = multihost_utils.reached_preemption_sync_point(step)
-      except RuntimeError as e:   # no sync manager after all: agree by all-gather
+      except RuntimeError as e:   # no sync manager after all, so agree by all-gather
         log.warning("JAX preemption service unavailable (%s); processes agree on a stop "
                     "every %d steps instead", e, self.agree_every)
         self.service = False
@@ -97,6 +100,6 @@ class PreemptionGuard:
 
   def close(self):
     for sig, handler in self._previous.items():
-      if handler is not None:   # None: a handler not set from Python (JAX's), still in place
+      if handler is not None:   # None is a handler not set from Python, JAX's, still in place
         signal.signal(sig, handler)
     self._previous = {}

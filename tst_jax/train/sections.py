@@ -1,7 +1,9 @@
-"""The run's own config sections, each field declared once (tst_jax/schema.py): the top level
-(`Run`), tst, loss, optimizer, train and reference. The other sections live with what they
-configure: data (data/run_data.Data), model (the family's config dataclass), mesh
-(parallel/mesh.MeshShape) and distributed (parallel/distributed.Distributed)."""
+"""The run's own config sections, each field declared once: the top level `Run`, tst, loss,
+optimizer, train and reference.
+
+The other sections live with what they configure: data in data/run_data.py, model in the
+family's config dataclass, mesh in parallel/mesh.py and distributed in parallel/distributed.py.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Tst:
-  """config.tst: phase 1's settings (the plan makes each phase's own from them)."""
+  """config.tst: phase 1's settings, from which the plan makes each phase's own."""
   bag_size: int = schema.field(4, schema.integer(1), "S: tokens superposed per bag (1: the "
                                "baseline)")
   ratio: float = schema.field(0.3, schema.number(0, 1), "r: share of the steps in phase 1 "
