@@ -76,7 +76,7 @@ def delta_text(arm: dict) -> str:
 
 
 def speedup_text(arm: dict) -> str:
-  """'1.15x (1 seed)', '1.30 ± 0.01x [1.29, 1.30] (2 seeds)', '> 1.33x (1 seed)', both for
+  """'1.13x (1 seed)', '1.28 ± 0.01x [1.27, 1.29] (2 seeds)', '> 1.33x (1 seed)', both for
   mixed seeds, or why there is none."""
   if arm["is_baseline"]:
     return arm["speedup_note"] or "1.00x (a baseline)"
