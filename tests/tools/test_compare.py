@@ -320,6 +320,12 @@ def test_a_baseline_of_another_model_is_left_out_and_named(tmp_path, capsys):
   assert rows["llama_3b_20k"]["frontier"] == ["llama_3b_36k_baseline", "llama_3b_50k_baseline"]
   assert ("Note: llama_270m_20k_baseline is not a baseline of llama_3b_20k: model.dim differs "
           "(576, not 2048) and 8 more") in printed
+  # One of its own baselines and two of another model: never "needs two lengths".
+  rows, _ = _compare_rows(tmp_path, [big["20k"], big["50k,baseline"], small["20k,baseline"],
+                                     small["100k,baseline"]], capsys)
+  assert rows["llama_3b_20k"]["speedup_text"] == (
+      "one matching baseline length, 2 other baselines left out (see the notes): add --arms "
+      "baseline+30k,baseline+40k")
   # With no baseline of its model left, the command stops with one line.
   with pytest.raises(errors.DataError, match=r"^llama_3b_20k: no baseline among the runs "
                      r"matches it: llama_270m_20k_baseline is not a baseline of llama_3b_20k: "

@@ -17,8 +17,9 @@ from tst_jax.train.console import human
 def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
                    ) -> tuple[list[dict], list[dict], list[str]]:
   """(per-arm rows, per-run rows, notes) of (arm, seed, run) triples. Each run is compared
-  with the frontier of its seed's finished baselines (`run_row`); per arm, its final loss,
-  Δ at equal FLOPs and equal-loss speed-up over the seeds where they are measured."""
+  with the frontier of its seed's finished baselines that match it (`frontier_for`,
+  `run_row`); per arm, its final loss, Δ at equal FLOPs and equal-loss speed-up over the
+  seeds where they are measured."""
   per_run, notes = [], []
   for seed in sorted({seed for _, seed, _ in runs}):
     items = [(arm, run) for arm, s, run in runs if s == seed]

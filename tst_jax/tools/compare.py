@@ -34,7 +34,8 @@ import sys
 import numpy as np
 
 from tst_jax import errors, fileio
-from tst_jax.analysis.frontier import FIT_DISAGREES, WIDE_BRACKET, EqualLoss, Frontier
+from tst_jax.analysis.frontier import (FIT_DISAGREES, LENGTHS_NEEDED, WIDE_BRACKET, EqualLoss,
+                                       Frontier)
 from tst_jax.tools.eval_curve import EvalCurve, differs, load_run
 from tst_jax.train import defaults
 from tst_jax.train.console import human
@@ -102,6 +103,9 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
     equal = EqualLoss(None, note="no baseline matches it (see the notes)")
   else:
     equal = frontier.equal_loss(run.final_loss, run.total_flops)
+    if equal.note == LENGTHS_NEEDED and left_out:
+      equal = dataclasses.replace(equal, note=f"one matching baseline length, {left_out} "
+                                  "other baselines left out (see the notes)")
     if equal.speedup is None and equal.note != "its final loss is not finite":
       add = lengths_to_add(run.total_steps, have_one=bool(frontier.points))
       equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms {','.join(add)}")
