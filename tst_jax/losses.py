@@ -63,11 +63,12 @@ def bag_weights(weighting, bag_size: int) -> np.ndarray:
 
 
 def _fitted_weights(path: str, positions: np.ndarray) -> np.ndarray:
-  if path == "paper":
-    return PAPER_FIT["C0"] + PAPER_FIT["a"] * positions ** PAPER_FIT["k"]
   try:
-    with open(path) as f:
-      fit = json.load(f)
+    if path == "paper":
+      fit = PAPER_FIT
+    else:
+      with open(path) as f:
+        fit = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f"cannot read fitted weighting file {path!r}: {e}") from e
   if "weights" in fit and len(fit["weights"]) >= len(positions):

@@ -353,3 +353,9 @@ def test_an_equal_flops_batch_run_is_compared_by_its_own_flops(tmp_path, capsys)
   assert row["delta_text"] == "≤ -0.0620" and row["delta_bound"] == "≤"
   reach = 20_000 * 5 ** (0.062 / 0.12) * ntp.flops_per_step
   assert row["speedup"] == pytest.approx(reach / plan.flops_total, rel=1e-6)
+  assert row["delta_equal_flops"] is None       # not an exact Δ: the sweep's mean leaves it out
+  runs = [(arm, 0, load_run(d)) for arm, d in (("baseline", dirs["20k,baseline"]),
+                                                ("baseline+100k", dirs["100k,baseline"]),
+                                                ("batch", batch))]
+  arms, _, _ = arms_lib.summarize_arms(runs)
+  assert arms_lib.delta_text({a["arm"]: a for a in arms}["batch"]) == "≤ -0.0620"

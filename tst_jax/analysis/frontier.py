@@ -31,15 +31,18 @@ over the points of `python -m tst_jax.tools.ladder`, for the plan's prediction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
 import numpy as np
 
+from tst_jax.analysis import mutual_info
+
 LENGTHS_NEEDED = "needs baselines of two or more lengths"
 WIDE_BRACKET = 2.0      # bracketing baselines further apart in FLOPs: the row is warned
 FIT_DISAGREES = 0.10    # the power law's speed-up this far from the interpolation: flagged
-_ALPHAS = np.geomspace(0.01, 4.0, 400)   # the power law's exponents searched
+ALPHA_RANGE = (-4.0, -0.01)   # the power law's exponents searched: F^-4 to F^-0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,23 +83,16 @@ class PowerLaw:
 
   @classmethod
   def fit(cls, flops, losses) -> PowerLaw | None:
-    """The best fit with A > 0 over a grid of exponents, refined twice around the best; None
-    with fewer than three points or when the best exponent lies at the grid's edge (the
-    points are not a power law)."""
+    """The least-squares fit (mutual_info's fit of C0 + a·d^k, with F / scale for d); None
+    with fewer than three points, with A <= 0, or with the exponent at the searched range's
+    edge (the points are not a power law)."""
     x, y = np.asarray(flops, np.float64), np.asarray(losses, np.float64)
     if x.size < 3:
       return None
-    scale, alphas, best = float(x[0]), _ALPHAS, None
-    for _ in range(3):
-      fits = [_linear_fit(x / scale, y, alpha) for alpha in alphas]
-      fits = [f for f in fits if f[2] > 0]
-      if not fits:
-        return None
-      best = min(fits)
-      if best[3] in (_ALPHAS[0], _ALPHAS[-1]):
-        return None
-      alphas = np.geomspace(best[3] / 1.02, best[3] * 1.02, 41)
-    return cls(best[1], best[2], best[3], scale)
+    fit = mutual_info.fit_power_law(x / x[0], y, k_range=ALPHA_RANGE)
+    if fit["a"] <= 0 or not ALPHA_RANGE[0] + 1e-6 < fit["k"] < ALPHA_RANGE[1] - 1e-6:
+      return None
+    return cls(fit["C0"], fit["a"], -fit["k"], float(x[0]))
 
   def loss(self, flops: float) -> float:
     return self.E + self.A * (flops / self.scale) ** -self.alpha
@@ -106,13 +102,6 @@ class PowerLaw:
     if loss <= self.E:
       return None
     return self.scale * ((loss - self.E) / self.A) ** (-1 / self.alpha)
-
-
-def _linear_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, ...]:
-  """(squared error, E, A, alpha) of the least-squares E + A·x^-alpha at a given alpha."""
-  design = np.stack([np.ones_like(x), x ** -alpha], axis=1)
-  (e, a), *_ = np.linalg.lstsq(design, y, rcond=None)
-  return float(np.sum((design @ np.array([e, a]) - y) ** 2)), float(e), float(a), float(alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +144,7 @@ class Frontier:
   def names(self) -> list[str]:
     return [p[2] for p in self.points]
 
-  @property
+  @functools.cached_property
   def law(self) -> PowerLaw | None:
     return PowerLaw.fit(self.flops, self.losses)
 

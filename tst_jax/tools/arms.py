@@ -44,10 +44,9 @@ def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
         is_baseline=all(r["is_baseline"] for r in group),
         final_loss=spread(r["final_loss"] for r in group),
         delta_equal_flops=spread(r["delta_equal_flops"] for r in group
-                                 if r["delta_equal_flops"] is not None
-                                 and r["delta_bound"] == "="),
+                                 if r["delta_equal_flops"] is not None),
         delta_bounds=[r["delta_text"] for r in group
-                      if r["delta_equal_flops"] is not None and r["delta_bound"] != "="],
+                      if r["delta_equal_flops"] is None and r["delta_text"] != "--"],
         speedup=spread(r["speedup"] for r in exact),
         speedup_bounds=[dict(seed=r["seed"], bound=r["speedup_bound"], speedup=r["speedup"])
                         for r in group if r["speedup"] is not None and r not in exact],

@@ -93,8 +93,9 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
 
 
 def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
-  """One run against the frontier: Δ at equal FLOPs, the equal-loss speed-up, the power
-  law's, and the row's warnings."""
+  """One run against the frontier: Δ at equal FLOPs (None outside the frontier, where
+  `delta_text` gives its bound), the equal-loss speed-up, the power law's, and the row's
+  warnings."""
   delta, delta_bound = frontier.delta(run.final_loss, run.total_flops)
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
@@ -121,7 +122,7 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
               is_baseline=run.is_baseline, frontier=frontier.names,
               frontier_loss_at_equal_flops=frontier.loss_at(run.total_flops),
-              delta_equal_flops=delta, delta_bound=delta_bound,
+              delta_equal_flops=delta if delta_bound == "=" else None, delta_bound=delta_bound,
               delta_text=bounded(delta, delta_bound, "+.4f"),
               equal_loss_flops=equal.flops, speedup=equal.speedup, speedup_bound=equal.bound,
               speedup_text=equal.text() + (" (see the warnings)" if warnings else ""),
