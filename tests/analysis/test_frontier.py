@@ -97,3 +97,16 @@ def test_a_power_law_needs_three_points_that_fit_one():
   assert (law.E, law.A, law.alpha) == (pytest.approx(2.0, abs=1e-3), pytest.approx(1.0, abs=1e-3),
                                        pytest.approx(1.0, abs=1e-3))
   assert law.flops_to(1.99) is None and law.flops_to(2.5) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_run_where_the_power_law_and_the_interpolation_disagree_is_flagged():
+  # Baselines falling fast, then flat: 2.8 lies 2/3 of the way from 3.0 (2 FLOPs) to 2.7 (8),
+  # 2 x 4^(2/3) = 5.04 FLOPs in log FLOPs; the power law through the three (E = 2.68) has the
+  # curve flatten sooner and reaches 2.8 at 3.24x, not 5.04x.
+  f = Frontier.of([(1.0, 4.0, "b1"), (2.0, 3.0, "b2"), (8.0, 2.7, "b8")])
+  equal = f.equal_loss(2.8, 1.0)
+  assert equal.speedup == pytest.approx(2 * 4 ** (2 / 3)) and equal.wide
+  assert equal.fit == pytest.approx(3.24, abs=0.01) and equal.fit_disagrees
+  close = Frontier.of([(1.0, _law(1.0), "b1"), (2.0, _law(2.0), "b2"), (4.0, _law(4.0), "b4")])
+  assert not close.equal_loss(_law(1.5), 1.0).fit_disagrees
+

@@ -359,3 +359,22 @@ def test_an_equal_flops_batch_run_is_compared_by_its_own_flops(tmp_path, capsys)
                                                 ("batch", batch))]
   arms, _, _ = arms_lib.summarize_arms(runs)
   assert arms_lib.delta_text({a["arm"]: a for a in arms}["batch"]) == "≤ -0.0620"
+
+
+def test_a_row_the_power_law_disagrees_with_is_flagged(tmp_path):
+  """tests/analysis/test_frontier.py's case as runs: baselines of 10, 20 and 80 steps."""
+  runs = []
+  for steps, final in ((10, 4.0), (20, 3.0), (80, 2.7)):
+    path, _ = _fake_run(tmp_path / f"b{steps}", tiny_config(steps=steps, ratio=0.0),
+                        [(steps, final)])
+    runs.append(load_run(path))
+  path, _ = _fake_run(tmp_path / "t", tiny_config(steps=10, ratio=0.5), [(10, 2.8)])
+  runs.append(load_run(path))
+  rows, notes = compare.compare(runs)
+  row = rows[-1]
+  assert row["speedup_text"] == "5.04x (see the warnings)" and compare.fit_text(row) == "3.24x"
+  assert notes == ["t: its baselines are 4.0x apart in FLOPs, wider than 2x: add --arms "
+                   "baseline+0.04k",
+                   "t: the power law fitted to the baselines gives 3.24x, more than 10% from "
+                   "5.04x"]
+
