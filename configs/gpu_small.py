@@ -21,10 +21,10 @@ setting, S in 4-8), r<ratio> (r1.0: never switching), <N>k (total steps).
 
 Measured on one H100 80GB (jax 0.11.2; docs/results.md), held-out next-token loss at the
 last step on 200 MB of site-packages *.py, against finished baselines of 2k, 3k and 4k steps
-(the equal-loss speed-up: tst_jax/analysis/frontier.py):
-  2026-11-25, commit c5be70f: tst (S=2) 1.8356 ± 0.0037 (seeds 0, 1), Δ -0.081, 1.30x (seed
-  0); baseline 1.9165 ± 0.0047; s4 1.8729 (1.15x), s8 1.8922 (1.08x), s16 1.9132 (≤ 1.00x),
-  s4+r0.5 1.8650 (1.18x), s4+r1.0 4.0264; baseline+3k 1.7812, baseline+4k 1.7372.
+(the equal-loss speed-up in log FLOPs: tst_jax/analysis/frontier.py):
+  2026-11-25, commit c5be70f: tst (S=2) 1.8356 ± 0.0037 (seeds 0, 1), Δ -0.081, 1.28x (seed
+  0); baseline 1.9165 ± 0.0047; s4 1.8729 (1.13x), s8 1.8922 (1.07x), s16 1.9132 (≤ 1.00x),
+  s4+r0.5 1.8650 (1.16x), s4+r1.0 4.0264; baseline+3k 1.7812, baseline+4k 1.7372.
   2026-11-23, commit a8eba67 (every loss about 0.03 higher than on 11-25: compare within a
   date): s4 1.894 ± 0.002, baseline 1.945 ± 0.006, s4+reinit 1.989 ± 0.011; seed 0 only:
   s4+input_only 1.896, s4+output_only 1.928. Tokenizing 200 MB once 33 s; one 2000-step arm

@@ -11,7 +11,7 @@ import torch
 from tst_jax import losses
 from tst_jax import superposition as sp
 
-WEIGHTINGS = ["uniform", "power", "exponential", "first", "array"]
+WEIGHTINGS = ["uniform", "power", "exponential", "first", "array", "fitted:paper"]
 
 
 def _weights_torch(weighting, s):
@@ -19,7 +19,9 @@ def _weights_torch(weighting, s):
   if weighting == "array":
     return [0.5 + 0.25 * i for i in range(s)]
   return [{"uniform": 1.0, "power": 1.0 / i, "exponential": float(np.exp(-i)),
-           "first": float(i == 1)}[weighting] for i in range(1, s + 1)]
+           "first": float(i == 1),
+           # appendix D, figure caption: C0 + a·d^k, C0 ≈ 3.63, a ≈ 1.35, k ≈ -1.25
+           "fitted:paper": 3.63 + 1.35 * i ** -1.25}[weighting] for i in range(1, s + 1)]
 
 
 def paper_loss(pred, labels, weights):

@@ -26,15 +26,19 @@ from tst_jax.superposition import IGNORE_INDEX
 
 WEIGHTINGS = ("uniform", "power", "exponential", "first")
 VARIANTS = ("mce", "alt")
+# Appendix D's power law of the mutual information between DCLM tokens d apart, C0 + a·d^k:
+# 'fitted:paper' weighs position d by its value, C0 included (the paper weighs "by the values
+# of the fitted power law"), which makes the weights nearly uniform (docs/results.md).
+PAPER_FIT = dict(C0=3.63, a=1.35, k=-1.25)
 
 
 def bag_weights(weighting, bag_size: int) -> np.ndarray:
   """Per-position weights [S] (float32) for a bag of `bag_size` targets.
 
   weighting: "uniform" (1), "power" (1/i), "exponential" (exp(-i)), "first" (delta_1),
-  a length-S sequence of non-negative weights, or "fitted:F.json" (the output of
+  a length-S sequence of non-negative weights, "fitted:F.json" (the output of
   `tst_jax.analysis.mutual_info`, holding either "weights" or a fit {"C0", "a", "k"},
-  evaluated as C0 + a * d^k at distances d = 1..S).
+  evaluated as C0 + a * d^k at distances d = 1..S), or "fitted:paper" (PAPER_FIT).
   """
   positions = np.arange(1, bag_size + 1, dtype=np.float64)
   if isinstance(weighting, str) and weighting.startswith("fitted:"):
@@ -48,7 +52,7 @@ def bag_weights(weighting, bag_size: int) -> np.ndarray:
     }
     if weighting not in table:
       raise ValueError(f"unknown weighting {weighting!r}: expected one of {WEIGHTINGS}, "
-                       "a list of S weights, or 'fitted:<file.json>'")
+                       "a list of S weights, 'fitted:<file.json>' or 'fitted:paper'")
     return table[weighting].astype(np.float32)
   weights = np.asarray(weighting, dtype=np.float64).reshape(-1)
   if weights.shape != (bag_size,):
@@ -60,8 +64,11 @@ def bag_weights(weighting, bag_size: int) -> np.ndarray:
 
 def _fitted_weights(path: str, positions: np.ndarray) -> np.ndarray:
   try:
-    with open(path) as f:
-      fit = json.load(f)
+    if path == "paper":
+      fit = PAPER_FIT
+    else:
+      with open(path) as f:
+        fit = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f"cannot read fitted weighting file {path!r}: {e}") from e
   if "weights" in fit and len(fit["weights"]) >= len(positions):

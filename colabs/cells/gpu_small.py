@@ -16,8 +16,8 @@ positions twice, at the same FLOPs per step (6.60 TFLOPs):
 c5be70f, seeds 0 and 1, on 200 MB of Python source: the `*.py` of a torch install's
 site-packages): held-out next-token loss **TST 1.836 ± 0.004, baseline 1.917 ± 0.005** (TST
 ahead by 0.081 ± 0.001). Against finished baselines of 3k and 4k steps as well, the same
-loss costs the baseline 1.30x TST's compute (seed 0): less than the paper's 2-2.5x at
-10B-A1B. S = 2 was the best bag size at this scale (S = 4: 1.15x, the paper's range is 4-8).
+loss costs the baseline 1.28x TST's compute (seed 0): less than the paper's 1.8x at 3B and
+> 2.5x at 10B-A1B. S = 2 was the best bag size at this scale (S = 4: 1.13x; the paper's S: 4-8).
 Time on the H100: about 80 s of GPU per arm, plus 33 s to tokenize the corpus once. Colab
 runtimes (T4, L4, A100) have not been measured: expect several times the H100's time; this
 notebook prints each run's wall time.

@@ -93,3 +93,29 @@ def test_cli_prints_the_table_and_writes_results(workdir, capsys):
   with open(path) as f:
     record = json.load(f)
   assert record["step"] == trained.FINAL_STEP and "acc,none" in record["results"]["tst_mc"]
+
+
+def test_paper_tasks_run_0_shot_and_print_the_7_task_average(workdir, capsys, monkeypatch):
+  """--tasks paper asks lm-eval for the paper's eight tasks 0-shot and prints the mean of the
+  seven without MMLU; lm-eval's answer is stood in for (its datasets are downloads)."""
+  asked = {}
+  scores = {"arc_easy": 0.50, "arc_challenge": 0.25, "boolq": 0.60, "hellaswag": 0.30,
+            "mmlu": 0.99, "openbookqa": 0.20, "piqa": 0.65, "winogrande": 0.52}
+
+  def fake_evaluate(lm, tasks, **kwargs):
+    asked.update(tasks=tasks, **kwargs)
+    return {"results": {t: {f"{tst_eval.PAPER_TASKS[t]},none": v, "alias": t}
+                        for t, v in scores.items()}}
+
+  monkeypatch.setattr(tst_eval, "evaluate", fake_evaluate)
+  monkeypatch.setattr(tst_eval.lm_utils, "make_table", lambda results: "table")
+  tst_eval.main(["--workdir", workdir, "--tasks", "paper", "--limit", "4"])
+  assert asked["tasks"] == ["arc_easy", "arc_challenge", "boolq", "hellaswag", "mmlu",
+                            "openbookqa", "piqa", "winogrande"]
+  assert asked["num_fewshot"] == 0
+  mean = (0.50 + 0.25 + 0.60 + 0.30 + 0.20 + 0.65 + 0.52) / 7     # MMLU's 0.99 left out
+  assert (f"the paper's average of 7 tasks (arc_easy, arc_challenge, boolq, hellaswag, "
+          f"openbookqa, piqa, winogrande; 0-shot): {mean:.4f}") in capsys.readouterr().out
+  assert tst_eval.task_list("paper,tst_mc,boolq")[-1] == "tst_mc"
+  assert tst_eval.paper_average({"results": {"boolq": {"acc,none": 1.0}}}) is None
+

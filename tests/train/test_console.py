@@ -89,3 +89,13 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
   assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
   console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""))
   assert "measure it" not in capsys.readouterr().out
+
+
+def test_counts_read_with_si_suffixes_up_to_yotta():
+  human = console_lib.human
+  # The paper's 3B baseline of 36k steps: 1.53e21 FLOPs, 1.53Z (not 1.53e+03E).
+  assert [human(x) for x in (1.5297e21, 8.4983e20, 7.397e21, 2.5e24)] == [
+      "1.53Z", "850E", "7.4Z", "2.5Y"]
+  assert [human(x) for x in (999.7e18, 999.4e18, 999.6, 1234, 0.5, None)] == [
+      "1Z", "999E", "1K", "1.23K", "0.5", "--"]
+

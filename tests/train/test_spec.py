@@ -19,6 +19,9 @@ from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
     ("tst.bag_size", 0, "config.tst.bag_size: must be an integer >= 1"),
     ("tst.ratio", 1.5, r"config.tst.ratio: must be a number in \[0, 1\]"),
     ("tst.weighting", "cubic", "config.tst.weighting: unknown weighting 'cubic'"),
+    ("tst.variant", "alt", "^config.tst.variant: 'alt' sums the bag's probability and reads "
+                           "only which weights are zero: tst.weighting='power' would be "
+                           "ignored; use 'uniform' or 'first' with it, or tst.variant='mce'$"),
     ("tst.mode", "both", "config.tst.mode"),
     ("data.source", "text:/nonexistent/*.txt", "matches no files"),
     ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
@@ -27,7 +30,7 @@ from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
     ("model.dimz", 5, "config.model.dimz: is not a field of config.model"),
 ])
 def test_bad_config_fails_before_training(tmp_path, field, value, message):
-  config = tiny_config()
+  config = tiny_config(tst=dict(weighting="power"))    # the 'alt' row's weighting
   section, name = field.split(".")
   config[section][name] = value
   workdir = tmp_path / "run"

@@ -4,18 +4,25 @@ A baseline run of T steps decays its learning rate over its last steps (WSD), so
 at the end is well below the loss a longer baseline passes through at the same FLOPs. The
 honest reference for "how much compute does the baseline need to reach this loss" is
 therefore the *frontier* of finished baselines: the final losses of baseline runs of several
-lengths, against their total FLOPs, linearly interpolated between lengths.
+lengths against their total FLOPs, interpolated between lengths in log FLOPs.
 
   speed-up(run)      = F_frontier(final loss of the run) / FLOPs of the run
   Δ at equal FLOPs   = final loss of the run - L_frontier(FLOPs of the run)
 
-A loss below the longest baseline's gives a lower bound (> F_max / F), a loss at or above
-the shortest's an upper bound (≤ F_min / F); one baseline length gives no speed-up at all
-("needs baselines of two or more lengths"), and a longer baseline that ends above a shorter
-one is left out (named in the reports). Nothing here falls back to the middle of a longer
-run's curve: at 13.2 PFLOPs the undecayed 4k-step curve of configs/gpu_small.py is at 2.0106
-where the finished 2k-step run is at 1.9132, and reading the speed-up off that curve printed
-1.73x where the frontier gives 1.15x (../docs/results.md, H100 2026-11-25).
+Loss against compute is convex, so a straight line in FLOPs between two baselines lies above
+the curve and overstates the speed-up; a straight line in log FLOPs follows a power law
+closely (the paper's 270M baselines of 20k and 100k steps: 3.33x in FLOPs, 2.56x in log
+FLOPs). Two baselines more than WIDE_BRACKET apart in FLOPs around a run get a warning; with
+three or more lengths a power law L(F) = E + A·F^(−α) is fitted as a second estimate, and a
+run where the two differ by more than FIT_DISAGREES is flagged.
+
+Past the frontier's ends the answer is a bound: a loss below the longest baseline's gives
+> F_max / F, a loss at or above the shortest's ≤ F_min / F. One baseline length bounds a run
+that ends at or below it with fewer FLOPs (> F_base / F) or above it with more (≤ F_base / F),
+the paper's 10B-A1B pair among them; otherwise it gives no speed-up. A longer baseline that
+ends above a shorter one is left out (named in the reports). Nothing here reads the middle
+of a longer run's curve: at 13.2 PFLOPs the undecayed 4k-step curve of configs/gpu_small.py
+is at 2.0106 where the finished 2k-step run is at 1.9132 (../docs/results.md).
 
 `Trend` fits the speed-up against tokens per parameter (a line in log tokens per parameter)
 over the points of `python -m tst_jax.tools.ladder`, for the plan's prediction.
@@ -24,32 +31,77 @@ over the points of `python -m tst_jax.tools.ladder`, for the plan's prediction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 
 import numpy as np
 
+from tst_jax.analysis import mutual_info
+
 LENGTHS_NEEDED = "needs baselines of two or more lengths"
-# A run up to this fraction below the shortest baseline's FLOPs is compared with that baseline
-# (tst.equal_flops='batch' runs attention over L/S positions: about 1% fewer FLOPs); the
-# baseline then had the more compute. Above the longest baseline nothing is extrapolated.
-BELOW_SHORTEST = 0.05
+WIDE_BRACKET = 2.0      # bracketing baselines further apart in FLOPs: the row is warned
+FIT_DISAGREES = 0.10    # the power law's speed-up this far from the interpolation: flagged
+ALPHA_RANGE = (-4.0, -0.01)   # the power law's exponents searched: F^-4 to F^-0.01
 
 
 @dataclasses.dataclass(frozen=True)
 class EqualLoss:
   """The frontier's answer for one run: `speedup` is exact when `bound` is '=', a lower bound
-  for '>' (the run ends below every baseline), an upper bound for '≤' (at or above the
-  shortest); None with a `note` when there is no answer."""
+  for '>', an upper bound for '≤'; None with a `note` when there is no answer. `fit` is the
+  power law's speed-up, `bracket` the FLOPs of the two baselines around the run."""
   speedup: float | None
   bound: str = "="
   flops: float | None = None      # the frontier's FLOPs to the run's loss (or the bound's)
   note: str = ""
+  fit: float | None = None
+  bracket: tuple[float, float] | None = None
 
   def text(self) -> str:
     if self.speedup is None:
       return self.note
     return ("" if self.bound == "=" else self.bound + " ") + f"{self.speedup:.2f}x"
+
+  @property
+  def wide(self) -> bool:
+    """Are the two baselines around the run more than WIDE_BRACKET apart in FLOPs?"""
+    return self.bracket is not None and self.bracket[1] > WIDE_BRACKET * self.bracket[0]
+
+  @property
+  def fit_disagrees(self) -> bool:
+    return (self.fit is not None and self.speedup is not None and
+            abs(self.fit / self.speedup - 1) > FIT_DISAGREES)
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerLaw:
+  """L(F) = E + A·(F / scale)^(−alpha), least squares over three or more baselines."""
+  E: float
+  A: float
+  alpha: float
+  scale: float
+
+  @classmethod
+  def fit(cls, flops, losses) -> PowerLaw | None:
+    """The least-squares fit (mutual_info's fit of C0 + a·d^k, with F / scale for d); None
+    with fewer than three points, with A <= 0, or with the exponent at the searched range's
+    edge (the points are not a power law)."""
+    x, y = np.asarray(flops, np.float64), np.asarray(losses, np.float64)
+    if x.size < 3:
+      return None
+    fit = mutual_info.fit_power_law(x / x[0], y, k_range=ALPHA_RANGE)
+    if fit["a"] <= 0 or not ALPHA_RANGE[0] + 1e-6 < fit["k"] < ALPHA_RANGE[1] - 1e-6:
+      return None
+    return cls(fit["C0"], fit["a"], -fit["k"], float(x[0]))
+
+  def loss(self, flops: float) -> float:
+    return self.E + self.A * (flops / self.scale) ** -self.alpha
+
+  def flops_to(self, loss: float) -> float | None:
+    """FLOPs at which the law reaches `loss`; None at or below its floor E."""
+    if loss <= self.E:
+      return None
+    return self.scale * ((loss - self.E) / self.A) ** (-1 / self.alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +109,14 @@ class Frontier:
   """Finished baselines (FLOPs, final loss, name) sorted by FLOPs, each ending below every
   shorter one; `dropped` holds those that did not (FLOPs, loss, name, the shorter one they
   end above): a longer baseline that ends higher (its data repeated, say) says nothing about
-  what more compute buys, and is left out of the interpolation."""
+  what more compute buys, and is left out. `flops_per_step` is the baselines' own, to name
+  the step count of a baseline to add."""
   points: tuple[tuple[float, float, str], ...]   # (FLOPs, loss, names joined by ' + ')
   dropped: tuple[tuple[float, float, str, str], ...] = ()
+  flops_per_step: float | None = None
 
   @classmethod
-  def of(cls, runs) -> Frontier:
+  def of(cls, runs, flops_per_step: float | None = None) -> Frontier:
     """From (flops, final_loss, name) triples; runs of equal FLOPs (seeds) are averaged."""
     by_flops: dict[float, list] = {}
     for flops, loss, name in runs:
@@ -76,7 +130,7 @@ class Frontier:
         dropped.append((f, loss, name, points[-1][2]))
       else:
         points.append((f, loss, name))
-    return cls(tuple(points), tuple(dropped))
+    return cls(tuple(points), tuple(dropped), flops_per_step)
 
   @property
   def flops(self) -> np.ndarray:
@@ -90,26 +144,44 @@ class Frontier:
   def names(self) -> list[str]:
     return [p[2] for p in self.points]
 
+  @functools.cached_property
+  def law(self) -> PowerLaw | None:
+    return PowerLaw.fit(self.flops, self.losses)
+
   def holds(self, name: str) -> bool:
     """Is the run `name` one of the frontier's points (alone or among seeds averaged)?"""
     return any(name in p[2].split(" + ") for p in self.points)
 
   def loss_at(self, flops: float) -> float | None:
-    """The baselines' final loss at `flops`, interpolated between lengths; None above the
-    longest or more than BELOW_SHORTEST below the shortest."""
+    """The baselines' final loss at `flops`, interpolated in log FLOPs between lengths; None
+    outside the frontier."""
     if not self.points:
       return None
     x, lo, hi = float(flops), self.flops[0], self.flops[-1]
-    if x < lo * (1 - BELOW_SHORTEST) or x > hi * (1 + 1e-9):
+    if x < lo * (1 - 1e-9) or x > hi * (1 + 1e-9):
       return None
-    return float(np.interp(min(max(x, lo), hi), self.flops, self.losses))
+    return float(np.interp(np.log(min(max(x, lo), hi)), np.log(self.flops), self.losses))
+
+  def delta(self, loss: float, flops: float) -> tuple[float | None, str]:
+    """(Δ at equal FLOPs, '=' or a bound). Below the shortest baseline's FLOPs it is measured
+    against that baseline, which had more compute: Δ is at most that ('≤'). A
+    tst.equal_flops='batch' run is one: its phase 1 attends over L/S positions, 21% fewer
+    FLOPs per step at 270M with S = 4. Past the longest baseline Δ is at least that ('≥')."""
+    if not self.points or not math.isfinite(loss):
+      return None, "="
+    at = self.loss_at(flops)
+    if at is not None:
+      return loss - at, "="
+    if flops < self.flops[0]:
+      return loss - float(self.losses[0]), "≤"
+    return loss - float(self.losses[-1]), "≥"
 
   def equal_loss(self, loss: float, flops: float) -> EqualLoss:
     """FLOPs at which the frontier reaches `loss`, over the run's `flops`."""
     if not math.isfinite(loss):
       return EqualLoss(None, note="its final loss is not finite")
     if len(self.points) < 2:
-      return EqualLoss(None, note=LENGTHS_NEEDED)
+      return self._one_length(loss, flops)
     x, y = self.flops, self.losses
     below = np.nonzero(y <= loss)[0]
     if below.size == 0:
@@ -117,8 +189,26 @@ class Frontier:
     i = int(below[0])
     if i == 0:
       return EqualLoss(x[0] / flops, "≤", float(x[0]))
-    reach = x[i - 1] + (x[i] - x[i - 1]) * (y[i - 1] - loss) / (y[i - 1] - y[i])
-    return EqualLoss(float(reach / flops), "=", float(reach))
+    t = (y[i - 1] - loss) / (y[i - 1] - y[i])
+    reach = float(np.exp(np.log(x[i - 1]) + t * np.log(x[i] / x[i - 1])))
+    law = self.law
+    fit = law.flops_to(loss) if law else None
+    return EqualLoss(reach / flops, "=", reach, fit=None if fit is None else fit / flops,
+                     bracket=(float(x[i - 1]), float(x[i])))
+
+  def _one_length(self, loss: float, flops: float) -> EqualLoss:
+    """A bound from one baseline length where the run ends at or below it with fewer FLOPs,
+    or above it with more; else why there is no answer."""
+    if self.points:
+      (x, y, _), = self.points
+      if loss <= y and flops < x:
+        return EqualLoss(x / flops, ">", x)
+      if loss > y and flops > x:
+        return EqualLoss(x / flops, "≤", x)
+    if self.dropped:
+      return EqualLoss(None, note=f"one baseline length left, {len(self.dropped)} left out "
+                       "(see the notes)")
+    return EqualLoss(None, note=LENGTHS_NEEDED)
 
 
 def spread(values) -> dict | None:

@@ -175,6 +175,16 @@ def workdir_train_tokens(workdir: str) -> int | None:
     return None
 
 
+def workdir_fingerprint(workdir: str) -> str | None:
+  """The fingerprint of the token store a run directory trained on (its store.json); None
+  without one."""
+  path = os.path.join(workdir, STORE_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f).get("fingerprint")
+
+
 def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
   store of data.source prepared into <workdir>/data (reused when already there)."""

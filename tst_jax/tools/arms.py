@@ -8,8 +8,8 @@ import os
 
 from tst_jax import fileio
 from tst_jax.analysis.frontier import spread
-from tst_jax.tools.compare import (METHOD, fmt, frontier_notes, frontier_of, report_head,
-                                   run_row)
+from tst_jax.tools.compare import (METHOD, fit_text, fmt, frontier_for, frontier_notes,
+                                   report_head, run_row)
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.console import human
 
@@ -17,14 +17,20 @@ from tst_jax.train.console import human
 def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
                    ) -> tuple[list[dict], list[dict], list[str]]:
   """(per-arm rows, per-run rows, notes) of (arm, seed, run) triples. Each run is compared
-  with the frontier of its seed's finished baselines (`run_row`); per arm, its final loss,
-  Δ at equal FLOPs and equal-loss speed-up over the seeds where they are measured."""
+  with the frontier of its seed's finished baselines that match it (`frontier_for`,
+  `run_row`); per arm, its final loss, Δ at equal FLOPs and equal-loss speed-up over the
+  seeds where they are measured."""
   per_run, notes = [], []
   for seed in sorted({seed for _, seed, _ in runs}):
     items = [(arm, run) for arm, s, run in runs if s == seed]
-    frontier = frontier_of([run for _, run in items])
-    notes += frontier_notes(frontier, [run for _, run in items], f"seed {seed}: ")
-    per_run += [dict(run_row(run, frontier), arm=arm, seed=seed) for arm, run in items]
+    seed_runs = [run for _, run in items]
+    for arm, run in items:
+      frontier, left_out = frontier_for(run, seed_runs)
+      row = run_row(run, frontier, len(left_out))
+      notes += [f"seed {seed}: {n}" for n in left_out + frontier_notes(frontier, seed_runs)]
+      notes += [f"seed {seed}: {run.name}: {w}" for w in row["warnings"]]
+      per_run.append(dict(row, arm=arm, seed=seed))
+  notes = list(dict.fromkeys(notes))
   names = list(dict.fromkeys([a for a in order if any(r["arm"] == a for r in per_run)] +
                              sorted({r["arm"] for r in per_run})))
   arms = []
@@ -39,6 +45,8 @@ def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
         final_loss=spread(r["final_loss"] for r in group),
         delta_equal_flops=spread(r["delta_equal_flops"] for r in group
                                  if r["delta_equal_flops"] is not None),
+        delta_bounds=[r["delta_text"] for r in group
+                      if r["delta_equal_flops"] is None and r["delta_text"] != "--"],
         speedup=spread(r["speedup"] for r in exact),
         speedup_bounds=[dict(seed=r["seed"], bound=r["speedup_bound"], speedup=r["speedup"])
                         for r in group if r["speedup"] is not None and r not in exact],
@@ -59,8 +67,16 @@ def _seeds(n: int) -> str:
   return f"{n} seed" + ("s" if n != 1 else "")
 
 
+def delta_text(arm: dict) -> str:
+  """Δ over the seeds where it is measured, else its bound (a run below the shortest
+  baseline's FLOPs, or past the longest)."""
+  if arm["delta_equal_flops"] or not arm["delta_bounds"]:
+    return _spread_text(arm["delta_equal_flops"], sign="+")
+  return ", ".join(dict.fromkeys(arm["delta_bounds"]))
+
+
 def speedup_text(arm: dict) -> str:
-  """'1.15x (1 seed)', '1.30 ± 0.01x [1.29, 1.30] (2 seeds)', '> 1.33x (1 seed)', both for
+  """'1.13x (1 seed)', '1.28 ± 0.01x [1.27, 1.29] (2 seeds)', '> 1.33x (1 seed)', both for
   mixed seeds, or why there is none."""
   if arm["is_baseline"]:
     return arm["speedup_note"] or "1.00x (a baseline)"
@@ -86,16 +102,17 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
     lines.append(f"| {a['arm']} | {a['r']:g} | {a['S']} | {a['steps']} | {human(a['flops'])} | "
                  f"{human(a['data_tokens'])} | {fmt(a['passes'], '.2f')} | "
                  f"{','.join(map(str, a['seeds']))} | {_spread_text(a['final_loss'])} | "
-                 f"{_spread_text(a['delta_equal_flops'], sign='+')} | {speedup_text(a)} |")
+                 f"{delta_text(a)} | {speedup_text(a)} |")
   lines += ["", "| run | arm | seed | final eval loss | passes | baselines' loss at equal "
-            "FLOPs | Δ | baselines' FLOPs to equal loss | speed-up |", "|---" * 9 + "|"]
+            "FLOPs | Δ | baselines' FLOPs to equal loss | speed-up | power-law fit |",
+            "|---" * 10 + "|"]
   for r in per_run:
     lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
                  f"{fmt(r['passes'], '.2f')} | {fmt(r['frontier_loss_at_equal_flops'])} | "
-                 f"{fmt(r['delta_equal_flops'], '+.4f')} | "
+                 f"{r['delta_text']} | "
                  f"{'' if r['speedup_bound'] == '=' else r['speedup_bound'] + ' '}"
-                 f"{human(r['equal_loss_flops'])} | "
-                 f"{r['speedup_text']} |")
+                 f"{human(r['equal_loss_flops'])} | {r['speedup_text']} | "
+                 f"{fit_text(r)} |")
   return "\n".join(lines)
 
 

@@ -7,11 +7,15 @@ Reads each run's metrics.jsonl (held-out eval lines), plan.json (its phases and 
 written before plan.json: its config.json) and store.json (its training tokens: the passes
 over the data), as tools/eval_curve.py does. The baselines
 (r = 0) among --runs make the frontier (tst_jax/analysis/frontier.py): their final losses
-against their total FLOPs, interpolated between lengths. For every run:
+against their total FLOPs, interpolated between lengths in log FLOPs. A baseline counts for a
+run only if it equals the run in all but the TST settings, the step count and the seed (the
+model, data shapes, optimizer and schedule, and the token store's fingerprint); one left out
+gets a note naming the field, and a TST run with none left is an error. For every run:
   Δ at equal FLOPs       its final loss minus the frontier's at its FLOPs;
   equal-loss speed-up    the frontier's FLOPs to reach its final loss over its FLOPs (a baseline
                          is 1.00x by construction; '>' and '≤' are bounds past the frontier's
-                         ends; one baseline length gives none);
+                         ends or from one baseline; with three or more lengths a power law's
+                         too, in its own column);
   equal data             the longest baseline's eval curve after as many data tokens (figure 2's
                          right panel): a point in the middle of a run whose learning rate has
                          not decayed, so never a speed-up.
@@ -23,23 +27,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
 import numpy as np
 
 from tst_jax import errors, fileio
-from tst_jax.analysis.frontier import LENGTHS_NEEDED, EqualLoss, Frontier
-from tst_jax.tools.eval_curve import EvalCurve, load_run
+from tst_jax.analysis.frontier import (FIT_DISAGREES, LENGTHS_NEEDED, WIDE_BRACKET, EqualLoss,
+                                       Frontier)
+from tst_jax.tools.eval_curve import EvalCurve, differs, load_run
 from tst_jax.train import defaults
 from tst_jax.train.console import human
 
 METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished baselines' "
-          "(r = 0; in a sweep, of the run's seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
+          "(r = 0, equal to the run in all but the TST settings, steps and seed; in a sweep, "
+          "of the run's seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
           "those baselines' final losses reach the run's final loss, interpolated between "
-          "baseline lengths, over the run's FLOPs (a baseline is 1.00x; '>' and '≤' are bounds "
-          "past the longest and shortest baseline). Both use finished runs, whose learning "
-          "rate has decayed, never the middle of a longer run's curve.")
+          "baseline lengths in log FLOPs, over the run's FLOPs (a baseline is 1.00x; '>' and "
+          "'≤' are bounds past the longest and shortest baseline, or from one baseline). With "
+          "three or more lengths a power law E + A·F^-α fitted to them gives a second "
+          "speed-up. Both use finished runs, whose learning rate has decayed, never the "
+          "middle of a longer run's curve.")
 
 
 def lengths_to_add(steps: int, have_one: bool = True) -> list[str]:
@@ -49,9 +58,31 @@ def lengths_to_add(steps: int, have_one: bool = True) -> list[str]:
       f"baseline+{defaults.steps_arm(round(steps * f))}" for f in (1.5, 2)]
 
 
+def between_arm(frontier: Frontier, bracket: tuple[float, float]) -> str:
+  """The `baseline+<N>k` arm halfway between two baselines in log FLOPs, N to two digits."""
+  steps = math.sqrt(bracket[0] * bracket[1]) / frontier.flops_per_step
+  digits = 10 ** max(int(math.log10(steps)) - 1, 0)
+  return f"baseline+{defaults.steps_arm(round(steps / digits) * digits)}"
+
+
 def frontier_of(runs: list[EvalCurve]) -> Frontier:
   """The finished baselines among `runs`: (total FLOPs, final loss, name)."""
-  return Frontier.of((r.total_flops, r.final_loss, r.name) for r in runs if r.is_baseline)
+  baselines = [r for r in runs if r.is_baseline]
+  return Frontier.of(((r.total_flops, r.final_loss, r.name) for r in baselines),
+                     baselines[0].plan.phases[-1].flops_per_step if baselines else None)
+
+
+def frontier_for(run: EvalCurve, runs: list[EvalCurve]) -> tuple[Frontier, list[str]]:
+  """The frontier of the baselines among `runs` that equal `run` in all but the TST settings,
+  the step count and the seed, and for a TST run one line per baseline left out."""
+  kept, notes = [], []
+  for other in runs:
+    why = differs(other, run) if other.is_baseline else ""
+    if why and not run.is_baseline:
+      notes.append(f"{other.name} is not a baseline of {run.name}: {why}")
+    elif other.is_baseline and not why:
+      kept.append(other)
+  return frontier_of(kept), notes
 
 
 def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
@@ -61,24 +92,46 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
   return float(np.interp(at, x, y))
 
 
-def run_row(run: EvalCurve, frontier: Frontier) -> dict:
-  """One run against the frontier: Δ at equal FLOPs and the equal-loss speed-up."""
-  at = frontier.loss_at(run.total_flops) if np.isfinite(run.final_loss) else None
+def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
+  """One run against the frontier: Δ at equal FLOPs (None outside the frontier, where
+  `delta_text` gives its bound), the equal-loss speed-up, the power law's, and the row's
+  warnings."""
+  delta, delta_bound = frontier.delta(run.final_loss, run.total_flops)
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
              EqualLoss(None, note="left out of the frontier (see the notes)"))
+  elif not frontier.points and left_out:
+    equal = EqualLoss(None, note="no baseline matches it (see the notes)")
   else:
     equal = frontier.equal_loss(run.final_loss, run.total_flops)
-    if equal.note == LENGTHS_NEEDED:
+    if equal.note == LENGTHS_NEEDED and left_out:
+      equal = dataclasses.replace(equal, note=f"one matching baseline length, {left_out} "
+                                  "other baselines left out (see the notes)")
+    if equal.speedup is None and equal.note != "its final loss is not finite":
       add = lengths_to_add(run.total_steps, have_one=bool(frontier.points))
       equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms {','.join(add)}")
+  warnings = []
+  if equal.wide:
+    warnings.append(f"its baselines are {equal.bracket[1] / equal.bracket[0]:.1f}x apart in "
+                    f"FLOPs, wider than {WIDE_BRACKET:g}x: add --arms "
+                    f"{between_arm(frontier, equal.bracket)}")
+  if equal.fit_disagrees:
+    warnings.append(f"the power law fitted to the baselines gives {equal.fit:.2f}x, more "
+                    f"than {FIT_DISAGREES:.0%} from {equal.text()}")
   return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
               is_baseline=run.is_baseline, frontier=frontier.names,
-              frontier_loss_at_equal_flops=at,
-              delta_equal_flops=None if at is None else run.final_loss - at,
+              frontier_loss_at_equal_flops=frontier.loss_at(run.total_flops),
+              delta_equal_flops=delta if delta_bound == "=" else None, delta_bound=delta_bound,
+              delta_text=bounded(delta, delta_bound, "+.4f"),
               equal_loss_flops=equal.flops, speedup=equal.speedup, speedup_bound=equal.bound,
-              speedup_text=equal.text())
+              speedup_text=equal.text() + (" (see the warnings)" if warnings else ""),
+              speedup_fit=equal.fit, warnings=warnings)
+
+
+def bounded(x, bound: str, form: str) -> str:
+  """`x` formatted after its bound ('≤ -0.0500'), '--' for None."""
+  return fmt(x, form) if x is None or bound == "=" else f"{bound} {x:{form}}"
 
 
 def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -> list[str]:
@@ -91,26 +144,38 @@ def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -
           for _, loss, name, shorter in frontier.dropped]
 
 
-def compare(runs: list[EvalCurve], curve: EvalCurve | None = None,
-            frontier: Frontier | None = None) -> list[dict]:
-  """One row per run against `frontier` (default: that of the baselines among `runs`), plus
-  figure 2's equal-data view on `curve`'s eval curve (default: the longest baseline)."""
-  frontier = frontier or frontier_of(runs)
+def compare(runs: list[EvalCurve], curve: EvalCurve | None = None
+            ) -> tuple[list[dict], list[str]]:
+  """(one row per run against the frontier of its own baselines, the notes), plus figure 2's
+  equal-data view on `curve`'s eval curve (default: the longest baseline). A TST run that no
+  baseline among `runs` matches is an error."""
   curve = curve or max((r for r in runs if r.is_baseline), key=lambda r: r.total_flops,
                        default=None)
-  rows = []
+  rows, notes = [], []
   for run in runs:
-    row = run_row(run, frontier)
+    frontier, left_out = frontier_for(run, runs)
+    if left_out and not frontier.points:
+      more = f" ({len(left_out) - 1} more left out)" if len(left_out) > 1 else ""
+      raise errors.DataError(f"{run.name}: no baseline among the runs matches it: "
+                             f"{left_out[0]}{more}")
+    row = run_row(run, frontier, len(left_out))
+    notes += left_out + frontier_notes(frontier, runs) + [
+        f"{run.name}: {w}" for w in row["warnings"]]
     if curve is not None and run is not curve:
       row.update(curve=curve.name, curve_loss_at_equal_data=value_at(
           curve.data_tokens, curve.loss, run.total_data_tokens))
     rows.append(row)
-  return rows
+  return rows, list(dict.fromkeys(notes))
 
 
 def fmt(x, form: str = ".4f") -> str:
   """`x` formatted, "--" for None."""
   return "--" if x is None else format(x, form)
+
+
+def fit_text(row: dict) -> str:
+  """The power law's speed-up of a row, '--' without one."""
+  return "--" if row["speedup_fit"] is None else f"{row['speedup_fit']:.2f}x"
 
 
 def command_line(module: str, argv) -> str:
@@ -127,13 +192,14 @@ def report_head(title: str, command: str = "") -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | passes | final eval loss | "
-           "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) |",
-           "|---" * 10 + "|"]
+           "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) | "
+           "power-law fit |", "|---" * 11 + "|"]
   for row in rows:
     lines.append(f"| {row['run']} | {row['r']:g} | {row['S']} | {row['steps']} | "
                  f"{human(row['flops'])} | {human(row['data_tokens'])} | "
                  f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | "
-                 f"{fmt(row['delta_equal_flops'], '+.4f')} | {row['speedup_text']} |")
+                 f"{row['delta_text']} | {row['speedup_text']} | "
+                 f"{fit_text(row)} |")
   curve = next((r["curve"] for r in rows if r.get("curve")), None)
   if curve:
     lines += ["", f"Equal data (figure 2, right): {curve}'s eval curve after as many data "
@@ -211,9 +277,9 @@ def main(argv=None) -> int:
              for d in dirs]
   runs = [load_run(d, name) for d, name in zip(dirs, names)]
   curve = runs[dirs.index(args.curve)] if args.curve else None
-  frontier = frontier_of(runs)
-  rows = compare(runs, curve, frontier)
-  notes = frontier_notes(frontier, runs)
+  rows, notes = compare(runs, curve)
+  tst = next((r for r in runs if not r.is_baseline), None)
+  frontier = frontier_for(tst, runs)[0] if tst else frontier_of(runs)
   table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])
   print(table)
   out = args.out or "."

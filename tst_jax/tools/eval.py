@@ -3,7 +3,9 @@
   python -m tst_jax.tools.eval --workdir W --tasks arc_easy,hellaswag [--num_fewshot 0] [--limit N]
       [--include_path DIR] [--step N] [--batch_size 16]
 
-prints lm-eval's table and merges the results into <W>/lm_eval/step_<N>.json. Contexts are
+prints lm-eval's table and merges the results into <W>/lm_eval/step_<N>.json. `--tasks paper`
+is the paper's protocol: ARC-e, ARC-c, BoolQ, HellaSwag, MMLU, OpenBookQA, PIQA and
+Winogrande, 0-shot, and the average of the seven without MMLU (its figures' "average"). Contexts are
 truncated from the left to the run's data.seq_len (the length it was trained at; override
 with --max_length). Requests are right-padded into fixed-shape batches (lengths rounded up to
 powers of two), and only continuation tokens are scored.
@@ -41,6 +43,29 @@ except ImportError as e:   # an optional dependency
 from tst_jax import fileio
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
+
+
+# The paper's downstream tasks (section 4: lm-eval, 0-shot) as lm-eval names them, each with
+# the metric averaged: acc_norm where lm-eval reports it, acc for BoolQ and Winogrande, which
+# have no other. The paper does not say which it reports.
+PAPER_TASKS = {"arc_easy": "acc_norm", "arc_challenge": "acc_norm", "boolq": "acc",
+               "hellaswag": "acc_norm", "mmlu": "acc", "openbookqa": "acc_norm",
+               "piqa": "acc_norm", "winogrande": "acc"}
+PAPER_AVERAGE = tuple(t for t in PAPER_TASKS if t != "mmlu")   # the figures' average
+
+
+def task_list(text: str) -> list[str]:
+  """--tasks' comma list, with 'paper' standing for PAPER_TASKS."""
+  names = [t for t in text.split(",") if t]
+  return list(dict.fromkeys(n for t in names for n in (PAPER_TASKS if t == "paper" else [t])))
+
+
+def paper_average(results: dict) -> float | None:
+  """The mean over PAPER_AVERAGE of each task's PAPER_TASKS metric, None unless all were run."""
+  scores = results.get("results", {})
+  if not all(t in scores for t in PAPER_AVERAGE):
+    return None
+  return float(np.mean([scores[t][f"{PAPER_TASKS[t]},none"] for t in PAPER_AVERAGE]))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -225,8 +250,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m tst_jax.tools.eval", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="the run's directory")
-  parser.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
-  parser.add_argument("--num_fewshot", type=int, default=None)
+  parser.add_argument("--tasks", required=True,
+                      help="comma list of lm-eval task names; 'paper': the paper's eight")
+  parser.add_argument("--num_fewshot", type=int, default=None,
+                      help="default: the task's own; 0 with --tasks paper")
   parser.add_argument("--limit", type=float, default=None, help="documents per task")
   parser.add_argument("--include_path", default=None, help="folder of extra task YAMLs")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -242,9 +269,15 @@ def main(argv=None):
     print(f"eval: warning: {sample.phase1_message(trained)}", file=sys.stderr)
   lm = TstJaxLM(trained=trained, batch_size=args.batch_size, max_length=args.max_length)
   limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-  results = evaluate(lm, args.tasks.split(","), num_fewshot=args.num_fewshot, limit=limit,
+  paper = "paper" in args.tasks.split(",")
+  fewshot = 0 if paper and args.num_fewshot is None else args.num_fewshot
+  results = evaluate(lm, task_list(args.tasks), num_fewshot=fewshot, limit=limit,
                      include_path=args.include_path)
   print(lm_utils.make_table(results))
+  average = paper_average(results)
+  if average is not None:
+    print(f"the paper's average of {len(PAPER_AVERAGE)} tasks ({', '.join(PAPER_AVERAGE)}; "
+          f"{fewshot}-shot): {average:.4f}")
   print(f"results: {write_results(results, trained.workdir, trained.step)}")
 
 

@@ -1,5 +1,6 @@
-"""A finished run read back from its workdir: its held-out loss curve (metrics.jsonl) and its
-plan (plan.json; rebuilt from config.json for a run written before runs recorded one)."""
+"""A finished run read back from its workdir: its held-out loss curve (metrics.jsonl), its
+plan (plan.json; rebuilt from config.json for a run written before runs recorded one) and
+what a baseline must share with it (config.json, the store's fingerprint)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,19 @@ import numpy as np
 
 from tst_jax import errors
 from tst_jax.data import run_data
-from tst_jax.train import spec as spec_lib
+from tst_jax.train import spec as spec_lib, trained_run
 from tst_jax.train.plan import Plan, PlanRecord
+
+# Config fields a baseline may differ in from the run it is compared with: the TST settings,
+# the step count, the seed, and what changes how a run is computed but not what it learns.
+FREE_FIELDS = ("seed", "tst.", "train.", "reference.", "mesh.", "distributed.",
+               "logical_axis_rules", "loss.impl", "model.attention_impl", "model.remat",
+               "model.expert_impl", "optimizer.grad_accum")
+# Fields that choose the token store: the store's fingerprint replaces them when both runs
+# have one (the same store may sit at another path).
+STORE_FIELDS = ("data.source", "data.tokenizer", "data.max_bytes", "data.text_field",
+                "data.val_fraction", "data.val_piece_bytes", "data.seed")
+FINGERPRINT = "the token store's fingerprint"
 
 
 @dataclasses.dataclass
@@ -27,6 +39,7 @@ class EvalCurve:
   data_tokens: np.ndarray
   plan: Plan
   train_tokens: int | None = None   # of the store it read (None: unknown)
+  identity: dict = dataclasses.field(default_factory=dict)   # `identity_of` its workdir
 
   @property
   def r(self) -> float:
@@ -69,6 +82,42 @@ class EvalCurve:
   def passes(self) -> float | None:
     """How many times the run read its training tokens (None: the store is unknown)."""
     return sum(self.plan.passes(self.train_tokens)) if self.train_tokens else None
+
+
+def differs(run: EvalCurve, other: EvalCurve) -> str:
+  """'' when `run` may be a baseline of `other`, else the first field in which they differ,
+  with both values and how many more differ."""
+  a, b = run.identity, other.identity
+  if a.get(FINGERPRINT) and b.get(FINGERPRINT):
+    a, b = ({k: v for k, v in d.items() if k not in STORE_FIELDS} for d in (a, b))
+  fields = [k for k in a if k in b and a[k] != b[k]]
+  if not fields:
+    return ""
+  more = f" and {len(fields) - 1} more" if len(fields) > 1 else ""
+  return f"{fields[0]} differs ({a[fields[0]]!r}, not {b[fields[0]]!r}){more}"
+
+
+def identity_of(workdir: str, plan: Plan) -> dict:
+  """What a baseline must share with a run: every field of its config.json but FREE_FIELDS,
+  its store's fingerprint and its model's parameter counts."""
+  flat = {}
+  path = os.path.join(workdir, trained_run.CONFIG_FILE)
+  if os.path.isfile(path):
+    with open(path) as f:
+      _flatten(json.load(f), "", flat)
+  flat = {k: v for k, v in flat.items() if not k.startswith(FREE_FIELDS)}
+  fingerprint = run_data.workdir_fingerprint(workdir)
+  if fingerprint:
+    flat[FINGERPRINT] = fingerprint
+  return flat | {"parameters": plan.params_total, "active parameters": plan.params_active}
+
+
+def _flatten(record: dict, prefix: str, out: dict):
+  for key, value in record.items():
+    if isinstance(value, dict):
+      _flatten(value, f"{prefix}{key}.", out)
+    else:
+      out[prefix + key] = value
 
 
 def run_record(workdir: str, started: Plan | None = None) -> tuple[Plan, int | None]:
@@ -118,4 +167,4 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
                    np.array([r["step"] for r in rows], float),
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,
-                   train_tokens=train_tokens)
+                   train_tokens=train_tokens, identity=identity_of(workdir, plan))

@@ -17,13 +17,13 @@ def duration(seconds: float) -> str:
 
 
 def human(x: float | None) -> str:
-  """A count with a unit suffix (K, M, B for 1e9, T, P, E), as every table prints tokens,
-  parameters and FLOPs; None is '--'."""
+  """A count with a unit suffix (K, M, B for 1e9, T, P, E, Z, Y), as every table prints
+  tokens, parameters and FLOPs; None is '--'."""
   if x is None:
     return "--"
-  for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6),
-                      ("K", 1e3)):
-    if abs(x) >= scale:
+  for unit, scale in (("Y", 1e24), ("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12),
+                      ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if abs(x) >= scale * (1 - 5e-4):   # 999.7E is 1e+03E at three digits: 1Z
       return f"{x / scale:.3g}{unit}"
   return f"{x:g}"
 
