@@ -133,14 +133,16 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
   return moe_dispatch.Routing(*(checkpoint_name(a, _ROUTING) for a in routing))
 
 
-def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Sort the N·P assignments by expert (`moe_dispatch`: one sort, gathers both ways), three
-  grouped matmuls `matmul(rows [A, in], w [E, in, out], sizes [E])`, then combine."""
-  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0]))
-  x_AxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
-  y_AxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_AxD, gate_ExDxF, up_ExDxF,
+def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
+                    row_tile: int = 1):
+  """Sort the N·P assignments by expert (`moe_dispatch`: one sort, gathers both ways) into a
+  buffer of whole `row_tile`s, three grouped matmuls `matmul(rows [R, in], w [E, in, out],
+  sizes [E])`, then combine."""
+  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
+  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
                   down_ExFxD)
-  return moe_dispatch.combine(y_AxD, weights_NxP, routing)   # rows past the groups: unread
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing)   # rows past the groups: unread
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -161,14 +163,16 @@ def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *
                 backend: str | None = None, kernels: grouped_matmul.Kernels | None = None):
   """Dropless experts on `kernels.grouped_matmul`: the forward and both gradients (dX per
   group, dW as one per-expert xᵀ·dy reduction) are grouped GEMMs, with no [A, E] array and no
-  padding of the groups. `backend` and `kernels` (default: `platform.grouped_matmul_backend`):
-  tokamax's Mosaic GPU / Triton kernels where installed on a GPU, else XLA's ragged_dot."""
+  padding of the groups; the dispatch lays out whole kernel tiles of rows, so no product pads.
+  `backend` and `kernels` (default: `platform.grouped_matmul_backend`): tokamax's Mosaic GPU /
+  Triton kernels where installed on a GPU, else XLA's ragged_dot."""
   if backend is None:
     backend, kernels, _ = platform.grouped_matmul_backend()
   kernels = kernels or grouped_matmul.Kernels()
   return _experts_sorted(
       lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
-      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
+      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
+      grouped_matmul.row_tile(backend))
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):
