@@ -6,6 +6,10 @@
 #   write_env             OUT_DIR/env.json (and stdout): device, GPU and driver, versions, date,
 #                         commit
 #   sweep_left            LEFT: the seconds the sweep gets as --deadline_s
+#   pack_points           OUT_DIR/points.tar.gz: every point of WORKDIR that the sweep
+#                         started, its config.json, plan.json, metrics.jsonl, summary.json,
+#                         sweep_point.json and log tail, no checkpoints (one file: a device
+#                         call brings back at most 8)
 # At its deadline the sweep asks its trainers to checkpoint and waits up to GRACE_S (90 s,
 # tst_jax/tools/sweep/run.py) for them, then writes its report: the scripts kill it only at
 # `timeout -k $KILL_S $(( LEFT + OUTER_EXTRA_S ))`, and KEEP_S of TOTAL_S hold that and the
@@ -48,5 +52,23 @@ PY
 sweep_left() {
   LEFT=$(( TOTAL_S - ($(date +%s) - START) - KEEP_S ))
   [ "$LEFT" -lt 30 ] && LEFT=30
+  return 0
+}
+
+pack_points() {
+  local stage point dir name f
+  stage=$(mktemp -d)
+  for point in "$WORKDIR"/*/sweep_point.json; do
+    [ -e "$point" ] || continue
+    dir=$(dirname "$point"); name=$(basename "$dir")
+    mkdir -p "$stage/runs/$name"
+    for f in config.json plan.json metrics.jsonl summary.json sweep_point.json; do
+      [ -e "$dir/$f" ] && cp "$dir/$f" "$stage/runs/$name/"
+    done
+    [ -e "$dir/sweep_log.txt" ] \
+        && tail -c 20000 "$dir/sweep_log.txt" > "$stage/runs/$name/log_tail.txt"
+  done
+  [ -d "$stage/runs" ] && tar -czf "$OUT_DIR/points.tar.gz" -C "$stage" runs
+  rm -rf "$stage"
   return 0
 }
