@@ -73,16 +73,15 @@ bounded() {
       $(( $(date +%s) - t0 )) "$limit" | log
 }
 
-# The wheels ../shared/tools/gpu_wheels.sh puts in .whl (a bare GPU machine lacks tokamax,
-# grain, ml_collections...): installed where tokamax is missing, xprof stubbed as that script says.
+# shellcheck source=benchmarks/wheels.sh
+. benchmarks/wheels.sh
+INSTALL_S=45
 if [ -z "${TINY:-}" ] && compgen -G ".whl/*.whl" > /dev/null \
     && ! python3 -c 'import tokamax' 2> /dev/null; then
-  bounded install 45 python3 -m pip install -q --no-index --no-deps --no-compile \
-      --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  mkdir -p /tmp/site/xprof/cli && touch /tmp/site/xprof/__init__.py \
-      /tmp/site/xprof/cli/__init__.py
-  echo 'get_kernel_stats_tool = None' > /tmp/site/xprof/cli/tools.py   # tokamax imports it
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
+  t0=$(date +%s)   # in this shell, not `bounded`: it exports PYTHONPATH
+  install_wheels timeout -k 5 "$INSTALL_S" >> "$OUT_DIR/quick_log.txt" 2>&1
+  printf '{"row": "install", "rc": %d, "wall_s": %d, "bound_s": %d}\n' "$?" \
+      $(( $(date +%s) - t0 )) "$INSTALL_S" | log
 fi
 
 bounded env 20 python3 - <<'EOF'

@@ -1,7 +1,7 @@
 # Sourced by gpu_small.sh and ladder.sh, the sweeps that resume across calls of at most TOTAL_S
 # seconds into one WORKDIR: what they share.
 #   sweep_start OUT_DIR   START, OUT_DIR made and absolute, the repo root as the working
-#                         directory and on PYTHONPATH; SET holds --set data.source=... when
+#                         directory and on PYTHONPATH, ./.whl installed (wheels.sh); SET holds --set data.source=... when
 #                         SOURCE is given or the torch venv's site-packages exist
 #   write_env             OUT_DIR/env.json (and stdout): device, GPU and driver, versions, date,
 #                         commit
@@ -26,6 +26,9 @@ sweep_start() {
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
   cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
   export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  # shellcheck source=benchmarks/wheels.sh
+  . benchmarks/wheels.sh
+  install_wheels timeout -k 5 60
   if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
   SET=()
   [ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")
