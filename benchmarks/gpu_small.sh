@@ -21,6 +21,7 @@
 #   TOTAL_S   wall-clock budget of this script, default 530
 #   RATE      FLOP/s the arms get together, for the budget (default: below, by config);
 #             BUDGET=off skips the check (arms that need several calls on a warm machine)
+#   FINISHED  comma list of folders of finished points brought back (unpacked points.tar.gz)
 #   EXTRA     more sweep arguments, e.g. "--set train.eval_every=50"
 #   CONFIG    default configs/gpu_small.py; configs/qwen3_moe_one_call.py: the MoE whose
 #             baseline, tst and baseline+2k fit one call; tests/fixtures/tiny_config.py: a CPU
@@ -50,13 +51,12 @@ case "${CONFIG:-configs/gpu_small.py}" in
   *moe*) RATE=${RATE:-60e12} ;;
   *) RATE=${RATE:-160e12} ;;
 esac
-[ -n "${FINISHED:-}" ] && SET_FINISHED=(--finished "$FINISHED") || SET_FINISHED=()
 
 write_env
 sweep_left
 SWEEP=(python3 -m tst_jax.tools.sweep --config "${CONFIG:-configs/gpu_small.py}"
        --workdir "$WORKDIR" --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL"
-       "${SET_FINISHED[@]}" "${SET[@]}")
+       "${FIN[@]}" "${SET[@]}")
 if [ "${BUDGET:-on}" != off ]; then   # the one line, before any corpus or compilation
   # shellcheck disable=SC2086
   "${SWEEP[@]}" ${EXTRA:-} --budget_s "$LEFT" --rate "$RATE" --dry_run > /dev/null || exit 2

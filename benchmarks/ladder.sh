@@ -33,9 +33,7 @@ WORKDIR=${WORKDIR:-runs/ladder}
 TOTAL_S=${TOTAL_S:-540}
 write_env
 sweep_left
-MORE=()
-IFS=, read -r -a FOLDERS <<< "${FINISHED:-}"
-for f in "${FOLDERS[@]}"; do MORE+=(--finished "$f"); done
+MORE=("${FIN[@]}")
 [ -n "${PLAN_ONLY:-}" ] && MORE+=(--plan_only)
 timeout -k "$KILL_S" $(( LEFT + OUTER_EXTRA_S )) python3 -m tst_jax.tools.ladder \
     --config "${CONFIG:-configs/gpu_small.py}" --workdir "$WORKDIR" \

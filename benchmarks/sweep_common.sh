@@ -32,6 +32,10 @@ sweep_start() {
   if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
   SET=()
   [ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")
+  FIN=()   # --finished per folder of FINISHED (comma list): points brought back
+  local folders f
+  IFS=, read -r -a folders <<< "${FINISHED:-}"
+  for f in "${folders[@]}"; do FIN+=(--finished "$f"); done
   return 0
 }
 

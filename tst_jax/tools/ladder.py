@@ -154,9 +154,9 @@ def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | Non
                  f"{', '.join(p['baselines'])} |")
   lines.append("")
   if unfinished:
-    lines.append(f"Unfinished: {', '.join(unfinished)}; the same command resumes them. No "
-                 "trend is fitted until every run is finished (a missing long baseline turns "
-                 "a speed-up into a bound).")
+    lines.append(f"Missing: {', '.join(unfinished)} (not run, or interrupted: the same "
+                 "command on a warm machine resumes those). No trend is fitted until every "
+                 "run is finished (a missing long baseline turns a speed-up into a bound).")
   elif trend is None:
     lines.append("No trend: it needs exact speed-ups at two or more tokens per parameter.")
   else:
