@@ -2,8 +2,22 @@
 # One-command GPU benchmark: one JSON line per run, in OUT_DIR/gpu.jsonl.
 #
 #   bash benchmarks/gpu.sh [OUT_DIR] [SECTIONS]   # default OUT_DIR: ./gpu_bench (or $OUT);
-#                                                 # SECTIONS: all, or a comma list of those below
+#                                                 # SECTIONS: quick, all, or a comma list of
+#                                                 # those below
 #
+# quick    what decides the next step, in one call of at most QUICK_S seconds (default 470)
+#          on a bare H100, the wheels' install included; each run has its own time bound
+#          (QUICK_BOUNDS below, from the H100 logs in docs/gpu/2026-11-25-h100/) and none
+#          outlasts the call's end. The MoE recipe in both phases (expert_impl=auto, its remat),
+#          the 10B-A1B layer shapes at 4 layers, the recipe's step profile (dispatch+combine
+#          share, grouped GEMMs as matmuls), dense llama_270m (both phases) and llama_600m at
+#          their defaults, the grouped GEMM alone (XLA, and tokamax with the kernels a run gets).
+#          tokamax runs its shipped tables only (TST_JAX_TOKAMAX_TUNING=off); then, in what is
+#          left of the call, up to QUICK_TUNE_S seconds (default 60) autotune the grouped GEMM's
+#          shapes and time them again, the tuning's seconds recorded. Last, a table of each
+#          row's step time, MFU, peak memory and compile time (benchmarks/gpu_table.py). Files:
+#          gpu.jsonl, quick_log.txt (every run's whole output), quick.md (the table).
+#          TINY=1: the same commands at tiny shapes, a CPU dry run (tests/behaviour/test_gpu_sh.py)
 # tests    the compiled-kernel tests that skip on CPU (tests/kernels/test_linear_mce.py -k gpu)
 # loss     the fused loss at the paper's shape (N=16384, D=2048, V=128256, bf16), forward and
 #          forward+backward: naive, xla and pallas, S=1 and S=6 (benchmarks/loss_tiles.py)
@@ -20,31 +34,110 @@
 # gemm     the grouped GEMM alone at the expert shapes (D 1024, F 768, 128 experts, 131009
 #          rows), forward and forward+backward, % of bf16 peak (target >= 50%): XLA, tokamax as
 #          a run gets it (platform.py's kernel per product), all-Mosaic, all-Triton
-# The sections run in this order; each also runs alone (e.g. `moe,profile`), which keeps a call
-# short where a machine is lent for minutes. docs/performance.md holds the numbers of a run,
+# `all` runs every section but quick, in this order; each also runs alone (e.g. `moe,profile`).
+# Where ./.whl holds wheels (../shared/tools/gpu_wheels.sh) and tokamax is not importable,
+# they are installed into /tmp/site first. docs/performance.md holds the numbers of a run,
 # with the device, versions and date.
 set -u
 OUT_DIR=${1:-${OUT:-gpu_bench}}
 SECTIONS=${2:-all}
 mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 log() { grep --line-buffered '^{' | tee -a "$OUT_DIR/gpu.jsonl"; }
-want() { [ "$SECTIONS" = all ] || [[ ",$SECTIONS," == *",$1,"* ]]; }
+want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ]; } || [[ ",$SECTIONS," == *",$1,"* ]]; }
+START=$(date +%s)
+SCALE=1
+[ -n "${TINY:-}" ] && SCALE=6   # the CPU compiles the tiny models about as long, on fewer cores
+QUICK_S=${QUICK_S:-$(( 470 * SCALE ))}
+QUICK_END=$(( START + QUICK_S ))
+# bounded NAME BOUND_S CMD...: CMD under `timeout`, at most BOUND_S and never past QUICK_END;
+# its JSON lines go to gpu.jsonl tagged {"row": NAME}, its whole output to quick_log.txt, and
+# a last line records its exit status, wall time and bound (124: it ran out of time).
+bounded() {
+  local name=$1 bound=$2 t0 limit rc
+  shift 2
+  t0=$(date +%s)
+  limit=$(( QUICK_END - t0 - 5 ))
+  [ $(( bound * SCALE )) -lt "$limit" ] && limit=$(( bound * SCALE ))
+  if [ "$limit" -lt 5 ]; then
+    echo "{\"row\": \"$name\", \"skipped\": \"no time left of QUICK_S=$QUICK_S\"}" | log
+    return
+  fi
+  echo "== $name: $* (bound ${limit} s)" >> "$OUT_DIR/quick_log.txt"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$OUT_DIR/quick_log.txt" \
+      | sed -u "s/^{\"/{\"row\": \"$name\", \"/" | log
+  rc=${PIPESTATUS[0]}
+  printf '{"row": "%s", "rc": %d, "wall_s": %d, "bound_s": %d}\n' "$name" "$rc" \
+      $(( $(date +%s) - t0 )) "$limit" | log
+}
 
-python3 - <<'EOF' | log
+# shellcheck source=benchmarks/wheels.sh
+. benchmarks/wheels.sh
+INSTALL_S=45
+if [ -z "${TINY:-}" ] && compgen -G ".whl/*.whl" > /dev/null \
+    && ! python3 -c 'import tokamax' 2> /dev/null; then
+  t0=$(date +%s)   # in this shell, not `bounded`: it exports PYTHONPATH
+  install_wheels timeout -k 5 "$INSTALL_S" >> "$OUT_DIR/quick_log.txt" 2>&1
+  printf '{"row": "install", "rc": %d, "wall_s": %d, "bound_s": %d}\n' "$?" \
+      $(( $(date +%s) - t0 )) "$INSTALL_S" | log
+fi
+
+bounded env 20 python3 - <<'EOF'
 import datetime, importlib.metadata as md, json, subprocess, jax, flax, optax
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+def out(*cmd):
+  try:
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
+  except OSError:
+    return None
 def version(name):
   try:
     return md.version(name)
   except md.PackageNotFoundError:
     return None
-print(json.dumps(dict(env=True, gpu=gpu, jax=jax.__version__, flax=flax.__version__,
-                      optax=optax.__version__, tokamax=version("tokamax"),
-                      qwix=version("qwix"), date=str(datetime.date.today()))))
+print(json.dumps(dict(
+    env=True, gpu=out("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
+    device=jax.devices()[0].device_kind, jax=jax.__version__, flax=flax.__version__,
+    optax=optax.__version__, tokamax=version("tokamax"), qwix=version("qwix"),
+    commit=out("git", "rev-parse", "HEAD"), date=str(datetime.date.today()))))
 EOF
+
+if want quick; then
+  # Bounds: about 1.5x each run's wall time in the H100 logs of docs/gpu/2026-11-25-h100
+  # (glog timestamps: recipe both phases 77 s, 10B-A1B 54 s, recipe profile ~50 s, 270M both
+  # phases 36 s, 600M 24 s); the grouped GEMM's is a guess (not timed whole there). With the
+  # install's they sum to at most QUICK_S: tests/behaviour/test_gpu_sh.py checks it.
+  QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
+  SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
+  SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
+  SHAPE_RECIPE=() GEMM=()
+  if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
+    SMALL=(--config.model.dim=32 --config.model.n_layers=2 --config.model.n_heads=2
+           --config.model.n_kv_heads=1 --config.model.head_dim=16 --config.model.ffw_dim=64
+           --config.model.vocab_size=512 --config.data.batch_size=2 --config.data.seq_len=32)
+    EXPERTS=(--config.model.n_experts=4 --config.model.n_experts_per_token=2
+             --config.model.moe_ffw_dim=16)
+    SHAPE_B10=("${SMALL[@]}" "${EXPERTS[@]}") SHAPE_RECIPE=("${SMALL[@]}" "${EXPERTS[@]}")
+    SHAPE_270=("${SMALL[@]}") SHAPE_600=("${SMALL[@]}") GEMM=(--smoke)
+    QSTEP=(python3 benchmarks/step.py --steps 1 --warmup 0)
+  fi
+  export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables: tuning is the bounded last row
+  bounded recipe 110 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
+      "${SHAPE_RECIPE[@]}" --phase both
+  bounded b10 80 "${QSTEP[@]}" --config configs/qwen3_moe_10b_a1b.py "${SHAPE_B10[@]}" \
+      --phase ntp
+  bounded profile 75 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
+      "${SHAPE_RECIPE[@]}" --phase ntp --profile 3
+  bounded d270 50 "${QSTEP[@]}" --config configs/llama_270m.py "${SHAPE_270[@]}" --phase both
+  bounded d600 40 "${QSTEP[@]}" --config configs/llama_600m.py "${SHAPE_600[@]}" --phase ntp
+  bounded gemm 45 python3 benchmarks/grouped_matmul.py "${GEMM[@]}" --backends xla,tokamax
+  # What is left, up to QUICK_TUNE_S: tokamax autotunes the grouped GEMM's three shapes (its
+  # compile_s holds the tuning) and times them; a timeout here says tuning needs longer.
+  bounded gemm_tuned "${QUICK_TUNE_S:-60}" env TST_JAX_TOKAMAX_TUNING=/tmp/tst_jax_tokamax \
+      python3 benchmarks/grouped_matmul.py "${GEMM[@]}" --backends tokamax
+  python3 benchmarks/gpu_table.py "$OUT_DIR/gpu.jsonl" | tee "$OUT_DIR/quick.md"
+fi
 
 if want tests; then
   JAX_PLATFORMS=cuda XLA_FLAGS= timeout 150 python3 -m pytest -q -p no:cacheprovider \

@@ -10,7 +10,8 @@ backend, forward and forward+backward, TFLOP/s and the fraction of the dense bf1
 Rows go to experts unevenly (a seeded Dirichlet over the experts, some empty), as a router
 sends them: 131009 rows at the defaults, not a multiple of tokamax's tile (grouped_matmul pads).
 FLOPs: 2·A·D·F forward, 3x that for forward+backward (dX and dW). With tokamax, compile_s
-includes its autotuning the first time a shape is seen (then kept: kernels/tokamax_tuning.py).
+includes its autotuning the first time a shape is seen (then kept: kernels/tokamax_tuning.py;
+`tuning` says where, or that it is off).
 """
 
 import argparse
@@ -27,7 +28,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])   # benchmarks/: step.py's peak t
 from step import peak_flops  # noqa: E402  pylint: disable=wrong-import-position
 
 from tst_jax import platform  # noqa: E402
-from tst_jax.kernels import grouped_matmul as gm  # noqa: E402
+from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning  # noqa: E402
 
 
 def backend_of(name: str) -> tuple[str, gm.Kernels]:
@@ -94,6 +95,7 @@ def main(argv=None):
                                                                       repeats=args.repeats)
     flops = 2 * a * d * f
     result = dict(backend=name, kernels=kernels.line() if backend == "tokamax" else None,
+                  tuning=tokamax_tuning.describe() if backend == "tokamax" else None,
                   rows=a, experts=e, dim=d, ffw=f, dtype=args.dtype,
                   fwd_ms=1e3 * t_fwd, fwd_bwd_ms=1e3 * t_both, compile_s=compile_s,
                   fwd_tflops=flops / t_fwd / 1e12, fwd_bwd_tflops=3 * flops / t_both / 1e12,

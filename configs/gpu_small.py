@@ -8,10 +8,10 @@ numbers below read up to 200 MB of Python source instead:
   python main.py --config configs/gpu_small.py --workdir /tmp/gpu_small_tst \
       --config.data.source='text:/path/to/site-packages/**/*.py'
   python main.py --config configs/gpu_small.py:baseline --workdir /tmp/gpu_small_base ...
-  # every arm and seed on one tokenized corpus, the table and figure-2 curves:
-  bash benchmarks/gpu_small.sh "$OUT"     # = python -m tst_jax.tools.sweep --config configs/gpu_small.py \
-      #   --arms baseline,tst,baseline+3k,baseline+4k,s4,s8,reinit,input_only,output_only,r1.0 \
-      #   --seeds 0,1 --parallel 4 --workdir runs/gpu_small --set data.source='text:...'
+  # arms and seeds on one tokenized corpus, the table and figure-2 curves, in one call:
+  bash benchmarks/gpu_small.sh "$OUT"     # = python -m tst_jax.tools.sweep --config \
+      #   configs/gpu_small.py --arms baseline,tst,baseline+3k --seeds 0 --parallel 4 \
+      #   --workdir runs/gpu_small --set data.source='text:...' (ARMS=..., SEEDS=...: more)
 
 Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the default, S=2,
 r=0.3: the best measured at this scale), baseline (r = 0, the same FLOPs per step), reinit

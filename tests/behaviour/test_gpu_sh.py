@@ -2,11 +2,14 @@
 commands it names, and every train-step run's config file and overrides are valid (a typo in
 a field would cost a GPU session its run)."""
 
+import importlib
+import json
 import os
 import re
 import shlex
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -14,19 +17,34 @@ from tests.fixtures.paths import ROOT
 from tst_jax import configlib
 
 
-def _dry_run(tmp_path, sections):
+def _dry_run(tmp_path, sections, **env):
+  """The python3 calls gpu.sh makes, with python3 faked: it records its arguments and prints
+  one JSON line (the table script's call aside), as each run does."""
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   log = tmp_path / "calls.txt"
-  for name, body in (("python3", f'printf "%q " "$@" >> {log}; echo >> {log}; cat > /dev/null'),
-                     ("timeout", 'shift; exec "$@"')):
+  fake = (f'printf "%q " "$@" >> {log}; echo >> {log}; cat > /dev/null; '
+            '[ "$1" = benchmarks/gpu_table.py ] || echo \'{"fake": 1}\'')
+  for name, body in (("python3", fake),
+                     ("timeout", 'while [ "${1#-}" != "$1" ]; do shift 2; done; shift; '
+                                 'exec "$@"')):
     path = bin_dir / name
     path.write_text(f"#!/usr/bin/env bash\n{body}\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
   subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(tmp_path / "out"),
                   sections], check=True, capture_output=True, text=True, timeout=60,
-                 env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+                 env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", **env))
   return [shlex.split(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _check_step_configs(calls):
+  """Every train-step call's config file loads and takes its overrides (a typo raises)."""
+  for call in calls:
+    if call and call[0] == "benchmarks/step.py":
+      config_file = call[call.index("--config") + 1]
+      config = configlib.load_config(os.path.join(ROOT, config_file))
+      overrides = [a[len("--config."):] for a in call if a.startswith("--config.")]
+      configlib.apply_overrides(config, overrides)   # raises on an unknown field
 
 
 def test_every_section_runs_valid_commands(tmp_path):
@@ -35,12 +53,8 @@ def test_every_section_runs_valid_commands(tmp_path):
   assert scripts.count("benchmarks/step.py") == 9 + 2 + 6 + 2
   assert scripts.count("benchmarks/grouped_matmul.py") == 1
   assert scripts.count("benchmarks/loss_tiles.py") == 2
-  for call in calls:
-    if call and call[0] == "benchmarks/step.py":
-      config_file = call[call.index("--config") + 1]
-      config = configlib.load_config(os.path.join(ROOT, config_file))
-      overrides = [a[len("--config."):] for a in call if a.startswith("--config.")]
-      configlib.apply_overrides(config, overrides)   # raises on an unknown field
+  _check_step_configs(calls)
+  assert not any("--smoke" in c for c in calls)   # quick is not part of all
   profiles = [c for c in calls if "--profile" in c]
   assert len(profiles) == 2 and all("configs/qwen3_moe" in " ".join(c) for c in profiles)
   (gemm,) = [c for c in calls if c[0] == "benchmarks/grouped_matmul.py"]
@@ -71,3 +85,115 @@ def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   assert "--deadline_s \"$LEFT\"" in text
   assert extra >= sweep_run.GRACE_S + 20, (extra, sweep_run.GRACE_S)
   assert kept >= extra + kill + 10, (kept, extra, kill)
+
+
+QUICK_ROWS = ["env", "recipe", "b10", "profile", "d270", "d600", "gemm", "gemm_tuned"]
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+def test_quick_runs_its_rows_in_order_each_tagged_and_bounded(tmp_path, tiny):
+  """`quick` on the GPU and as the CPU dry run (TINY=1): the same calls in the same order,
+  tiny shapes the one difference; every config and override valid; each run's JSON line lands
+  in gpu.jsonl tagged with its row, then its exit status and bound; the table comes last."""
+  calls = _dry_run(tmp_path, "quick", **({"TINY": "1"} if tiny else {}))
+  scripts = [c[0] for c in calls if c[0] != "-"]
+  assert scripts == ["benchmarks/step.py"] * 5 + ["benchmarks/grouped_matmul.py"] * 2 + [
+      "benchmarks/gpu_table.py"]
+  _check_step_configs(calls)
+  steps = [c for c in calls if c[0] == "benchmarks/step.py"]
+  assert [c[c.index("--config") + 1].split("/")[1] for c in steps] == [
+      "qwen3_moe_gpu_small.py", "qwen3_moe_10b_a1b.py", "qwen3_moe_gpu_small.py",
+      "llama_270m.py", "llama_600m.py"]
+  assert [c[c.index("--phase") + 1] for c in steps] == ["both", "ntp", "ntp", "both", "ntp"]
+  assert all(("--config.model.dim=32" in c) == tiny for c in steps)
+  assert not any("expert_impl" in a or "remat" in a for c in steps for a in c)   # defaults
+  assert ["--profile" in c for c in steps] == [False, False, True, False, False]
+  lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
+  assert [r["row"] for r in lines if "fake" in r] == QUICK_ROWS
+  assert [r["row"] for r in lines if "rc" in r] == QUICK_ROWS
+  assert all(r["rc"] == 0 and r["bound_s"] > 0 for r in lines if "rc" in r)
+  assert sorted(os.listdir(tmp_path / "out")) == ["gpu.jsonl", "quick.md", "quick_log.txt"]
+
+
+def test_quick_bounds_hold_the_call():
+  """Each run of `quick` has a bound in seconds; with the wheels' install and the environment
+  line they sum to at most QUICK_S, under the 8 minutes of one call with the table after."""
+  text = open(os.path.join(ROOT, "benchmarks", "gpu.sh")).read()
+  bounds = dict(re.findall(r"^\s*bounded (\w+) (\d+) ", text, re.M))
+  assert set(bounds) == set(QUICK_ROWS[:-1]), bounds
+  bounds["install"] = re.search(r"^INSTALL_S=(\d+)$", text, re.M).group(1)
+  quick_s = int(re.search(r"QUICK_S=\$\{QUICK_S:-\$\(\( (\d+) \* SCALE", text).group(1))
+  assert sum(map(int, bounds.values())) <= quick_s <= 8 * 60 - 10
+  assert "limit=$(( QUICK_END - t0 - 5 ))" in text   # none runs past the call's end
+  assert 'bounded gemm_tuned "${QUICK_TUNE_S:-60}"' in text
+
+
+def _step(row, phase, **kw):
+  return dict(dict(row=row, phase=phase, step_s=0.2, mfu=0.2, compile_s=20.0,
+                   peak_bytes_in_use=20e9, expert_impl="gmm", remat="save_experts"), **kw)
+
+
+def test_the_quick_table_has_a_row_per_run_and_says_what_did_not_finish():
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  gpu_table = importlib.import_module("gpu_table")
+  profile = dict(step_ms=200.0, ms_per_step={"dispatch+combine": 30.0, "matmul forward": 40.0,
+                                             "matmul backward": 60.0, "other ops": 50.0})
+  lines = [dict(row="env", env=True), _step("recipe", "tst"), _step("recipe", "ntp", mfu=0.26),
+           dict(row="recipe", rc=0, wall_s=70, bound_s=110),
+           _step("profile", "ntp", profile=profile),
+           dict(row="b10", rc=124, wall_s=80, bound_s=80),
+           dict(row="gemm", backend="tokamax", fwd_bwd_ms=10.0, fwd_bwd_tflops=500.0,
+                fwd_bwd_of_peak=0.505, compile_s=3.0, rows=131009, kernels="forward mosaic"),
+           dict(row="gemm_tuned", skipped="no time left of QUICK_S=470")]
+  text = gpu_table.table(lines)
+  rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+  assert len(rows) == 1 + 4
+  assert "| 0.200 | 20.0% | 20.0 | 20.0 |" in rows[1] and rows[1].endswith(">= 25%: missed |")
+  assert rows[2].endswith(">= 25%: met |")
+  assert "dispatch+combine 15.0%, matmuls 50.0%" in rows[3] and "<= 10%: missed" in rows[3]
+  assert "50.5% of peak" in rows[4] and ">= 50%: met" in rows[4]
+  assert "- b10: timed out after 80 s of its 80 s" in text
+  assert "- gemm_tuned: skipped, no time left" in text
+  assert text.splitlines()[-1] == "2 runs, 150 s in all"
+
+
+@pytest.mark.slow
+def test_quick_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
+  """The CPU dry run of `quick`: the real commands at tiny shapes (TINY=1), each writing its
+  JSON line (the tokamax rows say it is not installed), and the table last (minutes on CPU)."""
+  out = tmp_path / "out"
+  run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out), "quick"],
+                       capture_output=True, text=True, timeout=1800,
+                       env=dict(os.environ, TINY="1", JAX_PLATFORMS="cpu",   # one device
+                                XLA_FLAGS="--xla_backend_optimization_level=0",
+                                PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
+  assert run.returncode == 0, run.stderr[-2000:]
+  lines = [json.loads(line) for line in open(out / "gpu.jsonl")]
+  ends = {r["row"]: r for r in lines if "rc" in r}
+  assert list(ends) == QUICK_ROWS and all(r["rc"] == 0 for r in ends.values()), ends
+  timed = [(r["row"], r["phase"]) for r in lines if "step_s" in r]
+  assert timed == [("recipe", "tst"), ("recipe", "ntp"), ("b10", "ntp"), ("profile", "ntp"),
+                   ("d270", "tst"), ("d270", "ntp"), ("d600", "ntp")]
+  assert [r for r in lines if r.get("row") == "profile" and "profile" in r]
+  assert [r["backend"] for r in lines if r.get("row") == "gemm" and "backend" in r] == [
+      "xla", "tokamax"]
+  table = run.stdout.split("| row |", 1)[1]
+  assert table.count("\n| ") == 7 + 3 and (out / "quick.md").exists()   # steps, GEMMs
+
+
+def test_gpu_small_refuses_arms_that_cannot_finish_in_its_budget(tmp_path):
+  """gpu_small.sh at 1000 FLOP/s: the tiny arms' plan FLOPs need far more than the call's
+  seconds, so it stops before any corpus or training with one line that names the rate."""
+  run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_small.sh"),
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CONFIG="tests/fixtures/tiny_config.py",
+                                ARMS="baseline,tst", RATE="1000", TOTAL_S="300",
+                                WORKDIR=str(tmp_path / "w"), SOURCE="builtin:pystdlib",
+                                PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
+  assert run.returncode == 2, run.stderr[-2000:]
+  (line,) = [x for x in run.stderr.splitlines() if x.strip()]
+  assert line.startswith("budget: 2 of 2 points to train") and "at an assumed 1e+03 FLOP/s" in line
+  assert "ask fewer arms or seeds, or more time" in line
+  assert not os.path.exists(tmp_path / "w") or not any(
+      n.startswith("data_") for n in os.listdir(tmp_path / "w"))
+  assert "sweep:" not in run.stdout

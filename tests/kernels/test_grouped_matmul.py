@@ -11,6 +11,7 @@ import sys
 import types
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -273,3 +274,67 @@ def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeyp
   assert rows[1]["kernels"] == "forward mosaic, dx mosaic, dw mosaic"
   assert {c["rows"] for c in fake_tokamax.calls} == {131016}
   assert {c["implementation"] for c in fake_tokamax.calls} == {None, ("mosaic",)}
+
+
+def _row_pads(jaxpr):
+  """The pads that grow a floating-point matrix, in `jaxpr` and every jaxpr inside it (a
+  pad's transpose is a pad that shrinks: a slice)."""
+  found = []
+  for eqn in jaxpr.eqns:
+    aval = eqn.outvars[0].aval
+    if (eqn.primitive.name == "pad" and aval.ndim == 2 and aval.size > eqn.invars[0].aval.size
+        and jnp.issubdtype(aval.dtype, jnp.floating)):
+      found.append(tuple(aval.shape))
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _row_pads(sub)
+  return found
+
+
+@pytest.mark.parametrize("rows,backend,want", [(21, "tokamax", [(24, 6), (24, 5)]),
+                                               (24, "tokamax", []), (21, "xla", [])])
+def test_rows_are_padded_once_per_call(fake_tokamax, rows, backend, want):
+  """Rows that are not whole tiles of tokamax's 8: x is padded once in the forward and dy once
+  in the backward (the transpose of the output's slice), not once per product (four: x for the
+  forward and dW, dy for dX and dW). Whole tiles and XLA pad nothing; values as the loop's."""
+  sizes_E = jnp.asarray([5, 0, 9, 3], jnp.int32)                       # 17 of the rows
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  x, w, dy = (jax.random.normal(k1, (rows, 6)), jax.random.normal(k2, (4, 6, 5)),
+              jax.random.normal(k3, (rows, 5)))
+  loss = lambda x, w: jnp.sum(gm.grouped_matmul(x, w, sizes_E, backend) * dy)
+  assert sorted(_row_pads(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w).jaxpr)) == \
+      sorted(want)
+  y = gm.grouped_matmul(x, w, sizes_E, backend)
+  dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+  np.testing.assert_allclose(y, per_group(x, w, sizes_E), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dx, per_group(dy, np.swapaxes(np.asarray(w), 1, 2), sizes_E),
+                             rtol=1e-5, atol=1e-5)
+  assert y.shape == (rows, 5) and dx.shape == (rows, 6) and dw.shape == w.shape
+  if backend == "tokamax":
+    assert {c["rows"] for c in fake_tokamax.calls} == {24}
+
+
+def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
+  """experts_gmm on (fake) tokamax: the dispatch lays the 30 assignments out as 32 rows, whole
+  tiles, so neither the forward nor the backward pads a matrix; values
+  and gradients as the dense reference (every expert on every token), which pads nothing."""
+  from tst_jax.models import moe   # pylint: disable=import-outside-toplevel
+  n, d, f, e, p = 10, 6, 5, 4, 3                                       # A = 30 -> R = 32
+  k = jax.random.split(jax.random.key(1), 6)
+  x = jax.random.normal(k[0], (n, d))
+  ids = jnp.argsort(jax.random.uniform(k[1], (n, e)), axis=1)[:, :p].astype(jnp.int32)
+  weights = jax.nn.softmax(jax.random.normal(k[2], (n, p)))
+  gate, up = jax.random.normal(k[3], (e, d, f)), jax.random.normal(k[4], (e, d, f))
+  down = jax.random.normal(k[5], (e, f, d))
+  _, kernels, _ = platform.grouped_matmul_backend("gpu", H100)
+  gmm = lambda *a: moe.experts_gmm(*a, backend="tokamax", kernels=kernels)
+
+  def loss(impl):
+    return lambda x, w, g, u, dn: jnp.sum(jnp.sin(impl(x, ids, w, g, u, dn)))
+  args = (x, weights, gate, up, down)
+  grad = lambda impl: jax.grad(loss(impl), argnums=(0, 1, 2, 3, 4))
+  assert _row_pads(jax.make_jaxpr(grad(gmm))(*args).jaxpr) == []
+  for got, want in zip(grad(gmm)(*args), grad(moe.experts_dense)(*args)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe.experts_dense(x, ids, *args[1:]),
+                             rtol=1e-5, atol=1e-5)
+  assert {c["rows"] for c in fake_tokamax.calls} == {32}

@@ -1,5 +1,5 @@
 """MoE dispatch and combine (tst_jax/kernels/moe_dispatch.py) against slow per-assignment loops:
-the layouts (sorted, blocked), values and both gradients, ids of other shards' experts, and
+the layouts (sorted, sorted into whole tiles of 8 rows, blocked), values and both gradients, ids of other shards' experts, and
 backwards made of gathers (no scatter in the differentiated program)."""
 
 import jax
@@ -23,6 +23,8 @@ def _ids(other_shards: bool):
 def _layout(ids, kind):
   if kind == "sorted":
     return moe_dispatch.sort_by_expert(ids, E), None
+  if kind == "tiled":   # 36 assignments in 40 rows: whole tiles of a grouped GEMM's 8
+    return moe_dispatch.sort_by_expert(ids, E, 8), None
   return moe_dispatch.blocked(ids, E, 4)
 
 
@@ -43,7 +45,7 @@ def _slow_rows(ids, routing, block_expert):
   return rows
 
 
-@pytest.mark.parametrize("kind", ["sorted", "blocked"])
+@pytest.mark.parametrize("kind", ["sorted", "tiled", "blocked"])
 @pytest.mark.parametrize("other_shards", [False, True])
 def test_layout_is_a_permutation_both_ways(kind, other_shards):
   ids = _ids(other_shards)
@@ -58,8 +60,9 @@ def test_layout_is_a_permutation_both_ways(kind, other_shards):
   assert np.sum(assignment_R < a) == np.sum(flat < E) and np.all(assignment_R <= a)
   np.testing.assert_array_equal(np.where(assignment_R < a, assignment_R, -1),
                                 _slow_rows(ids, routing, block_expert))
-  if kind == "sorted":   # groups back to back from row 0, in expert order
+  if kind != "blocked":   # groups back to back from row 0, in expert order
     np.testing.assert_array_equal(np.sort(row_A[flat < E]), np.arange(np.sum(flat < E)))
+    assert r == {"sorted": a, "tiled": 40}[kind]
 
 
 def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
@@ -75,7 +78,7 @@ def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
   return rows, out
 
 
-@pytest.mark.parametrize("kind", ["sorted", "blocked"])
+@pytest.mark.parametrize("kind", ["sorted", "tiled", "blocked"])
 @pytest.mark.parametrize("other_shards", [False, True])
 def test_dispatch_combine_values_and_gradients(kind, other_shards):
   ids = _ids(other_shards)

@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from tests.fixtures.brought_back import write_point
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
@@ -212,3 +213,52 @@ def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
   result = json.loads((tmp_path / "results.json").read_text())
   assert [f["name"] for f in result["failed"]] == ["r0.25_seed0", "r0.25_seed1"]
   assert [a["arm"] for a in result["arms"]] == ["baseline", "tst"]
+
+
+def test_the_table_counts_finished_points_brought_back_without_checkpoints(tmp_path, capsys):
+  """Points finished on another machine (records only: no checkpoints, no token store, no
+  sweep_point.json) are brought into W: nothing trains or tokenizes, the table holds their
+  losses, and tst's Δ at equal FLOPs is its loss minus the same-length baseline's (2.0, not
+  the longer baseline's 1.8 at its end). Bringing them again changes nothing."""
+  back, work = tmp_path / "back", tmp_path / "w"
+  losses = {"baseline": 2.0, "tst": 1.9, "baseline+0.024k": 1.8}
+  for point in sweep.make_arm_points(list(losses), [0]):
+    steps = 24 if "0.024k" in point.arm else 12
+    write_point(str(back), TINY_CONFIG, point, [],
+                {steps // 2: 3.0, steps: losses[point.arm]})
+  args = ["--config", TINY_CONFIG, "--arms", ",".join(losses), "--seeds", "0",
+          "--workdir", str(work), "--finished", str(back)]
+  assert sweep.main(args) == 0
+  out = capsys.readouterr().out
+  assert "brought back from" in out and out.count("finished, skipped") == 3
+  assert ": training (" not in out and "data prepared" not in out
+  assert not any(n.startswith("data_") for n in os.listdir(work))
+  result = json.loads((work / "results.json").read_text())
+  arms = {a["arm"]: a for a in result["arms"]}
+  assert {a: arms[a]["final_loss"]["mean"] for a in losses} == pytest.approx(losses)
+  assert arms["tst"]["delta_equal_flops"]["mean"] == pytest.approx(1.9 - 2.0)
+  assert "| tst |" in (work / "results.md").read_text()
+  for name in os.listdir(work):
+    if os.path.isdir(work / name) and not name.startswith("."):
+      assert not any("checkpoint" in f for f in os.listdir(work / name)), name
+  assert sweep.main(args) == 0
+  assert "nothing new" in capsys.readouterr().out
+
+
+def test_a_budget_the_points_cannot_meet_is_refused_in_one_line(tmp_path, capsys):
+  """--budget_s: the unfinished points' plan FLOPs at --rate, plus the overheads, against the
+  budget; over it, one line naming the rate, before anything runs."""
+  plan = spec_lib.check(tiny_config()).plan
+  args = ["--config", TINY_CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel",
+          "2", "--workdir", str(tmp_path), "--dry_run", "--rate", str(plan.flops_total / 10)]
+  need = 4 * 10 + 2 * sweep.OVERHEAD_S + 40.0    # 4 runs of 10 s, 2 waves, the corpus
+  assert sweep.estimate_s([plan] * 4, 2, plan.flops_total / 10, sweep.OVERHEAD_S, 40.0) == \
+      pytest.approx(need)
+  with pytest.raises(SystemExit) as e:
+    sweep.main(args + ["--budget_s", str(need - 1)])
+  line = str(e.value)
+  assert "\n" not in line and line.startswith("budget: 4 of 4 points to train")
+  assert f"about {need:.0f} s of the {need - 1:.0f} s budget" in line and "FLOP/s" in line
+  assert not os.listdir(tmp_path)
+  assert sweep.main(args + ["--budget_s", str(need + 1)]) == 0
+  assert f"about {need:.0f} s of the {need + 1:.0f} s budget" in capsys.readouterr().out

@@ -14,8 +14,8 @@ Neither builds an [A, E] array or pads a group to the largest one. Backends:
            expand it to a masked dense matmul over every group (E x the work)
   tokamax  tokamax.ragged_dot_general (the OpenXLA kernel library, the `gpu` extra), each
            product on the kernel `Kernels` names (`implementation=`: Mosaic GPU or Triton;
-           `platform.grouped_matmul_backend` picks them from measurements), rows padded to
-           the kernels' tile of C = 8, each shape autotuned once (`tokamax_tuning`)
+           `platform.grouped_matmul_backend` picks them from measurements), rows in whole
+           tiles of C = 8 (padded once, at the entry), each shape autotuned once (`tokamax_tuning`)
 """
 
 from __future__ import annotations
@@ -66,11 +66,25 @@ def tokamax_version() -> str | None:
     return None
 
 
+def row_tile(backend: str) -> int:
+  """C: the row count `backend`'s kernels take in whole multiples of (1: any)."""
+  return ROW_TILE if backend == "tokamax" else 1
+
+
 def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla", kernels: Kernels = Kernels()):
-  """x [A, I] rows in group order, w [E, I, O], sizes [E] (int32) -> [A, O] in x's dtype."""
+  """x [A, I] rows in group order, w [E, I, O], sizes [E] (int32) -> [A, O] in x's dtype.
+
+  Rows that are not whole tiles of `row_tile(backend)` are padded here, once: x in the
+  forward and, as the slice's transpose, dy in the backward, for all three products. The MoE
+  dispatch lays out whole tiles itself (`moe_dispatch.sort_by_expert`), so a step pads none."""
   if backend not in BACKENDS:
     raise ValueError(f"grouped matmul backend must be one of {BACKENDS}, got {backend!r}")
-  return _grouped(backend, kernels, *varying.alike(x_AxI, w_ExIxO), sizes_E)
+  rows = x_AxI.shape[0]
+  pad = -rows % row_tile(backend)
+  if pad:   # the padding rows lie past the last group: no expert computes them
+    x_AxI = jnp.pad(x_AxI, ((0, pad), (0, 0)))
+  y = _grouped(backend, kernels, *varying.alike(x_AxI, w_ExIxO), sizes_E)
+  return y[:rows] if pad else y
 
 
 def _rows_in_groups(y_AxO, sizes_E):
@@ -113,16 +127,9 @@ def _product(backend, kernels, product, lhs, rhs, sizes_E, out_dtype):
 
 
 def _tokamax(implementation, dims, lhs, rhs, sizes_E, out_dtype):
-  """tokamax.ragged_dot_general with the rows padded to whole tiles of C: the padding rows
-  lie past the last group, so they are computed by no expert and sliced off again."""
+  """tokamax.ragged_dot_general on rows in whole tiles of C (`grouped_matmul` pads them)."""
   import tokamax   # pylint: disable=g-import-not-at-top  (optional: the gpu extra)
-  rows = lhs.shape[0]
-  pad = -rows % ROW_TILE
-  padded = lambda a: jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)) if pad else a
-  ragged_contracting = not dims.rhs_group_dimensions        # dw: both operands have the rows
-  lhs, rhs = padded(lhs), padded(rhs) if ragged_contracting else rhs
   call = functools.partial(tokamax.ragged_dot_general, ragged_dot_dimension_numbers=dims,
                            preferred_element_type=out_dtype, implementation=implementation)
   with tokamax_tuning.tuned(call, lhs, rhs, sizes_E):
-    out = call(lhs, rhs, sizes_E)
-  return out if ragged_contracting else out[:rows]
+    return call(lhs, rhs, sizes_E)

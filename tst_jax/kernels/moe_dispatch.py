@@ -2,7 +2,8 @@
 
 Letters follow the package docstring: N tokens, P experts per token, A = N·P assignments with
 assignment a = n·P + p, E experts, D model dim, and R rows of the expert-ordered buffer. R = A
-for grouped GEMMs, and more when each expert's group is padded to whole blocks of C rows.
+for grouped GEMMs, rounded up to whole kernel tiles where the kernel asks, and more when each
+expert's group is padded to whole blocks of C rows.
 
 One sort of the A expert ids lays the buffer out both ways in `Routing`: the row of every
 assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer.
@@ -52,13 +53,19 @@ def _sort(ids_NxP, n_experts: int):
 
 
 @jax.named_scope("moe_dispatch")   # the step profile's category
-def sort_by_expert(ids_NxP, n_experts: int) -> Routing:
-  """Lays out the buffer of grouped GEMMs, R = A: the assignments by expert, groups unpadded."""
+def sort_by_expert(ids_NxP, n_experts: int, row_tile: int = 1) -> Routing:
+  """Lays out the buffer of grouped GEMMs: the assignments by expert, groups unpadded.
+
+  R is A rounded up to whole tiles of `row_tile` rows. The rows past A hold no assignment, so
+  the kernels' tile is met once, at the dispatch, and no product pads its operands.
+  """
   order_A, inverse_A, bounds = _sort(ids_NxP, n_experts)
   a = order_A.shape[0]
+  rows = -(-a // row_tile) * row_tile
   mine_A = ids_NxP.reshape(-1) < n_experts
-  filled_R = jnp.arange(a) < bounds[-1]
-  return Routing(jnp.where(mine_A, inverse_A, a), jnp.where(filled_R, order_A, a),
+  order_R = jnp.pad(order_A, (0, rows - a), constant_values=a)
+  filled_R = jnp.arange(rows) < bounds[-1]
+  return Routing(jnp.where(mine_A, inverse_A, rows), jnp.where(filled_R, order_R, a),
                  jnp.diff(bounds))
 
 

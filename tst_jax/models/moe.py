@@ -132,16 +132,17 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
   return moe_dispatch.Routing(*(checkpoint_name(a, _ROUTING) for a in routing))
 
 
-def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Sorts the N·P assignments by expert, runs three grouped matmuls, then combines.
+def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
+                    row_tile: int = 1):
+  """Sorts the N·P assignments by expert into whole row tiles, runs three matmuls, combines.
 
-  `matmul` takes rows [A, I], weights [E, I, O] and group sizes [E].
+  `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E].
   """
-  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0]))
-  x_AxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
-  y_AxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_AxD, gate_ExDxF, up_ExDxF,
+  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
+  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
                   down_ExFxD)
-  return moe_dispatch.combine(y_AxD, weights_NxP, routing)   # rows past the groups: unread
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing)   # rows past the groups: unread
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -163,16 +164,17 @@ def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *
   """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
 
   The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
-  with no [A, E] array and no padding of the groups. `backend` and `kernels` default to
-  `platform.grouped_matmul_backend`: tokamax's kernels where installed on a GPU, else XLA's
-  ragged_dot.
+  with no [A, E] array. The dispatch lays out whole kernel tiles of rows, so no product pads.
+  `backend` and `kernels` default to `platform.grouped_matmul_backend`: tokamax's kernels where
+  installed on a GPU, else XLA's ragged_dot.
   """
   if backend is None:
     backend, kernels, _ = platform.grouped_matmul_backend()
   kernels = kernels or grouped_matmul.Kernels()
   return _experts_sorted(
       lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
-      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
+      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
+      grouped_matmul.row_tile(backend))
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                     block: int | None = None):

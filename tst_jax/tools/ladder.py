@@ -92,6 +92,38 @@ def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[s
   return left
 
 
+def rungs(tst: list[str], factors: list[float]) -> dict[str, list[str]]:
+  """Each TST arm's length -> the arms its speed-up needs: itself and its baselines."""
+  out = {}
+  for arm in tst:
+    length = arm.split("+")[-1]
+    steps = defaults.arm_steps(length)
+    out[length] = [arm] + [f"baseline+{defaults.steps_arm(round(steps * f))}"
+                           for f in factors]
+  return out
+
+
+def next_call(rung_arms: dict[str, list[str]], missing: set[str], seeds: list[int],
+              budget_s: float, estimate) -> str:
+  """The one call that completes the most rungs: the shortest rungs first while the
+  `estimate(names)` seconds of their `missing` points fit `budget_s`."""
+  chosen, names = [], []
+  for length, needed in sorted(rung_arms.items(), key=lambda kv: defaults.arm_steps(kv[0])):
+    todo = [p.name for p in sweep.make_arm_points(needed, seeds)
+            if p.name in missing and p.name not in names]
+    if not todo and all(p.name not in missing for p in sweep.make_arm_points(needed, seeds)):
+      continue                                         # finished already
+    if estimate(names + todo) <= budget_s:
+      chosen.append(length)
+      names += todo
+  if not chosen:
+    return (f"No rung's missing points fit {budget_s:.0f} s: ask for more time, or a shorter "
+            "--lengths.")
+  return (f"Next call: LENGTHS={','.join(chosen)} (rungs at {', '.join(chosen)}: "
+          f"{', '.join(names) or 'nothing to train'}; about {estimate(names):.0f} s of "
+          f"{budget_s:.0f}).")
+
+
 def fit(points: list[dict], source: str) -> Trend | None:
   """The trend over the exact speed-ups (bounds are shown, not fitted), of the recipe's
   model size (every point of a ladder has the same)."""
@@ -101,7 +133,7 @@ def fit(points: list[dict], source: str) -> Trend | None:
 
 
 def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
-          command: str, unfinished: list[str]) -> dict:
+          command: str, unfinished: list[str], advice: str = "") -> dict:
   """W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json; returns the paths."""
   paths = {k: os.path.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
   fileio.write_json(paths["json"], dict(command=command, method=compare.METHOD, points=points,
@@ -122,15 +154,16 @@ def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | Non
                  f"{', '.join(p['baselines'])} |")
   lines.append("")
   if unfinished:
-    lines.append(f"Unfinished: {', '.join(unfinished)}; the same command resumes them. No "
-                 "trend is fitted until every run is finished (a missing long baseline turns "
-                 "a speed-up into a bound).")
+    lines.append(f"Missing: {', '.join(unfinished)} (not run, or interrupted: the same "
+                 "command on a warm machine resumes those). No trend is fitted until every "
+                 "run is finished (a missing long baseline turns a speed-up into a bound).")
   elif trend is None:
     lines.append("No trend: it needs exact speed-ups at two or more tokens per parameter.")
   else:
     lines.append(f"Trend: speed-up ≈ {trend.a:.3f} {trend.b:+.3f} · ln(tokens per parameter), "
                  f"least squares over {len(trend.points)} runs from {trend.low:.3g} to "
                  f"{trend.high:.3g} tokens per parameter (W/speedup_trend.json).")
+  lines += [advice] if advice else []
   lines += [f"Note: {n}" for n in notes]
   lines += ["", f"![speed-up against tokens per parameter]({os.path.basename(paths['png'])})",
             ""]
@@ -182,26 +215,58 @@ def main(argv=None) -> int:
                  help="stop the running points with a checkpoint after this many seconds")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="override of every run (repeatable), as --config.KEY=VALUE")
+  p.add_argument("--finished", action="append", default=[], metavar="FOLDER",
+                 help="finished points brought back from another machine (records, no "
+                      "checkpoints: tools.sweep --finished), counted as W's own")
+  p.add_argument("--rate", type=float, default=None, metavar="FLOP/S",
+                 help="with --budget_s: the FLOP/s of the device, to say which one call "
+                      "of --budget_s seconds completes the most rungs")
+  p.add_argument("--budget_s", type=float, default=None, help="seconds one call trains")
+  p.add_argument("--plan_only", action="store_true",
+                 help="train nothing: bring back --finished, report, say what is missing")
   args = p.parse_args(argv)
   factors = [float(f) for f in args.baseline_factors.split(",")]
   tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
   order = run_order(tst, base)
+  for folder in args.finished:
+    names = sweep.bring_back(folder, args.workdir)
+    print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
   sweep_argv = ["--config", args.config, "--workdir", args.workdir, "--arms", ",".join(order),
                 "--seeds", args.seeds, "--parallel", str(args.parallel),
                 *(["--deadline_s", str(args.deadline_s)] if args.deadline_s else []),
                 *(x for s in args.set for x in ("--set", s))]
-  status = sweep.main(sweep_argv)
-  import jax
+  status = 0 if args.plan_only else sweep.main(sweep_argv)
   command = compare.command_line("tst_jax.tools.ladder", argv)
-  source = (f"{command}; {jax.devices()[0].device_kind}; "
-            f"{datetime.date.today().isoformat()}")
   points, notes = ladder_points(args.workdir, tst)
   seeds = [int(x) for x in args.seeds.split(",")]
   unfinished = unfinished_points(args.workdir, order, seeds)
-  trend = None if unfinished else fit(points, source)   # no fit of a half-measured ladder
-  paths = write(args.workdir, points, notes, trend, command, unfinished)
+  trend = None if unfinished else fit(points, _source(command))   # no half-measured fit
+  paths = write(args.workdir, points, notes, trend, command, unfinished,
+                _advice(args, rungs(tst, factors), unfinished, seeds))
   print(open(paths["md"]).read())
   return status
+
+
+def _source(command: str) -> str:
+  import jax   # pylint: disable=import-outside-toplevel  (costly: only for the trend's source)
+  return f"{command}; {jax.devices()[0].device_kind}; {datetime.date.today().isoformat()}"
+
+
+def _advice(args, rung_arms: dict[str, list[str]], unfinished: list[str],
+            seeds: list[int]) -> str:
+  """Which one call of --budget_s seconds at --rate completes the most rungs ('' without)."""
+  if not unfinished or not (args.rate and args.budget_s):
+    return ""
+  plans = {}
+  for point in sweep.make_arm_points(sorted({a for v in rung_arms.values() for a in v}), seeds):
+    if point.name in unfinished:
+      plans[point.name] = sweep.resolve(point.config_arg(args.config),
+                                        point.overrides(args.set))[1].plan
+  estimate = lambda names: sweep.estimate_s([plans[n] for n in names], args.parallel,
+                                            args.rate, sweep.OVERHEAD_S)
+  return (f"At {args.rate:.3g} FLOP/s and {sweep.OVERHEAD_S:.0f} s per wave of "
+          f"{args.parallel}: " + next_call(rung_arms, set(plans), seeds, args.budget_s,
+                                            estimate))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean di
 the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
 config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
 to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.arms), and the
-figure-2 curves W/loss_vs_{flops,data}.png. A corpus is tokenized once per prepare request (a store
-in W/data_<key>/data, hard-linked into each point; a `tokens:` store is read where it is), and
-all points share a persistent XLA cache.
+figure-2 curves W/loss_vs_{flops,data}.png. Finished points brought back from another machine
+(--finished: their records, no checkpoints) join W's own. A corpus is tokenized once per
+prepare request (a store in W/data_<key>/data, hard-linked into each point; a `tokens:` store
+is read where it is), and all points share a persistent XLA cache.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ import sys
 import time
 
 from tst_jax.tools import compare
-from tst_jax.tools.sweep.points import Point, make_arm_points, make_points, resolve
+from tst_jax.tools.sweep.brought_back import bring_back
+from tst_jax.tools.sweep.points import (OVERHEAD_S, PREPARE_S, Point, estimate_s,
+                                        make_arm_points, make_points, resolve)
 from tst_jax.tools.sweep.report import collect, write_arm_reports, write_reports
-from tst_jax.tools.sweep.run import (compilation_cache, data_key, prepare_shared_data,
-                                     run_point)
+from tst_jax.tools.sweep.run import (compilation_cache, data_key, finished,
+                                     prepare_shared_data, run_point, shared_data_dir)
 
-__all__ = ["Point", "data_key", "main", "make_arm_points", "make_points", "resolve"]
+__all__ = ["OVERHEAD_S", "Point", "bring_back", "data_key", "estimate_s", "main",
+           "make_arm_points", "make_points", "resolve"]
 
 
 def parse_args(argv):
@@ -64,6 +68,23 @@ def parse_args(argv):
                  help="persistent XLA cache shared by the points (default: JAX's configured "
                       "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
                       "each other's compiled steps")
+  p.add_argument("--finished", action="append", default=[], metavar="FOLDER",
+                 help="finished points brought back from another machine (FOLDER/<point>/ "
+                      "or FOLDER/runs/<point>/: config.json, plan.json, metrics.jsonl, "
+                      "summary.json, no checkpoints): copied into W first, also with "
+                      "--dry_run, and counted as W's own (repeatable)")
+  p.add_argument("--budget_s", type=float, default=None, metavar="SECONDS",
+                 help="refuse, in one line and before anything runs, points that cannot "
+                      "finish in this many seconds: the unfinished points' plan FLOPs at "
+                      "--rate, plus --overhead_s per wave of --parallel points and --prepare_s "
+                      "for a corpus not yet tokenized")
+  p.add_argument("--rate", type=float, default=None, metavar="FLOP/S",
+                 help="with --budget_s: the FLOP/s the points get together on the device "
+                      "(benchmarks/gpu_small.sh gives a measured one)")
+  p.add_argument("--overhead_s", type=float, default=OVERHEAD_S,
+                 help="with --budget_s: seconds per wave of points beside their FLOPs")
+  p.add_argument("--prepare_s", type=float, default=PREPARE_S,
+                 help="with --budget_s: seconds to tokenize a corpus not yet prepared")
   p.add_argument("--dry_run", action="store_true", help="list the points and exit")
   p.add_argument("--verbosity", type=int, default=0,
                  help="1: tracebacks of user errors too (else one 'error:' line)")
@@ -75,10 +96,15 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
   os.makedirs(args.workdir, exist_ok=True)
+  for folder in args.finished:
+    names = bring_back(folder, args.workdir)
+    print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
   arms = [a.strip() for a in args.arms.split(",") if a.strip()]
   points = _points(args, arms)
   # Every point's config, before anything runs: a misspelt arm or override fails here.
   specs = [resolve(p.config_arg(args.config), p.overrides(args.set))[1] for p in points]
+  if args.budget_s is not None:
+    print(check_budget(args, points, specs), flush=True)
   if args.dry_run:
     for point in points:
       print(point.name, point.config_arg(args.config), " ".join(point.overrides(args.set)))
@@ -90,8 +116,10 @@ def main(argv=None) -> int:
       return write_arm_reports(args.workdir, command, arms)
     return write_reports(args.workdir, collect(args.workdir), command)
 
+  todo = [s for p, s in zip(points, specs)
+          if not finished(os.path.join(args.workdir, p.name), s.plan.total_steps)]
   with compilation_cache(_cache_dir(args, specs)):
-    for spec in {data_key(s): s for s in specs}.values():
+    for spec in {data_key(s): s for s in todo}.values():
       prepare_shared_data(args.workdir, spec)        # tokenize once, before any point runs
     status = _run_points(args, points, report)
   print(open(report()["md"]).read())
@@ -102,6 +130,27 @@ def main(argv=None) -> int:
   if failed:
     print(f"failed points: {failed}", file=sys.stderr)
   return 1 if failed else 0
+
+
+def check_budget(args, points: list[Point], specs) -> str:
+  """The line saying what the unfinished points need against --budget_s; SystemExit with it
+  when they need more."""
+  if not args.rate or args.rate <= 0:
+    raise SystemExit("--budget_s needs --rate: the FLOP/s the points get on the device")
+  todo = [s.plan for p, s in zip(points, specs)
+          if not finished(os.path.join(args.workdir, p.name), s.plan.total_steps)]
+  unprepared = any(not s.data.source.startswith("tokens:") and not os.path.exists(
+      os.path.join(shared_data_dir(args.workdir, s), "prepared.json")) for s in specs)
+  prepare = args.prepare_s if unprepared and todo else 0.0
+  need = estimate_s(todo, args.parallel, args.rate, args.overhead_s, prepare)
+  line = (f"{len(todo)} of {len(points)} points to train: "
+          f"{sum(p.flops_total for p in todo):.3g} FLOPs at an assumed "
+          f"{args.rate:.3g} FLOP/s, {args.overhead_s:.0f} s per wave of "
+          f"{args.parallel}, {prepare:.0f} s to tokenize: about {need:.0f} s of the "
+          f"{args.budget_s:.0f} s budget")
+  if need > args.budget_s:
+    raise SystemExit(f"budget: {line}; ask fewer arms or seeds, or more time")
+  return f"budget: {line}"
 
 
 def _points(args, arms: list[str]) -> list[Point]:

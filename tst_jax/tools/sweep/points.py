@@ -10,6 +10,9 @@ from tst_jax.train import spec as spec_lib
 
 POINT_FILE = "sweep_point.json"   # a point's record in its directory: status, arm, seed, times
 RATIO, BAG = "tst.ratio", "tst.bag_size"
+# A point's seconds beside its FLOPs, for budgets: start, compilation, evals and checkpoints
+# per wave of points at once; tokenizing gpu_small's 200 MB corpus took 33 s on an H100 host.
+OVERHEAD_S, PREPARE_S = 30.0, 40.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,15 @@ def make_arm_points(arms: list[str], seeds: list[int]) -> list[Point]:
   arms, e.g. baseline and tst, finish first)."""
   return [Point(re.sub(r"[^A-Za-z0-9._-]+", "-", f"{arm}_seed{seed}"), {}, seed, False, arm)
           for arm in arms for seed in seeds]
+
+
+def estimate_s(plans, parallel: int, rate: float, overhead_s: float,
+               prepare_s: float = 0.0) -> float:
+  """Seconds to train runs of `plans`, `parallel` at a time on one device: their FLOPs at
+  `rate` (FLOP/s of the device, shared by the runs at once), `overhead_s` per wave of runs
+  (start, compilation, evals, checkpoints) and `prepare_s` once (tokenizing the corpus)."""
+  waves = -(-len(plans) // max(parallel, 1))
+  return prepare_s + waves * overhead_s + sum(p.flops_total for p in plans) / rate
 
 
 def resolve(config_arg: str, overrides: list[str]):

@@ -1,0 +1,83 @@
+"""Finished points brought back from another machine: their records without checkpoints.
+
+A lent device keeps nothing, and a run's checkpoints are too large to bring back, but a finished
+point's records are small: its config, plan, metrics, summary and the sweep's own record
+(`benchmarks/sweep_common.sh` packs them). Copied into a sweep's workdir they are finished
+points like any other: the sweep skips them and its tables, frontier and trend count them, so
+a ladder grows over several lent sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+from tst_jax import errors, fileio
+from tst_jax.tools.sweep.points import POINT_FILE
+from tst_jax.tools.sweep.run import final_eval
+from tst_jax.train import trained_run
+from tst_jax.train.plan import PLAN_FILE, PlanRecord
+
+RECORDS = (trained_run.CONFIG_FILE, PLAN_FILE, "metrics.jsonl", "summary.json")
+
+
+def point_dirs(folder: str) -> list[str]:
+  """The directories under `folder` (or its runs/, as points.tar.gz unpacks) that hold a
+  point's records, by name."""
+  found = []
+  for top in (folder, os.path.join(folder, "runs")):
+    if os.path.isdir(top):
+      found += [os.path.join(top, n) for n in sorted(os.listdir(top))
+                if all(os.path.isfile(os.path.join(top, n, f)) for f in RECORDS)]
+  return found
+
+
+def point_record(point_dir: str) -> dict:
+  """Its sweep_point.json, else one made from the records: an arm point named
+  <arm>_seed<N>, as `points.make_arm_points` names them ('+' written '-')."""
+  path = os.path.join(point_dir, POINT_FILE)
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  name = os.path.basename(os.path.normpath(point_dir))
+  m = re.fullmatch(r"(.+)_seed(\d+)", name)
+  if not m:
+    raise errors.DataError(f"{point_dir}: has no {POINT_FILE} and its name is not "
+                           "<arm>_seed<N>: bring back the sweep's record too")
+  plan = PlanRecord.read(point_dir).plan
+  with open(os.path.join(point_dir, trained_run.CONFIG_FILE)) as f:
+    config = json.load(f)
+  return dict(name=name, config=None, overrides=[], grid={}, arm=m.group(1).replace("-", "+"),
+              seed=int(m.group(2)), baseline=False, r=plan.ratio,
+              S=plan.phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(),
+              status="done", data_source=config.get("data", {}).get("source"))
+
+
+def bring_back(folder: str, workdir: str) -> list[str]:
+  """Copies every finished point under `folder` into `workdir` (records only); returns their
+  names. One that `workdir` already holds finished is left as it is; an unfinished run of
+  the same name there is an error (its checkpoints would no longer match its records)."""
+  brought = []
+  for src in point_dirs(folder):
+    name = os.path.basename(src)
+    record = point_record(src)
+    steps = PlanRecord.read(src).plan.total_steps
+    if final_eval(src, steps) is None:
+      raise errors.DataError(f"{src}: unfinished (no eval at its last step {steps}): bring "
+                             "back finished points only")
+    dst = os.path.join(workdir, name)
+    if final_eval(dst, steps) is not None:
+      continue
+    if os.path.exists(dst):
+      raise errors.DataError(f"{dst}: holds an unfinished run of the point brought back from "
+                             f"{src}: move it away first")
+    os.makedirs(dst + ".tmp", exist_ok=True)
+    for f in RECORDS:
+      shutil.copyfile(os.path.join(src, f), os.path.join(dst + ".tmp", f))
+    fileio.write_json(os.path.join(dst + ".tmp", POINT_FILE),
+                      dict(record, brought_from=os.path.abspath(src)))
+    os.replace(dst + ".tmp", dst)
+    brought.append(name)
+  return brought
