@@ -32,7 +32,6 @@ ELSEWHERE = {
     "parallel/logical.py": ["parallel/test_mesh.py", "kernels/test_linear_mce.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
-    "train/checkpoint.py": ["train/test_loop.py", "behaviour/test_reliability.py"],
     "train/cli.py": ["train/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
     "train/defaults.py": ["train/test_plan_schedule.py", "train/test_loop.py"],
     "train/metrics.py": ["train/test_console.py", "train/test_loop.py"],

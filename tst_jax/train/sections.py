@@ -109,6 +109,9 @@ class Train:
                                  "phase end)")
   checkpoint_every: int = schema.field(100, schema.integer(0), "periodic checkpoints (plus "
                                        "each phase end)")
+  checkpoint_minutes: float = schema.field(0.0, schema.number(0), "also save when this many "
+                                          "minutes have passed since the last save, for "
+                                          "preemptible machines (0: off)", added=0.0)
   keep_checkpoints: int = schema.field(2, schema.integer(1), "the latest N kept, plus the "
                                        "phase-switch checkpoints")
   progress_bar: bool = schema.field(True, schema.BOOL, "a tqdm bar with the phase and ETA (on "
