@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import multihost_utils
 
+from tests.fixtures.tiny import tiny_config
 from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.setup import Setup
 
 
 class FakeClock:
@@ -68,3 +71,18 @@ def test_processes_agree_every_k_steps_when_any_clock_is_due(two_processes):
   assert due == [20, 40] and len(gathers) == 4
   clock.now, timer.last, other[0] = 0.0, 0.0, 1   # this clock not due, the other's is
   assert not timer.due(45) and timer.due(50)
+
+
+def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
+  """The run's own save path: train.checkpoint_minutes=1 and a step cadence of 100."""
+  config = tiny_config(train=dict(checkpoint_minutes=1.0, checkpoint_every=100))
+  setup = Setup.create(spec_lib.build(config), str(tmp_path), record=False)
+  clock = FakeClock()
+  setup.checkpoints.clock.clock = clock
+  setup.checkpoints.clock.saved()
+  state = {"w": jnp.arange(3.0)}
+  for step, seconds in ((1, 30.0), (2, 61.0), (3, 90.0), (4, 125.0)):
+    clock.now = seconds
+    setup.save(state, step)
+  setup.checkpoints.close()
+  assert setup.checkpoints.all_steps() == [2, 4]
