@@ -16,7 +16,7 @@ MU_DTYPES = ("float32", "bfloat16")
 # Axes Muon orthogonalises each slice of separately: a scanned block's layer, an MoE expert.
 STACKED_AXES = ("layers", "expert")
 # Muon's update RMS scaled to AdamW's, so that both share the lr and the weight decay
-# ("Muon is Scalable for LLM Training", Liu et al. 2025).
+# ("Muon is Scalable for LLM Training", Liu et al.).
 MUON_RMS = 0.2
 
 
