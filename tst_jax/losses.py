@@ -10,6 +10,10 @@ entry. Written per target, that is one coefficient per (row, column):
 
 which is what the fused kernels compute too (`mce_coefficients`). S = 1 is plain CE.
 MCE-alt is -log of the total probability on the distinct tokens of the bag.
+
+The z-loss, as in PaLM and MaxText, adds z_loss * mean_r logsumexp(z_r)^2 over the rows r with
+a valid target: it keeps the softmax normaliser near 1. Every implementation adds it to the
+same per-row logsumexp, so the fused kernels need nothing of their own for it.
 """
 
 from __future__ import annotations
@@ -123,8 +127,9 @@ def _flatten(logits, targets):
 
 
 def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform",
-                   variant="mce", ignore_index=IGNORE_INDEX):
-  """The loss from per-row logsumexp [N] and the gathered target logits [N, S].
+                   variant="mce", ignore_index=IGNORE_INDEX, z_loss: float = 0.0):
+  """The loss from per-row logsumexp [N] and the gathered target logits [N, S], plus the
+  z-loss (module docstring) when `z_loss` > 0.
 
   Shared by the naive loss and the chunked/fused implementations, which produce these
   two pieces without materialising [N, V] logits.
@@ -132,11 +137,16 @@ def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform"
   weights_S = bag_weights(weighting, targets_NxS.shape[-1])
   if variant == "mce":
     c_NxS = mce_coefficients(targets_NxS, weights_S, ignore_index)
-    return jnp.sum(c_NxS * (lse_N[:, None] - target_logits_NxS))
-  if variant == "alt":
+    loss = jnp.sum(c_NxS * (lse_N[:, None] - target_logits_NxS))
+  elif variant == "alt":
     per_row, has_N = _alt_rows(lse_N, target_logits_NxS, targets_NxS, weights_S, ignore_index)
-    return per_row.sum() / jnp.maximum(has_N.sum(), 1)
-  raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+    loss = per_row.sum() / jnp.maximum(has_N.sum(), 1)
+  else:
+    raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+  if not z_loss:
+    return loss
+  has_N = (targets_NxS != ignore_index).any(axis=-1)
+  return loss + z_loss * jnp.sum(jnp.where(has_N, lse_N ** 2, 0.0)) / jnp.maximum(has_N.sum(), 1)
 
 
 def _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index):
@@ -147,16 +157,17 @@ def _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index):
 
 
 def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
-             ignore_index: int = IGNORE_INDEX, kl: bool = False):
+             ignore_index: int = IGNORE_INDEX, kl: bool = False, z_loss: float = 0.0):
   """Multi-hot cross-entropy: logits [..., V], bag targets [..., S] -> scalar (float32).
 
   kl=True subtracts the target distribution's entropy (log S for uniform weights), the
   paper's KL-normalised L_MCE that is 0 at the optimum; off by default, as in the paper.
+  z_loss > 0 adds the z-loss (module docstring).
   """
   logits_NxV, targets_NxS = _flatten(logits, targets)
   lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
   loss = mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
-                        ignore_index=ignore_index)
+                        ignore_index=ignore_index, z_loss=z_loss)
   if kl and variant == "mce":
     loss = loss - target_entropy(weighting, targets_NxS.shape[-1])
   return loss
@@ -199,8 +210,9 @@ def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
 
 
 def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", variant="mce",
-                    ignore_index: int = IGNORE_INDEX, impl: str = "auto", **chunk_kwargs):
-  """`mce_loss(hidden @ head, targets)` without materialising the [N, V] logits.
+                    ignore_index: int = IGNORE_INDEX, impl: str = "auto", z_loss: float = 0.0,
+                    **chunk_kwargs):
+  """`mce_loss(hidden @ head, targets, z_loss=...)` without materialising the [N, V] logits.
 
   hidden [..., D], head [D, V], targets [..., S] -> scalar (float32), differentiable in
   hidden and head. impl: "naive" (float32 logits, the reference), "xla" (chunked, pure
@@ -224,10 +236,10 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
       raise TypeError(f"impl='naive' takes no chunk arguments, got {sorted(chunk_kwargs)}")
     logits_NxV = jnp.dot(hidden_NxD, head_DxV, preferred_element_type=jnp.float32)
     return mce_loss(logits_NxV, targets_NxS, weighting=weighting, variant=variant,
-                    ignore_index=ignore_index)
+                    ignore_index=ignore_index, z_loss=z_loss)
   kernel = linear_mce_xla if impl == "xla" else linear_mce_pallas
   lse_N, z_NxS = sharded.lse_and_target_logits(kernel.lse_and_target_logits, hidden_NxD,
                                                head_DxV, targets_NxS, ignore_index=ignore_index,
                                                **chunk_kwargs)
   return mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
-                        ignore_index=ignore_index)
+                        ignore_index=ignore_index, z_loss=z_loss)

@@ -16,6 +16,7 @@ NOT_A_PACKAGE = {"fixtures", "behaviour", "testdata", "__pycache__"}
 NAMED_FOR_A_PART = {
     "test_api.py": "__init__.py",                       # the public API, tst_jax's own names
     "train/test_plan_schedule.py": "train/plan.py",     # the plan's learning-rate schedule
+    "test_z_loss.py": "losses.py",                      # the z-loss, in every implementation
 }
 
 # Modules tested through others, and where. Each named file must import the module.
@@ -30,7 +31,6 @@ ELSEWHERE = {
     "models/llama.py": ["convert/test_llama_hf.py", "models/test_moe.py", "tools/test_sample.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
-    "train/checkpoint.py": ["train/test_loop.py", "behaviour/test_reliability.py"],
     "train/cli.py": ["train/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
     "train/defaults.py": ["train/test_plan_schedule.py", "train/test_loop.py"],
     "train/metrics.py": ["train/test_console.py", "train/test_loop.py"],

@@ -1,10 +1,12 @@
 """Export to a Hugging Face folder and back: transformers alone reproduces tst_jax's eval loss;
 a run initialised from the folder starts where the exported one ended; clear errors."""
 
+import json
 import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -102,3 +104,32 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
     trained_run.hf_params(hf_dir, models.model_config(config.model), "llama")
   with pytest.raises(ValueError, match="holds a 'llama' model but config.model.family is"):
     trained_run.hf_params(hf_dir, models.model_config(config.model), "qwen3_moe")
+
+
+@pytest.mark.parametrize("dtype,tol", [("bf16", 1e-2), ("float32", 1e-5)])
+def test_sharded_export_loads_in_transformers_with_the_runs_logits(workdir, tmp_path, dtype,
+                                                                   tol):
+  """Shards of at most 40 kB (huggingface_hub's splitter) and their index; transformers loads
+  them and gives the run's own logits, within bf16's rounding of the weights (2^-9 relative
+  each) for bf16."""
+  out = export.export(workdir, tmp_path / "hf", dtype=dtype, max_shard_size="40KB")
+  index = json.loads((out / "model.safetensors.index.json").read_text())
+  shards = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
+  assert len(shards) >= 3 and shards == sorted(set(index["weight_map"].values()))
+  assert all(os.path.getsize(out / f) <= 40_000 + 1_000 or _one_tensor(index, f)
+             for f in shards)
+  model = transformers.AutoModelForCausalLM.from_pretrained(out)
+  assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+  assert index["metadata"]["total_size"] == sum(p.numel() for p in model.parameters()) * (
+      2 if dtype == "bf16" else 4)
+  ours = trained_run.load(workdir, dtype="float32").model
+  tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(2, 32))
+  want = np.asarray(ours(jnp.asarray(tokens)), np.float64)
+  with torch.no_grad():
+    got = model.float()(torch.tensor(tokens)).logits.double().numpy()
+  assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+def _one_tensor(index, shard) -> bool:
+  """A tensor larger than the limit gets a shard of its own."""
+  return list(index["weight_map"].values()).count(shard) == 1

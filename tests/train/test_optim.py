@@ -1,12 +1,206 @@
-"""The optimizer, and the non-finite guard compared with optax.apply_if_finite, which it keeps."""
+"""The optimizer and schedule options: each schedule against its formula written out, Muon's
+split of the parameters and its orthogonalised updates, bf16 moments, tiny two-phase runs with
+each option, and the non-finite guard compared with optax.apply_if_finite, which it keeps."""
+
+import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
+import pytest
+from flax import nnx
 
-from tst_jax.train import optim
+from tests.fixtures.tiny import tiny_config
+from tst_jax import losses
+from tst_jax import superposition as sp
+from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
+from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.sections import Optimizer
+
+PEAK, FINAL = 2e-3, 0.1
+
+
+def _opt(**fields):
+  cfg = dict(lr=PEAK, warmup_steps=10, decay_fraction=0.2, final_lr_fraction=FINAL,
+             schedule="wsd", decay_shape="linear")
+  return ml_collections.ConfigDict({**cfg, **fields})
+
+
+def _written_out(step, total, warmup, decay, shape, peak=PEAK, final=FINAL):
+  """The lr at `step`: linear warmup from 0, the peak, then a decay of `shape` to final x the
+  peak over the last `decay` steps."""
+  if step < warmup:
+    return peak * step / warmup
+  x = min(max((step - (total - decay)) / decay, 0.0), 1.0)
+  left = {"linear": 1 - x, "cosine": (1 + math.cos(math.pi * x)) / 2,
+          "1-sqrt": 1 - math.sqrt(x)}[shape]
+  return peak * final + (peak - peak * final) * left
+
+
+@pytest.mark.parametrize("shape", optim.DECAY_SHAPES)
+def test_wsd_decay_shapes_follow_their_formulas(shape):
+  schedule = optim.lr_schedule(_opt(decay_shape=shape), 100)
+  got = np.asarray(jax.vmap(schedule)(jnp.arange(101)))
+  want = [_written_out(k, 100, 10, 20, shape) for k in range(101)]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+  assert got[50] == pytest.approx(PEAK) and got[100] == pytest.approx(PEAK * FINAL)
+
+
+def test_linear_wsd_is_optax_joined_schedules_and_cosine_is_optax_warmup_cosine():
+  steps = jnp.arange(101)
+  linear = optax.join_schedules(
+      [optax.linear_schedule(0.0, PEAK, 10), optax.constant_schedule(PEAK),
+       optax.linear_schedule(PEAK, PEAK * FINAL, 20)], boundaries=[10, 80])
+  np.testing.assert_allclose(jax.vmap(optim.lr_schedule(_opt(), 100))(steps),
+                             jax.vmap(linear)(steps), rtol=1e-5, atol=1e-9)
+  cosine = optax.warmup_cosine_decay_schedule(0.0, PEAK, 10, 100, end_value=PEAK * FINAL)
+  np.testing.assert_allclose(jax.vmap(optim.lr_schedule(_opt(schedule="cosine"), 100))(steps),
+                             jax.vmap(cosine)(steps), rtol=1e-5, atol=1e-9)
+
+
+def _tiny_params(**optimizer):
+  config = tiny_config()
+  config.optimizer.update(warmup_steps=0, **optimizer)
+  spec = spec_lib.check(config)
+  tx, _ = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+  return tx, step_lib.init_fn(spec.model, tx)(jax.random.key(0)).params
+
+
+def _leaves(tree):
+  return {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+  """One step from a fresh state: AdamW's first update is -lr (g / (|g| + eps) + wd p), decay
+  off on norm scales; Muon's of each layer's matrix is -lr 0.2 sqrt(max(m, n)) U V^T of that
+  layer's gradient U S V^T alone, up to the quintic Newton-Schulz's spread of the singular
+  values around 1 (0.68 to 1.04 here: the gradient's are 1 to 3)."""
+  tx, params = _tiny_params(name="muon")
+  rng = np.random.default_rng(0)
+
+  def conditioned(shape, matrix):   # each layer's [in, out] slice: U diag(1..3) V^T
+    m, n = matrix
+    out = []
+    for _ in range(shape[0]):
+      u, _ = np.linalg.qr(rng.normal(size=(m, m)))
+      v, _ = np.linalg.qr(rng.normal(size=(n, n)))
+      out.append(u[:, :min(m, n)] @ np.diag(np.linspace(1, 3, min(m, n))) @ v[:, :min(m, n)].T)
+    return np.stack(out).reshape(shape)
+
+  # [in, out] of each: q [D, H x G], o [H x G, D] (the layer's slice, logical names' order)
+  matrices = {"['blocks']['ffw']['up_proj'].value": (32, 64),
+              "['blocks']['ffw']['down_proj'].value": (64, 32),
+              "['blocks']['attn']['q_proj'].value": (32, 32),
+              "['blocks']['attn']['o_proj'].value": (32, 32)}
+  grads = jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.asarray(conditioned(x.shape, matrices[jax.tree_util.keystr(p)])
+                               if jax.tree_util.keystr(p) in matrices
+                               else rng.normal(size=x.shape), jnp.float32), params)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  clip = 1 / max(1.0, float(optax.tree.norm(grads)))    # optimizer.grad_clip = 1
+  got, g, p = _leaves(updates), _leaves(jax.tree.map(lambda x: x * clip, grads)), _leaves(params)
+  muon = {k for k in got if optim.muon_dims(_variable(params, k)) is not None}
+  assert muon == {f"['blocks']['{m}'].value" for m in (
+      "attn']['q_proj", "attn']['k_proj", "attn']['v_proj", "attn']['o_proj",
+      "ffw']['gate_proj", "ffw']['up_proj", "ffw']['down_proj")}
+  lr, wd = 3e-3, 0.1
+  for k in sorted(set(got) - muon):
+    decay = 0.0 if "norm" in k else wd
+    adam = g[k] / (np.abs(g[k]) + 1e-8)
+    np.testing.assert_allclose(got[k], -lr * (adam + decay * p[k]), rtol=1e-4, atol=1e-9,
+                               err_msg=k)
+  for k, (m, n) in matrices.items():
+    for layer in range(2):
+      grad, update = (np.asarray(x[k][layer]).reshape(m, n) for x in (
+          g, jax.tree.map(lambda u, w: u + lr * wd * w, got, p)))
+      u, _, vt = np.linalg.svd(grad, full_matrices=False)
+      polar = -lr * 0.2 * math.sqrt(max(m, n)) * u @ vt
+      cosine = np.sum(update * polar) / np.linalg.norm(update) / np.linalg.norm(polar)
+      ratio = np.linalg.svd(update, compute_uv=False) / np.linalg.svd(polar, compute_uv=False)
+      assert cosine > 0.97, (k, layer, cosine)
+      assert np.all((ratio > 0.6) & (ratio < 1.2)), (k, layer, ratio)
+
+
+def _variable(params, key):
+  found = [v for p, v in jax.tree_util.tree_leaves_with_path(
+      params, is_leaf=lambda v: isinstance(v, nnx.Variable)) if jax.tree_util.keystr(p)
+      + ".value" == key]
+  return found[0]
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZERS)
+def test_bf16_moments(name):
+  tx, params = _tiny_params(name=name, mu_dtype="bfloat16")
+  dtypes = {str(x.dtype) for x in jax.tree.leaves(jax.eval_shape(tx.init, params))
+            if x.shape == params["embed"]["table"].shape}
+  assert dtypes == {"bfloat16", "float32"}      # AdamW's mu, and its nu kept in float32
+  tx, params = _tiny_params(name=name)
+  assert all(x.dtype != jnp.bfloat16 for x in jax.tree.leaves(jax.eval_shape(tx.init, params)))
+
+
+def test_z_loss_is_in_both_phases_losses():
+  """loss.z_loss reaches the train step's loss of each phase: the MCE (tst) and the
+  next-token CE (ntp), each written out from the logits, plus the z term."""
+  config = tiny_config(bag_size=2, loss=dict(z_loss=0.5))
+  spec = spec_lib.check(config)
+  graphdef, _ = step_lib.abstract_model(spec.model)
+  model = nnx.merge(graphdef, step_lib.init_fn(spec.model, optax.sgd(0.1))(
+      jax.random.key(0)).params)
+  for phase in spec.plan.phases:
+    window = jax.random.randint(jax.random.key(1), (2, phase.window), 0, 512)
+    got, _ = step_lib.loss_fn(phase, spec.loss)(model, window)
+    if phase.is_tst:
+      hidden, _ = model.forward(sp.fold(window[:, :-1], 2))
+      logits, targets = model.logits(hidden), sp.bag_targets(window[:, 1:], 2)
+    else:
+      logits, targets = model(window[:, :-1]), window[:, 1:, None]
+    lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    want = losses.mce_loss(logits, targets) + 0.5 * jnp.mean(lse ** 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=phase.name)
+
+
+# One tiny two-phase run per option set (8 steps: 4 tst with S = 2, then 4 ntp), the WSD
+# decay spanning both phases; the default (AdamW, linear WSD) runs in train/test_loop.py.
+RUNS = {
+    "muon_1-sqrt_bf16_zloss": dict(optimizer=dict(name="muon", decay_shape="1-sqrt",
+                                                  mu_dtype="bfloat16"),
+                                   loss=dict(z_loss=1e-3)),
+    "cosine_decay": dict(optimizer=dict(decay_shape="cosine")),
+    "cosine_schedule": dict(optimizer=dict(schedule="cosine")),
+}
+
+
+# WSD's cosine decay shares its curve with the cosine schedule: its run is slow only.
+@pytest.fixture(scope="module", params=[
+    pytest.param(name, marks=pytest.mark.slow) if name == "cosine_decay" else name
+    for name in sorted(RUNS)])
+def run(request, tmp_path_factory):
+  options = RUNS[request.param]
+  config = tiny_config(steps=8, train=dict(eval_every=100, checkpoint_every=100))
+  for section, fields in options.items():
+    config[section].update(fields)
+  config.optimizer.update(warmup_steps=1, decay_fraction=0.75)
+  workdir = tmp_path_factory.mktemp(request.param)
+  cli.run(config, str(workdir))
+  return config, metrics_lib.read(str(workdir / "metrics.jsonl"))
+
+
+def test_each_option_trains_both_phases_on_its_schedule(run):
+  config, records = run
+  train = [r for r in records if "loss" in r]
+  assert [r["phase"] for r in train] == ["tst"] * 4 + ["ntp"] * 4
+  assert all(np.isfinite(r["loss"]) for r in train)
+  opt = config.optimizer
+  decay = 7 if opt.schedule == "cosine" else 6
+  shape = "cosine" if opt.schedule == "cosine" else opt.decay_shape
+  want = [_written_out(r["step"] - 1, 8, 1, decay, shape, opt.lr, opt.final_lr_fraction)
+          for r in train]
+  np.testing.assert_allclose([r["lr"] for r in train], want, rtol=1e-5)
+  evals = [r["eval_loss"] for r in records if "eval_loss" in r]
+  assert len(evals) == 2 and evals[1] < evals[0] < math.log(512)   # both phases learn
+
 
 
 def _setup(max_errors: int):

@@ -3,8 +3,9 @@
 `from_hf(path)` reads `config.json`, picks the family's converter by `model_type` (the one
 registry of families: `tst_jax.models.FAMILIES`, whose names are the HF model_types)
 and loads `model.safetensors` (or the shards of `model.safetensors.index.json`); `to_hf(model,
-path)` writes `config.json` and one float32 `model.safetensors`. Parameters are always float32;
-`dtype` is the compute dtype of the tst_jax model.
+path)` writes `config.json` and the weights in float32 or bf16, as huggingface_hub's splitter
+shards them: one `model.safetensors`, or shards and their index. A tst_jax model's parameters
+are always float32; `dtype` is its compute dtype.
 
 A converter module (imported lazily by its path, `FAMILIES[model_type].hf`) provides:
 
@@ -43,6 +44,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 from flax import traverse_util
+from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.numpy import save_file
 
 from tst_jax import models
@@ -50,6 +52,8 @@ from tst_jax import models
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SHARD_PATTERN = "model{suffix}.safetensors"    # huggingface_hub's: model-00001-of-00003...
+EXPORT_DTYPES = {"float32": np.float32, "bf16": ml_dtypes.bfloat16}
 
 # safetensors dtype names -> numpy; bfloat16/float8 come from ml_dtypes (numpy has none).
 _ST_DTYPES = {
@@ -205,11 +209,16 @@ def _build(model_cls, cfg, pure: dict):
   return nnx.merge(graphdef, params, rest)
 
 
-def to_hf(model, path, *, overwrite: bool = False) -> Path:
-  """Write `model` as a Hugging Face checkpoint: config.json and float32 model.safetensors.
+def to_hf(model, path, *, overwrite: bool = False, dtype: str = "float32",
+          max_shard_size: int | str = "5GB") -> Path:
+  """Write `model` as a Hugging Face checkpoint: config.json and its weights in `dtype`
+  (float32 | bf16), in safetensors shards of at most `max_shard_size` (bytes, or "5GB").
 
-  Refuses a non-empty folder unless `overwrite`, which replaces only those two files.
+  Refuses a non-empty folder unless `overwrite`, which replaces config.json and every
+  model*.safetensors* file, so no shard of an earlier export is left beside the new ones.
   """
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
   path = Path(path)
   if path.exists() and not path.is_dir():
     raise ValueError(f"{path} exists and is not a folder")
@@ -217,12 +226,22 @@ def to_hf(model, path, *, overwrite: bool = False) -> Path:
     raise ValueError(f"{path} is not empty; pass overwrite=True to write into it")
   family = _family_of(model)
   hf = family.config_to_hf(model.cfg)
-  hf.update(torch_dtype="float32", dtype="float32")   # old and new transformers spellings
+  torch_dtype = "bfloat16" if dtype == "bf16" else dtype
+  hf.update(torch_dtype=torch_dtype, dtype=torch_dtype)   # old and new transformers spellings
   pure = jax.tree.map(lambda x: np.asarray(x, np.float32),
                       nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  tensors = {k: np.ascontiguousarray(v, np.float32)
+  tensors = {k: np.ascontiguousarray(np.asarray(v, np.float32).astype(EXPORT_DTYPES[dtype]))
              for k, v in family.params_to_hf(pure, model.cfg).items()}
+  split = split_state_dict_into_shards_factory(
+      tensors, get_storage_size=lambda a: a.nbytes, filename_pattern=SHARD_PATTERN,
+      max_shard_size=max_shard_size)
   path.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+  for stale in path.glob("model*.safetensors*"):
+    stale.unlink()
+  for filename, names in split.filename_to_tensors.items():
+    save_file({n: tensors[n] for n in names}, str(path / filename), metadata={"format": "pt"})
+  if split.is_sharded:
+    index = dict(metadata=dict(split.metadata), weight_map=split.tensor_to_filename)
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
   (path / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
   return path

@@ -11,6 +11,7 @@ import threading
 import time
 
 import jax
+import numpy as np
 from jax._src import distributed as distributed_state  # its client: the key-value store
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from jax.experimental import multihost_utils
@@ -172,6 +173,14 @@ def _stop(why: str):
 def is_primary() -> bool:
   """Says whether this process writes the run's files: process 0 does."""
   return jax.process_index() == 0
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process when `flag` is True on any: one all-gather (none with one process).
+  Every process must call it at the same points."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
 def barrier(name: str):

@@ -1,9 +1,12 @@
 """Export a trained run as a Hugging Face model folder that transformers loads on its own.
 
-  python -m tst_jax.tools.export --workdir W --out D [--step N] [--overwrite]
+  python -m tst_jax.tools.export --workdir W --out D [--step N] [--dtype float32|bf16]
+      [--max-shard-size 5GB] [--overwrite]
 
-D gets config.json and float32 model.safetensors from `tst_jax.convert.hf.to_hf`, and the run's
-tokenizer as tokenizer.json and tokenizer_config.json, so that
+D gets config.json and the weights from `tst_jax.convert.hf.to_hf`: one model.safetensors, or
+shards of at most --max-shard-size with model.safetensors.index.json, as huggingface_hub
+splits them and `huggingface-cli upload` takes them. It also gets the run's tokenizer as
+tokenizer.json and tokenizer_config.json, so that
 `AutoModelForCausalLM.from_pretrained(D)` and `AutoTokenizer.from_pretrained(D)` work without
 tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at.
 lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.tools.eval` does. The
@@ -28,8 +31,11 @@ log = logging.getLogger("tst_jax")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool = False) -> Path:
+def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool = False,
+           dtype: str = "float32", max_shard_size: int | str = "5GB") -> Path:
   """Writes checkpoint `step`, by default the latest, of the run in `workdir` to folder `out`.
+
+  The weights are in `dtype`, float32 or bf16, in shards of at most `max_shard_size`.
 
   Refuses an `out` that holds files unless `overwrite`, which replaces only the files this
   writes. Everything is read and checked before anything is written.
@@ -49,7 +55,8 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
     log.warning("step %d is a phase-1 (TST) checkpoint: it predicts bags, not next tokens",
                 trained.step)
 
-  convert_hf.to_hf(trained.model, out, overwrite=overwrite)
+  convert_hf.to_hf(trained.model, out, overwrite=overwrite, dtype=dtype,
+                   max_shard_size=max_shard_size)
   config_file = out / convert_hf.CONFIG_FILE
   hf = json.loads(config_file.read_text())
   hf.update(max_position_embeddings=trained.max_length, eos_token_id=trained.tokenizer.eos_id,
@@ -69,10 +76,15 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="the run's directory")
   parser.add_argument("--out", required=True, help="the Hugging Face folder to write")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  parser.add_argument("--dtype", choices=sorted(convert_hf.EXPORT_DTYPES), default="float32",
+                      help="the weights' dtype (default: float32)")
+  parser.add_argument("--max-shard-size", default="5GB",
+                      help="the largest safetensors file, e.g. 5GB or 500MB (default: 5GB)")
   parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
   args = parser.parse_args(argv)
   try:
-    out = export(args.workdir, args.out, args.step, overwrite=args.overwrite)
+    out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
+                 max_shard_size=args.max_shard_size)
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"export: {e}")
   print(f"exported {args.workdir} to {out}")

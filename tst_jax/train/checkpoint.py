@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from tst_jax.errors import ConfigError, WorkdirError
+from tst_jax.parallel import distributed
+
+
+class SaveClock:
+  """train.checkpoint_minutes: whether `minutes` have passed since the last save.
+
+  Every process must save at the same step, and their clocks differ: with several processes
+  they agree every `agree_every` steps, a save being due when any process's clock says so
+  (one all-gather, as the preemption guard's fallback). `clock`: seconds, a fake in tests.
+  """
+
+  def __init__(self, minutes: float, *, clock=time.monotonic, agree_every: int = 10):
+    self.minutes, self.clock, self.agree_every = minutes, clock, agree_every
+    self.last = clock()
+
+  def due(self, step: int) -> bool:
+    """The same answer on every process; call it once per step, on every process."""
+    if not self.minutes:
+      return False
+    late = self.clock() - self.last >= 60 * self.minutes
+    if jax.process_count() == 1:
+      return late
+    return step % self.agree_every == 0 and distributed.any_process(late)
+
+  def saved(self):
+    self.last = self.clock()
 
 
 class Checkpoints:
@@ -21,9 +48,11 @@ class Checkpoints:
   very next batch. The meta records it for reading and checks.
   """
 
-  def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0):
+  def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0,
+               clock: SaveClock | None = None):
     self.directory = os.path.abspath(directory)
     self.every = every
+    self.clock = clock or SaveClock(0.0)
     preserve = policies.AnyPreservationPolicy(
         [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
     self.manager = ocp.CheckpointManager(
@@ -39,14 +68,20 @@ class Checkpoints:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-    """Saves unless a checkpoint of this step exists. `force` ignores the cadence."""
+    """Saves at the step cadence or when the clock is due, unless this step exists.
+
+    `force` ignores both the cadence and the clock.
+    """
+    timed = self.clock.due(step)          # before any return: every process asks each step
     if step in self.manager.all_steps():
       return False
-    if not force and not (self.every and step % self.every == 0):
+    if not force and not timed and not (self.every and step % self.every == 0):
       return False
     with self._write_faults():    # also reports a failure of the previous async write
-      return self.manager.save(step, args=ocp.args.Composite(
+      saved = self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    self.clock.saved()
+    return saved
 
   def restore(self, step: int, abstract_state):
     """Restores the state and meta of `step`. `abstract_state` carries shapes, dtypes, shardings."""

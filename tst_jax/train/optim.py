@@ -1,30 +1,62 @@
-"""AdamW with a norm-excluding decay mask, global-norm clipping and one WSD schedule.
+"""Builds the optimizer: AdamW, or Muon for the blocks' matrices with AdamW for the rest.
 
-The train step drops non-finite updates itself rather than through optax.apply_if_finite, which
-applies a bad update after max_consecutive_errors and keeps its counters in the optimizer state.
+Both get a norm-excluding decay mask, global-norm clipping and one learning-rate schedule over
+both phases. The train step drops non-finite updates itself rather than through
+optax.apply_if_finite, which applies a bad update after max_consecutive_errors and keeps its
+counters in the optimizer state.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
+from flax import nnx
+from optax import contrib
+
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("wsd", "cosine")
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+MU_DTYPES = ("float32", "bfloat16")
+# Axes Muon orthogonalises each slice of separately: a scanned block's layer, an MoE expert.
+STACKED_AXES = ("layers", "expert")
+# Muon's update RMS scaled to AdamW's, so that both share the lr and the weight decay
+# ("Muon is Scalable for LLM Training", Liu et al.).
+MUON_RMS = 0.2
 
 
-def wsd_schedule(lr: float, total_steps: int, warmup_steps: int, decay_fraction: float,
-                 final_lr_fraction: float = 0.0):
-  """Returns the Warmup-Stable-Decay schedule over both phases, indexed by the global step.
+def decay_curve(shape: str, x):
+  """Returns the lr's share of its way from peak to end at a fraction x of the decay.
 
-  Linear warmup, then constant, then linear decay over the last `decay_fraction` of the steps,
-  one schedule for both phases as in the paper.
+  It is 1 at x = 0 and 0 at x = 1.
   """
-  decay_steps = round(decay_fraction * total_steps)
-  warmup_steps = min(warmup_steps, total_steps - decay_steps)
-  stable_steps = total_steps - decay_steps - warmup_steps
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)),
-       optax.constant_schedule(lr),
-       optax.linear_schedule(lr, lr * final_lr_fraction, max(decay_steps, 1))],
-      boundaries=[warmup_steps, warmup_steps + stable_steps])
+  curves = {"linear": lambda x: 1.0 - x,
+            "cosine": lambda x: 0.5 * (1.0 + jnp.cos(jnp.pi * x)),
+            "1-sqrt": lambda x: 1.0 - jnp.sqrt(x)}
+  return curves[shape](x)
+
+
+def lr_schedule(opt_cfg, total_steps: int):
+  """Returns the learning rate at each global step, over both phases.
+
+  A linear warmup comes first. WSD then holds the peak and decays in `decay_shape` over the
+  last `decay_fraction` of the steps. Cosine decays over all the steps after warmup. Both end
+  at `final_lr_fraction` of the peak.
+  """
+  peak, final = opt_cfg.lr, opt_cfg.lr * opt_cfg.final_lr_fraction
+  if opt_cfg.schedule == "cosine":
+    warmup = min(opt_cfg.warmup_steps, total_steps)
+    decay, shape = total_steps - warmup, "cosine"
+  else:
+    decay, shape = round(opt_cfg.decay_fraction * total_steps), opt_cfg.decay_shape
+    warmup = min(opt_cfg.warmup_steps, total_steps - decay)
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    x = jnp.clip((step - (total_steps - decay)) / max(decay, 1), 0.0, 1.0)
+    after = final + (peak - final) * decay_curve(shape, x)
+    return jnp.where(step < warmup, peak * step / max(warmup, 1), after)
+  return schedule
 
 
 def decay_mask(params):
@@ -34,12 +66,48 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+def muon_dims(variable):
+  """How Muon reads a parameter as matrices, or None for AdamW's parameters.
+
+  From its logical axis names: a hidden weight has an 'embed' axis and no 'vocab' or 'norm'
+  one. Its stacked axes are batch axes, 'embed' is the input axis when it comes first and
+  the output axis otherwise, and the other axes are the other side of the matrix.
+  """
+  names = (variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Variable)
+           else None)
+  if not names or "embed" not in names or {"vocab", "norm"} & set(names):
+    return None
+  matrix = [i for i, n in enumerate(names) if n not in STACKED_AXES]
+  embed, rest = names.index("embed"), tuple(i for i in matrix if names[i] != "embed")
+  if len(matrix) < 2:
+    return None
+  if embed == matrix[0]:
+    return contrib.MuonDimensionNumbers(reduction_axis=embed, output_axis=rest)
+  return contrib.MuonDimensionNumbers(reduction_axis=rest, output_axis=embed)
+
+
+def _dims_tree(params):
+  """`muon_dims` of every parameter; a leaf another transform owns gets None."""
+  def dims(v):
+    live = isinstance(v, nnx.Variable) and not isinstance(v.get_value(), optax.MaskedNode)
+    return muon_dims(v) if live else None
+  return jax.tree.map(dims, params, is_leaf=lambda v: isinstance(v, (nnx.Variable,
+                                                                     optax.MaskedNode)))
+
+
+def _labels(params):
+  return jax.tree.map(lambda v: "adamw" if muon_dims(v) is None else "muon", params,
+                      is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
 def make_optimizer(opt_cfg, total_steps: int):
   """Builds the optax transformation and its schedule from the optimizer section."""
-  schedule = wsd_schedule(opt_cfg.lr, total_steps, opt_cfg.warmup_steps,
-                          opt_cfg.decay_fraction, opt_cfg.final_lr_fraction)
-  tx = optax.chain(
-      optax.clip_by_global_norm(opt_cfg.grad_clip),
-      optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
-                  weight_decay=opt_cfg.weight_decay, mask=decay_mask))
-  return tx, schedule
+  schedule = lr_schedule(opt_cfg, total_steps)
+  mu_dtype = jnp.dtype(opt_cfg.mu_dtype)
+  adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
+                      weight_decay=opt_cfg.weight_decay, mask=decay_mask, mu_dtype=mu_dtype)
+  if opt_cfg.name == "muon":
+    muon = contrib.muon(schedule, weight_decay=opt_cfg.weight_decay, mu_dtype=mu_dtype,
+                        muon_weight_dimension_numbers=_dims_tree, consistent_rms=MUON_RMS)
+    adamw = optax.partition({"muon": muon, "adamw": adamw}, _labels)
+  return optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw), schedule

@@ -9,8 +9,9 @@ import sys
 import threading
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
+
+from tst_jax.parallel import distributed
 
 log = logging.getLogger("tst_jax")
 
@@ -96,7 +97,7 @@ class PreemptionGuard:
       return stop
     if self._calls % self.agree_every:
       return False
-    return bool(np.max(multihost_utils.process_allgather(np.int32(self.requested))))
+    return distributed.any_process(self.requested)
 
   def close(self):
     for sig, handler in self._previous.items():

@@ -13,6 +13,7 @@ from tst_jax import losses, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
+from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
 from tst_jax.train.plan import EQUAL_FLOPS
 
 
@@ -72,20 +73,31 @@ class Loss:
   """config.loss."""
   impl: str = schema.field("naive", schema.one_of(platform.LOSS_IMPLS), "naive (logits) | xla "
                            "(chunked) | pallas | auto (the platform's measured fastest)")
+  z_loss: float = schema.field(0.0, schema.number(0), "adds z_loss x the mean over positions "
+                               "of logsumexp(logits)^2 (PaLM's 1e-4; 0: off)", added=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """config.optimizer: AdamW and one WSD schedule over both phases."""
+  """config.optimizer: AdamW (the paper's) or Muon, and one schedule over both phases."""
+  name: str = schema.field("adamw", schema.one_of(OPTIMIZERS), "adamw (the paper's) | muon: "
+                           "Muon for the blocks' matrices, AdamW for embedding, head, norms",
+                           added="adamw")
   lr: float = schema.field(3e-3, schema.number(0, open_lo=True), "peak learning rate")
   b1: float = schema.field(0.9, schema.number(0, 1, open_hi=True), "AdamW beta 1 (the paper's)")
   b2: float = schema.field(0.95, schema.number(0, 1, open_hi=True), "AdamW beta 2 (the paper's)")
   eps: float = schema.field(1e-8, schema.number(0, open_lo=True), "AdamW epsilon")
   weight_decay: float = schema.field(0.1, schema.number(0), "decoupled, not on norm scales")
   grad_clip: float = schema.field(1.0, schema.number(0, open_lo=True), "global-norm clipping")
-  warmup_steps: int = schema.field(20, schema.integer(0), "WSD: linear warmup steps")
-  decay_fraction: float = schema.field(0.1, schema.number(0, 1), "WSD: linear decay over this "
-                                       "share of all steps, at the end")
+  mu_dtype: str = schema.field("float32", schema.one_of(MU_DTYPES), "dtype of the first "
+                               "moment (AdamW's and Muon's momentum)", added="float32")
+  schedule: str = schema.field("wsd", schema.one_of(SCHEDULES), "wsd: warmup, constant, decay "
+                               "| cosine: warmup, then a cosine decay to the end", added="wsd")
+  warmup_steps: int = schema.field(20, schema.integer(0), "linear warmup steps")
+  decay_fraction: float = schema.field(0.1, schema.number(0, 1), "WSD: the decay's share of "
+                                       "all steps, at the end")
+  decay_shape: str = schema.field("linear", schema.one_of(DECAY_SHAPES), "WSD: the decay's "
+                                  "shape, linear | cosine | 1-sqrt", added="linear")
   final_lr_fraction: float = schema.field(0.0, schema.number(0, 1), "the lr at the end, as a "
                                           "fraction of the peak")
   grad_accum: int = schema.field(1, schema.integer(1), "micro-batches per optimizer step")
@@ -100,6 +112,9 @@ class Train:
                                  "phase end)")
   checkpoint_every: int = schema.field(100, schema.integer(0), "periodic checkpoints (plus "
                                        "each phase end)")
+  checkpoint_minutes: float = schema.field(0.0, schema.number(0), "also save when this many "
+                                          "minutes have passed since the last save, for "
+                                          "preemptible machines (0: off)", added=0.0)
   keep_checkpoints: int = schema.field(2, schema.integer(1), "the latest N kept, plus the "
                                        "phase-switch checkpoints")
   progress_bar: bool = schema.field(True, schema.BOOL, "a tqdm bar with the phase and ETA (on "

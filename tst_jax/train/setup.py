@@ -38,7 +38,8 @@ class Setup:
     handoffs = [p.first_step for p in spec.plan.phases[1:]]
     self.checkpoints = ckpt_lib.Checkpoints(
         os.path.join(workdir, "checkpoints"), keep=spec.train.keep_checkpoints,
-        keep_steps=handoffs, every=spec.train.checkpoint_every)
+        keep_steps=handoffs, every=spec.train.checkpoint_every,
+        clock=ckpt_lib.SaveClock(spec.train.checkpoint_minutes))
     self._eval_step = jax.jit(step_lib.make_eval_step(steps.graphdef),
                               in_shardings=(steps.shardings.params, steps.batch_sharding))
 

@@ -58,19 +58,24 @@ def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
 
 def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
   """The NamedShardings of an abstract TrainState, from its parameters' logical axis names."""
-  return mesh_lib.tree_shardings(nnx.get_partition_spec(abstract), mesh, rules)
+  # Muon's state holds parameters that one of its branches masks out: no array, no sharding.
+  masked = lambda v: isinstance(v, nnx.Variable) and isinstance(v.get_value(), optax.MaskedNode)
+  specs = jax.tree.map(lambda v, spec: v if masked(v) else spec, abstract,
+                       nnx.get_partition_spec(abstract), is_leaf=masked)
+  return mesh_lib.tree_shardings(specs, mesh, rules)
 
 
 @jax.named_scope("loss")   # the step profile's category (tools/step_profile)
 def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
             variant="mce"):
   """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE. The loss
-  implementation is `losses.linear_mce_loss`'s (loss.impl, resolved once per run)."""
+  implementation is `losses.linear_mce_loss`'s (loss.impl, resolved once per run), with the
+  z-loss of loss.z_loss."""
   d, s = hidden_BxLxD.shape[-1], targets_BxLxS.shape[-1]
   head_DxV = model.head_kernel().astype(hidden_BxLxD.dtype)   # the compute dtype, as logits()
   return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), head_DxV,
                                 targets_BxLxS.reshape(-1, s), weighting=weighting,
-                                variant=variant, impl=loss_cfg.impl)
+                                variant=variant, impl=loss_cfg.impl, z_loss=loss_cfg.z_loss)
 
 
 def loss_fn(phase, loss_cfg):

@@ -1,0 +1,88 @@
+"""Checkpoints by the clock (train.checkpoint_minutes), with a fake clock: saves at least every
+N minutes besides the step cadence, and every process of a multi-process run agrees on the
+step. The step cadence, handoffs and restore: train/test_loop.py, behaviour/test_reliability.py."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import multihost_utils
+
+from tests.fixtures.tiny import tiny_config
+from tst_jax.train import checkpoint as ckpt_lib
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.setup import Setup
+
+
+class FakeClock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_saves_when_the_minutes_have_passed_and_after_a_cadence_save(tmp_path):
+  """One minute, 25 s a step: due at steps 3 (75 s), then 60 s after each save, which the
+  step cadence (every 4) also resets."""
+  clock = FakeClock()
+  checkpoints = ckpt_lib.Checkpoints(str(tmp_path), keep=20, every=4,
+                                     clock=ckpt_lib.SaveClock(1.0, clock=clock))
+  state = {"w": jnp.arange(3.0)}
+  saved = []
+  for step in range(1, 15):
+    clock.now += 25.0
+    if checkpoints.save(step, state, dict(step=step)):
+      saved.append(step)
+  checkpoints.close()
+  # 3 (75 s), 4 (cadence), 7 (75 s after 4), 8, 11, 12; never a second save of one step
+  assert saved == [3, 4, 7, 8, 11, 12]
+  assert checkpoints.all_steps() == saved
+
+
+def test_off_by_default():
+  clock = FakeClock()
+  timer = ckpt_lib.SaveClock(0.0, clock=clock)
+  clock.now = 1e9
+  assert not timer.due(10)
+
+
+@pytest.fixture
+def two_processes(monkeypatch):
+  """A fake two-process world whose other process reports `other[0]`; counts the
+  all-gathers."""
+  gathers, other = [], [0]
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather",
+                      lambda x: gathers.append(int(x)) or [int(x), other[0]])
+  return gathers, other
+
+
+def test_processes_agree_every_k_steps_when_any_clock_is_due(two_processes):
+  gathers, other = two_processes
+  clock = FakeClock()
+  timer = ckpt_lib.SaveClock(1.0, clock=clock, agree_every=10)
+  due = []
+  for step in range(1, 41):
+    clock.now += 5.0                       # this process: due from step 12 (60 s)
+    if timer.due(step):
+      due.append(step)
+      timer.saved()
+  # agreed at 20 (this clock) and 40; step 12 alone would differ between processes
+  assert due == [20, 40] and len(gathers) == 4
+  clock.now, timer.last, other[0] = 0.0, 0.0, 1   # this clock not due, the other's is
+  assert not timer.due(45) and timer.due(50)
+
+
+def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
+  """The run's own save path: train.checkpoint_minutes=1 and a step cadence of 100."""
+  config = tiny_config(train=dict(checkpoint_minutes=1.0, checkpoint_every=100))
+  setup = Setup.create(spec_lib.build(config), str(tmp_path), record=False)
+  clock = FakeClock()
+  setup.checkpoints.clock.clock = clock
+  setup.checkpoints.clock.saved()
+  state = {"w": jnp.arange(3.0)}
+  for step, seconds in ((1, 30.0), (2, 61.0), (3, 90.0), (4, 125.0)):
+    clock.now = seconds
+    setup.save(state, step)
+  setup.checkpoints.close()
+  assert setup.checkpoints.all_steps() == [2, 4]
