@@ -498,3 +498,18 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
 def _data(config):
   """A tiny config's data settings as the trainer's spec makes them."""
   return spec_lib.check(config).data
+
+
+def test_eval_sets_are_named_sources_and_a_missing_one_names_its_field(one_shard, tmp_path):
+  config = tiny_config(data=dict(eval_sets=f"a=tokens:{one_shard.directory}, b.v-2=text:/x/*"))
+  assert run_data.eval_sets(_data(config)) == (("a", f"tokens:{one_shard.directory}"),
+                                               ("b.v-2", "text:/x/*"))
+  for bad in ("a=tokens:/x,a=tokens:/y", "a b=tokens:/x", "tokens:/x", "a="):
+    config.data.eval_sets = bad
+    with pytest.raises(ConfigError) as caught:
+      _data(config)
+    assert caught.value.field == "data.eval_sets"
+  config.data.eval_sets = f"a=tokens:{one_shard.directory},b=tokens:{tmp_path}/none"
+  with pytest.raises(ConfigError, match="is not a token store") as caught:
+    run_data.check_paths(_data(config))
+  assert caught.value.field == "data.eval_sets"

@@ -38,6 +38,12 @@ class Data:
   tst_mixture: str = schema.field(
       "", mixture_lib.RULE, "the mixture the tst phase reads, as data.mixture (empty: the same "
       "as the next-token phase)", added="")
+  eval_sets: str = schema.field(
+      "", schema.Rule(lambda v: isinstance(v, str) and _eval_sets_parse(v) is not None,
+                      "'' or name=source,... with names of letters, digits, _ . -, each once"),
+      "name=source,...: more held-out sets evaluated at every eval, logged as "
+      "eval_loss/<name>: a tokens: store's held-out split, or a source prepared into "
+      "<workdir>/eval_sets/<name> with the run's tokenizer (docs/data.md)", added="")
   tokenizer: str = schema.field("bpe", schema.STRING, "bpe (trained once, kept with the store) "
                                 "| a tokenizer.json | a SentencePiece .model")
   max_bytes: int = schema.field(0, schema.integer(0), "read at most this many bytes of text "
@@ -72,6 +78,8 @@ class Data:
 
 def check_paths(data: Data) -> None:
   """The files a train or eval run reads exist (plan mode does not need them)."""
+  if data.eval_sets:
+    _check_sources(data, [s for _, s in eval_sets(data)], "data.eval_sets")
   if data.mixture or data.tst_mixture:
     _check_mixture_paths(data)
     return
@@ -97,17 +105,38 @@ def _check_mixture_paths(data: Data) -> None:
   """Each source of the mixtures as `check_paths` checks data.source, and one tokenizer for
   them all: each source tokenized here with `bpe` would get its own."""
   mix = mixture_lib.RunMixture.of(data)
-  field = "data.mixture" if data.mixture else "data.tst_mixture"
-  for source in mix.sources:
-    try:
-      check_paths(dataclasses.replace(data, source=source, mixture="", tst_mixture=""))
-    except ConfigError as e:
-      raise ConfigError(field if e.field == "data.source" else e.field, e.message) from None
+  _check_sources(data, mix.sources, "data.mixture" if data.mixture else "data.tst_mixture")
   raw = [s for s in mix.sources if not s.startswith("tokens:")]
   if raw and len(mix.sources) > 1 and data.tokenizer in ("", "bpe"):
     raise ConfigError("data.tokenizer", f"the mixture tokenizes {raw[0]!r} here, and each "
                       "source would get its own bpe: give a tokenizer.json, or prepare the "
                       "sources with one tokenizer and mix the tokens: stores (docs/data.md)")
+
+
+def _check_sources(data: Data, sources: list[str], field: str) -> None:
+  """Each of `sources` as `check_paths` checks data.source, an error naming `field`."""
+  for source in sources:
+    try:
+      check_paths(dataclasses.replace(data, source=source, mixture="", tst_mixture="",
+                                      eval_sets=""))
+    except ConfigError as e:
+      raise ConfigError(field if e.field == "data.source" else e.field, e.message) from None
+
+
+def _eval_sets_parse(text: str) -> tuple[tuple[str, str], ...] | None:
+  """(name, source) of each 'name=source' in `text`; None when it is not that list."""
+  pairs = [item.strip().partition("=") for item in text.split(",") if item.strip()]
+  names = [name for name, _, _ in pairs]
+  if len(set(names)) < len(names) or not all(
+      sep and source and name.replace("_", "a").replace(".", "a").replace("-", "a").isalnum()
+      for name, sep, source in pairs):
+    return None
+  return tuple((name, source) for name, _, source in pairs)
+
+
+def eval_sets(d: Data) -> tuple[tuple[str, str], ...]:
+  """The (name, source) of each set of data.eval_sets."""
+  return _eval_sets_parse(d.eval_sets) or ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +148,7 @@ class RunData:
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
   mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores; train: the first
+  eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
 
   @property
   def train_tokens(self) -> TrainTokens:
@@ -140,6 +170,10 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
   `force_resume`: the workdir may have trained on another store. The caller has checked
   the paths (`check_paths`).
   """
+  if d.eval_sets:
+    run = prepare_data(dataclasses.replace(d, eval_sets=""), workdir, model_vocab, block, say,
+                       force_resume=force_resume)
+    return dataclasses.replace(run, eval_sets=_eval_set_windows(d, workdir, run, block, say))
   if d.mixture or d.tst_mixture:
     return _prepare_mixture(d, workdir, model_vocab, block, say or (lambda text: None),
                             force_resume)
@@ -201,6 +235,31 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
                  both.fingerprint, mix)
+
+
+def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
+  """name -> this process's eval windows of each set of data.eval_sets: the held-out split of
+  its store, a `tokens:` one of the run's tokenizer or one prepared with it."""
+  out = {}
+  for name, source in eval_sets(d):
+    plain = dataclasses.replace(d, source=source, mixture="", tst_mixture="", eval_sets="",
+                                tokenizer="" if source.startswith("tokens:")
+                                else run.tokenizer.path)
+    store = _open_store(plain, os.path.join(workdir, "eval_sets", name),
+                        run.tokenizer.vocab_size, say or (lambda text: None))
+    if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
+      raise ConfigError("data.eval_sets", f"{name}: the store {store.directory} was made with "
+                        "another tokenizer than the run's: prepare it with the run's")
+    index, count = block or (jax.process_index(), jax.process_count())
+    out[name] = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                      num_batches=d.eval_batches, process_index=index,
+                                      process_count=count
+                                      ) if len(store.val) >= d.batch_size * (d.seq_len + 1) else []
+    if not out[name]:
+      raise ConfigError("data.eval_sets", f"{name}: the held-out split of {store.directory} "
+                        f"has {len(store.val)} tokens, too few for one {d.batch_size} x "
+                        f"{d.seq_len + 1} eval batch")
+  return out
 
 
 def _entry_workdir(workdir: str | None, k: int) -> str | None:

@@ -58,9 +58,10 @@ def train(setup: Setup) -> dict:
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
           step_log.flush()
-          loss = setup.evaluate(state.params)
-          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done)))
-          console.eval(done, loss)
+          loss, sets = setup.evaluate(state.params), setup.evaluate_sets(state.params)
+          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done),
+                            **{f"eval_loss/{name}": x for name, x in sets.items()}))
+          console.eval(done, loss, sets)
         stop = guard.should_stop(done)                # agreed by every process
         setup.save(state, done, force=stop or done == phase.last_step)
         if stop:

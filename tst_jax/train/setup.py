@@ -176,8 +176,16 @@ class Setup:
 
   def evaluate(self, params) -> float:
     """Held-out next-token loss (nats/token) on the same validation windows every time."""
+    return self._loss_of(params, self.data.eval_windows)
+
+  def evaluate_sets(self, params) -> dict[str, float]:
+    """The held-out loss of each set of data.eval_sets, by name."""
+    return {name: self._loss_of(params, windows)
+            for name, windows in self.data.eval_sets.items()}
+
+  def _loss_of(self, params, windows) -> float:
     total, count = 0.0, 0.0
-    for window in self.data.eval_windows:
+    for window in windows:
       batch = jax.make_array_from_process_local_data(
           self.steps.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
       with axis_rules(self.steps.mesh, self.spec.rules):
