@@ -203,7 +203,8 @@ def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes, skip_bad_f
       break
   if not sample:
     raise DataError(f"{tasks[0][1].name if tasks else 'the source'}: no training documents to "
-                    "train the BPE tokenizer on (an empty corpus, or every document held out)")
+                    "train the BPE tokenizer on (an empty corpus, every document held out"
+                    + (", or every file left out as bad)" if skip_bad_files else ")"))
   return get_tokenizer("bpe", workdir=out, vocab_size=vocab_size, train_docs=sample)
 
 
