@@ -6,10 +6,12 @@ QK-norm GQA 16/4 heads of 128), Llama-3 vocabulary, untied: 10.10B total, 1.04B 
 Hardware in the paper: 64 B200 GPUs (TorchTitan, FSDP).
 
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan
-  python -m tst_jax.data.prepare --source='jsonl:/data/fineweb_edu_dclm/**/*.jsonl.zst' \\
-      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/fineweb_edu_dclm-llama3
+  python -m tst_jax.data.prepare --source='jsonl:/data/fineweb_edu/**/*.jsonl.zst' \\
+      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/fineweb_edu-llama3
+  python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \\
+      --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3
   python main.py --config configs/qwen3_moe_10b_a1b.py --workdir /gcs/bucket/moe_tst \\
-      --config.data.source=tokens:/data/tok/fineweb_edu_dclm-llama3
+      --config.data.mixture='tokens:/data/tok/fineweb_edu-llama3=0.5,tokens:/data/tok/dclm-llama3=0.5'
   baseline arm (125,000 plain steps, same FLOPs per step): configs/qwen3_moe_10b_a1b.py:baseline
 
 Expected (paper): final loss TST 2.236 vs baseline 2.252, at 4768 vs 12311 B200-hours;
@@ -23,7 +25,8 @@ def get_config(arg: str = ""):
   c = defaults.paper_base_config("qwen3_moe", "10b_a1b")  # bf16, remat, fused loss, FSDP
   # model.remat stays save_dots: at 64 rows per device it already needs 202.6 GB of a B200's
   # 135 (the fit check, docs/performance.md); save_experts keeps more ([A, 2F + D] per layer).
-  # data: set data.source (and data.tokenizer unless tokens:), see the commands above
+  # data: the paper's 50/50 FineWeb-Edu/DCLM mixture, each corpus its own store; set
+  # data.mixture to the two stores (the commands above; docs/data.md, 'Mixtures')
   c.data.seq_len = 2048             # L
   c.data.batch_size = 4096          # B: 8M tokens per step
   # tst

@@ -12,6 +12,7 @@ import jax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from tests.fixtures.corpus import bad_files
 from tests.fixtures.fields import BASES, FIELDS
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
@@ -182,6 +183,16 @@ def test_main_reports_one_line_and_exit_2(tmp_path, flag, message):
   assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
   assert result.stderr.startswith(message), result.stderr
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["truncated.jsonl.gz", "garbage.jsonl.zst", "text.parquet"])
+def test_a_corrupt_input_file_is_one_line_naming_it(tmp_path, name):
+  path = bad_files(tmp_path / "bad")[name]
+  kind = "parquet" if name.endswith(".parquet") else "jsonl"
+  result = _main("--workdir", str(tmp_path / "run"), f"--config.data.source={kind}:{path}")
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+  assert result.stderr.startswith(f"error: {path}: cannot be read to its end"), result.stderr
 
 
 def test_workdir_faults_are_one_line(tmp_path):

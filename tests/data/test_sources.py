@@ -1,14 +1,18 @@
 """tst_jax.data.sources: the corpus sources (the stdlib, text globs, tfds), and the seeded
 train/held-out split, by whole documents or by pieces of them."""
 
+import json
 import os
+import pickle
 import sysconfig
 
 import numpy as np
 import pytest
+import zstandard
 
+from tests.fixtures.corpus import CORPUS, bad_files
 from tst_jax.data import load_documents, split_documents
-from tst_jax.data.sources import pieces
+from tst_jax.data.sources import BadFile, pieces
 
 
 def stdlib_py_files():
@@ -112,3 +116,25 @@ def test_held_out_pieces_represent_a_corpus_of_few_huge_documents():
   assert len({pieces(f, 512)[-1] for f in files}) == 1     # the same last piece in every file
   _, val = split_documents(files, 0.1, seed=0, piece_bytes=512)
   assert 8 <= sum(v.endswith(table[-40:]) for v in val) <= 40
+
+
+def test_a_file_that_does_not_read_to_its_end_is_one_bad_file_error(tmp_path):
+  """Each broken file is a BadFile naming it, whatever library found the fault; a .zst of
+  several frames reads whole, and one cut at a frame boundary is caught, not read short."""
+  for name, path in bad_files(tmp_path / "bad").items():
+    kind = "parquet" if name.endswith(".parquet") else "jsonl"
+    with pytest.raises(BadFile) as caught:
+      load_documents(f"{kind}:{path}")
+    assert caught.value.path == path and str(caught.value).startswith(f"{path}: cannot be read")
+    assert "--skip_bad_files" in str(caught.value)
+    again = pickle.loads(pickle.dumps(caught.value))      # as prepare's workers send it
+    assert (again.path, str(again)) == (path, str(caught.value))
+  body = "".join(json.dumps({"text": d}) + "\n" for d in CORPUS).encode()
+  frames = b"".join(zstandard.ZstdCompressor().compress(body[k:k + 100])
+                    for k in range(0, len(body), 100))
+  (tmp_path / "frames.jsonl.zst").write_bytes(frames)
+  assert load_documents(f"jsonl:{tmp_path}/frames.jsonl.zst") == CORPUS
+  (tmp_path / "x.jsonl").write_text('{"text": "fine"}\nnot json\n')
+  with pytest.raises(BadFile, match=f"{tmp_path}/x.jsonl:2: not a JSON line") as caught:
+    load_documents(f"jsonl:{tmp_path}/x.jsonl")
+  assert caught.value.record()["reason"].startswith("line 2: not a JSON line")

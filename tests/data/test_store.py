@@ -8,15 +8,17 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.fixtures.corpus import bad_files
 from tests.fixtures.reference import TokenStream
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import (
     DataError, TokenStore, WindowSource, eval_windows, load_documents, make_batches,
     split_documents)
-from tst_jax.data import prepare as prepare_lib
+from tst_jax.data import output_shards, prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
 from tst_jax.train import cli, spec as spec_lib
+from tst_jax.data.sources import BadFile
 from tst_jax.errors import ConfigError
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
@@ -182,7 +184,7 @@ def test_interrupted_prepare_resumes_to_identical_shards(corpus, tmp_path, monke
   reference = prepare(source, tmp_path / "ref", shard_tokens=400)
   assert len(reference.train.files) > 2
 
-  real_tokenize, real_write = prepare_lib._tokenize_shard, prepare_lib._write_output_shard
+  real_tokenize, real_write = prepare_lib._tokenize_shard, output_shards.write
 
   def tokenize_then_die(job):
     if job[0][0] == 2:                     # the third input shard
@@ -195,8 +197,9 @@ def test_interrupted_prepare_resumes_to_identical_shards(corpus, tmp_path, monke
     return real_write(job)
 
   out = tmp_path / "s"
-  for broken in [("_tokenize_shard", tokenize_then_die), ("_write_output_shard", write_then_die)]:
-    monkeypatch.setattr(prepare_lib, *broken)
+  for broken in [(prepare_lib, "_tokenize_shard", tokenize_then_die),
+                 (output_shards, "write", write_then_die)]:
+    monkeypatch.setattr(*broken)
     with pytest.raises(KeyboardInterrupt):
       prepare(source, out, shard_tokens=400)
     monkeypatch.undo()
@@ -380,6 +383,74 @@ def test_empty_source_and_missing_jsonl_field(tmp_path):
     load_documents(f"jsonl:{folder}/*.jsonl")
 
 
+def test_a_bad_input_file_stops_prepare_and_the_rerun_resumes(corpus, tmp_path, monkeypatch):
+  """A truncated .jsonl.gz among good files: a BadFile naming it, the input shards read before
+  it kept; once it is whole again, the rerun reads the rest only and writes the store that a
+  prepare in one go writes."""
+  docs, _, _ = corpus
+  source = write_jsonl(str(tmp_path / "j"), docs)   # a0.jsonl, b1.jsonl.gz, c2.jsonl.zst
+  tok = prepare_lib_tokenizer(tmp_path)
+  reference = prepare(source, tmp_path / "ref", tokenizer=tok)
+  gz = tmp_path / "j" / "b1.jsonl.gz"
+  whole = gz.read_bytes()
+  gz.write_bytes(whole[:len(whole) // 2])
+  out = tmp_path / "s"
+  with pytest.raises(BadFile, match=f"^{gz}: cannot be read to its end \\(EOFError"):
+    prepare(source, out, tokenizer=tok)
+  done = [n for n in os.listdir(out / "work") if n.endswith(".done.json")]
+  assert done == ["in-00000.done.json"]
+  gz.write_bytes(whole)
+  read, real = [], prepare_lib._tokenize_shard
+  monkeypatch.setattr(prepare_lib, "_tokenize_shard", lambda job: read.append(job[0][0]) or
+                      real(job))
+  resumed = prepare(source, out, tokenizer=tok)
+  assert read == [1, 2]
+  assert shard_bytes(resumed.directory) == shard_bytes(reference.directory)
+  assert resumed.fingerprint == reference.fingerprint
+
+
+def test_skip_bad_files_leaves_them_out_and_the_manifest_lists_them(corpus, tmp_path,
+                                                                    monkeypatch, caplog):
+  """Broken files after the good ones: the store holds the good files' shards exactly, each
+  broken file is named in the log and the manifest. One of them mended before the rerun of
+  an interrupted prepare: the output shards planned without it are written again."""
+  docs, _, _ = corpus
+  folder = tmp_path / "j"
+  source = write_jsonl(str(folder), docs)
+  tok = prepare_lib_tokenizer(tmp_path)
+  reference = prepare(source, tmp_path / "ref", tokenizer=tok, shard_tokens=400)
+  bad = [p for name, p in sorted(bad_files(folder).items()) if ".jsonl" in name]
+  with caplog.at_level("WARNING", logger="tst_jax"):
+    store = prepare(source, tmp_path / "s", tokenizer=tok, shard_tokens=400, skip_bad_files=True)
+  assert shard_bytes(store.directory) == shard_bytes(reference.directory)
+  skipped = store.manifest["sources"]["skipped"]
+  assert [r["file"] for r in skipped] == bad and "EOFError" in skipped[2]["reason"]
+  assert "skipped" not in reference.manifest["sources"]
+  assert all(f"left out {p}: cannot be read" in caplog.text for p in bad)
+  assert "left out 3 bad files" in caplog.text
+  real_write = output_shards.write
+
+  def write_then_die(job):
+    if job[1] == 2:                        # output shard 2 of a split
+      raise KeyboardInterrupt
+    return real_write(job)
+
+  monkeypatch.setattr(output_shards, "write", write_then_die)
+  out = tmp_path / "again"
+  with pytest.raises(KeyboardInterrupt):
+    prepare(source, out, tokenizer=tok, shard_tokens=400, skip_bad_files=True)
+  monkeypatch.undo()
+  assert os.path.exists(out / "train-00000.bin")
+  whole = folder / "b1.jsonl.gz"
+  shutil.copy(whole, bad[2])               # truncated.jsonl.gz reads to its end now
+  resumed = prepare(source, out, tokenizer=tok, shard_tokens=400, skip_bad_files=True)
+  fresh = prepare(source, tmp_path / "fresh", tokenizer=tok, shard_tokens=400,
+                  skip_bad_files=True)
+  assert len(resumed.manifest["sources"]["skipped"]) == 2
+  assert shard_bytes(resumed.directory) == shard_bytes(fresh.directory)
+  assert resumed.fingerprint == fresh.fingerprint != store.fingerprint
+
+
 def prepare_lib_tokenizer(tmp_path):
   path = tmp_path / "bpe" / "tokenizer.json"
   if not path.exists():
@@ -411,8 +482,34 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
                            "--vocab_size=300"]) == 2
   assert capsys.readouterr().out.strip() == f"error: data.source 'text:{tmp_path}/none/*.txt' " \
                                             "matched no files"
+  bad = bad_files(tmp_path / "bad")["truncated.jsonl.gz"]
+  argv = [f"--source=jsonl:{bad}", f"--out={tmp_path}/b", "--vocab_size=300", "--workers=1"]
+  assert prepare_lib.main(argv) == 2
+  printed = capsys.readouterr().out
+  assert printed.startswith(f"error: {bad}: cannot be read to its end") and printed.count("\n") == 1
+  good = [f"--source=jsonl:{tmp_path}/bad/*.jsonl*", f"--out={tmp_path}/g", "--vocab_size=300",
+          "--workers=1", "--skip_bad_files"]
+  (tmp_path / "bad" / "ok.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
+                                                     for d in make_docs(40)))
+  assert prepare_lib.main(good) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["skipped_files"] == 3
 
 
 def _data(config):
   """A tiny config's data settings as the trainer's spec makes them."""
   return spec_lib.check(config).data
+
+
+def test_eval_sets_are_named_sources_and_a_missing_one_names_its_field(one_shard, tmp_path):
+  config = tiny_config(data=dict(eval_sets=f"a=tokens:{one_shard.directory}, b.v-2=text:/x/*"))
+  assert run_data.eval_sets(_data(config)) == (("a", f"tokens:{one_shard.directory}"),
+                                               ("b.v-2", "text:/x/*"))
+  for bad in ("a=tokens:/x,a=tokens:/y", "a b=tokens:/x", "tokens:/x", "a="):
+    config.data.eval_sets = bad
+    with pytest.raises(ConfigError) as caught:
+      _data(config)
+    assert caught.value.field == "data.eval_sets"
+  config.data.eval_sets = f"a=tokens:{one_shard.directory},b=tokens:{tmp_path}/none"
+  with pytest.raises(ConfigError, match="is not a token store") as caught:
+    run_data.check_paths(_data(config))
+  assert caught.value.field == "data.eval_sets"

@@ -53,3 +53,35 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
   assert all(r["moe/lb_loss"] > 0 for r in train)
   ntp = [r["loss"] for r in train if r["phase"] == "ntp"]
   assert np.mean(ntp[-3:]) < np.mean(ntp[:3])
+
+
+def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
+  """Two sets in data.eval_sets: the training store itself (its held-out split: the headline
+  windows, so the same loss) and prose tokenized with the run's tokenizer; both at every
+  eval, in metrics.jsonl, TensorBoard's scalars and the console; the headline unchanged."""
+  from tst_jax.data import prepare as prepare_lib   # pylint: disable=g-import-not-at-top
+  store = prepare_lib.prepare("builtin:pystdlib", str(tmp_path / "store"), vocab_size=300,
+                              max_bytes=120_000, val_fraction=0.1, val_piece_bytes=2048,
+                              workers=1, progress=False)
+  os.makedirs(tmp_path / "prose")
+  words = "the a of to and in is it that for on with as was at by an be this from".split()
+  rng = np.random.default_rng(0)
+  for i in range(40):
+    (tmp_path / "prose" / f"{i}.txt").write_text(" ".join(rng.choice(words, 200)) + "\n")
+  config = tiny_config(steps=8, train=dict(eval_every=4),
+                       data=dict(source=f"tokens:{store}",
+                                 eval_sets=f"same=tokens:{store},prose=text:{tmp_path}/prose/*.txt"))
+  summary = cli.run(config, str(tmp_path / "run"))
+  evals = [r for r in metrics_lib.read(str(tmp_path / "run" / "metrics.jsonl"))
+           if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [4, 8]
+  for r in evals:
+    assert r["eval_loss/same"] == r["eval_loss"] and np.isfinite(r["eval_loss/prose"])
+    assert r["eval_loss/prose"] != r["eval_loss"]
+  assert summary["final_eval_loss"] == evals[-1]["eval_loss"]
+  out = capsys.readouterr().out
+  assert f"eval  step 8: held-out next-token loss {evals[-1]['eval_loss']:.4f}; same " in out
+  assert os.path.exists(tmp_path / "run" / "eval_sets" / "prose" / "data" / "manifest.json")
+  pytest.importorskip("tensorboardX")
+  events = b"".join(p.read_bytes() for p in (tmp_path / "run" / "tensorboard").iterdir())
+  assert b"eval_loss/prose" in events and b"eval_loss/same" in events

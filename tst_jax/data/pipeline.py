@@ -75,7 +75,11 @@ class WindowSource:
     k = int(k)
     if not 0 <= k < len(self):
       raise IndexError(f"batch {k} out of range [0, {len(self)})")
-    index_b = self.window_index(k * self.batch_size + self.rows)
+    return self.windows(k * self.batch_size + self.rows)
+
+  def windows(self, slots: np.ndarray) -> np.ndarray:
+    """int32 [len(slots), W]: the window read at each (flattened) slot of the batches."""
+    index_b = self.window_index(slots)
     starts_b = (self.start_pos + index_b * (self.window - 1)) % len(self.tokens)
     return _gather(self.tokens, starts_b, self.window)
 
@@ -152,11 +156,17 @@ def make_batches(stream: Stream, *, batch_size: int, window: int, start_pos: int
 
   Windows come in seeded shuffled order from the region of `num_batches` batches after
   `start_pos`, endless when None. `get_state()` and `set_state()` resume exactly, and batch k
-  of the iterator is `WindowSource(...)[k]`. By default one thread prefetches two batches.
+  of the iterator is `WindowSource(...)[k]`.
   """
   source = WindowSource(stream, batch_size, window, start_pos, seed=seed,
                         num_batches=num_batches, process_index=process_index,
                         process_count=process_count)
+  return batches_of(source, read_options)
+
+
+def batches_of(source, read_options: grain.ReadOptions | None = None) -> grain.DatasetIterator:
+  """Iterator over the batches of a random-access `source` (item k: batch k), resumable by
+  `set_state`. By default one thread prefetches two batches."""
   read_options = read_options or grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
   return iter(grain.MapDataset.source(source).to_iter_dataset(read_options))
 

@@ -23,7 +23,6 @@ skips what is done, and manifest.json, written last, makes the store readable.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import multiprocessing
@@ -35,7 +34,7 @@ import numpy as np
 import tqdm
 
 from tst_jax import fileio
-from tst_jax.data import sources as sources_lib
+from tst_jax.data import output_shards, sources as sources_lib
 from tst_jax.data import store as store_lib
 from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
@@ -44,8 +43,6 @@ log = logging.getLogger("tst_jax")
 SHARD_TOKENS = 2**28              # tokens per output shard, 0.5 GB as uint16
 BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on: the first train docs
 _ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
-_WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
-_OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
 _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
 
 
@@ -58,8 +55,12 @@ def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_
     raise ValueError("tokenizer 'bpe' needs --vocab_size")
 
 
-def _tokenize_inputs(pool, jobs, tasks, progress: bool):
-  """Tokenizes the input shards of `jobs`, the others of `tasks` being done, with a bar."""
+def _tokenize_inputs(pool, jobs, tasks, work, bad: list[dict], progress: bool
+                     ) -> tuple[list[dict], list[dict]]:
+  """Tokenizes the input shards of `jobs`, the others of `tasks` being done, with a bar.
+
+  Returns the done marker of each input shard read, and `bad` with the files left out.
+  """
   t0 = time.time()
   bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
                   desc="tokenize", disable=not progress)
@@ -70,6 +71,11 @@ def _tokenize_inputs(pool, jobs, tasks, progress: bool):
     bar.update(done["num_bytes"])
     bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
   bar.close()
+  inputs = [dict(index=i, **_input_done(work, i)) for i, _, _ in tasks]
+  bad = bad + [d["skipped"] for d in inputs if "skipped" in d]
+  for record in bad:
+    log.warning("left out %s: %s", record["file"], record["reason"])
+  return [d for d in inputs if "skipped" not in d], bad
 
 
 def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | None = None,
@@ -77,8 +83,13 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
             max_bytes: int | None = None,
             text_field: str = "text", workers: int | None = None,
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
-            progress: bool = True) -> str:
-  """Writes, finishes or finds already written the store of `source` in `out`."""
+            progress: bool = True, skip_bad_files: bool = False) -> str:
+  """Writes, finishes or finds already written the store of `source` in `out`.
+
+  An input file that cannot be read to its end stops it with a BadFile naming the file. The
+  finished input shards are kept for the rerun. `skip_bad_files` leaves such files out
+  instead, each named in the log and the manifest. Every rerun tries a left-out file again.
+  """
   _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
   out = os.path.abspath(out)
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
@@ -87,36 +98,42 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
   if _claim(out, request):
     return out
   shards = sources_lib.input_shards(source, text_field)
-  budgets = sources_lib.byte_budgets(shards, max_bytes)
+  bad = [] if skip_bad_files else None      # records of the files left out
+  budgets = sources_lib.byte_budgets(shards, max_bytes, bad)
   tasks = [(i, s, b) for i, (s, b) in enumerate(zip(shards, budgets)) if b != 0]
   split = (seed, val_fraction, val_piece_bytes)
-  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes)
+  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes,
+                       skip_bad_files)
   dtype = store_lib.token_dtype(tok.vocab_size)
   work = os.path.join(out, "work")
   os.makedirs(work, exist_ok=True)
   for name in os.listdir(work):     # half-written files of an interrupted run
     if ".tmp" in name:
       os.remove(os.path.join(work, name))
-  jobs = [(t, tok.path, dtype, split, work) for t in tasks
-          if not os.path.exists(_done_path(work, f"in-{t[0]:05d}"))]
+  jobs = [(t, tok.path, dtype, split, work, skip_bad_files) for t in tasks
+          if _to_read(work, t[0])]
   t0 = time.time()
   with _pool(workers, len(jobs)) as pool:
-    _tokenize_inputs(pool, jobs, tasks, progress)
-    inputs = [dict(index=i, **_read_json(_done_path(work, f"in-{i:05d}"))) for i, _, _ in tasks]
+    inputs, bad = _tokenize_inputs(pool, jobs, tasks, work, bad or [], progress)
     if not any(d["docs"] for d in inputs):
-      raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents)")
-    plan = _plan_outputs(inputs, val_fraction, shard_tokens)
+      raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents"
+                      + (f"; {len(bad)} bad files left out)" if bad else ")"))
+    plan = output_shards.plan(inputs, val_fraction, shard_tokens)
+    output_shards.forget_another_plan(out, work, plan, inputs)
     outputs = [(split, k, count, inputs, plan["moved"], seed, val_fraction, out, work, tok.eos_id,
                 dtype, tok.vocab_size) for split, count in plan["shards"].items()
                for k in range(count)]
-    written = list(pool.imap(_write_output_shard, outputs))
+    written = list(pool.imap(output_shards.write, outputs))
   seconds = time.time() - t0
   docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
   text_bytes = sum(d["text_bytes"] for d in inputs)
   log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
            "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
            tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
-  _write_manifest(out, request, tok, dtype, shards, written, text_bytes)
+  if bad:
+    log.warning("left out %d bad files, listed in %s", len(bad),
+                os.path.join(out, store_lib.MANIFEST))
+  _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad)
   shutil.rmtree(work)
   os.remove(os.path.join(out, "prepare.json"))
   return out
@@ -154,7 +171,7 @@ def _claim(out: str, request: dict) -> bool:
                     "--workdir for a run), or delete that store to prepare it again")
   pending = os.path.join(out, "prepare.json")
   if os.path.exists(pending):
-    saved = _read_json(pending)
+    saved = output_shards.read_json(pending)
     if saved != request:
       raise DataError(f"{out} holds an unfinished prepare of another store "
                       f"({_differs(saved, request)}); choose another --out or delete it")
@@ -172,29 +189,47 @@ def _differs(saved: dict, request: dict) -> str:
   return ", ".join(f"{k}: {saved.get(k)!r} there, {request.get(k)!r} asked" for k in keys)
 
 
-def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes) -> Tokenizer:
+def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes, skip_bad_files
+                   ) -> Tokenizer:
   """Returns the store's tokenizer in `out`, copied from a file or trained as BPE.
 
   A BPE is trained on the first `sample_bytes` of training documents in corpus order, never on
-  held-out pieces. `split` holds seed, val_fraction and val_piece_bytes.
+  held-out pieces, of the files that read to their end. `split` holds seed, val_fraction and
+  val_piece_bytes.
   """
   if name != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
     return get_tokenizer(name, workdir=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
   for _, shard, budget in tasks:
-    for doc in sources_lib.shard_documents(shard, budget):
-      for text, u in sources_lib.segments(doc, *split):
-        if u >= split[1]:
-          sample.append(text)
-          size += len(text.encode("utf-8", errors="surrogatepass"))
-      if size >= sample_bytes:
-        break
+    try:
+      texts, size = _training_texts(shard, budget, split, size, sample_bytes)
+    except sources_lib.BadFile:
+      if not skip_bad_files:
+        raise
+      continue                   # named by the worker that tokenizes it
+    sample += texts
     if size >= sample_bytes:
       break
   if not sample:
     raise DataError(f"{tasks[0][1].name if tasks else 'the source'}: no training documents to "
-                    "train the BPE tokenizer on (an empty corpus, or every document held out)")
+                    "train the BPE tokenizer on (an empty corpus, every document held out"
+                    + (", or every file left out as bad)" if skip_bad_files else ")"))
   return get_tokenizer("bpe", workdir=out, vocab_size=vocab_size, train_docs=sample)
+
+
+def _training_texts(shard, budget, split, size: int, sample_bytes: int
+                    ) -> tuple[list[str], int]:
+  """The training pieces of `shard` read until `size` reaches `sample_bytes` at the end of a
+  document, and the size then."""
+  texts = []
+  for doc in sources_lib.shard_documents(shard, budget):
+    for text, u in sources_lib.segments(doc, *split):
+      if u >= split[1]:
+        texts.append(text)
+        size += len(text.encode("utf-8", errors="surrogatepass"))
+    if size >= sample_bytes:
+      break
+  return texts, size
 
 
 class _Inline:
@@ -220,13 +255,34 @@ def _one_thread_per_worker():
   os.environ["RAYON_NUM_THREADS"] = "1"   # the workers are parallel already
 
 
-def _done_path(work: str, name: str) -> str:
-  return os.path.join(work, name + ".done.json")
+def _input_done(work: str, index: int) -> dict | None:
+  """The done marker of input shard `index`, None before it is done."""
+  path = output_shards.done_path(work, f"in-{index:05d}")
+  return output_shards.read_json(path) if os.path.exists(path) else None
+
+
+def _to_read(work: str, index: int) -> bool:
+  """Whether input shard `index` is to tokenize: not done, or a bad file left out by an
+  earlier run, which every rerun reads again."""
+  done = _input_done(work, index)
+  return done is None or "skipped" in done
 
 
 def _tokenize_shard(job) -> dict:
-  """Pass 1 for one input shard: its tokens, a per-document index, then a done marker."""
-  (index, shard, budget), tok_path, dtype, split, work = job
+  """Pass 1 for one input shard: its tokens, a per-document index, then a done marker; with
+  skip_bad_files, a BadFile gives a marker that records it instead."""
+  (index, shard, budget), tok_path, dtype, split, work, skip_bad_files = job
+  try:
+    return _tokenize_documents(index, shard, budget, tok_path, dtype, split, work)
+  except sources_lib.BadFile as e:
+    if not skip_bad_files:
+      raise
+    done = dict(docs=0, tokens=0, num_bytes=_size(job[0]), text_bytes=0, skipped=e.record())
+    fileio.write_json(output_shards.done_path(work, f"in-{index:05d}"), done)
+    return done
+
+
+def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> dict:
   val_fraction = split[1]
   tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
   name = os.path.join(work, f"in-{index:05d}")
@@ -254,126 +310,18 @@ def _tokenize_shard(job) -> dict:
   os.replace(name + ".bin.tmp", name + ".bin")
   os.replace(name + ".idx.tmp", name + ".idx.npy")
   u = table["u"]
-  done = dict(docs=len(table), tokens=offset, num_bytes=_size(job[0]), text_bytes=text_bytes,
+  done = dict(docs=len(table), tokens=offset, num_bytes=_size((index, shard, budget)),
+              text_bytes=text_bytes,
               shard=shard.name,
               val_docs=int((u < val_fraction).sum()),
               val_tokens=int(table["length"][u < val_fraction].sum()),
               min_u=float(u.min()) if len(u) else 1.0, min_doc=int(u.argmin()) if len(u) else -1,
               max_u=float(u.max()) if len(u) else -1.0, max_doc=int(u.argmax()) if len(u) else -1)
-  fileio.write_json(_done_path(work, f"in-{index:05d}"), done)
+  fileio.write_json(output_shards.done_path(work, f"in-{index:05d}"), done)
   return done
 
 
-def _plan_outputs(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
-  """Counts output shards per split, and picks the documents `split_documents` moves across.
-
-  With val_fraction > 0 and at least 2 documents each split gets one, the first extreme hash.
-  """
-  docs = sum(d["docs"] for d in inputs)
-  val_docs = sum(d["val_docs"] for d in inputs)
-  moved = {}
-  if val_fraction > 0 and docs >= 2:
-    live = [d for d in inputs if d["docs"]]
-    if val_docs == 0:     # the document of the smallest hash goes to val
-      first = min(live, key=lambda d: d["min_u"])
-      moved[f"{first['index']}:{first['min_doc']}"] = "val"
-    if val_docs == docs:  # the document of the largest hash goes to train
-      first = max(live, key=lambda d: d["max_u"])
-      moved[f"{first['index']}:{first['max_doc']}"] = "train"
-  val_docs += sum(1 if to == "val" else -1 for to in moved.values())
-  val_tokens = sum(d["val_tokens"] for d in inputs)
-  sizes = dict(train=(docs - val_docs, sum(d["tokens"] for d in inputs) - val_tokens + docs),
-               val=(val_docs, val_tokens + val_docs))     # documents, tokens with EOS
-  shards = {s: max(1, -(-tokens // shard_tokens)) if n else 0 for s, (n, tokens) in sizes.items()}
-  return dict(shards=shards, moved=moved)
-
-
-def _write_output_shard(job) -> dict:
-  """Runs pass 2 for output shard k of a split, unless it is done already.
-
-  Gathers its documents from every input shard in a seeded order, each followed by EOS, then
-  writes a done marker.
-  """
-  split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
-  name = f"{split}-{k:05d}"
-  path, done_path = os.path.join(out, name + ".bin"), _done_path(work, name)
-  if os.path.exists(done_path) and os.path.exists(path):
-    return dict(split=split, **_read_json(done_path))
-  picked = []                    # input shard, offsets, lengths in corpus order
-  for d in inputs:
-    table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
-    is_val = table["u"] < val_fraction
-    for key, to in moved.items():
-      i, doc = map(int, key.split(":"))
-      if i == d["index"]:
-        is_val[doc] = to == "val"
-    bucket = np.floor(_bucket_hash(seed, d["index"], len(table)) * count).astype(np.int64)
-    mine = (is_val == (split == "val")) & (bucket == k)
-    picked.append((d["index"], table["offset"][mine], table["length"][mine]))
-  source = np.concatenate([np.full(len(o), i) for i, o, _ in picked]).astype(np.int64)
-  offsets = np.concatenate([o for _, o, _ in picked])
-  lengths = np.concatenate([n for _, _, n in picked])
-  order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
-  sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
-  eos_1 = np.array([eos], dtype=dtype)
-  with _InputReader(work, dtype) as inputs_bin, open(path + ".tmp", "wb") as f:
-    pieces, buffered = [], 0
-    for j in order.tolist() + [None]:
-      if j is not None:
-        pieces += [inputs_bin.read(int(source[j]), int(offsets[j]), int(lengths[j])), eos_1]
-        buffered += int(lengths[j]) + 1
-      if pieces and (buffered >= _WRITE_TOKENS or j is None):
-        chunk = np.concatenate(pieces)
-        f.write(chunk.tobytes())
-        sha.update(chunk.tobytes())
-        counts += np.bincount(chunk, minlength=vocab)[:vocab]
-        tokens += len(chunk)
-        pieces, buffered = [], 0
-  os.replace(path + ".tmp", path)
-  np.save(os.path.join(work, name + ".counts.npy"), counts)
-  done = dict(file=os.path.basename(path), tokens=tokens, docs=len(order),
-              sha256=sha.hexdigest())
-  fileio.write_json(done_path, done)
-  return dict(split=split, **done)
-
-
-class _InputReader:
-  """Reads documents of the pass-1 token files with pread, at most _OPEN_FILES files at once.
-
-  Their pages are not kept mapped, since a memory map would count every page touched in this
-  process's RSS.
-  """
-
-  def __init__(self, work: str, dtype: str):
-    self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
-
-  def read(self, index: int, offset: int, length: int) -> np.ndarray:
-    if index not in self.fds:
-      if len(self.fds) >= _OPEN_FILES:
-        self.close()
-      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}.bin"), os.O_RDONLY)
-    size = self.dtype.itemsize
-    return np.frombuffer(os.pread(self.fds[index], length * size, offset * size), self.dtype)
-
-  def close(self):
-    for fd in self.fds.values():
-      os.close(fd)
-    self.fds = {}
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-    return False
-
-
-def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
-  """Returns a number in [0, 1) per document of input shard `index`, fixed by seed, index, doc."""
-  return np.random.default_rng([seed, 1 << 32, index]).random(num_docs)
-
-
-def _write_manifest(out, request, tok, dtype, shards, written, text_bytes):
+def _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad):
   splits = {}
   for split in store_lib.SPLITS:
     mine = [w for w in written if w["split"] == split]
@@ -393,15 +341,11 @@ def _write_manifest(out, request, tok, dtype, shards, written, text_bytes):
                      vocab_size=tok.vocab_size, eos_id=tok.eos_id),
       seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
                                          input_bytes=sum(s.num_bytes for s in shards),
-                                         text_bytes=text_bytes),
+                                         text_bytes=text_bytes,
+                                         **(dict(skipped=bad) if bad else {})),
       splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
   manifest["fingerprint"] = store_lib.fingerprint(manifest)
   fileio.write_json(os.path.join(out, store_lib.MANIFEST), manifest)
-
-
-def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
 
 
 def main(argv=None) -> int:
@@ -422,6 +366,9 @@ def main(argv=None) -> int:
   p.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per shard")
   p.add_argument("--bpe_sample_bytes", type=int, default=BPE_SAMPLE_BYTES,
                  help="text a bpe tokenizer is trained on")
+  p.add_argument("--skip_bad_files", action="store_true",
+                 help="leave out input files that cannot be read to their end (truncated, "
+                      "corrupt): each is named, and listed in the manifest")
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
   try:
@@ -429,14 +376,16 @@ def main(argv=None) -> int:
                   seed=args.seed, val_fraction=args.val_fraction,
                   val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
                   text_field=args.text_field, workers=args.workers,
-                  shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes)
+                  shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
+                  skip_bad_files=args.skip_bad_files)
   except ValueError as e:
     print(f"error: {e}", flush=True)
     return 2
   manifest = store_lib.read_manifest(out)
   print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
                         **{f"{s}_tokens": manifest["splits"][s]["tokens"]
-                           for s in store_lib.SPLITS})))
+                           for s in store_lib.SPLITS},
+                        skipped_files=len(manifest["sources"].get("skipped", [])))))
   return 0
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 import time
+import types
 
 import jax
 import numpy as np
 
 from tst_jax import fileio, schema
-from tst_jax.data import pipeline, prepare as prepare_lib, sources, tokenizer as tokenizer_lib
+from tst_jax.data import mixture as mixture_lib, pipeline, prepare as prepare_lib, sources
+from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.parallel import distributed
@@ -28,6 +31,19 @@ class Data:
       "builtin:pystdlib", schema.STRING, "tokens:<store dir> (read in place) | "
       "builtin:pystdlib | text:<glob> | jsonl:<glob> | parquet:<glob> | tfds:<name> | "
       "seqio:<task> (prepared into <workdir>/data first; docs/data.md)")
+  mixture: str = schema.field(
+      "", mixture_lib.RULE, "source=weight,...: windows drawn from each in proportion, e.g. "
+      "'tokens:/data/dclm=0.5,tokens:/data/fineweb_edu=0.5', each its own store and held-out "
+      "split (empty: data.source alone; docs/data.md)", added="")
+  tst_mixture: str = schema.field(
+      "", mixture_lib.RULE, "the mixture the tst phase reads, as data.mixture (empty: the same "
+      "as the next-token phase)", added="")
+  eval_sets: str = schema.field(
+      "", schema.Rule(lambda v: isinstance(v, str) and _eval_sets_parse(v) is not None,
+                      "'' or name=source,... with names of letters, digits, _ . -, each once"),
+      "name=source,...: more held-out sets evaluated at every eval, logged as "
+      "eval_loss/<name>: a tokens: store's held-out split, or a source prepared into "
+      "<workdir>/eval_sets/<name> with the run's tokenizer (docs/data.md)", added="")
   tokenizer: str = schema.field("bpe", schema.STRING, "bpe (trained once, kept with the store) "
                                 "| a tokenizer.json | a SentencePiece .model")
   max_bytes: int = schema.field(0, schema.integer(0), "read at most this many bytes of text "
@@ -62,6 +78,11 @@ class Data:
 
 def check_paths(data: Data) -> None:
   """The files a train or eval run reads exist (plan mode does not need them)."""
+  if data.eval_sets:
+    _check_sources(data, [s for _, s in eval_sets(data)], "data.eval_sets")
+  if data.mixture or data.tst_mixture:
+    _check_mixture_paths(data)
+    return
   for field in data.missing_fields():
     raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "
                       "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
@@ -80,6 +101,44 @@ def check_paths(data: Data) -> None:
                       "of a tokenizer.json or .model, or 'bpe' to train one on the data")
 
 
+def _check_mixture_paths(data: Data) -> None:
+  """Each source of the mixtures as `check_paths` checks data.source, and one tokenizer for
+  them all: each source tokenized here with `bpe` would get its own."""
+  mix = mixture_lib.RunMixture.of(data)
+  _check_sources(data, mix.sources, "data.mixture" if data.mixture else "data.tst_mixture")
+  raw = [s for s in mix.sources if not s.startswith("tokens:")]
+  if raw and len(mix.sources) > 1 and data.tokenizer in ("", "bpe"):
+    raise ConfigError("data.tokenizer", f"the mixture tokenizes {raw[0]!r} here, and each "
+                      "source would get its own bpe: give a tokenizer.json, or prepare the "
+                      "sources with one tokenizer and mix the tokens: stores (docs/data.md)")
+
+
+def _check_sources(data: Data, sources: list[str], field: str) -> None:
+  """Each of `sources` as `check_paths` checks data.source, an error naming `field`."""
+  for source in sources:
+    try:
+      check_paths(dataclasses.replace(data, source=source, mixture="", tst_mixture="",
+                                      eval_sets=""))
+    except ConfigError as e:
+      raise ConfigError(field if e.field == "data.source" else e.field, e.message) from None
+
+
+def _eval_sets_parse(text: str) -> tuple[tuple[str, str], ...] | None:
+  """(name, source) of each 'name=source' in `text`; None when it is not that list."""
+  pairs = [item.strip().partition("=") for item in text.split(",") if item.strip()]
+  names = [name for name, _, _ in pairs]
+  if len(set(names)) < len(names) or not all(
+      sep and source and name.replace("_", "a").replace(".", "a").replace("-", "a").isalnum()
+      for name, sep, source in pairs):
+    return None
+  return tuple((name, source) for name, _, source in pairs)
+
+
+def eval_sets(d: Data) -> tuple[tuple[str, str], ...]:
+  """The (name, source) of each set of data.eval_sets."""
+  return _eval_sets_parse(d.eval_sets) or ()
+
+
 @dataclasses.dataclass(frozen=True)
 class RunData:
   tokenizer: tokenizer_lib.Tokenizer
@@ -88,6 +147,16 @@ class RunData:
   eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, W]
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
+  mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores; train: the first
+  eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
+
+  @property
+  def train_tokens(self) -> TrainTokens:
+    """The training tokens of the run's store, or of each store of its mixture."""
+    if self.mixture is None:
+      return TrainTokens.of(self.train)
+    return TrainTokens.of_mixture(self.mixture, {s: TrainTokens.of(split)
+                                                 for s, split in self.mixture.splits.items()})
 
 
 def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
@@ -101,6 +170,13 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
   `force_resume`: the workdir may have trained on another store. The caller has checked
   the paths (`check_paths`).
   """
+  if d.eval_sets:
+    run = prepare_data(dataclasses.replace(d, eval_sets=""), workdir, model_vocab, block, say,
+                       force_resume=force_resume)
+    return dataclasses.replace(run, eval_sets=_eval_set_windows(d, workdir, run, block, say))
+  if d.mixture or d.tst_mixture:
+    return _prepare_mixture(d, workdir, model_vocab, block, say or (lambda text: None),
+                            force_resume)
   store = _open_store(d, workdir, model_vocab, say or (lambda text: None))
   _check_store_of_workdir(workdir, store, force_resume)
   tokenizer = store.tokenizer(workdir)
@@ -115,12 +191,80 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
     raise ConfigError("data.val_fraction", f"the held-out split of {store.directory} has "
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
-  if distributed.is_primary():    # the store this workdir trains on, from now on
-    fileio.write_json(os.path.join(workdir, STORE_FILE),
-                      dict(fingerprint=store.fingerprint, directory=store.directory,
-                           train_tokens=len(store.train)), sort_keys=True)
+  _record_store(workdir, store, len(store.train))
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint)
+
+
+def _record_store(workdir: str, store, train_tokens: int):
+  """store.json: the store (or stores) this workdir trains on, from now on."""
+  if distributed.is_primary():
+    fileio.write_json(os.path.join(workdir, STORE_FILE),
+                      dict(fingerprint=store.fingerprint, directory=store.directory,
+                           train_tokens=train_tokens), sort_keys=True)
+
+
+def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_resume: bool
+                     ) -> RunData:
+  """`prepare_data` of a mixture: each source's store (`_open_store`; a source to tokenize
+  goes to <workdir>/mixture/<k>/data), one tokenizer for all, and held-out windows drawn
+  from the entries as training rows are (`RunMixture.eval_windows`)."""
+  mix = mixture_lib.RunMixture.of(d)
+  stores = [_open_store(dataclasses.replace(d, source=s), _entry_workdir(workdir, k),
+                        model_vocab, say) for k, s in enumerate(mix.sources)]
+  if len({st.manifest["tokenizer"]["fingerprint"] for st in stores}) > 1:
+    raise ConfigError("data.mixture", "the stores " + ", ".join(st.directory for st in stores)
+                      + " were made with different tokenizers: prepare them with one")
+  body = json.dumps([[s, st.fingerprint] for s, st in zip(mix.sources, stores)])
+  both = types.SimpleNamespace(fingerprint=hashlib.sha256(body.encode()).hexdigest(),
+                               directory=", ".join(st.directory for st in stores))
+  _check_store_of_workdir(workdir, both, force_resume)
+  tokenizer = stores[0].tokenizer(workdir)
+  _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {stores[0].directory}")
+  mix = dataclasses.replace(mix, splits={s: st.train for s, st in zip(mix.sources, stores)})
+  index, count = block or (jax.process_index(), jax.process_count())
+  windows = mix.eval_windows({s: st.val for s, st in zip(mix.sources, stores)},
+                             batch_size=d.batch_size, window=d.seq_len + 1,
+                             num_batches=d.eval_batches, process_index=index,
+                             process_count=count)
+  if not windows:
+    raise ConfigError("data.val_fraction", f"a held-out split of {both.directory} is too "
+                      f"small for its rows of one {d.batch_size} x {d.seq_len + 1} eval batch")
+  _record_store(workdir, both, sum(len(st.train) for st in stores))
+  entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
+                for e in mix.main)   # a lower bound of the mixture's: docs/data.md
+  return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
+                 both.fingerprint, mix)
+
+
+def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
+  """name -> this process's eval windows of each set of data.eval_sets: the held-out split of
+  its store, a `tokens:` one of the run's tokenizer or one prepared with it."""
+  out = {}
+  for name, source in eval_sets(d):
+    plain = dataclasses.replace(d, source=source, mixture="", tst_mixture="", eval_sets="",
+                                tokenizer="" if source.startswith("tokens:")
+                                else run.tokenizer.path)
+    store = _open_store(plain, os.path.join(workdir, "eval_sets", name),
+                        run.tokenizer.vocab_size, say or (lambda text: None))
+    if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
+      raise ConfigError("data.eval_sets", f"{name}: the store {store.directory} was made with "
+                        "another tokenizer than the run's: prepare it with the run's")
+    index, count = block or (jax.process_index(), jax.process_count())
+    out[name] = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                      num_batches=d.eval_batches, process_index=index,
+                                      process_count=count
+                                      ) if len(store.val) >= d.batch_size * (d.seq_len + 1) else []
+    if not out[name]:
+      raise ConfigError("data.eval_sets", f"{name}: the held-out split of {store.directory} "
+                        f"has {len(store.val)} tokens, too few for one {d.batch_size} x "
+                        f"{d.seq_len + 1} eval batch")
+  return out
+
+
+def _entry_workdir(workdir: str | None, k: int) -> str | None:
+  """Where source k of a mixture is prepared: <workdir>/mixture/<k> takes <workdir>'s place."""
+  return os.path.join(workdir, "mixture", str(k)) if workdir else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,17 +273,38 @@ class TrainTokens:
   count: int
   exact: bool          # counted in a store; else an upper bound from the size of the text
   where: str           # the store, or how the bound was made
+  mixture: mixture_lib.RunMixture | None = None   # a mixture's, with each source's count:
+  entries: tuple = ()                             # ((source, TrainTokens), ...)
 
   @classmethod
   def of(cls, split) -> TrainTokens:
     """The count of a store's training split (a StoreSplit)."""
     return cls(len(split), True, f"the store {split.directory}")
 
+  @classmethod
+  def of_mixture(cls, mix, counts: dict) -> TrainTokens:
+    """The counts of a mixture's sources (source -> TrainTokens), and their sum."""
+    return cls(sum(t.count for t in counts.values()), all(t.exact for t in counts.values()),
+               f"{len(counts)} stores of data.mixture", mix, tuple(counts.items()))
+
+  def passes(self, plan) -> list[tuple[str, int, list[float]]]:
+    """(where, training tokens, passes of each phase) of each store the run of `plan`
+    reads: its one store, or each source of its mixture."""
+    if self.mixture is None:
+      return [(self.where, self.count, plan.passes(self.count))]
+    counts = {s: t.count for s, t in self.entries}
+    return [(s, counts[s], x) for s, x in self.mixture.passes(plan.phases, counts).items()]
+
 
 def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   """The training tokens of the run's store where it exists (a `tokens:` store, or the one
   prepared into <workdir>/data), else a bound from the source's size (`sources.token_bound`),
   else None. Reads manifests and file sizes only."""
+  if d.mixture or d.tst_mixture:
+    mix = mixture_lib.RunMixture.of(d)
+    counts = {s: training_tokens(dataclasses.replace(d, source=s, mixture="", tst_mixture=""),
+                                 _entry_workdir(workdir, k)) for k, s in enumerate(mix.sources)}
+    return None if None in counts.values() else TrainTokens.of_mixture(mix, counts)
   store_dir = _store_dir(d, workdir)
   if store_dir and os.path.isfile(os.path.join(store_dir, MANIFEST)):
     return TrainTokens.of(TokenStore(store_dir).train)

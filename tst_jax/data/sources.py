@@ -12,7 +12,9 @@ import hashlib
 import io
 import json
 import os
+import sys
 import sysconfig
+import zlib
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -21,8 +23,29 @@ from tst_jax.errors import DataError
 
 _SKIP_DIRS = ("site-packages", "dist-packages")
 _GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size
+_READ_BYTES = 1 << 16  # compressed bytes read at a time from a .zst file
 SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<glob>', "
                 "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
+
+
+class BadFile(DataError):
+  """An input file that cannot be read to its end: truncated, corrupt or of another format.
+  `prepare --skip_bad_files` leaves such a file out; any other DataError stops it."""
+
+  def __init__(self, path: str, reason: str, line: int | None = None):
+    self.path, self.reason, self.line = path, reason, line
+    where = path if line is None else f"{path}:{line}"
+    super().__init__(f"{where}: {reason}; replace the file and run again (what is prepared is "
+                     "kept), or leave such files out: python -m tst_jax.data.prepare "
+                     "--skip_bad_files")
+
+  def __reduce__(self):   # picklable across prepare's worker processes with its arguments
+    return type(self), (self.path, self.reason, self.line)
+
+  def record(self) -> dict:
+    """The file and what is wrong with it, as a store's manifest lists a file left out."""
+    return dict(file=self.path,
+                reason=self.reason if self.line is None else f"line {self.line}: {self.reason}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +95,9 @@ def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
   if shard.kind == "text":
     return (_read_file(p) for p in shard.paths)
   if shard.kind == "jsonl":
-    return _jsonl_texts(shard.paths[0], shard.text_field)
+    return _whole_file(shard.paths[0], _jsonl_texts(shard.paths[0], shard.text_field))
   if shard.kind == "parquet":
-    return _parquet_texts(shard.paths[0], shard.text_field)
+    return _whole_file(shard.paths[0], _parquet_texts(shard.paths[0], shard.text_field))
   if shard.kind == "tfds":
     return _tfds_texts(*shard.paths)
   return _seqio_texts(*shard.paths)
@@ -85,17 +108,25 @@ def shard_documents(shard: InputShard, max_bytes: int | None = None) -> Iterator
   return (text for text, _ in take(raw_documents(shard), max_bytes))
 
 
-def byte_budgets(shards: list[InputShard], max_bytes: int | None) -> list[int | None]:
+def byte_budgets(shards: list[InputShard], max_bytes: int | None,
+                 bad: list[dict] | None = None) -> list[int | None]:
   """Returns the bytes of text each shard gives when the whole corpus is cut after `max_bytes`.
 
   `shard_documents(shards[i], budgets[i])` are then exactly that cut corpus's documents of
   shard i. Reads the corpus up to `max_bytes` only, and returns all None without a limit.
+  Given a list `bad`, a BadFile gives 0 bytes and its record is appended there, else it raises.
   """
   if max_bytes is None:
     return [None] * len(shards)
   budgets, left = [], max_bytes
   for shard in shards:
-    used = sum(n for _, n in take(raw_documents(shard), left)) if left else 0
+    try:
+      used = sum(n for _, n in take(raw_documents(shard), left)) if left else 0
+    except BadFile as e:
+      if bad is None:
+        raise
+      bad.append(e.record())
+      used = 0
     budgets.append(used)
     left -= used
   return budgets
@@ -292,9 +323,61 @@ def _open_text(path: str) -> io.TextIOBase:
       import zstandard  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       raise DataError(f"{path}: .zst input needs zstandard: pip install zstandard") from e
-    raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(io.BufferedReader(_ZstdReader(path, zstandard)), encoding="utf-8",
+                            errors="replace")
   return open(path, encoding="utf-8", errors="replace")
+
+
+class _ZstdReader(io.RawIOBase):
+  """The decompressed bytes of every frame of a .zst file. A file that ends inside a frame
+  raises EOFError, as gzip does: zstandard's stream_reader ends there without a word."""
+
+  def __init__(self, path: str, zstandard):
+    super().__init__()
+    self._file, self._zstd = open(path, "rb"), zstandard.ZstdDecompressor()
+    self._frame, self._out, self._at = None, b"", 0
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    while self._at == len(self._out):
+      data = self._frame.unused_data if self._frame is not None and self._frame.eof else b""
+      data = data or self._file.read(_READ_BYTES)
+      if not data:
+        if self._frame is not None and not self._frame.eof:
+          raise EOFError("the file ends inside a zstd frame")
+        return 0
+      if self._frame is None or self._frame.eof:
+        self._frame = self._zstd.decompressobj()
+      self._out, self._at = self._frame.decompress(data), 0
+    n = min(len(buffer), len(self._out) - self._at)
+    buffer[:n] = self._out[self._at:self._at + n]
+    self._at += n
+    return n
+
+  def close(self):
+    self._file.close()
+    super().close()
+
+
+def _whole_file(path: str, docs: Iterator[str]) -> Iterator[str]:
+  """Yields the documents of one file; a file that cannot be read to its end raises one
+  BadFile naming it, whichever decompressor or reader found the fault."""
+  try:
+    yield from docs
+  except _read_errors() as e:
+    raise BadFile(path, f"cannot be read to its end ({type(e).__name__}: {e}): the file is "
+                  "truncated, corrupt or of another format") from None
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+  """The exceptions of a file that is truncated or corrupt, of the readers loaded so far."""
+  errors = [EOFError, zlib.error, gzip.BadGzipFile]
+  for module, name in (("zstandard", "ZstdError"), ("pyarrow", "ArrowException")):
+    if module in sys.modules:
+      errors.append(getattr(sys.modules[module], name))
+  return tuple(errors)
 
 
 def _jsonl_texts(path: str, field: str) -> Iterator[str]:
@@ -311,7 +394,7 @@ def _jsonl_texts(path: str, field: str) -> Iterator[str]:
       try:
         record = json.loads(line)
       except ValueError as e:
-        raise DataError(f"{path}:{line_no}: not a JSON line ({e})") from None
+        raise BadFile(path, f"not a JSON line ({e})", line_no) from None
       text = record.get(field) if isinstance(record, dict) else None
       if not isinstance(text, str):
         keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__

@@ -72,8 +72,10 @@ class Console:
             f"{metrics['loss']:.4f}  {rate(data_tokens_per_s)} tok/s  ETA {duration(eta)}",
             flush=True)
 
-  def eval(self, step: int, loss: float):
-    self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}")
+  def eval(self, step: int, loss: float, sets: dict | None = None):
+    """The held-out loss, then each set of data.eval_sets by name."""
+    self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}"
+               + "".join(f"; {name} {x:.4f}" for name, x in (sets or {}).items()))
 
   def final(self, summary: dict, workdir: str, reference=None):
     """Held-out loss (beside `reference`'s, a config.reference, when it names one), where the

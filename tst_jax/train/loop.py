@@ -16,7 +16,6 @@ import time
 import jax
 import numpy as np
 
-from tst_jax.data import run_data
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.console import Console
@@ -36,7 +35,7 @@ def train(setup: Setup) -> dict:
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=settings.progress_bar and sys.stdout.isatty())
-  tokens = run_data.TrainTokens.of(setup.data.train)
+  tokens = setup.data.train_tokens
   if primary:                         # <workdir>/plan.json, before the first step
     PlanRecord(plan, tokens, setup.resolved).write(setup.workdir)
   console.print(format_plan(plan, setup.resolved, with_json=False, tokens=tokens) if start == 0
@@ -59,9 +58,10 @@ def train(setup: Setup) -> dict:
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
           step_log.flush()
-          loss = setup.evaluate(state.params)
-          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done)))
-          console.eval(done, loss)
+          loss, sets = setup.evaluate(state.params), setup.evaluate_sets(state.params)
+          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done),
+                            **{f"eval_loss/{name}": x for name, x in sets.items()}))
+          console.eval(done, loss, sets)
         stop = guard.should_stop(done)                # agreed by every process
         setup.save(state, done, force=stop or done == phase.last_step)
         if stop:

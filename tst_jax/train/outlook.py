@@ -80,13 +80,38 @@ def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
   if tokens is None:
     return ["data: training tokens counted once data.source is tokenized (the run's plan "
             "then says how many times it reads them)"]
+  if tokens.mixture is not None:
+    return mixture_lines(plan, tokens, max_passes)
   each = plan.passes(tokens.count)
   total, at_least = sum(each), "" if tokens.exact else ">= "
   per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
   lines = [f"data: {'' if tokens.exact else 'at most '}{human(tokens.count)} training tokens "
            f"({tokens.where}); passes over them: {per_phase}, the run {at_least}{total:.3g}"]
+  return lines + _repeat_warnings("its training tokens", total, at_least, max_passes)
+
+
+def mixture_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
+  """Per source of a mixture: its weight in each phase, its training tokens, the tokens the
+  run reads of it and its passes, and a warning for each source the run repeats."""
+  weights = {p.name: {e.source: e.weight for e in tokens.mixture.entries(p)}
+             for p in plan.phases}
+  lines = [f"data: a mixture of {len(tokens.entries)} sources, each read from its own store"]
+  for where, count, each in tokens.passes(plan):
+    at_least = "" if dict(tokens.entries)[where].exact else ">= "
+    share = ", ".join(f"{_label(p)} {weights[p.name].get(where, 0):.3g}" for p in plan.phases)
+    per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
+    lines.append(f"data: {where} (weight {share}): {human(count)} training tokens, the run "
+                 f"reads {human(sum(each) * count)}; passes over them: {per_phase}, the run "
+                 f"{at_least}{sum(each):.3g}")
+    lines += _repeat_warnings(f"the training tokens of {where}", sum(each), at_least,
+                              max_passes)
+  return lines
+
+
+def _repeat_warnings(what: str, total: float, at_least: str, max_passes: float) -> list[str]:
+  lines = []
   if total > 1:
-    lines.append(f"warning: the data repeats: the run reads its training tokens "
+    lines.append(f"warning: the data repeats: the run reads {what} "
                  f"{'at least ' if at_least else ''}{total:.3g} times; a repeated token teaches "
                  "less than a new one (docs/data.md, 'Passes over the data')")
   if max_passes and total > max_passes:

@@ -249,6 +249,9 @@ class PlanRecord:
       each = self.plan.passes(self.tokens.count)
       data = dict(train_tokens=self.tokens.count, exact=self.tokens.exact,
                   where=self.tokens.where, passes=each, passes_total=sum(each))
+      if self.tokens.mixture is not None:     # each source's store: its passes
+        data["sources"] = [dict(source=w, train_tokens=n, passes=x, passes_total=sum(x))
+                           for w, n, x in self.tokens.passes(self.plan)]
     return self.plan.to_json() | dict(
         data=data, resolved=self.resolved.to_json() if self.resolved else None)
 

@@ -62,10 +62,11 @@ class Setup:
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       data = run_data.prepare_data(spec.data, workdir, spec.model.vocab_size, block, say=say,
                                    force_resume=spec.train.force_resume)
-    passes = sum(spec.plan.passes(len(data.train)))
+    where, count, passes = max(((w, n, sum(x)) for w, n, x in data.train_tokens.passes(
+        spec.plan)), key=lambda e: e[2])
     if spec.train.max_passes and passes > spec.train.max_passes:
-      raise ConfigError("train.max_passes", f"the run would read the {len(data.train):,} "
-                        f"training tokens of {data.train.directory} {passes:.3g} times, more "
+      raise ConfigError("train.max_passes", f"the run would read the {count:,} training "
+                        f"tokens of {where} {passes:.3g} times, more "
                         f"than {spec.train.max_passes:g}: give it fewer steps or a larger "
                         "train.max_passes, or more data in a new --workdir (this one keeps "
                         "its token store)")
@@ -135,10 +136,15 @@ class Setup:
 
   def batches(self, phase, first_step: int):
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
-    iterator = data_lib.make_batches(
-        self.data.train, batch_size=phase.batch_size, window=phase.window,
-        start_pos=self.plan.data_start(phase), seed=self.spec.seed, num_batches=phase.steps,
-        process_index=self.data_block[0], process_count=self.data_block[1])
+    if self.data.mixture is not None:
+      iterator = self.data.mixture.batches(
+          self.plan.phases, self.plan.phases.index(phase), seed=self.spec.seed,
+          process_index=self.data_block[0], process_count=self.data_block[1])
+    else:
+      iterator = data_lib.make_batches(
+          self.data.train, batch_size=phase.batch_size, window=phase.window,
+          start_pos=self.plan.data_start(phase), seed=self.spec.seed, num_batches=phase.steps,
+          process_index=self.data_block[0], process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
     for local in iterator:
@@ -171,8 +177,16 @@ class Setup:
 
   def evaluate(self, params) -> float:
     """Held-out next-token loss (nats/token) on the same validation windows every time."""
+    return self._loss_of(params, self.data.eval_windows)
+
+  def evaluate_sets(self, params) -> dict[str, float]:
+    """The held-out loss of each set of data.eval_sets, by name."""
+    return {name: self._loss_of(params, windows)
+            for name, windows in self.data.eval_sets.items()}
+
+  def _loss_of(self, params, windows) -> float:
     total, count = 0.0, 0.0
-    for window in self.data.eval_windows:
+    for window in windows:
       batch = jax.make_array_from_process_local_data(
           self.steps.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
       with axis_rules(self.steps.mesh, self.spec.rules):

@@ -1,0 +1,226 @@
+"""tst_jax.data.mixture: the interleave against Grain's own MapDataset.mix, each entry's share
+of the windows, each entry's stream continued across phases, exact resume, and a mixture run
+killed and resumed against the same run in one go."""
+
+import json
+import os
+import shutil
+import types
+
+import grain
+import numpy as np
+import pytest
+
+from tests.fixtures.tiny import tiny_config
+from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
+from tst_jax.errors import ConfigError
+from tst_jax.train import cli, metrics as metrics_lib, spec as spec_lib
+
+WEIGHTS = [(0.7, 0.3), (0.5, 0.5), (0.2, 0.3, 0.5), (1 / 3, 2 / 3), (0.9, 0.05, 0.05)]
+
+
+def phase(steps, batch_size, window, is_tst=False):
+  """A phase as the mixture reads one (train.plan.Phase has these fields)."""
+  return types.SimpleNamespace(steps=steps, batch_size=batch_size, window=window, is_tst=is_tst)
+
+
+def streams(sizes):
+  """In-memory streams whose tokens name their entry and position: entry i, position p is
+  i * 10**9 + p."""
+  return {f"s{i}": i * 10**9 + np.arange(n, dtype=np.int64) for i, n in enumerate(sizes)}
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_interleave_is_grains_mix_over_several_periods(weights):
+  order = mixture.interleave(weights)
+  n = len(weights)
+  mixed = grain.MapDataset.mix([grain.MapDataset.range(i * 10**9, (i + 1) * 10**9)
+                                for i in range(n)], order.per_period.tolist())
+  slots = np.arange(3 * order.period + 17)
+  entry, index = np.divmod(np.array([mixed[int(g)] for g in slots]), 10**9)
+  got = order.select(slots)
+  np.testing.assert_array_equal(got[0], entry)
+  np.testing.assert_array_equal(got[1], index)
+  np.testing.assert_array_equal(order.counts(len(slots)), np.bincount(entry, minlength=n))
+
+
+def test_each_entry_gets_its_weight_of_a_million_training_tokens():
+  """0.7/0.3 over 1M training tokens (B=16, W=65: 977 steps): each share within 1% of its
+  weight, counted from the tokens themselves; batches equal a slow version that asks
+  Grain's mix and the entry's WindowSource row by row."""
+  splits = streams([300_000, 200_000])
+  mix = mixture.RunMixture.of(types.SimpleNamespace(
+      mixture="s0=0.7,s1=0.3", tst_mixture="", source=""), splits)
+  phases = [phase(-(-1_000_000 // (16 * 64)), 16, 65)]
+  batches = mix.batches(phases, 0, seed=3)
+  entry_of_row = np.concatenate([next(batches)[:, 0] // 10**9 for _ in range(phases[0].steps)])
+  share = np.bincount(entry_of_row) / len(entry_of_row)
+  assert len(entry_of_row) * 64 >= 1_000_000
+  np.testing.assert_allclose(share, [0.7, 0.3], rtol=0.01)
+  order = mixture.interleave((0.7, 0.3))
+  mixed = grain.MapDataset.mix([grain.MapDataset.range(0, 10**9),
+                                grain.MapDataset.range(10**9, 2 * 10**9)],
+                               order.per_period.tolist())
+  windows = mix.windows(phases)[0]
+  one_by_one = {s: pipeline.WindowSource(splits[s], 1, 65, 0, seed=3, num_batches=windows[s])
+                for s in splits}
+  again = mix.batches(phases, 0, seed=3)
+  for k in range(40):
+    slow = [one_by_one[f"s{e}"][i][0] for e, i in
+            (divmod(mixed[k * 16 + r], 10**9) for r in range(16))]
+    np.testing.assert_array_equal(next(again), np.stack(slow))
+
+
+def test_resume_draws_the_same_batches_and_processes_split_the_rows():
+  splits = streams([50_000, 40_000, 30_000])
+  mix = mixture.RunMixture.of(types.SimpleNamespace(
+      mixture="s0=0.5,s1=0.25,s2=0.25", tst_mixture="", source=""), splits)
+  phases = [phase(30, 8, 17)]
+  full = list(mix.batches(phases, 0, seed=1))
+  assert len(full) == 30
+  resumed = mix.batches(phases, 0, seed=1)
+  resumed.set_state({**resumed.get_state(), "next_index": 11})
+  np.testing.assert_array_equal(np.stack(list(resumed)), np.stack(full[11:]))
+  halves = [list(mix.batches(phases, 0, seed=1, process_index=p, process_count=2))
+            for p in range(2)]
+  np.testing.assert_array_equal(np.concatenate([np.stack(h) for h in halves], axis=1),
+                                np.stack(full))
+  other = np.stack(list(mix.batches(phases, 0, seed=2)))
+  assert not np.array_equal(other, np.stack(full))
+
+
+def test_a_source_continues_where_the_earlier_phase_left_it():
+  """Phase 1 reads s0 alone (data.tst_mixture), phase 2 mixes s0 and s1: s0's windows of both
+  phases cover one region of its stream from 0, every token a target once, and s1's from 0."""
+  splits = streams([100_000, 100_000])
+  mix = mixture.RunMixture.of(types.SimpleNamespace(
+      mixture="s0=0.5,s1=0.5", tst_mixture="s0=1", source=""), splits)
+  phases = [phase(10, 4, 33, is_tst=True), phase(20, 4, 17)]
+  assert mix.starts(phases, 1) == {"s0": 10 * 4 * 32, "s1": 0}
+  targets = {"s0": [], "s1": []}
+  for index, p in enumerate(phases):
+    for batch in mix.batches(phases, index, seed=0):
+      for row in batch:
+        targets[f"s{row[0] // 10**9}"].append(row[1:] % 10**9)
+  for source, read in mix.tokens_read(phases)[0].items():
+    assert read == 10 * 4 * 32 and source == "s0"
+  assert sum(map(len, targets["s0"])) == 10 * 4 * 32 + 40 * 16
+  for source, got in targets.items():
+    got = np.sort(np.concatenate(got))
+    np.testing.assert_array_equal(got, np.arange(1, len(got) + 1))
+
+
+def test_eval_rows_come_from_each_held_out_split_in_proportion():
+  vals = streams([20_000, 20_000])
+  mix = mixture.RunMixture.of(types.SimpleNamespace(
+      mixture="s0=0.75,s1=0.25", tst_mixture="", source=""))
+  windows = mix.eval_windows(vals, batch_size=8, window=33, num_batches=4)
+  rows = np.concatenate(windows)
+  assert rows.shape == (32, 33) and (np.bincount(rows[:, 0] // 10**9) == [24, 8]).all()
+  for i in range(2):   # each entry's rows spread over its whole held-out split, in order
+    starts = rows[rows[:, 0] // 10**9 == i, 0] % 10**9
+    assert (np.diff(starts) > 0).all() and starts[-1] > 20_000 // 2
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tokens:/a", "is not source=weight"), ("tokens:/a=0", "weight > 0"),
+    ("tokens:/a=x", "weight > 0"), ("tokens:/a=1,tokens:/a=2", "each source once"),
+    ("tokens:/a=1,tokens:/b=2000", "over 1000 times")])
+def test_a_bad_mixture_names_its_field(text, message):
+  with pytest.raises(ConfigError, match=message) as caught:
+    mixture.parse(text, "data.mixture")
+  assert caught.value.field == "data.mixture"
+
+
+def test_weights_are_normalised():
+  entries = mixture.parse("tokens:/d/a=7, tokens:/d/b=3", "data.mixture")
+  assert [(e.source, e.weight) for e in entries] == [("tokens:/d/a", 0.7), ("tokens:/d/b", 0.3)]
+
+
+# --- a run on a mixture ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+  """Two token stores of one tokenizer: stdlib modules, and prose."""
+  root = tmp_path_factory.mktemp("mix")
+  code = prepare_lib.prepare("builtin:pystdlib", str(root / "code"), vocab_size=300,
+                             max_bytes=120_000, val_fraction=0.1, val_piece_bytes=2048,
+                             workers=1, progress=False)
+  os.makedirs(root / "prose")
+  rng = np.random.default_rng(0)
+  words = "the a of to and in is it that for on with as was at by an be this from".split()
+  for i in range(60):
+    (root / "prose" / f"{i}.txt").write_text(" ".join(rng.choice(words, 300)) + "\n")
+  prose = prepare_lib.prepare(f"text:{root}/prose/*.txt", str(root / "prose_store"),
+                              tokenizer=os.path.join(code, "tokenizer.json"), val_fraction=0.1,
+                              val_piece_bytes=2048, workers=1, progress=False)
+  return code, prose
+
+
+def mixture_config(two_stores, **train):
+  code, prose = two_stores
+  return tiny_config(steps=8, data=dict(mixture=f"tokens:{code}=0.6,tokens:{prose}=0.4",
+                                        tst_mixture=f"tokens:{prose}=1"),
+                     train=dict(checkpoint_every=1, keep_checkpoints=20, eval_every=2, **train))
+
+
+def _losses(workdir):
+  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+          if "loss" in r}
+
+
+def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_path, capsys):
+  config = mixture_config(two_stores)
+  cli.run(config, str(tmp_path))
+  out = capsys.readouterr().out
+  code, prose = two_stores
+  assert f"data: tokens:{code} (weight tst S=2 0, ntp 0.6)" in out
+  assert f"data: tokens:{prose} (weight tst S=2 1, ntp 0.4)" in out
+  record = json.loads((tmp_path / "plan.json").read_text())["data"]
+  assert [s["source"] for s in record["sources"]] == [f"tokens:{prose}", f"tokens:{code}"]
+  logged = _losses(tmp_path)
+  assert sorted(logged) == list(range(1, 9))
+  for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 3's checkpoint
+    if d.isdigit() and int(d) > 3:
+      shutil.rmtree(tmp_path / "checkpoints" / d)
+  cli.run(config, str(tmp_path))
+  again = _losses(tmp_path)
+  np.testing.assert_array_equal([again[k] for k in range(1, 9)],
+                                [logged[k] for k in range(1, 9)])
+
+
+def test_the_plan_warns_per_source_that_repeats(two_stores, capsys):
+  code, prose = two_stores
+  config = mixture_config(two_stores)
+  config.train.steps = 2000
+  cli.run(config, "", mode="plan")
+  out = capsys.readouterr().out
+  assert f"the run reads the training tokens of tokens:{prose}" in out
+  assert f"the run reads the training tokens of tokens:{code}" not in out
+  spec = spec_lib.check(config)
+  tokens = run_data.training_tokens(spec.data)
+  (_, n_prose, each_prose), (_, n_code, each_code) = tokens.passes(spec.plan)
+  code_rows, prose_rows = mixture.interleave((0.6, 0.4)).counts(1000 * 4)   # ntp's rows
+  assert sum(each_prose) * n_prose == pytest.approx(1000 * 4 * 32 + prose_rows * 16)  # + tst's
+  assert sum(each_code) * n_code == pytest.approx(code_rows * 16)
+
+
+def test_a_mixture_of_other_tokenizers_or_missing_stores_is_refused(two_stores, tmp_path):
+  code, prose = two_stores
+  config = mixture_config(two_stores)
+  config.data.mixture = f"tokens:{code}=0.5,tokens:{tmp_path}/none=0.5"
+  with pytest.raises(ConfigError, match="is not a token store") as caught:
+    spec_lib.check(config).check_paths()
+  assert caught.value.field == "data.mixture"
+  config.data.mixture = f"tokens:{code}=0.5,text:{tmp_path}/*.txt=0.5"
+  (tmp_path / "a.txt").write_text("some text to tokenize\n")
+  with pytest.raises(ConfigError, match="each source would get its own bpe") as caught:
+    spec_lib.check(config).check_paths()
+  assert caught.value.field == "data.tokenizer"
+  other = prepare_lib.prepare(f"text:{os.path.dirname(prose)}/prose/*.txt",
+                              str(tmp_path / "other"), vocab_size=280, val_fraction=0.1,
+                              val_piece_bytes=2048, workers=1, progress=False)
+  config.data.mixture, config.data.tst_mixture = f"tokens:{code}=0.5,tokens:{other}=0.5", ""
+  with pytest.raises(ConfigError, match="were made with different tokenizers"):
+    run_data.prepare_data(spec_lib.check(config).data, str(tmp_path / "w"), 512, (0, 1))

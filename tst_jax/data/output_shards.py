@@ -1,0 +1,141 @@
+"""Pass 2 of `prepare`: each output shard's documents gathered from the pass-1 token files of
+every input shard, in a seeded order, each followed by EOS."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from tst_jax import fileio
+from tst_jax.data import store as store_lib
+
+_WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
+_OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
+
+
+def done_path(work: str, name: str) -> str:
+  """The done marker of the work file `name`: written once the file is complete."""
+  return os.path.join(work, name + ".done.json")
+
+
+def read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def plan(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
+  """Output shards per split, and the documents `split_documents` moves across: with
+  val_fraction > 0 and >= 2 documents each split gets one (the first extreme hash)."""
+  docs = sum(d["docs"] for d in inputs)
+  val_docs = sum(d["val_docs"] for d in inputs)
+  moved = {}
+  if val_fraction > 0 and docs >= 2:
+    live = [d for d in inputs if d["docs"]]
+    if val_docs == 0:     # the document of the smallest hash goes to val
+      first = min(live, key=lambda d: d["min_u"])
+      moved[f"{first['index']}:{first['min_doc']}"] = "val"
+    if val_docs == docs:  # the document of the largest hash goes to train
+      first = max(live, key=lambda d: d["max_u"])
+      moved[f"{first['index']}:{first['max_doc']}"] = "train"
+  val_docs += sum(1 if to == "val" else -1 for to in moved.values())
+  val_tokens = sum(d["val_tokens"] for d in inputs)
+  sizes = dict(train=(docs - val_docs, sum(d["tokens"] for d in inputs) - val_tokens + docs),
+               val=(val_docs, val_tokens + val_docs))     # (documents, tokens with EOS)
+  shards = {s: max(1, -(-tokens // shard_tokens)) if n else 0 for s, (n, tokens) in sizes.items()}
+  return dict(shards=shards, moved=moved)
+
+
+def write(job) -> dict:
+  """Pass 2 for output shard k of a split: its documents from every input shard, in a
+  seeded order, each followed by EOS; then a done marker (skipped when already done)."""
+  split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
+  name = f"{split}-{k:05d}"
+  path, marker = os.path.join(out, name + ".bin"), done_path(work, name)
+  if os.path.exists(marker) and os.path.exists(path):
+    return dict(split=split, **read_json(marker))
+  picked = []                    # (input shard, offsets, lengths) in corpus order
+  for d in inputs:
+    table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
+    is_val = table["u"] < val_fraction
+    for key, to in moved.items():
+      i, doc = map(int, key.split(":"))
+      if i == d["index"]:
+        is_val[doc] = to == "val"
+    bucket = np.floor(_bucket_hash(seed, d["index"], len(table)) * count).astype(np.int64)
+    mine = (is_val == (split == "val")) & (bucket == k)
+    picked.append((d["index"], table["offset"][mine], table["length"][mine]))
+  source = np.concatenate([np.full(len(o), i) for i, o, _ in picked]).astype(np.int64)
+  offsets = np.concatenate([o for _, o, _ in picked])
+  lengths = np.concatenate([n for _, _, n in picked])
+  order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
+  sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
+  eos_1 = np.array([eos], dtype=dtype)
+  with _InputReader(work, dtype) as inputs_bin, open(path + ".tmp", "wb") as f:
+    pieces, buffered = [], 0
+    for j in order.tolist() + [None]:
+      if j is not None:
+        pieces += [inputs_bin.read(int(source[j]), int(offsets[j]), int(lengths[j])), eos_1]
+        buffered += int(lengths[j]) + 1
+      if pieces and (buffered >= _WRITE_TOKENS or j is None):
+        chunk = np.concatenate(pieces)
+        f.write(chunk.tobytes())
+        sha.update(chunk.tobytes())
+        counts += np.bincount(chunk, minlength=vocab)[:vocab]
+        tokens += len(chunk)
+        pieces, buffered = [], 0
+  os.replace(path + ".tmp", path)
+  np.save(os.path.join(work, name + ".counts.npy"), counts)
+  done = dict(file=os.path.basename(path), tokens=tokens, docs=len(order),
+              sha256=sha.hexdigest())
+  fileio.write_json(marker, done)
+  return dict(split=split, **done)
+
+
+class _InputReader:
+  """Reads documents of the pass-1 token files with pread: their pages are not kept mapped
+  (a memory map would count every page touched in this process's RSS), and at most
+  _OPEN_FILES files are open at once."""
+
+  def __init__(self, work: str, dtype: str):
+    self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
+
+  def read(self, index: int, offset: int, length: int) -> np.ndarray:
+    if index not in self.fds:
+      if len(self.fds) >= _OPEN_FILES:
+        self.close()
+      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}.bin"), os.O_RDONLY)
+    size = self.dtype.itemsize
+    return np.frombuffer(os.pread(self.fds[index], length * size, offset * size), self.dtype)
+
+  def close(self):
+    for fd in self.fds.values():
+      os.close(fd)
+    self.fds = {}
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
+
+
+def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
+  """A number in [0, 1) per document of input shard `index`, fixed by (seed, index, doc)."""
+  return np.random.default_rng([seed, 1 << 32, index]).random(num_docs)
+
+
+def forget_another_plan(out: str, work: str, plan: dict, inputs: list[dict]):
+  """Deletes the output shards an interrupted run planned from other input shards, as when a
+  bad file it left out reads to its end now; then records this plan in `work`."""
+  path = os.path.join(work, "outputs.json")
+  planned = dict(plan, inputs=[[d["index"], d["tokens"]] for d in inputs])
+  if os.path.exists(path) and read_json(path) != planned:
+    for folder in (work, out):
+      for name in os.listdir(folder):
+        if name.startswith(store_lib.SPLITS) and name.endswith((".done.json", ".bin")):
+          os.remove(os.path.join(folder, name))
+  fileio.write_json(path, planned)
