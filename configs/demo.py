@@ -15,6 +15,7 @@ from tst_jax.train import defaults
 
 MEASURED = "docs/demo.md: 2-core CPU, 2026-11-25"
 TST_LOSS, BASELINE_LOSS = 4.3702, 3.7157   # final held-out losses of the two arms, measured
+DATA = "builtin:pystdlib@3.11"             # on Python 3.11's standard library
 
 
 def get_config(arg: str = ""):
@@ -36,11 +37,11 @@ def get_config(arg: str = ""):
   c = defaults.apply_arms(c, arg, "configs/demo.py")
   # reference: the other arm's final loss, printed beside this run's in the final block
   if c.tst.ratio == 0.0 and arg.replace(" ", "") == "baseline":
-    c.reference.update(name="TST (configs/demo.py)", loss=TST_LOSS, measured=MEASURED,
+    c.reference.update(name="TST (configs/demo.py)", loss=TST_LOSS, measured=MEASURED, data=DATA,
                        command="python main.py --config configs/demo.py --workdir /tmp/tst_demo")
   elif not arg:
     c.reference.update(name="its equal-FLOPs baseline (configs/demo.py:baseline)",
-                       loss=BASELINE_LOSS, measured=MEASURED,
+                       loss=BASELINE_LOSS, measured=MEASURED, data=DATA,
                        command="python main.py --config configs/demo.py:baseline "
                                "--workdir /tmp/tst_demo_baseline")
   return c

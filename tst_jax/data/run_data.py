@@ -88,6 +88,7 @@ class RunData:
   eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, W]
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
+  data_name: str                     # what config.reference.data names: store.data_name
 
 
 def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
@@ -120,7 +121,7 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
                       dict(fingerprint=store.fingerprint, directory=store.directory,
                            train_tokens=len(store.train)), sort_keys=True)
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
-                 store.fingerprint)
+                 store.fingerprint, store.data_name)
 
 
 @dataclasses.dataclass(frozen=True)

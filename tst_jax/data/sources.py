@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import sysconfig
 from collections.abc import Iterable, Iterator
 
@@ -63,6 +64,12 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
     name, _, split = arg.partition(":")
     return [InputShard(kind, (name, split or "train"), 0)]
   raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
+
+
+def pystdlib_version() -> str:
+  """Returns this Python's major.minor: builtin:pystdlib reads its standard library, which
+  differs from one version to the next."""
+  return "%d.%d" % sys.version_info[:2]
 
 
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
