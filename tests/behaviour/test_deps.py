@@ -1,7 +1,10 @@
 """Dependencies: the tested versions satisfy the declared ranges; the tfds reader needs no
-TensorFlow."""
+TensorFlow; CI runs the README's test command at both ends of what an install resolves."""
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 import types
 
@@ -23,16 +26,24 @@ def _pins(name: str = "constraints.txt") -> dict[str, str]:
   return pins
 
 
-def test_tested_versions_satisfy_pyproject():
+@pytest.mark.parametrize("constraints", ["constraints.txt", "constraints-py313.txt"])
+def test_tested_versions_satisfy_pyproject(constraints):
+  """Each end's constraints pin every direct and [test] dependency inside its declared range,
+  and the README names the file."""
   tomllib = pytest.importorskip("tomllib")
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     project = tomllib.load(f)["project"]
-  pins = _pins()
-  for line in project["dependencies"] + project["optional-dependencies"]["test"]:
+  pins = _pins(constraints)
+  declared = project["dependencies"] + project["optional-dependencies"]["test"]
+  for line in declared:
     req = Requirement(line)
     name = req.name.lower().replace("_", "-")
-    assert name in pins, f"{name} is declared but its tested version is not in constraints.txt"
+    assert name in pins, f"{name} is declared but its tested version is not in {constraints}"
     assert req.specifier.contains(pins[name], prereleases=True), (line, pins[name])
+  assert len(pins) == len(declared) + 1          # jaxlib: jax's, pinned to jax's version
+  assert pins["jaxlib"] == pins["jax"]
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert f"-c {constraints}" in " ".join(f.read().split())
 
 
 def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
@@ -71,3 +82,60 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   assert pins["tokamax"] == "0.0.17" and pins["jax"] == pins["jaxlib"] == "0.11.2"
   for name, req in gpu.items():
     assert req.specifier.contains(pins[name]), (name, pins[name])
+
+
+def _readme_command(number: int) -> str:
+  """The command of the README's quickstart block `number`."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+  [command] = [b.splitlines()[1] for b in blocks if b.startswith(f"# {number}. ")]
+  return command
+
+
+def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
+  """Sources .ci/run and runs both ends in tmp_path, with the test's Python as the default
+  python3 and fake pyenv Pythons ({version: exit code of anything but the version probe})."""
+  tools = tmp_path / "tools"
+  tools.mkdir(parents=True)
+  for tool in ("bash", "sort", "tail", "cut", "mktemp", "ln", "rm", "touch", "dirname"):
+    (tools / tool).symlink_to(shutil.which(tool))
+  (tmp_path / "default").mkdir()
+  (tmp_path / "default" / "python3").symlink_to(sys.executable)
+  for version, rc in pyenv_versions.items():
+    fake = tmp_path / "pyenv" / "versions" / version / "bin" / "python3"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f'#!/bin/sh\ncase "$2" in *releaselevel*) echo "{version} $0"; exit 0;; '
+                    f'esac\nexit {rc}\n')
+    fake.chmod(0o755)
+  (tmp_path / "pyenv").mkdir(exist_ok=True)
+  work = tmp_path / "work"
+  work.mkdir()
+  env = dict(PATH=f"{tmp_path / 'default'}:{tools}", PYENV_ROOT=str(tmp_path / "pyenv"),
+             HOME=str(tmp_path), FAKE=command)
+  script = f'source {os.path.join(ROOT, ".ci", "run")}; README_COMMAND="$FAKE"; both_ends'
+  result = subprocess.run([shutil.which("bash"), "-c", script], cwd=work, env=env,
+                          capture_output=True, text=True)
+  return result.returncode, result.stdout, sorted(os.listdir(work))
+
+
+def test_ci_runs_the_readme_test_command_at_both_ends_and_fails_if_either_fails(tmp_path):
+  """.ci/run's command is the README's command 2, run on the default python3 in .venv and on
+  the newest Python in .venv-newest; a failure of either fails CI, and with no newer Python
+  it says so and runs the one it has. Both venvs are ignored by git."""
+  source = f'source {os.path.join(ROOT, ".ci", "run")}; printf %s "$README_COMMAND"'
+  ci_command = subprocess.run([shutil.which("bash"), "-c", source], capture_output=True,
+                              text=True, check=True).stdout
+  assert ci_command == _readme_command(2)
+  with open(os.path.join(ROOT, ".gitignore")) as f:
+    assert {"/.venv/", "/.venv-newest/"} <= set(f.read().split())
+  fake = "touch .venv.ran && python3 -c pass"
+  rc, out, ran = _ci(tmp_path / "a", {"3.99.0": 3, "3.10.0": 0}, fake)
+  assert rc == 1 and ran == [".venv-newest.ran", ".venv.ran"], out
+  assert "=== newest Python: python3 is 3.99.0 " in out
+  assert re.search(r"^=== default python3: no jax in \.venv: passed in \d+ s$", out, re.M)
+  assert re.search(r"^=== newest Python: no jax in \.venv-newest: FAILED \(exit 3\)", out, re.M)
+  rc, out, ran = _ci(tmp_path / "b", {"3.99.0": 0}, fake)
+  assert rc == 0 and ran == [".venv-newest.ran", ".venv.ran"], out
+  rc, out, ran = _ci(tmp_path / "c", {"3.9.0": 0}, fake)
+  assert rc == 0 and ran == [".venv.ran"], out
+  assert "no Python newer than the default python3 on this machine: it ran on that one" in out

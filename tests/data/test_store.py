@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -256,6 +257,22 @@ def test_manifest_of_another_version_or_edited(one_shard, tmp_path):
   path.write_text(json.dumps(manifest))
   with pytest.raises(DataError, match="edited after it was written"):
     TokenStore(str(copy))
+
+
+def test_a_store_names_its_data_for_a_reference(one_shard, tmp_path, monkeypatch):
+  """builtin:pystdlib names the Python whose stdlib it read (a store of another Python is
+  other data, and another fingerprint); any other store is its fingerprint, as is a
+  stdlib store prepared before its manifest recorded the Python."""
+  assert one_shard.data_name == one_shard.fingerprint and len(one_shard.fingerprint) == 64
+  stdlib = prepare("builtin:pystdlib", tmp_path / "a", max_bytes=30_000)
+  assert stdlib.data_name == "builtin:pystdlib@%d.%d" % sys.version_info[:2]
+  assert stdlib.manifest["sources"]["python"] == "%d.%d" % sys.version_info[:2]
+  monkeypatch.setattr(sys, "version_info", (3, 99, 0))
+  other = prepare("builtin:pystdlib", tmp_path / "b", max_bytes=30_000)
+  assert other.data_name == "builtin:pystdlib@3.99" and other.fingerprint != stdlib.fingerprint
+  unrecorded = dict(stdlib.manifest, sources={k: v for k, v in stdlib.manifest["sources"].items()
+                                              if k != "python"})
+  assert store_lib.data_name(unrecorded) == stdlib.fingerprint
 
 
 def test_a_version_1_store_reads_as_a_whole_document_split(one_shard, corpus, tmp_path):

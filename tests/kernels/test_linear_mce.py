@@ -134,10 +134,17 @@ def test_tile_sizes_sweep(impl, blocks):
   _check_all(impl, 3, **blocks)
 
 
+# The device each platform's kernel is lowered for. jax >= 0.12 reads the GPU's kind from an
+# abstract mesh when the host has none and refuses to lower Triton without it; jax 0.10 ignores
+# the mesh and lowers for its fallback compute capability 9.0, an H100's. One path for both.
+ABSTRACT_DEVICES = {"cuda": ("NVIDIA H100", "gpu"), "tpu": ("TPU v5 lite", "tpu")}
+
+
 @pytest.mark.parametrize("platform,backend", [("cuda", "triton"), ("tpu", "mosaic_tpu")])
 def test_pallas_lowers_for_gpu_and_tpu(platform, backend):
-  """The compiled (not interpreted) kernels lower to Triton / Mosaic IR from this CPU host,
-  with the default tiles, bf16 inputs and N, V, D off the tile grid. Not compiled or run."""
+  """The compiled (not interpreted) kernels lower to Triton / Mosaic IR from this CPU host for
+  an abstract H100 / TPU v5e, with the default tiles, bf16 inputs and N, V, D off the tile
+  grid. Not compiled or run."""
   n, d, v, s = 300, 384, 1000, 6
   args = (jax.ShapeDtypeStruct((n, d), jnp.bfloat16),
           jax.ShapeDtypeStruct((d, v), jnp.bfloat16), jax.ShapeDtypeStruct((n, s), jnp.int32))
@@ -145,7 +152,11 @@ def test_pallas_lowers_for_gpu_and_tpu(platform, backend):
       lambda h, w, t: losses.linear_mce_loss(h, w, t, impl="pallas", backend=backend,
                                              interpret=False),
       argnums=(0, 1)))
-  text = step.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  kind, device_platform = ABSTRACT_DEVICES[platform]
+  device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform=device_platform)
+  with jax.sharding.use_abstract_mesh(
+      jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+    text = step.trace(*args).lower(lowering_platforms=(platform,)).as_text()
   assert ("__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call") in text
 
 

@@ -1,5 +1,6 @@
 """What a user watches: main.py's console off a terminal, and the bar on one."""
 
+import dataclasses
 import io
 import json
 import os
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 
+from tst_jax.configlib import load_config
 from tst_jax.train import console as console_lib
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train import sections, spec as spec_lib
@@ -45,6 +47,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
       f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}" for r in evals]
   assert "phase switch at step 6: restored the tst checkpoint, now ntp" in lines
   summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["data"] == f"builtin:pystdlib@{sys.version_info[0]}.{sys.version_info[1]}"
   final = lines[lines.index(next(l for l in lines if l.startswith("done: "))):]
   assert final[0].startswith(f"done: 12 steps (") and final[0].endswith(
       f"held-out loss {summary['final_eval_loss']:.4f} "
@@ -75,18 +78,31 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
 
 
 def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
+  """The run's difference from the reference only where the run read the data the reference
+  was measured on: the demo's stdlib of another Python is other data."""
   console = console_lib.Console(300, 0, enabled=True, bar=False)
   reference = sections.Reference("the equal-FLOPs baseline (r = 0)", 3.718,
                                      "docs/demo.md: 2-core CPU, 2026-11-24",
-                                     "python main.py --config configs/demo.py:baseline")
+                                     "python main.py --config configs/demo.py:baseline",
+                                     "builtin:pystdlib@3.11")
   summary = dict(steps=300, seconds_this_session=134.0, final_eval_loss=4.3882,
-                 phase1_end_eval_loss=6.1232, unigram_entropy=6.421)
+                 phase1_end_eval_loss=6.1232, unigram_entropy=6.421, data="builtin:pystdlib@3.11")
+  head = ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured for this config as "
+          "written (docs/demo.md: 2-core CPU, 2026-11-24)")
   console.final(summary, "/tmp/w", reference)
   lines = capsys.readouterr().out.splitlines()
-  assert lines[1] == ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured for this "
-                      "config as written (docs/demo.md: 2-core CPU, 2026-11-24); this run "
-                      "+0.6702 from it")
+  assert lines[1] == head + "; this run +0.6702 from it"
   assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
+  console.final(dict(summary, data="builtin:pystdlib@3.13"), "/tmp/w", reference)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1] == (head + " on other data, builtin:pystdlib@3.11; this run read "
+                      "builtin:pystdlib@3.13: no difference printed")
+  assert lines[2] == "  measure it on this data: python main.py --config configs/demo.py:baseline"
+  console.final(summary, "/tmp/w", dataclasses.replace(reference, data=""))
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1] == (head + " on data it does not name (config.reference.data): no difference "
+                      "printed")
+  assert "+0.6702" not in "\n".join(lines)
   console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""))
   assert "measure it" not in capsys.readouterr().out
 
@@ -99,3 +115,10 @@ def test_counts_read_with_si_suffixes_up_to_yotta():
   assert [human(x) for x in (999.7e18, 999.4e18, 999.6, 1234, 0.5, None)] == [
       "1Z", "999E", "1K", "1.23K", "0.5", "--"]
 
+
+def test_the_demos_reference_names_the_data_it_was_measured_on():
+  """Both arms' references: Python 3.11's stdlib, the demo's data there and nowhere else."""
+  for arg in ("", ":baseline"):
+    reference = spec_lib.check(load_config(os.path.join(ROOT, "configs", "demo.py") + arg)
+                               ).reference
+    assert reference.name and reference.data == "builtin:pystdlib@3.11"

@@ -341,11 +341,18 @@ def _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad):
                      vocab_size=tok.vocab_size, eos_id=tok.eos_id),
       seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
                                          input_bytes=sum(s.num_bytes for s in shards),
-                                         text_bytes=text_bytes,
+                                         text_bytes=text_bytes, **_read_from(request),
                                          **(dict(skipped=bad) if bad else {})),
       splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
   manifest["fingerprint"] = store_lib.fingerprint(manifest)
   fileio.write_json(os.path.join(out, store_lib.MANIFEST), manifest)
+
+
+def _read_from(request: dict) -> dict:
+  """Returns what the source read that its name does not say: the Python of builtin:pystdlib."""
+  if request["source"] == "builtin:pystdlib":
+    return dict(python=sources_lib.pystdlib_version())
+  return {}
 
 
 def main(argv=None) -> int:

@@ -147,6 +147,7 @@ class RunData:
   eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, W]
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
+  data_name: str                     # what config.reference.data names: store.data_name
   mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores; train: the first
   eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
 
@@ -193,7 +194,7 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
                       f"{d.seq_len + 1} eval batch")
   _record_store(workdir, store, len(store.train))
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
-                 store.fingerprint)
+                 store.fingerprint, store.data_name)
 
 
 def _record_store(workdir: str, store, train_tokens: int):
@@ -234,7 +235,7 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
-                 both.fingerprint, mix)
+                 both.fingerprint, both.fingerprint, mix)
 
 
 def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:

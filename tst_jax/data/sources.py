@@ -90,6 +90,12 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
   raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
 
 
+def pystdlib_version() -> str:
+  """Returns this Python's major.minor: builtin:pystdlib reads its standard library, which
+  differs from one version to the next."""
+  return "%d.%d" % sys.version_info[:2]
+
+
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
   """Yields the documents of one input shard as read, bytes or str, blank ones included."""
   if shard.kind == "text":

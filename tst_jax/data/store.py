@@ -39,6 +39,15 @@ def fingerprint(manifest: dict) -> str:
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def data_name(manifest: dict) -> str:
+  """Names the data a store holds, as a config.reference records it: the store's fingerprint,
+  or builtin:pystdlib@<major.minor> for the standard library of the Python that prepared it."""
+  read = manifest.get("sources", {})
+  if read.get("python"):
+    return f"{read['source']}@{read['python']}"
+  return manifest["fingerprint"]
+
+
 def read_manifest(directory: str) -> dict:
   """The manifest of the store in `directory`, checked for format, version and fingerprint."""
   path = os.path.join(directory, MANIFEST)
@@ -127,6 +136,7 @@ class TokenStore:
     self.directory = os.path.abspath(directory)
     self.manifest = read_manifest(self.directory)
     self.fingerprint = self.manifest["fingerprint"]
+    self.data_name = data_name(self.manifest)
     self.train = StoreSplit(self.directory, self.manifest, "train")
     self.val = StoreSplit(self.directory, self.manifest, "val")
     self.unigram_entropy = self.manifest["splits"]["train"]["unigram_entropy"]

@@ -86,10 +86,7 @@ class Console:
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
     if reference is not None and reference.name:
-      lines += [f"  {reference.name}: held-out loss {reference.loss:.4f}, measured for this "
-                f"config as written ({reference.measured}); this run "
-                f"{summary['final_eval_loss'] - reference.loss:+.4f} from it",
-                f"  measure it: {reference.command}"]
+      lines += _reference_lines(reference, summary)
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
               f"  metrics: {os.path.join(workdir, 'metrics.jsonl')}, plot: "
               f"{os.path.join(workdir, 'loss.png')}",
@@ -102,6 +99,20 @@ class Console:
     if self.bar is not None:
       self.bar.close()
       self.bar = None
+
+
+def _reference_lines(reference, summary: dict) -> list[str]:
+  """The reference's loss, and the run's difference from it where the run read the data it
+  was measured on: a loss on other data is no yardstick."""
+  head = (f"  {reference.name}: held-out loss {reference.loss:.4f}, measured for this config "
+          f"as written ({reference.measured})")
+  if reference.data and reference.data == summary.get("data"):
+    return [f"{head}; this run {summary['final_eval_loss'] - reference.loss:+.4f} from it",
+            f"  measure it: {reference.command}"]
+  where = (f"on other data, {reference.data}; this run read {summary.get('data')}"
+           if reference.data else "on data it does not name (config.reference.data)")
+  return [f"{head} {where}: no difference printed",
+          f"  measure it on this data: {reference.command}"]
 
 
 def _phase_name(phase) -> str:

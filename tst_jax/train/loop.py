@@ -72,7 +72,8 @@ def train(setup: Setup) -> dict:
     setup.checkpoints.wait()
     summary = metrics_lib.summarize(
         setup.workdir, plan, setup.evaluate(state.params), write=primary,
-        unigram_entropy=setup.data.unigram_entropy, seconds_this_session=time.time() - t0,
+        unigram_entropy=setup.data.unigram_entropy, data=setup.data.data_name,
+        seconds_this_session=time.time() - t0,
         resolved=setup.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
     console.final(summary, setup.workdir, setup.spec.reference)

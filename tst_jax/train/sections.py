@@ -141,3 +141,7 @@ class Reference:
                                "CPU, 2026-11-25'", added="")
   command: str = schema.field("", schema.STRING, "the command that measures it again",
                               added="")
+  data: str = schema.field("", schema.STRING, "the data it was measured on: the token store's "
+                           "fingerprint, or builtin:pystdlib@<major.minor> for that Python's "
+                           "standard library. The run prints its difference from it only on "
+                           "the same data", added="")
