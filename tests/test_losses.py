@@ -1,6 +1,7 @@
 """MCE and MCE-alt: against the paper's appendix A PyTorch loss listing run in torch, a direct
 float64 formula, and hypothesis properties, each with a `slow` twin of many examples."""
 
+import functools
 import itertools
 
 import jax
@@ -14,6 +15,15 @@ from tst_jax import losses
 from tst_jax import superposition as sp
 
 WEIGHTINGS = ["uniform", "power", "exponential", "first", "array"]
+# The losses under jit, as a train step runs them: a new shape costs one compilation, not one
+# per operation as in eager mode, which keeps the many shapes of the properties below fast.
+mce = jax.jit(losses.mce_loss, static_argnames=("weighting", "variant", "ignore_index", "kl"))
+
+
+@functools.partial(jax.jit, static_argnames=("variant",))
+def mce_value_and_grad(logits, targets, variant="mce"):
+  return jax.value_and_grad(lambda z: losses.mce_loss(z, targets, variant=variant))(logits)
+
 SETTINGS = settings(max_examples=6, deadline=None)
 MANY = settings(max_examples=300, deadline=None)    # each property's `slow` twin (end of file)
 # Two float32 computations of one loss that differ only in summation order agree to a few ulp
@@ -92,7 +102,7 @@ def test_s1_is_standard_cross_entropy():
   np.testing.assert_allclose(losses.cross_entropy(jnp.asarray(logits), jnp.asarray(labels)),
                              ref.item(), rtol=1e-6)
   np.testing.assert_allclose(
-      losses.mce_loss(jnp.asarray(logits), jnp.asarray(labels)[..., None]), ref.item(),
+      mce(jnp.asarray(logits), jnp.asarray(labels)[..., None]), ref.item(),
       rtol=1e-6)
 
 
@@ -100,13 +110,12 @@ def test_empty_column_is_left_out_and_all_ignored_is_zero():
   rng = np.random.default_rng(1)
   logits = jnp.asarray(rng.normal(size=(6, 11)).astype(np.float32))
   targets = jnp.asarray(rng.integers(0, 11, size=(6, 3)))
-  only_two = losses.mce_loss(logits, targets[:, :2])
-  with_empty = losses.mce_loss(logits, targets.at[:, 2].set(-100))
+  only_two = mce(logits, targets[:, :2])
+  with_empty = mce(logits, targets.at[:, 2].set(-100))
   np.testing.assert_allclose(with_empty, only_two, rtol=1e-6)
   ignored = jnp.full((6, 3), -100)
   for variant in ("mce", "alt"):
-    value, grad = jax.value_and_grad(
-        lambda z: losses.mce_loss(z, ignored, variant=variant))(logits)
+    value, grad = mce_value_and_grad(logits, ignored, variant)
     assert value == 0.0 and np.all(np.isfinite(grad)) and not np.any(grad)
 
 
@@ -133,8 +142,7 @@ def test_alt_matches_direct_formula(s, weighting):
   targets[rng.random(targets.shape) < 0.25] = -100
   targets[3] = -100                                      # a row with no target
   weights = losses.bag_weights(weighting, s)
-  got = losses.mce_loss(jnp.asarray(logits), jnp.asarray(targets), variant="alt",
-                        weighting=weighting)
+  got = mce(jnp.asarray(logits), jnp.asarray(targets), variant="alt", weighting=weighting)
   np.testing.assert_allclose(got, _alt_numpy(logits, targets, weights), rtol=1e-5)
   assert got >= 0
 
@@ -143,13 +151,13 @@ def test_alt_equals_mce_for_s1_and_kl_form():
   rng = np.random.default_rng(2)
   logits = jnp.asarray(rng.normal(size=(9, 17)).astype(np.float32))
   targets = jnp.asarray(rng.integers(0, 17, size=(9, 1)))
-  np.testing.assert_allclose(losses.mce_loss(logits, targets, variant="alt"),
-                             losses.mce_loss(logits, targets), rtol=1e-6)
+  np.testing.assert_allclose(mce(logits, targets, variant="alt"),
+                             mce(logits, targets), rtol=1e-6)
   # KL form: the paper's eq. L_MCE = mean CE - log S, zero at the uniform-on-bag optimum.
   bag = jnp.array([[1, 4, 7, 9]])
   z_opt = jnp.full((1, 17), -1e4).at[0, bag[0]].set(0.0)
-  np.testing.assert_allclose(losses.mce_loss(z_opt, bag, kl=True), 0.0, atol=1e-5)
-  np.testing.assert_allclose(losses.mce_loss(z_opt, bag), np.log(4), rtol=1e-6)
+  np.testing.assert_allclose(mce(z_opt, bag, kl=True), 0.0, atol=1e-5)
+  np.testing.assert_allclose(mce(z_opt, bag), np.log(4), rtol=1e-6)
 
 
 def test_per_position_form():
@@ -162,8 +170,8 @@ def test_per_position_form():
   np.testing.assert_allclose(per, expect, rtol=1e-5)
   assert mask.all()
   # Without ignored targets the per-position mean is the loss itself.
-  np.testing.assert_allclose(per.mean(), losses.mce_loss(jnp.asarray(logits),
-                                                         jnp.asarray(targets)), rtol=1e-5)
+  np.testing.assert_allclose(per.mean(), mce(jnp.asarray(logits), jnp.asarray(targets)),
+                             rtol=1e-5)
 
 
 def test_bad_weighting_and_variant():
@@ -202,10 +210,10 @@ def uniform_loss_invariant_to_permuting_each_bag(case):
   # per-column averaging; without ignored entries the uniform loss must not change.
   if (targets != -100).all():
     for variant in ("mce", "alt"):
-      np.testing.assert_allclose(losses.mce_loss(logits, permuted, variant=variant),
-                                 losses.mce_loss(logits, targets, variant=variant), **TOLERANCE)
-  np.testing.assert_allclose(losses.mce_loss(logits, permuted, variant="alt"),
-                             losses.mce_loss(logits, targets, variant="alt"), **TOLERANCE)
+      np.testing.assert_allclose(mce(logits, permuted, variant=variant),
+                                 mce(logits, targets, variant=variant), **TOLERANCE)
+  np.testing.assert_allclose(mce(logits, permuted, variant="alt"),
+                             mce(logits, targets, variant="alt"), **TOLERANCE)
 
 
 @SETTINGS
@@ -217,15 +225,14 @@ def test_losses_are_finite_nonnegative_and_zero_when_all_ignored(case):
 def losses_are_finite_nonnegative_and_zero_when_all_ignored(case):
   logits, targets, _ = case
   for variant in ("mce", "alt"):
-    value, grad = jax.value_and_grad(lambda z: losses.mce_loss(z, targets,
-                                                               variant=variant))(logits)
+    value, grad = mce_value_and_grad(logits, targets, variant)
     # >= 0 up to float32 rounding (TOLERANCE): a bag holding the whole vocabulary gives -2e-7
     assert np.isfinite(value) and value >= -TOLERANCE["atol"] and np.all(np.isfinite(grad))
     if (targets == -100).all():
       assert value == 0
   # MCE-alt is never above MCE: -log sum p <= mean(-log p) over the same (distinct) bag.
   if (targets != -100).all() and targets.shape[1] == len(set(targets[0])) and len(targets) == 1:
-    assert losses.mce_loss(logits, targets, variant="alt") <= losses.mce_loss(logits, targets)
+    assert mce(logits, targets, variant="alt") <= mce(logits, targets)
 
 
 @SETTINGS
@@ -240,7 +247,7 @@ def s1_equals_cross_entropy(case):
   logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
   valid = targets[:, 0] != -100
   expect = -logp[valid, targets[valid, 0]].mean() if valid.any() else 0.0
-  np.testing.assert_allclose(losses.mce_loss(logits, targets), expect, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(mce(logits, targets), expect, rtol=1e-5, atol=1e-6)
 
 
 def test_the_near_zero_example_needs_the_absolute_tolerance():
