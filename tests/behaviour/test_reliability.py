@@ -61,7 +61,8 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
 
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+# One CPU device, as a user's run has; XLA:CPU at -O0 as in conftest.py: faster compiles.
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
 
 
 def _losses(workdir):
