@@ -157,7 +157,8 @@ def test_examples_name_their_field(picks, message):
     spec_lib.check(config).on_platform().check_devices(8)
 
 
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+# One CPU device, as a user's run has; XLA:CPU at -O0 as in conftest.py: faster compiles.
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
 
 
 def _main(*args, config=TINY_CONFIG):
