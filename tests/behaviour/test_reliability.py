@@ -125,10 +125,12 @@ def test_second_signal_exits_at_once():
   assert "exiting now" in result.stderr and "not reached" not in result.stdout
 
 
+# The in-process runs below share one config, tiny_config(steps=8), so that they share its
+# compiled programs too (the persistent compilation cache of conftest.py).
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
-  config = tiny_config(steps=4)
+  config = tiny_config(steps=8)
   cli.run(config, str(tmp_path))
-  latest = tmp_path / "checkpoints" / "4" / "state"
+  latest = tmp_path / "checkpoints" / "8" / "state"
   victims = [p for p in latest.rglob("*") if p.is_file() and p.stat().st_size > 64]
   for p in victims:                      # truncate the array data of the latest step
     with open(p, "r+b") as f:
@@ -136,14 +138,14 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   run = Setup.create(spec_lib.build(config), str(tmp_path))
   with caplog.at_level("WARNING", logger="tst_jax"):
     state, step = run.restore_or_init()
-  assert step == 2
-  assert "checkpoint 4" in caplog.text and "cannot be restored" in caplog.text
+  assert step == 6
+  assert "checkpoint 8" in caplog.text and "cannot be restored" in caplog.text
 
 
 def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
-  cli.run(tiny_config(steps=2), str(tmp_path))
+  cli.run(tiny_config(steps=8), str(tmp_path))
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-  wider = tiny_config(steps=2, model=dict(ffw_dim=96), train=dict(force_resume=True))
+  wider = tiny_config(steps=8, model=dict(ffw_dim=96), train=dict(force_resume=True))
   with pytest.raises(ValueError, match=r"params/blocks/ffw/\w+_proj/value has shape "
                                        r"\(2, (32, 64|64, 32)\) there but"):
     cli.run(wider, str(tmp_path))
