@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT
 
 nbformat = pytest.importorskip("nbformat")
@@ -31,11 +32,9 @@ def test_notebook_runs(name, tmp_path):
   assert nb.cells[1].source.lstrip().startswith("# Install tst-jax")
   assert any('TST_SMALL = os.environ.get("TST_SMALL", "0") == "1"' in c.source
              for c in nb.cells if c.cell_type == "code")
-  env = dict(os.environ, TST_SMALL="1", TST_WORKDIR=str(tmp_path / "runs"),
-             JAX_PLATFORMS="cpu")
   # conftest.py asks for 8 host devices; a notebook gets the one a laptop or Colab CPU has.
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if not f.startswith("--xla_force_host_platform_device_count"))
+  env = dict(subprocess_env.one_cpu_device(), TST_SMALL="1",
+             TST_WORKDIR=str(tmp_path / "runs"))
   client = nbclient.NotebookClient(nb, timeout=3 * BUDGET_S, kernel_name="python3",
                                    resources={"metadata": {"path": COLABS}})
   start, cpu_start = time.time(), _children_cpu_s()

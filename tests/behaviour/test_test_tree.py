@@ -28,8 +28,6 @@ ELSEWHERE = {
     "data/run_data.py": ["train/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
-    "models/layers.py": ["kernels/test_fp8.py", "convert/test_llama_hf.py"],
-    "models/llama.py": ["convert/test_llama_hf.py", "models/test_moe.py", "tools/test_sample.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
     "train/cli.py": ["train/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],

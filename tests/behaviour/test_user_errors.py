@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.fixtures.corpus import bad_files
 from tests.fixtures.fields import BASES, FIELDS
+from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
@@ -158,7 +159,7 @@ def test_examples_name_their_field(picks, message):
     spec_lib.check(config).on_platform().check_devices(8)
 
 
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+ENV = subprocess_env.one_cpu_device()
 
 
 def _main(*args, config=TINY_CONFIG):
@@ -166,7 +167,13 @@ def _main(*args, config=TINY_CONFIG):
                          *args], env=ENV, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("flag,message", [
+def _start_main(*args, config=TINY_CONFIG):
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "main.py"), "--config", config,
+                           *args], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+ONE_LINE_ERRORS = [
     ("--config.model.n_heads=3", "error: config.model.dim: 32 is not divisible by n_heads 3"),
     ("--config.tst.mode=bogus", "error: config.tst.mode: must be one of"),
     ("--config.loss.impl=foo", "error: config.loss.impl: must be one of"),
@@ -176,13 +183,31 @@ def _main(*args, config=TINY_CONFIG):
      "error: config.data.source: '/nonexistent/**/*.txt' matches no files"),
     ("--config.model.n_heads=abc", "error: flag --config.model.n_heads=abc"),
     ("--config.tst.nope=1", "error: --config.tst.nope: the config has no field 'nope'"),
-])
-def test_main_reports_one_line_and_exit_2(tmp_path, flag, message):
-  result = _main("--workdir", str(tmp_path / "run"), flag)
+]
+
+
+@pytest.fixture(scope="module")
+def one_line_runs(tmp_path_factory):
+  """Runs main.py with each flag of ONE_LINE_ERRORS, all at once: each run is mostly Python
+  start-up, which the processes share out over the cores. Returns {flag: (workdir, result)}."""
+  started = {}
+  for flag, _ in ONE_LINE_ERRORS:
+    workdir = tmp_path_factory.mktemp("one_line") / "run"
+    started[flag] = workdir, _start_main("--workdir", str(workdir), flag)
+  runs = {}
+  for flag, (workdir, proc) in started.items():
+    out, err = proc.communicate(timeout=300)
+    runs[flag] = workdir, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+  return runs
+
+
+@pytest.mark.parametrize("flag,message", ONE_LINE_ERRORS)
+def test_main_reports_one_line_and_exit_2(one_line_runs, flag, message):
+  workdir, result = one_line_runs[flag]
   assert result.returncode == 2, result.stderr
   assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
   assert result.stderr.startswith(message), result.stderr
-  assert not (tmp_path / "run").exists()
+  assert not workdir.exists()
 
 
 @pytest.mark.parametrize("name", ["truncated.jsonl.gz", "garbage.jsonl.zst", "text.parquet"])
@@ -256,6 +281,10 @@ def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
   checkpoint added (a tokens: store changed under a workdir: data/test_store.py)."""
   workdir = tmp_path / "run"
   args = ("--workdir", str(workdir), "--config.train.steps=2")
+  # Another store (prepared with another data.seed), its run beside the first on another core.
+  other = tmp_path / "other"
+  other_run = _start_main("--workdir", str(other), "--config.train.steps=2",
+                          "--config.data.seed=7")
   assert _main(*args).returncode == 0
   store = workdir / "data"
   shard = store / "train-00000.bin"
@@ -273,10 +302,9 @@ def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
   assert result.stderr.startswith(f"error: shard {shard} of the store {store} is missing")
   assert not shard.exists()
   shard.write_bytes(data)
-  # Another store in the workdir's place (prepared with another data.seed).
-  other = tmp_path / "other"
-  assert _main("--workdir", str(other), "--config.train.steps=2",
-               "--config.data.seed=7").returncode == 0
+  # Another store in the workdir's place.
+  other_run.communicate(timeout=300)
+  assert other_run.returncode == 0
   shutil.rmtree(store)
   shutil.copytree(other / "data", store)
   result = _main(*args)

@@ -2,8 +2,6 @@
 
 import json
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -11,58 +9,16 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+from tests.fixtures import hf_llama
+from tests.fixtures.hf_llama import (B, L, LLAMA3, SHAPE, hf_logits, make_hf, tokens,
+                                     tst_logits)
 from tst_jax import platform
 from tst_jax.convert import hf
-
-# Small GQA Llama: 4 heads / 2 kv heads, head_dim 16, non-default rope_theta.
-SHAPE = dict(vocab_size=301, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, rope_theta=12345.0,
-             rms_norm_eps=1e-5, max_position_embeddings=128)
-LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-              original_max_position_embeddings=64)   # wavelengths 6..24k: all three regimes
-B, L, S = 2, 12, 3
-
-
-def make_hf(seed=0, **kw):
-  """A float32 eager HF Llama with every weight random, norm scales around 1."""
-  torch.manual_seed(seed)
-  config = transformers.LlamaConfig(**{**SHAPE, **kw}, attn_implementation="eager")
-  model = transformers.LlamaForCausalLM(config).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-      else:
-        p.copy_(0.08 * torch.randn_like(p))
-  return model
-
-
-def hf_logits(model, tokens_BxL=None, embeds_BxLxD=None):
-  with torch.no_grad():
-    if embeds_BxLxD is not None:
-      return model(inputs_embeds=torch.from_numpy(embeds_BxLxD)).logits.numpy()
-    return model(torch.from_numpy(tokens_BxL).long()).logits.numpy()
-
-
-@nnx.jit
-def _forward(model, inputs):
-  return model(inputs)
-
-
-def tst_logits(model, inputs):
-  return np.asarray(_forward(model, jnp.asarray(inputs)))
-
-
-def tokens(shape, seed=1):
-  return np.random.default_rng(seed).integers(0, SHAPE["vocab_size"], shape, dtype=np.int32)
 
 
 @pytest.fixture(scope="module")
 def untied(tmp_path_factory):
-  model = make_hf()
-  path = tmp_path_factory.mktemp("untied")
-  model.save_pretrained(path)
-  return model, path, hf.from_hf(path)
+  return hf_llama.untied(tmp_path_factory)
 
 
 def test_logits_match_hf(untied):
@@ -71,14 +27,6 @@ def test_logits_match_hf(untied):
   assert not tst.cfg.tie_embeddings and tst.cfg.rope_scaling is None
   x = tokens((B, L))
   np.testing.assert_allclose(tst_logits(tst, x), hf_logits(model, x), atol=1e-4, rtol=0)
-
-
-def test_params_are_float32_and_named(untied):
-  _, _, tst = untied
-  state = nnx.state(tst, nnx.Param)
-  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state))
-  assert state["blocks"]["attn"]["q_proj"].get_metadata()["out_sharding"] == (
-      "layers", "embed", "heads", "head_dim")
 
 
 def test_to_hf_round_trip(untied, tmp_path):
@@ -135,26 +83,6 @@ def test_sharded_bfloat16_checkpoint(tmp_path):
   tst = hf.from_hf(tmp_path)
   x = tokens((B, L), seed=8)
   np.testing.assert_allclose(tst_logits(tst, x), hf_logits(model, x), atol=1e-4, rtol=0)
-
-
-def test_bags_only_change_the_embedding(untied):
-  """Bags [B, l, S] == tokens whose embedding is the mean of the bag's S embeddings."""
-  model, _, tst = untied
-  bags_BxlxS = tokens((B, L // S, S), seed=9)
-  table_VxD = np.asarray(tst.embed.table[...])
-  mean_BxlxD = table_VxD[bags_BxlxS].astype(np.float64).mean(axis=2).astype(np.float32)
-  # The same model, its first B*l rows replaced by the bag means, read by plain tokens
-  # (padded to length L to reuse the compiled [B, L] forward; causal, so the first l agree).
-  replaced = nnx.clone(tst)
-  n = B * (L // S)
-  replaced.embed.table[...] = jnp.asarray(table_VxD).at[:n].set(mean_BxlxD.reshape(n, -1))
-  ids_BxL = np.zeros((B, L), np.int32)
-  ids_BxL[:, :L // S] = np.arange(n).reshape(B, L // S)
-  bag_logits = tst_logits(tst, bags_BxlxS)
-  np.testing.assert_allclose(bag_logits, tst_logits(replaced, ids_BxL)[:, :L // S],
-                             atol=1e-5, rtol=0)
-  np.testing.assert_allclose(bag_logits, hf_logits(model, embeds_BxLxD=mean_BxlxD),
-                             atol=1e-4, rtol=0)
 
 
 def test_config_from_hf_without_weights():

@@ -1,59 +1,26 @@
 """FP8 linear layers (`model.matmul_precision=fp8`, tst_jax/kernels/fp8.py through qwix): one
-layer against a numpy quantize-dequantize reference (forward and both gradients) and within
-float8's rounding of the exact product; the model near the default but not equal to it; f8 in
-the decoder's linear matmuls only (not the superposed embedding, the attention scores, the LM
-head or the MCE loss); both phases train; a bad value or a missing qwix is a ConfigError."""
+einsum against a numpy quantize-dequantize reference, forward and both gradients; the model
+near the default but not equal to it; f8 in the decoder's linear matmuls only (not the
+superposed embedding, the attention scores, the LM head or the MCE loss); both phases train;
+a bad value or a missing qwix is a ConfigError."""
 
 import collections
 import sys
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
 
+from tests.fixtures.fp8 import E4M3, E5M2, LINEARS, needs_qwix, qdq, x_for
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
-from tst_jax.models import layers
 from tst_jax.train import cli, metrics as metrics_lib, sections, spec as spec_lib
 from tst_jax.train import step as step_lib
 
-needs_qwix = pytest.mark.skipif(fp8.unavailable() is not None, reason="qwix is not installed")
-E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
-# (einsum, the weight's shape): attention q (k, v alike) and o, the MLP's up (gate) and down.
-LINEARS = [("bld,dhg->blhg", (32, 4, 16)), ("blhg,hgd->bld", (4, 16, 32)),
-           ("bld,df->blf", (32, 48)), ("blf,fd->bld", (48, 32))]
-
-
-def _x_for(spec, w_shape, rng):
-  """Activations [2, 8, ...] whose trailing axes are the ones the weight contracts."""
-  x_subs, w_subs = spec.split("->")[0].split(",")
-  sizes = dict(zip(w_subs, w_shape), b=2, l=8)
-  return rng.normal(size=[sizes[c] for c in x_subs]).astype(np.float32)
-
-
-def _scale(a, qtype):
-  """Per-tensor absmax scale: the tensor's largest |value| lands on the type's largest."""
-  return np.float32(np.abs(a).max() / np.float32(ml_dtypes.finfo(qtype).max))
-
-
-def _qdq(a, qtype):
-  """The slow obvious FP8 round trip: scale, clip, round to qtype, back to float64."""
-  top = float(ml_dtypes.finfo(qtype).max)
-  scale = _scale(a, qtype)
-  return np.clip(a / scale, -top, top).astype(qtype).astype(np.float64) * np.float64(scale)
-
-
-def _rounding(a, qtype):
-  """A bound on |_qdq(a) - a| per element: half a unit in the last place (relative eps / 2
-  for normal numbers), and half the smallest subnormal step (times the scale) below them."""
-  info = ml_dtypes.finfo(qtype)
-  return (float(info.eps) / 2 * np.abs(a)
-          + float(info.smallest_subnormal) / 2 * float(_scale(a, qtype)))
 
 
 def _grads(spec):
@@ -71,41 +38,21 @@ def test_one_linear_layer_matches_a_numpy_fp8_reference(spec, w_shape):
   the cotangent to e5m2 the same way, times the forward's e4m3 operands. Agreement to float32
   rounding (the reference rounds the same numbers); jit and no-jit alike."""
   rng = np.random.default_rng(0)
-  x = _x_for(spec, w_shape, rng)
+  x = x_for(spec, w_shape, rng)
   w = (0.1 * rng.normal(size=w_shape)).astype(np.float32)
   mag = np.einsum(spec, np.abs(x).astype(np.float64), np.abs(w))     # the product's scale
   for fn in (fp8.einsum, jax.jit(fp8.einsum, static_argnums=0)):
     out, vjp = jax.vjp(lambda a, b: fn(spec, a, b), jnp.asarray(x), jnp.asarray(w))
     assert out.dtype == jnp.float32
-    np.testing.assert_array_less(np.abs(out - np.einsum(spec, _qdq(x, E4M3), _qdq(w, E4M3))),
+    np.testing.assert_array_less(np.abs(out - np.einsum(spec, qdq(x, E4M3), qdq(w, E4M3))),
                                  1e-6 * mag + 1e-30)
     g = rng.normal(size=out.shape).astype(np.float32)
     dx, dw = vjp(jnp.asarray(g))
     dx_of, dw_of = _grads(spec)
-    np.testing.assert_array_less(np.abs(dx - dx_of(_qdq(g, E5M2), _qdq(w, E4M3))),
+    np.testing.assert_array_less(np.abs(dx - dx_of(qdq(g, E5M2), qdq(w, E4M3))),
                                  1e-6 * dx_of(np.abs(g), np.abs(w)) + 1e-30)
-    np.testing.assert_array_less(np.abs(dw - dw_of(_qdq(x, E4M3), _qdq(g, E5M2))),
+    np.testing.assert_array_less(np.abs(dw - dw_of(qdq(x, E4M3), qdq(g, E5M2))),
                                  1e-6 * dw_of(np.abs(x), np.abs(g)) + 1e-30)
-
-
-@needs_qwix
-@pytest.mark.parametrize("spec,w_shape", LINEARS)
-def test_fp8_is_the_exact_product_up_to_float8_rounding_and_not_equal_to_it(spec, w_shape):
-  """|fp8 - exact| <= (|x| + ex) @ (|w| + ew) - |x| @ |w| with ex, ew the e4m3 rounding
-  bounds (~2^-4 relative): e4m3 precision propagated through the sum. And fp8 is applied:
-  the result is not the float32 einsum, which `linear(..., "default")` is bit for bit."""
-  rng = np.random.default_rng(1)
-  x = _x_for(spec, w_shape, rng)
-  w = (0.1 * rng.normal(size=w_shape)).astype(np.float32)
-  exact = np.einsum(spec, x.astype(np.float64), w)
-  ax, aw = np.abs(x).astype(np.float64), np.abs(w).astype(np.float64)
-  bound = np.einsum(spec, ax + _rounding(x, E4M3), aw + _rounding(w, E4M3)) - np.einsum(
-      spec, ax, aw)
-  out = np.asarray(layers.linear(spec, jnp.asarray(x), jnp.asarray(w), "fp8"))
-  np.testing.assert_array_less(np.abs(out - exact), bound * (1 + 1e-5))
-  default = layers.linear(spec, jnp.asarray(x), jnp.asarray(w), "default")
-  np.testing.assert_array_equal(default, jnp.einsum(spec, jnp.asarray(x), jnp.asarray(w)))
-  assert np.abs(out - default).max() > 1e-3 * np.abs(default).max()
 
 
 def _models():

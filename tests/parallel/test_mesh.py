@@ -95,7 +95,9 @@ def reference(tmp_path_factory):
     ((1, 8, 1, 1), "llama", 1, "naive"),
     ((2, 4, 1, 1), "llama", 2, "naive"),    # and 2 micro-batches of 8 rows, each sharded
     ((1, 4, 2, 1), "llama", 1, "xla"),      # the fused loss's shard_map, vocab over tensor
-    ((4, 1, 1, 2), "qwen3_moe", 1, "naive"),  # the experts' shard_map
+    # The experts' shard_map, compiled afresh (no_persistent_cache): the longest case, so
+    # slow; test_expert_parallel_shard_map_matches_one_device checks its values and gradients.
+    pytest.param((4, 1, 1, 2), "qwen3_moe", 1, "naive", marks=pytest.mark.slow),
 ], ids=["data8", "fsdp8", "data2_fsdp4_accum2", "fsdp4_tensor2_fused", "moe_data4_expert2"])
 def test_mesh_trains_like_one_device(mesh, family, grad_accum, loss_impl, reference, tmp_path,
                                      record_property, request):
