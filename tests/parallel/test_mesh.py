@@ -213,7 +213,7 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
 
 
 @pytest.mark.parametrize("mesh,batch,message", [
-    ((3, 1, 1, 1), 8, r"config.mesh .*'data': 3.*3 devices do not divide the 8 available"),
+    ((3, 1, 1, 1), 8, r"config.mesh: .*'data': 3.*3 devices do not divide the 8 available"),
     ((2, -1, 1, 1), 4, r"phase tst's 4 rows do not divide over the 8 batch shards of mesh "
                        r"axes \{'data': 2, 'fsdp': 4\}; use a multiple of 8"),
     ((-1, 1, 1, 1), 12, r"12 rows do not divide over the 8 batch shards"),

@@ -219,7 +219,7 @@ def _check_store_of_workdir(workdir: str, store, force: bool):
     saved = json.load(f)
   if saved["fingerprint"] != store.fingerprint:
     raise ConfigError(
-        f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
+        "--workdir", f"{workdir} was trained on the token store {saved['directory']} (fingerprint "
         f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
         "use another --workdir, or --config.train.force_resume=True to resume anyway")
 

@@ -62,8 +62,8 @@ class Checkpoints:
       return
     for name, shape in _leaf_shapes(abstract_state).items():
       if name in saved and saved[name] != shape:
-        raise ConfigError(f"checkpoint {step} in {self.directory} does not fit the model: "
-                         f"{name} has shape {saved[name]} there but {shape} in this config")
+        raise ConfigError("model", f"does not fit checkpoint {step} in {self.directory}: "
+                          f"{name} has shape {saved[name]} there but {shape} in this config")
 
   def wait(self):
     with self._write_faults():

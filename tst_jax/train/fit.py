@@ -40,7 +40,7 @@ DEFAULT_GPU_FRACTION = 0.75
 def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str]:
   """(bytes a step may use on one device of `accelerator`, how that was decided)."""
   if accelerator not in HBM_GB:
-    raise ConfigError(f"--accelerator: must be one of {tuple(HBM_GB)}, got {accelerator!r}")
+    raise ConfigError("--accelerator", f"must be one of {tuple(HBM_GB)}, got {accelerator!r}")
   hbm = HBM_GB[accelerator] * GB
   if accelerator.startswith("v"):
     return hbm, f"{HBM_GB[accelerator]} GB HBM"
@@ -48,7 +48,7 @@ def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str
   try:
     fraction = float(text)
   except ValueError:
-    raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: {text!r} is not a number") from None
+    raise ConfigError("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{text!r} is not a number") from None
   return hbm * fraction, (f"{HBM_GB[accelerator]} GB HBM x XLA_PYTHON_CLIENT_MEM_FRACTION "
                           f"{fraction:g}")
 
@@ -57,7 +57,7 @@ def mesh_devices(mesh_cfg) -> int:
   """Devices the fit check emulates: the product of the mesh axes, every one given."""
   sizes = [int(getattr(mesh_cfg, a)) for a in mesh_lib.MESH_AXES]
   if -1 in sizes:
-    raise ConfigError("config.mesh: give every axis for a fit check, e.g. "
+    raise ConfigError("mesh", "give every axis for a fit check, e.g. "
                       "--config.mesh.data=1 --config.mesh.fsdp=64 (the run's device count)")
   return math.prod(sizes)
 
@@ -66,7 +66,7 @@ def emulate_devices(n: int):
   """Before the backend starts: compile on `n` CPU devices (nothing runs on them)."""
   if xla_bridge.backends_are_initialized():
     if jax.device_count("cpu") < n:
-      raise ConfigError(f"config.mesh: a fit check on {n} devices needs them before JAX "
+      raise ConfigError("mesh", f"a fit check on {n} devices needs them before JAX "
                         f"starts; this process already has {jax.device_count('cpu')} CPU devices")
     return
   jax.config.update("jax_platforms", "cpu")

@@ -98,7 +98,8 @@ class Setup:
         continue
       self.check_data_of(step, meta)
       return state, step
-    raise ConfigError(f"no checkpoint in {self.checkpoints.directory} can be restored")
+    raise ConfigError("--workdir", f"no checkpoint in {self.checkpoints.directory} "
+                      "can be restored")
 
   def init_from_hf(self):
     """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
@@ -220,7 +221,7 @@ def _check_workdir_config(spec, workdir: str):
           if _comparable(k, saved[k]) != _comparable(k, getattr(spec, k))]
   if diff and not spec.train.force_resume:
     raise ConfigError(
-        f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
+        "--workdir", f"{workdir} holds a run of a different config (sections {diff} differ); "
         "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
