@@ -19,7 +19,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, models
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.setup import Setup
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 
 def test_non_finite_step_leaves_state_untouched():
@@ -65,7 +65,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir)
           if "loss" in r}
 
 
@@ -105,7 +105,7 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, sig, u
     assert "preempted: checkpoint of step" in out
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  steps = [r["step"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  steps = [r["step"] for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
   assert steps == list(range(1, 13))
 
 
@@ -196,6 +196,6 @@ def test_kill_during_the_phase_switch_checkpoint_resumes_into_phase_2(tmp_path, 
   assert "6" not in names and any(n.startswith("6.orbax-checkpoint-tmp") for n in names), names
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  phases = {r["step"]: r["phase"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
+  phases = {r["step"]: r["phase"] for r in workdir_lib.read_metrics(str(tmp_path))
             if "loss" in r}
   assert [phases[s] for s in range(1, 13)] == ["tst"] * 6 + ["ntp"] * 6

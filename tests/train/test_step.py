@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 
 def test_phase_flops_equal_in_compiled_cost_analysis():
@@ -38,6 +38,6 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
   for impl in ("naive", "xla"):
     workdir = tmp_path / impl
     cli.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
-    losses[impl] = [r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+    losses[impl] = [r["loss"] for r in workdir_lib.read_metrics(str(workdir))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)

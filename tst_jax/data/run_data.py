@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 import time
+from typing import Callable
 
 import jax
 import numpy as np
 
-from tst_jax import fileio, schema
+from tst_jax import schema
 from tst_jax.data import pipeline, prepare as prepare_lib, sources, tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
-from tst_jax.errors import ConfigError, DataError
-from tst_jax.parallel import distributed
-
-STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
+from tst_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,18 +88,19 @@ class RunData:
 
 
 def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
-                 force_resume: bool = False) -> RunData:
+                 check_store: Callable[[TokenStore], None] | None = None) -> RunData:
   """The run's token store (`tokens:DIR` read in place, any other source prepared once into
   <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
   Nothing here reads more of the store than the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process);
   `say`: prints what is done (reading, tokenizing: minutes to hours at scale);
-  `force_resume`: the workdir may have trained on another store. The caller has checked
-  the paths (`check_paths`).
+  `check_store`: refuses a store the workdir did not train on, before anything is copied
+  into the workdir. The caller has checked the paths (`check_paths`).
   """
   store = _open_store(d, workdir, model_vocab, say or (lambda text: None))
-  _check_store_of_workdir(workdir, store, force_resume)
+  if check_store is not None:
+    check_store(store)
   tokenizer = store.tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
@@ -115,10 +113,6 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
     raise ConfigError("data.val_fraction", f"the held-out split of {store.directory} has "
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
-  if distributed.is_primary():    # the store this workdir trains on, from now on
-    fileio.write_json(os.path.join(workdir, STORE_FILE),
-                      dict(fingerprint=store.fingerprint, directory=store.directory,
-                           train_tokens=len(store.train)), sort_keys=True)
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint)
 
@@ -159,22 +153,6 @@ def _store_dir(d: Data, workdir: str | None) -> str | None:
   return os.path.join(workdir, "data") if workdir else None
 
 
-def workdir_train_tokens(workdir: str) -> int | None:
-  """The training tokens of the store a run directory trained on (its store.json), None when
-  that is unknown (no store.json, or an old one whose store is gone)."""
-  path = os.path.join(workdir, STORE_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    saved = json.load(f)
-  if "train_tokens" in saved:
-    return saved["train_tokens"]
-  try:                     # written before store.json recorded it: the store's manifest
-    return len(TokenStore(saved["directory"]).train)
-  except DataError:
-    return None
-
-
 def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
   store of data.source prepared into <workdir>/data (reused when already there)."""
@@ -208,20 +186,6 @@ def _check_vocab(vocab_size: int, model_vocab: int, what: str):
   if vocab_size > model_vocab:
     raise ConfigError("model.vocab_size", f"the tokenizer of {what} has {vocab_size} "
                       f"tokens, more than the model's {model_vocab}")
-
-
-def _check_store_of_workdir(workdir: str, store, force: bool):
-  """Refuse to resume a workdir on another store than the one it was trained on."""
-  path = os.path.join(workdir, STORE_FILE)
-  if not os.path.exists(path) or force:
-    return
-  with open(path) as f:
-    saved = json.load(f)
-  if saved["fingerprint"] != store.fingerprint:
-    raise ConfigError(
-        "--workdir", f"{workdir} was trained on the token store {saved['directory']} (fingerprint "
-        f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
-        "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
 def store_request(d: Data, model_vocab: int) -> dict:

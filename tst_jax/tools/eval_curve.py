@@ -4,16 +4,13 @@ plan (plan.json; rebuilt from config.json for a run written before runs recorded
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
-import ml_collections
 import numpy as np
 
 from tst_jax import errors
-from tst_jax.data import run_data
-from tst_jax.train import spec as spec_lib
-from tst_jax.train.plan import Plan, PlanRecord
+from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.plan import Plan
 
 
 @dataclasses.dataclass
@@ -71,40 +68,16 @@ class EvalCurve:
     return sum(self.plan.passes(self.train_tokens)) if self.train_tokens else None
 
 
-def run_record(workdir: str, started: Plan | None = None) -> tuple[Plan, int | None]:
-  """(the run's plan, its store's training tokens or None), from its plan.json; for a run
-  that has not written one, the plan it was `started` with (a sweep's point), else its
-  config.json checked again (a run written before runs recorded their plan), and store.json."""
-  record = PlanRecord.read(workdir)
-  if record is not None:
-    return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
-                         else run_data.workdir_train_tokens(workdir))
-  return started or _plan_of_config(workdir), run_data.workdir_train_tokens(workdir)
-
-
-def _plan_of_config(workdir: str) -> Plan:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise errors.DataError(f"{workdir}: has no plan.json or config.json: give run directories "
-                           "of main.py")
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config.tst.weighting = "uniform"
-  return spec_lib.check(config).plan
-
-
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """A run directory of `main.py` -> its eval curve and plan; an unfinished run is an
   error."""
-  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+  if not os.path.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
-  plan, train_tokens = run_record(workdir)
+  plan, train_tokens = workdir_lib.plan_and_tokens(workdir)
   evals = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in filter(str.strip, f):
-      record = json.loads(line)
-      if "eval_loss" in record:
-        evals[record["step"]] = record      # the last line of a step wins (resumed runs)
+  for record in workdir_lib.read_metrics(workdir):
+    if "eval_loss" in record:
+      evals[record["step"]] = record      # the last line of a step wins (resumed runs)
   if not evals:
     raise errors.DataError(f"{workdir}/metrics.jsonl: has no eval lines: give runs that "
                            "reached their first eval")

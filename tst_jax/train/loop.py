@@ -24,6 +24,7 @@ from tst_jax.train.outlook import format_plan
 from tst_jax.train.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 from tst_jax.train.setup import Setup
+from tst_jax.train import workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 
@@ -38,7 +39,7 @@ def train(setup: Setup) -> dict:
                     bar=settings.progress_bar and sys.stdout.isatty())
   tokens = run_data.TrainTokens.of(setup.data.train)
   if primary:                         # <workdir>/plan.json, before the first step
-    PlanRecord(plan, tokens, setup.resolved).write(setup.workdir)
+    workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.resolved))
   console.print(format_plan(plan, setup.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary

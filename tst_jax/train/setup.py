@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, platform
+from tst_jax import platform
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
@@ -20,6 +20,7 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
+from tst_jax.train import workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
@@ -37,7 +38,7 @@ class Setup:
     self.abstract_state = ckpt_lib.abstract_with_shardings(steps.abstract, steps.shardings)
     handoffs = [p.first_step for p in spec.plan.phases[1:]]
     self.checkpoints = ckpt_lib.Checkpoints(
-        os.path.join(workdir, "checkpoints"), keep=spec.train.keep_checkpoints,
+        workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), keep=spec.train.keep_checkpoints,
         keep_steps=handoffs, every=spec.train.checkpoint_every)
     self._eval_step = jax.jit(step_lib.make_eval_step(steps.graphdef),
                               in_shardings=(steps.shardings.params, steps.batch_sharding))
@@ -59,8 +60,13 @@ class Setup:
     block = mesh_lib.process_batch_block(steps.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
-      data = run_data.prepare_data(spec.data, workdir, spec.model.vocab_size, block, say=say,
-                                   force_resume=spec.train.force_resume)
+      data = run_data.prepare_data(
+          spec.data, workdir, spec.model.vocab_size, block, say=say,
+          check_store=lambda store: workdir_lib.check_store(workdir, store,
+                                                            spec.train.force_resume))
+      if distributed.is_primary():   # the store this workdir trains on, from now on
+        workdir_lib.write_store(workdir, data.fingerprint, data.train.directory,
+                                len(data.train))
     passes = sum(spec.plan.passes(len(data.train)))
     if spec.train.max_passes and passes > spec.train.max_passes:
       raise ConfigError("train.max_passes", f"the run would read the {len(data.train):,} "
@@ -68,8 +74,8 @@ class Setup:
                         f"than {spec.train.max_passes:g}: give it fewer steps or a larger "
                         "train.max_passes, or more data in a new --workdir (this one keeps "
                         "its token store)")
-    if record:
-      _record_config(spec, workdir)
+    if record and distributed.is_primary():
+      workdir_lib.write_config(workdir, spec.to_json())
     return cls(spec, workdir, steps, data, block)
 
   @property
@@ -119,12 +125,11 @@ class Setup:
     """A checkpoint continues only on the token store it was trained on (its manifest's
     fingerprint is in the checkpoint's metadata)."""
     saved = meta.get("data_fingerprint")
-    if saved and saved != self.data.fingerprint and not self.spec.train.force_resume:
-      raise DataError(
-          f"{self.checkpoints.directory}/{step}: this checkpoint was trained on the token store "
-          f"with fingerprint {saved[:12]}, not on {self.data.train.directory} "
-          f"({self.data.fingerprint[:12]}): give data.source that store, or "
-          "--config.train.force_resume=True to continue on this one")
+    differs = saved and saved != self.data.fingerprint and (
+        f"fingerprint {saved[:12]} there, {self.data.train.directory} "
+        f"({self.data.fingerprint[:12]}) here")
+    workdir_lib.check_same_run(f"{self.checkpoints.directory}/{step}", "token store", differs,
+                               self.spec.train.force_resume)
 
   def save(self, state, step: int, *, force: bool = False):
     phase = self.plan.phase_at(max(step - 1, 0))
@@ -208,29 +213,20 @@ def _check_workdir_config(spec, workdir: str):
   """Refuse to resume a workdir of another config: its config.json read back through the
   sections' declarations (a run written before a field was added compares with that
   field's old value), the platform's own choices (platform.PLATFORM_FIELDS) aside."""
-  path = os.path.join(workdir, trained_run.CONFIG_FILE)
+  path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not os.path.exists(path):
     return
   try:
-    saved = trained_run.read_sections(workdir)
+    saved = workdir_lib.read_config(workdir)
   except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
   saved["seed"] = saved["run"].seed
   diff = [k for k in RESUME_KEYS
           if _comparable(k, saved[k]) != _comparable(k, getattr(spec, k))]
-  if diff and not spec.train.force_resume:
-    raise ConfigError(
-        "--workdir", f"{workdir} holds a run of a different config (sections {diff} differ); "
-        "use another --workdir, or --config.train.force_resume=True to resume anyway")
+  workdir_lib.check_same_run(workdir, "config", diff and f"sections {diff} differ",
+                             spec.train.force_resume)
 
 
 def _comparable(name: str, section):
   return platform.unresolved(section, name) if name in ("model", "loss") else section
-
-
-def _record_config(spec, workdir: str):
-  """config.json: the config this workdir trains with (`auto` fields as resolved here)."""
-  if distributed.is_primary():
-    fileio.write_json(os.path.join(workdir, trained_run.CONFIG_FILE), spec.to_json(),
-                      sort_keys=True)
