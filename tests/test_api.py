@@ -48,7 +48,7 @@ def test_the_example_loop_matches_the_trainer_step_for_step():
   ours = []
   for phase in run.plan.phases:
     train_step = jax.jit(step_lib.make_train_step(
-        graphdef, step_lib.loss_fn(phase, run.loss), tx, optax.constant_schedule(3e-3)))
+        graphdef, phase, run.loss, tx, optax.constant_schedule(3e-3)))
     for k in range(phase.first_step, phase.last_step):
       state, metrics = train_step(state, windows[k])
       ours.append(float(metrics["loss"]))

@@ -22,18 +22,21 @@ from tst_jax.train.setup import Setup
 from tst_jax.train import workdir as workdir_lib
 
 
-def test_non_finite_step_leaves_state_untouched():
+def test_non_finite_step_leaves_state_untouched(monkeypatch):
   config = tiny_config()
   model_cfg = models.model_config(config.model)
   tx, schedule = optim.make_optimizer(config.optimizer, 10)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   state = step_lib.init_fn(model_cfg, tx)(jax.random.key(0))
+  ntp = spec_lib.check(config).plan.phases[-1]
+  ntp_loss = step_lib.loss
 
-  def loss_of_window(model, window):   # NaN when the window's first token is 0
-    loss, aux = step_lib.ntp_loss_fn(config.loss)(model, window)
-    return jnp.where(window[0, 0] == 0, jnp.nan, loss), aux
+  def loss(model, window, phase, loss_cfg):   # NaN when the window's first token is 0
+    value, aux = ntp_loss(model, window, phase, loss_cfg)
+    return jnp.where(window[0, 0] == 0, jnp.nan, value), aux
 
-  train_step = jax.jit(step_lib.make_train_step(graphdef, loss_of_window, tx, schedule))
+  monkeypatch.setattr(step_lib, "loss", loss)
+  train_step = jax.jit(step_lib.make_train_step(graphdef, ntp, config.loss, tx, schedule))
   good = jax.random.randint(jax.random.key(1), (4, 17), 1, 512)
   state, _ = train_step(state, good)           # step 0 has lr 0 (warmup): move past it
   bad = good.at[0, 0].set(0)

@@ -89,13 +89,13 @@ def _apply(config, picks) -> bool:
 def _build_and_trace(spec):
   """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
-  steps = step_lib.StepBuilder.of(spec)
-  steps.check()
+  trainer = step_lib.Trainer.of(spec)
+  trainer.check()
   for phase in spec.plan.phases:
     train_step = step_lib.make_train_step(
-        steps.graphdef, step_lib.loss_fn(phase, spec.loss), steps.tx, steps.schedule,
+        trainer.graphdef, phase, spec.loss, trainer.tx, trainer.schedule,
         spec.optimizer.grad_accum)
-    jax.eval_shape(train_step, steps.abstract,
+    jax.eval_shape(train_step, trainer.abstract,
                    jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
 
 

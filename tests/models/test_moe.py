@@ -256,12 +256,12 @@ def test_gmm_train_step_has_no_float_row_scatters():
   config.model.expert_impl = "gmm"
   spec = spec_lib.build(config)
   phase = next(p for p in spec.plan.phases if p.name == "ntp")
-  steps = step_lib.StepBuilder.of(spec, jax.devices()[:1])
+  trainer = step_lib.Trainer.of(spec, jax.devices()[:1])
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       steps.abstract, steps.shardings)
+                       trainer.abstract, trainer.shardings)
   window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
-                                sharding=steps.batch_sharding)
-  hlo = steps.train_step(phase).lower(state, window).compile().as_text()
+                                sharding=trainer.batch_sharding)
+  hlo = trainer.train_step(phase).lower(state, window).compile().as_text()
   assert _float_row_scatters(hlo, spec.model.dim) == []
   embedding = [line for line in hlo.splitlines() if re.search(r"\sscatter\(", line)
                and "(embed)" in line and f"[{spec.model.vocab_size},{spec.model.dim}]" in line]

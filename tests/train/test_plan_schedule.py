@@ -83,9 +83,9 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   written = (tmp_path / "plan.json").read_text()
   setup = Setup.create(spec_lib.build(config), str(tmp_path))
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
-    phase = setup.plan.phase_at(step)
+    phase = setup.spec.plan.phase_at(step)
     state, _ = setup.checkpoints.restore(step, setup.abstract_state)
-    model = nnx.merge(setup.steps.graphdef, state.params)
+    model = nnx.merge(setup.trainer.graphdef, state.params)
     window = np.asarray(jax.device_get(next(setup.batches(phase, step))))
     want = written_out_loss(model, window, phase.bag_size)
     np.testing.assert_allclose(logged[step + 1]["loss"], want, rtol=2e-5, err_msg=f"{step}")

@@ -2,7 +2,7 @@
 
 `python main.py --config configs/llama_3b.py --mode plan --config.mesh.fsdp=64
 --accelerator=b200` builds the run's mesh over that many (CPU) devices, lowers and compiles the
-same jitted train step the loop runs (`step.make_train_step` + `step.JitStep`) from abstract
+same jitted train step the loop runs (`step.Trainer.train_step`) from abstract
 arrays (`jax.ShapeDtypeStruct` with shardings: nothing is allocated), and prints per device:
 parameters and optimizer state (exact, from the shapes and shardings), the activations the
 backward pass keeps at the config's remat (exact, the residuals JAX saves, over the batch
@@ -87,7 +87,7 @@ def _shard_bytes(abstract_tree, shardings) -> int:
   return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, specs))
 
 
-def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
+def activation_bytes(graphdef, params, phase, loss_cfg, window, batch_shards: int,
                      flash_len: int = 0) -> int:
   """Bytes per device of what the backward pass keeps from the forward (remat decides), from
   JAX's saved residuals; those with a batch axis split over the batch shards (only: with
@@ -96,7 +96,7 @@ def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int
   softmax statistics: residuals with two axes of that length are left out (the statistics,
   [layers, B, H, L] float32, are small and counted)."""
   def loss(params, window):
-    return loss_of_window(nnx.merge(graphdef, params), window)[0]
+    return step_lib.loss(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
   rows = window.shape[0]
   total = 0
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
@@ -221,18 +221,17 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
   plan = spec.plan
   n = mesh_devices(spec.mesh)
   model_cfg = spec.model
-  steps = step_lib.StepBuilder.of(spec, list(devices or jax.devices()[:n]))
-  steps.check()
-  graphdef, abstract, shardings = steps.graphdef, steps.abstract, steps.shardings
-  batch_sharding, mesh, params = steps.batch_sharding, steps.mesh, abstract.params
+  trainer = step_lib.Trainer.of(spec, list(devices or jax.devices()[:n]))
+  trainer.check()
+  graphdef, abstract, shardings = trainer.graphdef, trainer.abstract, trainer.shardings
+  batch_sharding, mesh, params = trainer.batch_sharding, trainer.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)
   accum = spec.optimizer.grad_accum
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        abstract, shardings)
   results = []
   for phase in plan.phases:
-    loss_of_window = step_lib.loss_fn(phase, spec.loss)
-    step = steps.train_step(phase)
+    step = trainer.train_step(phase)
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()
@@ -242,14 +241,14 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
-        activation_bytes(graphdef, params, loss_of_window, micro, shards,
+        activation_bytes(graphdef, params, phase, spec.loss, micro, shards,
                          flash and phase.latent_seq_len),
         int(memory.temp_size_in_bytes),
         int(memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
   full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
-  full_activations = max(activation_bytes(full_graphdef, params, step_lib.loss_fn(p, spec.loss),
+  full_activations = max(activation_bytes(full_graphdef, params, p, spec.loss,
                                           jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
                                                                jnp.int32), shards,
                                           flash and p.latent_seq_len)

@@ -30,17 +30,17 @@ log = logging.getLogger("tst_jax")
 
 
 def train(setup: Setup) -> dict:
-  """Trains the phases of `setup.plan` from the latest checkpoint (or step 0) to the end; returns
+  """Trains the run's phases from the latest checkpoint (or step 0) to the end; returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
-  settings, plan = setup.spec.train, setup.plan
+  settings, plan = setup.spec.train, setup.spec.plan
   state, start = setup.restore_or_init()
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=settings.progress_bar and sys.stdout.isatty())
   tokens = run_data.TrainTokens.of(setup.data.train)
   if primary:                         # <workdir>/plan.json, before the first step
-    workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.resolved))
-  console.print(format_plan(plan, setup.resolved, with_json=False, tokens=tokens) if start == 0
+    workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.spec.resolved))
+  console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
@@ -53,7 +53,8 @@ def train(setup: Setup) -> dict:
         continue
       if phase.first_step > 0 and start == phase.first_step:
         state = setup.handoff(state, phase, console)
-      train_step, batches = setup.train_step(phase), setup.batches(phase, max(start, phase.first_step))
+      train_step = setup.trainer.train_step(phase)
+      batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = train_step(state, next(batches))
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
@@ -74,7 +75,7 @@ def train(setup: Setup) -> dict:
     summary = metrics_lib.summarize(
         setup.workdir, plan, setup.evaluate(state.params), write=primary,
         unigram_entropy=setup.data.unigram_entropy, seconds_this_session=time.time() - t0,
-        resolved=setup.resolved.to_json())
+        resolved=setup.spec.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
     console.final(summary, setup.workdir, setup.spec.reference)
     return summary

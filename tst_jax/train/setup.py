@@ -1,4 +1,4 @@
-"""What a run builds before its first step: the steps' builder, the workdir (its config.json
+"""What a run builds before its first step: the Trainer of its steps, the workdir (its config.json
 checked against the run's), the token store and the checkpoints; and what the loop asks of
 them (restore or init, batches, the phase switch, save, evaluate)."""
 
@@ -28,36 +28,36 @@ RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 
 class Setup:
-  """What a run builds once, before its first step (`Setup.create`): the steps' builder
-  (mesh, optimizer, model graph, shardings), its data and its checkpoints."""
+  """What a run builds once, before its first step (`Setup.create`): the Trainer of its
+  steps (mesh, optimizer, model graph, shardings), its data and its checkpoints."""
 
-  def __init__(self, spec: spec_lib.RunSpec, workdir: str, steps: step_lib.StepBuilder,
+  def __init__(self, spec: spec_lib.RunSpec, workdir: str, trainer: step_lib.Trainer,
                data: run_data.RunData, data_block: tuple[int, int]):
-    self.spec, self.workdir, self.steps, self.data = spec, workdir, steps, data
+    self.spec, self.workdir, self.trainer, self.data = spec, workdir, trainer, data
     self.data_block = data_block          # (index, count): the batch rows this process loads
-    self.abstract_state = ckpt_lib.abstract_with_shardings(steps.abstract, steps.shardings)
+    self.abstract_state = ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings)
     handoffs = [p.first_step for p in spec.plan.phases[1:]]
     self.checkpoints = ckpt_lib.Checkpoints(
         workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), keep=spec.train.keep_checkpoints,
         keep_steps=handoffs, every=spec.train.checkpoint_every)
-    self._eval_step = jax.jit(step_lib.make_eval_step(steps.graphdef),
-                              in_shardings=(steps.shardings.params, steps.batch_sharding))
+    self._eval_step = jax.jit(step_lib.make_eval_step(trainer.graphdef),
+                              in_shardings=(trainer.shardings.params, trainer.batch_sharding))
 
   @classmethod
   def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,
              record: bool = True) -> Setup:
-    """In order: the steps' builder (checked against the mesh), the workdir (a run of
+    """In order: the Trainer (checked against the mesh), the workdir (a run of
     another config refused), the token store (prepared once, by process 0) with this
     process's rows and its passes (train.max_passes), then, with `record` (training, not an
     eval), the workdir's config.json."""
     if spec.resolved is None:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
-    steps = step_lib.StepBuilder.of(spec, devices)
-    steps.check()
+    trainer = step_lib.Trainer.of(spec, devices)
+    trainer.check()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     _check_workdir_config(spec, workdir)
-    block = mesh_lib.process_batch_block(steps.batch_sharding)
+    block = mesh_lib.process_batch_block(trainer.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       data = run_data.prepare_data(
@@ -76,24 +76,16 @@ class Setup:
                         "its token store)")
     if record and distributed.is_primary():
       workdir_lib.write_config(workdir, spec.to_json())
-    return cls(spec, workdir, steps, data, block)
-
-  @property
-  def plan(self):
-    return self.spec.plan
-
-  @property
-  def resolved(self):
-    return self.spec.resolved
+    return cls(spec, workdir, trainer, data, block)
 
   def restore_or_init(self):
     """(state, step): the latest checkpoint that restores, or a fresh sharded init at step 0
     (the weights of config.init_from_hf when set)."""
     latest = self.checkpoints.latest_step()
-    if latest is None and self.spec.init_from_hf:
+    if latest is None and self.spec.run.init_from_hf:
       return self.init_from_hf(), 0
     if latest is None:
-      return self.steps.init_state(self.spec.seed), 0
+      return self.trainer.init_state(self.spec.run.seed), 0
     for step in sorted(self.checkpoints.all_steps(), reverse=True):
       self.checkpoints.check_shapes(step, self.abstract_state)
       try:
@@ -111,15 +103,15 @@ class Setup:
     """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
     (sharded as the run's state), with a fresh optimizer state."""
     try:
-      host = trained_run.hf_params(self.spec.init_from_hf, self.spec.model, self.spec.family)
+      host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
       raise ConfigError("init_from_hf", f"{e}") from e
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-        host, self.steps.shardings.params)
-    with axis_rules(self.steps.mesh, self.spec.rules):
-      return jax.jit(lambda p: step_lib.fresh_state(p, self.steps.tx),
-                     out_shardings=self.steps.shardings)(params)
+        host, self.trainer.shardings.params)
+    with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
+      return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
+                     out_shardings=self.trainer.shardings)(params)
 
   def check_data_of(self, step: int, meta: dict):
     """A checkpoint continues only on the token store it was trained on (its manifest's
@@ -132,9 +124,9 @@ class Setup:
                                self.spec.train.force_resume)
 
   def save(self, state, step: int, *, force: bool = False):
-    phase = self.plan.phase_at(max(step - 1, 0))
+    phase = self.spec.plan.phase_at(max(step - 1, 0))
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
-                data_start_pos=self.plan.data_start(phase), window=phase.window,
+                data_start_pos=self.spec.plan.data_start(phase), window=phase.window,
                 data_fingerprint=self.data.fingerprint)
     self.checkpoints.save(step, state, meta, force=force)
 
@@ -142,17 +134,13 @@ class Setup:
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
     iterator = data_lib.make_batches(
         self.data.train, batch_size=phase.batch_size, window=phase.window,
-        start_pos=self.plan.data_start(phase), seed=self.spec.seed, num_batches=phase.steps,
-        process_index=self.data_block[0], process_count=self.data_block[1])
+        start_pos=self.spec.plan.data_start(phase), seed=self.spec.run.seed,
+        num_batches=phase.steps, process_index=self.data_block[0], process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
     for local in iterator:
-      yield jax.make_array_from_process_local_data(self.steps.batch_sharding, local,
+      yield jax.make_array_from_process_local_data(self.trainer.batch_sharding, local,
                                                    (phase.batch_size, phase.window))
-
-  def train_step(self, phase):
-    """The jitted train step of `phase`, its loss built from the phase's own settings."""
-    return self.steps.train_step(phase)
 
   def handoff(self, state, phase, console):
     """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
@@ -170,7 +158,7 @@ class Setup:
   def reinit_embedding_and_head(self, state):
     """The paper's randomisation ablation: fresh embedding and LM head (and their Adam
     moments) at the start of phase 2."""
-    fresh = self.steps.init_state(self.spec.seed + 1)
+    fresh = self.trainer.init_state(self.spec.run.seed + 1)
     return state.replace(params=sp.switch_to_next_token(state.params, fresh.params),
                          opt_state=sp.switch_to_next_token(state.opt_state, fresh.opt_state))
 
@@ -179,8 +167,8 @@ class Setup:
     total, count = 0.0, 0.0
     for window in self.data.eval_windows:
       batch = jax.make_array_from_process_local_data(
-          self.steps.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
-      with axis_rules(self.steps.mesh, self.spec.rules):
+          self.trainer.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
+      with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
         s, n = self._eval_step(params, batch)
       total, count = total + float(s), count + float(n)
     return total / max(count, 1.0)
@@ -222,8 +210,8 @@ def _check_workdir_config(spec, workdir: str):
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
   saved["seed"] = saved["run"].seed
-  diff = [k for k in RESUME_KEYS
-          if _comparable(k, saved[k]) != _comparable(k, getattr(spec, k))]
+  ours = {k: spec.run.seed if k == "seed" else getattr(spec, k) for k in RESUME_KEYS}
+  diff = [k for k in RESUME_KEYS if _comparable(k, saved[k]) != _comparable(k, ours[k])]
   workdir_lib.check_same_run(workdir, "config", diff and f"sections {diff} differ",
                              spec.train.force_resume)
 
