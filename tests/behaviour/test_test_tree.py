@@ -22,6 +22,7 @@ NAMED_FOR_A_PART = {
 ELSEWHERE = {
     "errors.py": ["behaviour/test_user_errors.py"],
     "convert/hf.py": ["convert/test_llama_hf.py", "convert/test_qwen3_moe_hf.py"],
+    "convert/reading.py": ["convert/test_llama_hf.py"],
     "data/prepare.py": ["data/test_store.py", "tools/test_sweep.py"],
     "data/run_data.py": ["train/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],

@@ -12,7 +12,8 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from tst_jax import platform
-from tst_jax.convert import hf
+from tst_jax.convert import hf, reading
+from tst_jax.models import llama
 
 # Small GQA Llama: 4 heads / 2 kv heads, head_dim 16, non-default rope_theta.
 SHAPE = dict(vocab_size=301, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -213,6 +214,8 @@ def test_mis_shaped_and_missing_tensors(untied, tmp_path):
   _copy_checkpoint(src, tmp_path / "missing", lambda t: t.pop("model.norm.weight"))
   with pytest.raises(ValueError, match=r"missing tensor 'model.norm.weight'"):
     hf.from_hf(tmp_path / "missing")
+  with pytest.raises(ValueError, match=r"unknown LlamaConfig overrides \['bogus'\]"):
+    reading.make_config(llama.LlamaConfig, {}, {"bogus": 1})
 
   def add_bias(t):
     t["model.layers.0.self_attn.q_proj.bias"] = np.zeros((64,), np.float32)

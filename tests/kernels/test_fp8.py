@@ -110,8 +110,8 @@ def test_fp8_is_the_exact_product_up_to_float8_rounding_and_not_equal_to_it(spec
 
 def _models():
   """The tiny Llama in bfloat16 with default and with fp8 matmuls, the same parameters."""
-  base, quant = (models.build(spec_lib.check(tiny_config(model=dict(
-      dtype="bfloat16", matmul_precision=p))).model, nnx.Rngs(0)) for p in ("default", "fp8"))
+  base, quant = (spec_lib.check(tiny_config(model=dict(
+      dtype="bfloat16", matmul_precision=p))).model.build(nnx.Rngs(0)) for p in ("default", "fp8"))
   nnx.update(quant, nnx.state(base, nnx.Param))
   return base, quant
 

@@ -59,7 +59,7 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
   assert (tst.bag_size, tst.mode, tst.weighting, tst.variant) == (4, "full", "exponential",
                                                                   "alt")
   assert tst.window - 1 == tst.bag_size * tst.latent_seq_len
-  model = models.build(spec_lib.check(config).model, nnx.Rngs(0))
+  model = spec_lib.check(config).model.build(nnx.Rngs(0))
   window = np.asarray(jax.random.randint(jax.random.key(1), (2, tst.window), 0, 512))
   loss, _ = step_lib.loss(model, window, tst, config.loss)
   inputs, targets = sp.fold(window[:, :-1], 4), sp.bag_targets(window[:, 1:], 4)

@@ -73,10 +73,10 @@ def emulate_devices(n: int):
   jax.config.update("jax_num_cpu_devices", n)
 
 
-def layer_param_bytes(model_cfg) -> int:
+def layer_param_bytes(model_cfg: models.ModelConfig) -> int:
   """Bytes of one decoder layer's float32 parameters (the mean layer: a MoE's sparse layers
   are larger): all parameters but the embedding, the head and the final norm, over layers."""
-  total, _ = models.module_for(model_cfg).param_counts(model_cfg)
+  total, _ = model_cfg.param_counts()
   io = model_cfg.vocab_size * model_cfg.dim * (1 if model_cfg.tie_embeddings else 2)
   return 4 * (total - io - model_cfg.dim) // model_cfg.n_layers
 

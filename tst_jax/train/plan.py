@@ -202,17 +202,17 @@ class Plan:
                record.get("ratio", tst_share))
 
 
-def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -> Plan:
+def make_plan(model_cfg: models.ModelConfig, tst, seq_len: int, batch_size: int,
+              total_steps: int) -> Plan:
   """Phases of a run of `total_steps` (T) from the model's config dataclass, the tst section
   (checked) and the data's L and B. r = 0 or S = 1 is the baseline."""
-  family = models.module_for(model_cfg)
-  total, active = family.param_counts(model_cfg)
+  total, active = model_cfg.param_counts()
   seq, batch = seq_len, batch_size
   steps_total = total_steps
   tst_steps = round(tst.ratio * steps_total) if tst.bag_size > 1 else 0
 
   def phase(name, first, steps, bag, mode, latent, rows):
-    flops = family.flops_per_token(model_cfg, latent) * latent * rows
+    flops = model_cfg.flops_per_token(latent) * latent * rows
     loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
     return Phase(name, first, steps, bag, mode, latent, rows, flops, **loss)
 

@@ -105,7 +105,7 @@ def help_text() -> str:
             f"{tuple(models.FAMILIES)} (base_config(family, preset) sets it with a preset)"]
   for family in models.FAMILIES:
     lines += ["", f"model (family {family}; a preset gives the sizes):"]
-    lines += schema.help_lines(models.family_module(family).CONFIG_CLS, "model")
+    lines += schema.help_lines(models.FAMILIES[family].config, "model")
   for name, cls in SECTIONS.items():
     lines += ["", cls.__doc__.splitlines()[0]] + schema.help_lines(cls, name)
   return "\n".join(lines)

@@ -32,9 +32,9 @@ class TrainState:
   opt_state: optax.OptState
 
 
-def abstract_model(model_cfg):
+def abstract_model(model_cfg: models.ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
   """The model's graph and parameter shapes, without allocating anything."""
-  abstract = nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))
   return nnx.split(abstract, nnx.Param)
 
 
@@ -43,14 +43,14 @@ def fresh_state(params, tx) -> TrainState:
   return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
 
-def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
+def init_fn(model_cfg: models.ModelConfig, tx) -> Callable[[jax.Array], TrainState]:
   def init(key):
-    model = models.build(model_cfg, nnx.Rngs(params=key))
+    model = model_cfg.build(nnx.Rngs(params=key))
     return fresh_state(nnx.split(model, nnx.Param)[1], tx)
   return init
 
 
-def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
+def abstract_state(model_cfg: models.ModelConfig, tx) -> tuple[nnx.GraphDef, TrainState]:
   """(the model's graph, the abstract TrainState) from one abstract build of the model:
   nothing allocated, nothing compiled."""
   graphdef, params = abstract_model(model_cfg)
