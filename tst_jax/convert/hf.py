@@ -1,9 +1,10 @@
 """Hugging Face checkpoints (config.json + safetensors) <-> tst_jax models, per model family.
 
 `from_hf(path)` reads `config.json`, picks the family's converter by `model_type` in
-`CONVERTERS`, whose names are the model families', and loads `model.safetensors` (or the shards of `model.safetensors.index.json`); `to_hf(model,
-path)` writes `config.json` and one float32 `model.safetensors`. Parameters are always float32;
-`dtype` is the compute dtype of the tst_jax model.
+`CONVERTERS`, whose names are the model families', and loads `model.safetensors` or the
+shards of `model.safetensors.index.json`; `to_hf(model, path)` writes `config.json` and one
+float32 `model.safetensors`. Parameters are always float32; `dtype` is the compute dtype of
+the tst_jax model.
 
 A converter module, registered in `CONVERTERS`, provides the functions below. The model is
 built by its config, `cfg.build(rngs)`, and keeps its config as `.cfg`.
