@@ -84,7 +84,7 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   setup = Setup.create(spec_lib.build(config), str(tmp_path))
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
     phase = setup.spec.plan.phase_at(step)
-    state, _ = setup.checkpoints.restore(step, setup.abstract_state)
+    state, _ = setup.checkpoints.restore(step, setup.checkpoints.abstract_state)
     model = nnx.merge(setup.trainer.graphdef, state.params)
     window = np.asarray(jax.device_get(next(setup.batches(phase, step))))
     want = written_out_loss(model, window, phase.bag_size)

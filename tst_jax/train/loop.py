@@ -20,6 +20,7 @@ from tst_jax.data import run_data
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.console import Console
+from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
 from tst_jax.train.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
@@ -52,7 +53,7 @@ def train(setup: Setup) -> dict:
       if start >= phase.last_step:
         continue
       if phase.first_step > 0 and start == phase.first_step:
-        state = setup.handoff(state, phase, console)
+        state = handoff(state, phase, setup.checkpoints, setup.trainer, console)
       train_step = setup.trainer.train_step(phase)
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
@@ -65,7 +66,7 @@ def train(setup: Setup) -> dict:
           writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done)))
           console.eval(done, loss)
         stop = guard.should_stop(done)                # agreed by every process
-        setup.save(state, done, force=stop or done == phase.last_step)
+        setup.checkpoints.save_step(state, done, force=stop or done == phase.last_step)
         if stop:
           step_log.flush()
           raise Preempted(done)
