@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -12,6 +13,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.spec import RunSpec
 
 log = logging.getLogger("tst_jax")
 
@@ -103,7 +105,7 @@ class RunCheckpoints(Checkpoints):
   """A run's checkpoints: each step saved with its phase, data position and token store, and
   the latest one that restores, on the store it was trained on."""
 
-  def __init__(self, directory: str, spec, fingerprint: str, store_directory: str,
+  def __init__(self, directory: str, spec: RunSpec, fingerprint: str, store_directory: str,
                abstract_state):
     super().__init__(directory, keep=spec.train.keep_checkpoints,
                      keep_steps=[p.first_step for p in spec.plan.phases[1:]],
@@ -120,7 +122,7 @@ class RunCheckpoints(Checkpoints):
                 data_fingerprint=self.fingerprint)
     return self.save(step, state, meta, force=force)
 
-  def restore_latest(self):
+  def restore_latest(self) -> tuple[Any, int] | None:
     """Returns (state, step) of the latest checkpoint that restores, None where there is none;
     a truncated or corrupted step falls back to the one before."""
     if self.latest_step() is None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from tst_jax import superposition as sp
 from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
+from tst_jax.train.console import Console
+from tst_jax.train.plan import Phase
 
 
-def handoff(state: step_lib.TrainState, phase, checkpoints: ckpt_lib.RunCheckpoints,
-            trainer: step_lib.Trainer, console) -> step_lib.TrainState:
+def handoff(state: step_lib.TrainState, phase: Phase, checkpoints: ckpt_lib.RunCheckpoints,
+            trainer: step_lib.Trainer, console: Console) -> step_lib.TrainState:
   """Returns the state `phase` starts from: `state` saved, then restored with its optimizer
   state, step and data position, with a fresh embedding and head where tst.reinit_at_switch
   asks for them at the switch to ntp."""

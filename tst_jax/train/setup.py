@@ -74,7 +74,7 @@ class Setup:
       workdir_lib.write_config(workdir, spec.to_json())
     return cls(spec, workdir, trainer, data, block)
 
-  def restore_or_init(self):
+  def restore_or_init(self) -> tuple[step_lib.TrainState, int]:
     """Returns (state, step): the latest checkpoint that restores, else a fresh sharded init
     at step 0, holding the weights of config.init_from_hf when set."""
     restored = self.checkpoints.restore_latest()
@@ -84,7 +84,7 @@ class Setup:
       return self.init_from_hf(), 0
     return self.trainer.init_state(self.spec.run.seed), 0
 
-  def init_from_hf(self):
+  def init_from_hf(self) -> step_lib.TrainState:
     """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
     (sharded as the run's state), with a fresh optimizer state."""
     try:

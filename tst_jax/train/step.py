@@ -23,6 +23,9 @@ from tst_jax import superposition as sp
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules, constrain
 from tst_jax.train import optim
+from tst_jax.train.plan import Phase
+from tst_jax.train.sections import Loss
+from tst_jax.train.spec import RunSpec
 
 
 @flax.struct.dataclass
@@ -74,7 +77,8 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
                                 variant=variant, impl=loss_cfg.impl)
 
 
-def loss(model, window_BxW, phase, loss_cfg):
+def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase,
+         loss_cfg: Loss) -> tuple[jax.Array, Any]:
   """Returns (loss, aux) of a window in `phase`: superposed inputs and the MCE in tst, the
   ordinary next-token loss in ntp, where no superposition code runs."""
   if not phase.is_tst:
@@ -90,8 +94,9 @@ def loss(model, window_BxW, phase, loss_cfg):
   return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, **weighting), aux
 
 
-def make_train_step(graphdef, phase, loss_cfg, tx, schedule, grad_accum: int = 1,
-                    mesh_rules: tuple | None = None):
+def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
+                    tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1,
+                    mesh_rules: tuple | None = None) -> Callable:
   """Returns train_step(state, window) -> (state, metrics) of `phase`; grads accumulated over
   micro-batches, traced under `mesh_rules`, a (mesh, logical axis rules) pair, where given."""
 
@@ -155,7 +160,7 @@ class Trainer:
   checked spec with nothing allocated: the mesh, the optimizer and its schedule, the model
   graph, the abstract TrainState and its shardings, the batch sharding. The run's Setup,
   the fit check and the step benchmark all build their steps with one."""
-  spec: Any
+  spec: RunSpec
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: Callable
@@ -192,7 +197,7 @@ class Trainer:
                          f"the eval batch's {self.spec.data.batch_size} rows")
     mesh_lib.check_divisible(self.abstract.params, self.shardings.params)
 
-  def train_step(self, phase):
+  def train_step(self, phase: Phase) -> Callable:
     """Returns the jitted train step of `phase`, with explicit shardings and the state donated."""
     step = make_train_step(self.graphdef, phase, self.spec.loss, self.tx, self.schedule,
                            self.spec.optimizer.grad_accum,
