@@ -56,6 +56,7 @@ def read_config(workdir: str) -> dict:
 
 
 def write_plan(workdir: str, record: PlanRecord):
+  """Writes plan.json, as the run starts and again on each resume."""
   fileio.write_json(path(workdir, PLAN), record.to_json())
 
 
@@ -91,6 +92,7 @@ def final_eval(workdir: str, steps: int) -> float | None:
 
 
 def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: int):
+  """Writes store.json: the token store the run trains on from now on."""
   fileio.write_json(path(workdir, STORE), dict(fingerprint=fingerprint, directory=directory,
                                                train_tokens=train_tokens), sort_keys=True)
 
@@ -101,6 +103,7 @@ def read_store(workdir: str) -> dict | None:
 
 
 def write_summary(workdir: str, summary: dict):
+  """Writes summary.json as the run finishes."""
   fileio.write_json(path(workdir, SUMMARY), summary)
 
 
