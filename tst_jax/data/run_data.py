@@ -18,6 +18,10 @@ from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
 
 
+# The folder of a workdir that data.source is prepared into; train/workdir.py lists it.
+PREPARED_DIR = "data"
+
+
 @dataclasses.dataclass(frozen=True)
 class Data:
   """config.data: the corpus, its tokenizer and held-out split, and each step's batch."""
@@ -150,7 +154,7 @@ def _store_dir(d: Data, workdir: str | None) -> str | None:
   kind, _, path = d.source.partition(":")
   if kind == "tokens":
     return os.path.expanduser(path)
-  return os.path.join(workdir, "data") if workdir else None
+  return os.path.join(workdir, PREPARED_DIR) if workdir else None
 
 
 def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:

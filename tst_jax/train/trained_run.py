@@ -58,7 +58,7 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
-  tokenizer = load_tokenizer(workdir, model_cfg.vocab_size)
+  tokenizer = workdir_lib.read_tokenizer(workdir, model_cfg.vocab_size)
   steps = workdir_lib.checkpoint_steps(workdir)
   if not steps:
     raise ValueError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
@@ -69,17 +69,6 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   graphdef, _ = step_lib.abstract_model(model_cfg)
   return Trained(workdir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
                  tokenizer, step, meta)
-
-
-def load_tokenizer(workdir: str, vocab_size: int) -> data_lib.Tokenizer:
-  """The run's tokenizer.json (or a SentencePiece run's tokenizer.model), copied there by
-  the trainer."""
-  for name in ("tokenizer.json", "tokenizer.model"):
-    path = os.path.join(workdir, name)
-    if os.path.isfile(path):
-      return data_lib.get_tokenizer(path, workdir=None, vocab_size=vocab_size)
-  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
-                          "tokenizer is missing")
 
 
 def restore_params(directory: str, step: int, model_cfg):

@@ -13,6 +13,7 @@ import os
 import ml_collections
 
 from tst_jax import fileio
+from tst_jax.data import run_data, tokenizer as tokenizer_lib
 from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.train import spec as spec_lib
@@ -26,6 +27,10 @@ SUMMARY = "summary.json"      # the finished run's final losses and token counts
 CHECKPOINTS = "checkpoints"   # Orbax steps
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
+# Written by the data layer, which names them: the token store prepared from data.source and
+# the copy of the run's tokenizer that export reads.
+DATA = run_data.PREPARED_DIR
+TOKENIZER_JSON, TOKENIZER_MODEL = tokenizer_lib.TOKENIZER_JSON, tokenizer_lib.SENTENCEPIECE_MODEL
 
 
 def path(workdir: str, name: str) -> str:
@@ -110,6 +115,16 @@ def write_summary(workdir: str, summary: dict):
 def read_summary(workdir: str) -> dict | None:
   """Returns summary.json, or None for a run that has not finished."""
   return _read_json(workdir, SUMMARY)
+
+
+def read_tokenizer(workdir: str, vocab_size: int) -> tokenizer_lib.Tokenizer:
+  """Returns the run's tokenizer from the copy the trainer made, a tokenizer.json or a
+  SentencePiece run's tokenizer.model."""
+  for name in (TOKENIZER_JSON, TOKENIZER_MODEL):
+    if os.path.isfile(path(workdir, name)):
+      return tokenizer_lib.get_tokenizer(path(workdir, name), workdir=None, vocab_size=vocab_size)
+  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
+                          "tokenizer is missing")
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
