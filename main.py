@@ -28,7 +28,7 @@ def parse_flags(argv):
     argv = flags.FLAGS(argv)
     path = flags.FLAGS["config"].config_filename.partition(":")[0]
     if not os.path.isfile(path):
-      raise errors.ConfigError(f"--config {path}: no such file")
+      raise errors.ConfigError("--config", f"no such file: {path}")
     return argv
   except flags.Error as e:   # a config file that raised: its traceback is in the message
     head, _, trace = str(e).partition("Traceback")

@@ -61,18 +61,18 @@ def build(config, phase_name, devices=None):
   phase = next((p for p in plan.phases if p.name == phase_name), None)
   if phase is None:
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
-  steps = step_lib.StepBuilder.of(spec, devices)
-  return spec, phase, steps, steps.train_step(phase)
+  trainer = step_lib.Trainer.of(spec, devices)
+  return spec, phase, trainer, trainer.train_step(phase)
 
 
 def bench_phase(config, phase_name, devices=None) -> dict:
-  spec, phase, steps, train_step = build(config, phase_name, devices)
+  spec, phase, trainer, train_step = build(config, phase_name, devices)
   model_cfg = spec.model
   rng = np.random.default_rng(0)
   windows = [jax.device_put(rng.integers(0, model_cfg.vocab_size,
                                          (phase.batch_size, phase.window), dtype=np.int32),
-                            steps.batch_sharding) for _ in range(2)]
-  state = steps.init_state(0)
+                            trainer.batch_sharding) for _ in range(2)]
+  state = trainer.init_state(0)
   t0 = time.perf_counter()
   compiled = train_step.lower(state, windows[0]).compile()
   compile_s = time.perf_counter() - t0
@@ -90,7 +90,7 @@ def bench_phase(config, phase_name, devices=None) -> dict:
   if _PROFILE.value:
     state, profile, _ = step_profile.profile_steps(
         train_step, state, windows[0], steps=_PROFILE.value, hlo_text=compiled.as_text())
-  devices = steps.mesh.devices.size
+  devices = trainer.mesh.devices.size
   peak = peak_flops(jax.devices()[0])
   cost = compiled.cost_analysis() or {}
   memory = compiled.memory_analysis()
@@ -172,8 +172,8 @@ def main(argv):
   for depth in _DEPTHS.value:   # compile time vs depth: flat with the scanned layer stack
     with config.unlocked():
       config.model.n_layers = int(depth)
-    _, phase, steps, train_step = build(config, phases[-1])
-    state = steps.abstract
+    _, phase, trainer, train_step = build(config, phases[-1])
+    state = trainer.abstract
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), np.int32)
     t0 = time.perf_counter()
     train_step.lower(state, window).compile()

@@ -40,15 +40,15 @@ def test_the_example_loop_matches_the_trainer_step_for_step():
                                    data=dict(seq_len=example.L, batch_size=example.B)))
   assert [(p.bag_size, p.steps) for p in run.plan.phases] == [(example.S, 3), (1, 3)]
   tx = optax.adamw(3e-3)
-  model = models.build(run.model, nnx.Rngs(0))
+  model = run.model.build(nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   state = step_lib.TrainState(jax.numpy.zeros((), "int32"), params, tx.init(params))
-  theirs, windows = example.train(models.build(run.model, nnx.Rngs(0)), stream(), steps=6,
+  theirs, windows = example.train(run.model.build(nnx.Rngs(0)), stream(), steps=6,
                                   tx=tx)
   ours = []
   for phase in run.plan.phases:
     train_step = jax.jit(step_lib.make_train_step(
-        graphdef, step_lib.loss_fn(phase, run.loss), tx, optax.constant_schedule(3e-3)))
+        graphdef, phase, run.loss, tx, optax.constant_schedule(3e-3)))
     for k in range(phase.first_step, phase.last_step):
       state, metrics = train_step(state, windows[k])
       ours.append(float(metrics["loss"]))
@@ -56,9 +56,9 @@ def test_the_example_loop_matches_the_trainer_step_for_step():
 
 
 def test_switch_keeps_everything_or_swaps_only_the_embedding_and_head():
-  model = models.build(spec_lib.check(tiny_config()).model, nnx.Rngs(0))
+  model = spec_lib.check(tiny_config()).model.build(nnx.Rngs(0))
   _, params = nnx.split(model, nnx.Param)
-  _, fresh = nnx.split(models.build(spec_lib.check(tiny_config()).model, nnx.Rngs(1)), nnx.Param)
+  _, fresh = nnx.split(spec_lib.check(tiny_config()).model.build(nnx.Rngs(1)), nnx.Param)
   assert tst_jax.switch_to_next_token(params) is params
   swapped = tst_jax.switch_to_next_token(params, fresh)
   flat = [jax.tree_util.tree_leaves_with_path(t) for t in (swapped, params, fresh)]

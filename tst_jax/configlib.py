@@ -19,20 +19,21 @@ def load_config(path_arg: str) -> ml_collections.ConfigDict:
   path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
                   else (path_arg, "", ""))
   if not os.path.isfile(path):
-    raise ConfigError(f"--config {path_arg}: file {path!r} does not exist")
+    raise ConfigError("--config", f"{path_arg}: file {path!r} does not exist")
   name = "_tst_config_" + os.path.splitext(os.path.basename(path))[0]
   module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise ConfigError(f"--config {path_arg}: {path!r} defines no get_config()")
+    raise ConfigError("--config", f"{path_arg}: {path!r} defines no get_config()")
   return module.get_config(arg) if arg else module.get_config()
 
 
-def parse_override(text: str) -> tuple[str, str]:
+def parse_override(text: str, flag: str = "--set") -> tuple[str, str]:
+  """Splits 'a.b=value' into ('a.b', 'value'); `flag` is where the text came from."""
   key, sep, value = text.partition("=")
   if not sep or not key.strip():
-    raise ConfigError(f"override {text!r}: expected 'dotted.key=value'")
+    raise ConfigError(flag, f"{text!r}: expected 'dotted.key=value'")
   return key.strip(), value.strip()
 
 
@@ -67,14 +68,14 @@ def parse_grid(text: str) -> list[list[str]]:
   """
   axes = []
   for part in filter(None, (p.strip() for p in text.split(";"))):
-    key, raw = parse_override(part)
+    key, raw = parse_override(part, "--grid")
     values = [v.strip() for v in raw.split(",")]
     if not all(values):
-      raise ConfigError(f"--grid: axis {part!r} has an empty value")
+      raise ConfigError("--grid", f"axis {part!r} has an empty value")
     axes.append([f"{key}={v}" for v in values])
   keys = [a[0].partition("=")[0] for a in axes]
   if len(set(keys)) != len(keys):
-    raise ConfigError(f"--grid {text!r}: names a key twice")
+    raise ConfigError("--grid", f"{text!r} names a key twice")
   return [list(point) for point in itertools.product(*axes)]
 
 

@@ -21,22 +21,27 @@ class UserError(Exception):
 
 
 class ConfigError(UserError, ValueError):
-  """A bad run config (a field, a flag, a combination), raised before anything is built.
+  """Reports a bad config field, flag or environment variable before anything is built.
 
-  `ConfigError("tst.bag_size", "must be ...")` names its field as data (`.field`, read by the
-  tools and tests, never parsed from the text) and prints as 'config.tst.bag_size: must be
-  ...'; a flag ('--mode') prints as itself; `ConfigError(message)` names no single field.
+  `ConfigError("tst.bag_size", "must be ...")` carries its field as data in `.field`, which
+  tools and tests read instead of parsing the text. A config field prints as
+  'config.tst.bag_size: must be ...'. A flag such as '--mode' or an environment variable such
+  as 'XLA_PYTHON_CLIENT_MEM_FRACTION' prints as itself.
   """
 
-  def __init__(self, field: str | None, message: str | None = None):
-    if message is None:
-      field, message = None, field
+  def __init__(self, field: str, message: str):
+    if not field or not message:
+      raise TypeError("ConfigError(field, message) needs both")
     self.field, self.message = field, message
-    where = field if field is None or field.startswith("-") else f"config.{field}"
-    super().__init__(f"{where}: {message}" if field else message)
+    super().__init__(f"{config_name(field)}: {message}")
 
   def __reduce__(self):   # picklable across processes with both arguments
     return type(self), (self.field, self.message)
+
+
+def config_name(field: str) -> str:
+  """Returns how a field prints: 'config.<field>' for a config field, a flag or variable as is."""
+  return field if field.startswith("-") or field.isupper() else f"config.{field}"
 
 
 class DataError(UserError, ValueError):

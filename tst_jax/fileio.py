@@ -6,6 +6,13 @@ import json
 import os
 
 
+def write_text(path: str, text: str):
+  """Writes `text` to `path` through `path`.tmp and a rename."""
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
 def write_json(path: str, obj, *, sort_keys: bool = False, default=None):
   """Writes `obj` as indented JSON to `path` through `path`.tmp and a rename."""
   with open(path + ".tmp", "w") as f:

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from tst_jax import configlib
 from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
-from tst_jax.train import cli, metrics
+from tst_jax.train import cli, workdir as workdir_lib
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.outlook import format_plan
 
@@ -89,7 +89,7 @@ tokens (right), TST's phase 1 reads S times more text per step.
 # (inline again: cli.run switched matplotlib to Agg to write each run's loss.png)
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 for (label, workdir), color in zip(runs.items(), ("tab:orange", "tab:blue")):
-  records = metrics.read(os.path.join(workdir, "metrics.jsonl"))
+  records = workdir_lib.read_metrics(workdir)
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
   axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], color=color, alpha=0.35,

@@ -77,3 +77,44 @@ def test_the_check_catches_an_upward_import(tmp_path):
   tree = ast.parse("from tst_jax.train import loop\ndef f():\n  import tst_jax.tools.sweep\n")
   assert imports(tree) == [("tst_jax.train", 1, False), ("tst_jax.tools.sweep", 3, True)]
   assert layer("tst_jax.train.loop") == 4 and layer("tst_jax.models.moe") == 2
+
+
+def _imported_modules(module: str) -> set[str]:
+  """Returns the tst_jax modules `module` imports at module level, `from pkg import mod` as
+  the module `pkg.mod` where that is a file."""
+  parts = module.split(".")
+  path = ROOT.joinpath(*parts).with_suffix(".py")
+  if not path.exists():
+    path = ROOT.joinpath(*parts, "__init__.py")
+  found = set()
+  for name, _, in_function in imports(ast.parse(path.read_text())):
+    if in_function or not name.startswith("tst_jax"):
+      continue
+    found.add(name)
+  tree = ast.parse(path.read_text())
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tst_jax"):
+      for alias in node.names:
+        sub = f"{node.module}.{alias.name}"
+        if ROOT.joinpath(*sub.split(".")).with_suffix(".py").exists():
+          found.add(sub)
+  return {m for m in found if ROOT.joinpath(*m.split(".")).with_suffix(".py").exists()
+          or ROOT.joinpath(*m.split("."), "__init__.py").exists()}
+
+
+def _reachable(module: str) -> set[str]:
+  seen, todo = set(), [module]
+  while todo:
+    name = todo.pop()
+    if name not in seen:
+      seen.add(name)
+      todo.extend(_imported_modules(name))
+  return seen
+
+
+def test_the_graph_sees_every_model_family_under_the_train_step():
+  """The registries import their families plainly, so the layer check sees those edges."""
+  assert {"tst_jax.models", "tst_jax.models.llama", "tst_jax.models.moe",
+          "tst_jax.models.layers"} <= _reachable("tst_jax.train.step")
+  assert {"tst_jax.convert.llama_hf",
+          "tst_jax.convert.qwen3_moe_hf"} <= _reachable("tst_jax.convert.hf")

@@ -15,7 +15,7 @@ import pytest
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.train import cli
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 # The tiny run (4 tst + 4 ntp steps, checkpoints every 2), parameters sharded over 8 devices.
 FIELDS = dict(steps=8, data=dict(batch_size=8))
@@ -84,10 +84,10 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
                if f"summary of process {i}: " in line]
 
   expected = cli.run(tiny_config(mesh=dict(data=1), **FIELDS), str(tmp_path / "one"))
-  records = metrics_lib.read(str(workdir / "metrics.jsonl"))
+  records = workdir_lib.read_metrics(str(workdir))
   losses = {r["step"]: r["loss"] for r in records if "loss" in r}
-  reference = {r["step"]: r["loss"] for r in metrics_lib.read(
-      str(tmp_path / "one" / "metrics.jsonl")) if "loss" in r}
+  reference = {r["step"]: r["loss"] for r in workdir_lib.read_metrics(
+      str(tmp_path / "one")) if "loss" in r}
   assert [r["step"] for r in records if "loss" in r] == list(range(1, 9))  # each step once
   assert sorted(losses) == sorted(reference)
   np.testing.assert_allclose([losses[s] for s in sorted(losses)],
@@ -100,7 +100,7 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(str(workdir))
           if "loss" in r}
 
 
@@ -153,5 +153,5 @@ def test_killing_one_process_stops_the_other_and_both_resume(tmp_path, two_proce
 
   _finish(_launch(workdir, cache, logs, "resumed", heartbeat), logs, "resumed")
   assert _losses(workdir) == two_process_reference
-  steps = [r["step"] for r in metrics_lib.read(str(workdir / "metrics.jsonl")) if "loss" in r]
+  steps = [r["step"] for r in workdir_lib.read_metrics(str(workdir)) if "loss" in r]
   assert steps == list(range(1, 9))

@@ -20,21 +20,24 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, models
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.setup import Setup
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 
-def test_non_finite_step_leaves_state_untouched():
+def test_non_finite_step_leaves_state_untouched(monkeypatch):
   config = tiny_config()
   model_cfg = models.model_config(config.model)
   tx, schedule = optim.make_optimizer(config.optimizer, 10)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   state = step_lib.init_fn(model_cfg, tx)(jax.random.key(0))
+  ntp = spec_lib.check(config).plan.phases[-1]
+  ntp_loss = step_lib.loss
 
-  def loss_of_window(model, window):   # NaN when the window's first token is 0
-    loss, aux = step_lib.ntp_loss_fn(config.loss)(model, window)
-    return jnp.where(window[0, 0] == 0, jnp.nan, loss), aux
+  def loss(model, window, phase, loss_cfg):   # NaN when the window's first token is 0
+    value, aux = ntp_loss(model, window, phase, loss_cfg)
+    return jnp.where(window[0, 0] == 0, jnp.nan, value), aux
 
-  train_step = jax.jit(step_lib.make_train_step(graphdef, loss_of_window, tx, schedule))
+  monkeypatch.setattr(step_lib, "loss", loss)
+  train_step = jax.jit(step_lib.make_train_step(graphdef, ntp, config.loss, tx, schedule))
   good = jax.random.randint(jax.random.key(1), (4, 17), 1, 512)
   state, _ = train_step(state, good)           # step 0 has lr 0 (warmup): move past it
   bad = good.at[0, 0].set(0)
@@ -66,7 +69,7 @@ ENV = subprocess_env.one_cpu_device()
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir)
           if "loss" in r}
 
 
@@ -110,7 +113,7 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, interr
       assert "preempted: checkpoint of step" in out
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  steps = [r["step"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  steps = [r["step"] for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
   assert steps == list(range(1, 13))
 
 
@@ -203,6 +206,6 @@ def test_kill_during_the_phase_switch_checkpoint_resumes_into_phase_2(tmp_path, 
   assert "6" not in names and any(n.startswith("6.orbax-checkpoint-tmp") for n in names), names
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  phases = {r["step"]: r["phase"] for r in metrics_lib.read(str(tmp_path / "metrics.jsonl"))
+  phases = {r["step"]: r["phase"] for r in workdir_lib.read_metrics(str(tmp_path))
             if "loss" in r}
   assert [phases[s] for s in range(1, 13)] == ["tst"] * 6 + ["ntp"] * 6

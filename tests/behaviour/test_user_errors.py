@@ -1,8 +1,10 @@
 """Bad input as a user meets it: every config override either plans (and its train steps
 trace) or is a ConfigError naming a field; main.py turns user errors into one line, exit 2."""
 
+import ast
 import collections
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -18,7 +20,7 @@ from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
-from tst_jax.errors import ConfigError, UserError
+from tst_jax.errors import ConfigError, UserError, config_name
 from tst_jax.train import spec as spec_lib, step as step_lib
 
 DEFAULTS = {family: make() for family, make in BASES.items()}
@@ -89,13 +91,13 @@ def _apply(config, picks) -> bool:
 def _build_and_trace(spec):
   """What Setup builds before compiling: mesh, shardings, parallel checks, then each phase's
   train step traced abstractly (no compile, no data)."""
-  steps = step_lib.StepBuilder.of(spec)
-  steps.check()
+  trainer = step_lib.Trainer.of(spec)
+  trainer.check()
   for phase in spec.plan.phases:
     train_step = step_lib.make_train_step(
-        steps.graphdef, step_lib.loss_fn(phase, spec.loss), steps.tx, steps.schedule,
+        trainer.graphdef, phase, spec.loss, trainer.tx, trainer.schedule,
         spec.optimizer.grad_accum)
-    jax.eval_shape(train_step, steps.abstract,
+    jax.eval_shape(train_step, trainer.abstract,
                    jax.ShapeDtypeStruct((phase.batch_size, phase.window), "int32"))
 
 
@@ -110,7 +112,7 @@ def _check(family, picks):
     _build_and_trace(spec)
   except ConfigError as e:
     assert NAMES_A_FIELD.match(str(e)), (picks, str(e))
-    assert e.field is None or str(e).startswith(f"config.{e.field}: "), (picks, str(e))
+    assert str(e).startswith(f"{config_name(e.field)}: "), (picks, str(e))
     named = NAMES_A_FIELD.match(str(e)).group(1).removeprefix("config.")
     assert named.startswith("-") or named.split(".")[0] in config, (picks, str(e))
     OUTCOMES["config error naming a field"] += 1
@@ -143,7 +145,7 @@ def test_config_overrides_plan_or_name_a_field_many():
 
 @pytest.mark.parametrize("picks,message", [
     ([("loss.impl", "foo")], "config.loss.impl: must be one of"),
-    ([("mesh.data", "3")], r"config.mesh .*3 devices do not divide the 8"),
+    ([("mesh.data", "3")], r"config.mesh: .*3 devices do not divide the 8"),
     ([("optimizer.lr", "nan")], "config.optimizer.lr: must be a number > 0"),
     ([("model.n_heads", "3")], "config.model.dim: 32 is not divisible by n_heads 3"),
     ([("model.vocab_size", "100")], "config.model.vocab_size: 100 is too small"),
@@ -312,3 +314,37 @@ def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
   assert result.stderr.startswith(f"error: {store} holds another store (seed: 7 there, 0 "
                                   "asked): nothing was changed"), result.stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == checkpoints
+
+
+def _config_error_calls():
+  """Yields (file:line, call) for each ConfigError(...) in the package, main.py and benchmarks."""
+  files = [*pathlib.Path(ROOT, "tst_jax").rglob("*.py"), pathlib.Path(ROOT, "main.py"),
+           *pathlib.Path(ROOT, "benchmarks").rglob("*.py")]
+  for path in files:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call) and getattr(node.func, "attr",
+                                                getattr(node.func, "id", None)) == "ConfigError":
+        yield f"{os.path.relpath(path, ROOT)}:{node.lineno}", node
+
+
+def test_every_config_error_names_its_field_as_data():
+  calls = list(_config_error_calls())
+  assert len(calls) > 40
+  for where, call in calls:
+    assert len(call.args) == 2 and not call.keywords, f"{where}: ConfigError(field, message)"
+    field = call.args[0]
+    if isinstance(field, ast.Constant):
+      assert isinstance(field.value, str) and re.fullmatch(r"--[\w-]+|[A-Z_]+|[a-z_][\w.]*",
+                                                           field.value), where
+    elif isinstance(field, ast.JoinedStr):   # a dotted name built from parts, f"data.{name}"
+      literal = "".join(v.value for v in field.values if isinstance(v, ast.Constant))
+      assert re.fullmatch(r"[\w.]*", literal), f"{where}: the field is text, not data"
+
+
+def test_config_error_prints_its_field():
+  assert str(ConfigError("tst.bag_size", "must be >= 1")) == "config.tst.bag_size: must be >= 1"
+  assert str(ConfigError("--mode", "must be train")) == "--mode: must be train"
+  assert str(ConfigError("XLA_PYTHON_CLIENT_MEM_FRACTION", "'x' is not a number")).startswith(
+      "XLA_PYTHON_CLIENT_MEM_FRACTION: ")
+  with pytest.raises(TypeError):
+    ConfigError("the field inside the text")   # pylint: disable=no-value-for-parameter

@@ -13,7 +13,8 @@ from tests.fixtures import hf_llama
 from tests.fixtures.hf_llama import (B, L, LLAMA3, SHAPE, hf_logits, make_hf, tokens,
                                      tst_logits)
 from tst_jax import platform
-from tst_jax.convert import hf
+from tst_jax.convert import hf, reading
+from tst_jax.models import llama
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +142,8 @@ def test_mis_shaped_and_missing_tensors(untied, tmp_path):
   _copy_checkpoint(src, tmp_path / "missing", lambda t: t.pop("model.norm.weight"))
   with pytest.raises(ValueError, match=r"missing tensor 'model.norm.weight'"):
     hf.from_hf(tmp_path / "missing")
+  with pytest.raises(ValueError, match=r"unknown LlamaConfig overrides \['bogus'\]"):
+    reading.make_config(llama.LlamaConfig, {}, {"bogus": 1})
 
   def add_bias(t):
     t["model.layers.0.self_attn.q_proj.bias"] = np.zeros((64,), np.float32)

@@ -14,7 +14,7 @@ import pytest
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
 from tst_jax.errors import ConfigError
-from tst_jax.train import cli, metrics as metrics_lib, spec as spec_lib
+from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
 
 WEIGHTS = [(0.7, 0.3), (0.5, 0.5), (0.2, 0.3, 0.5), (1 / 3, 2 / 3), (0.9, 0.05, 0.05)]
 
@@ -166,7 +166,7 @@ def mixture_config(two_stores, **train):
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir)
           if "loss" in r}
 
 

@@ -1,5 +1,6 @@
 """Tests for the prepared token store: prepare (sources, shards, resume) and the in-place reader."""
 
+import functools
 import gzip
 import json
 import os
@@ -18,7 +19,7 @@ from tst_jax.data import (
 from tst_jax.data import output_shards, prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
-from tst_jax.train import cli, spec as spec_lib
+from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
 from tst_jax.data.sources import BadFile
 from tst_jax.errors import ConfigError
 
@@ -328,16 +329,18 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   config.data.seq_len, config.data.batch_size, config.data.eval_batches = 8, 2, 2
   workdir = str(tmp_path / "w")
   before = shard_bytes(one_shard.directory)
-  data = run_data.prepare_data(_data(config), workdir, 512, (0, 1))
+  check = functools.partial(workdir_lib.check_store, workdir, force=False)
+  data = run_data.prepare_data(_data(config), workdir, 512, (0, 1), check_store=check)
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
+  workdir_lib.write_store(workdir, data.fingerprint, data.train.directory, len(data.train))
   assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
   assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
   with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
     run_data.prepare_data(_data(config), workdir, 299, (0, 1))
   other = prepare(source, tmp_path / "other", seed=2)
   config.data.source = f"tokens:{other.directory}"
-  with pytest.raises(ConfigError, match="was trained on the token store"):
-    run_data.prepare_data(_data(config), workdir, 512, (0, 1))
+  with pytest.raises(ConfigError, match="holds a run of another token store"):
+    run_data.prepare_data(_data(config), workdir, 512, (0, 1), check_store=check)
   assert shard_bytes(one_shard.directory) == before
 
 
@@ -370,14 +373,14 @@ def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
   config.model.vocab_size = 300
   workdir = tmp_path / "w"
   cli.run(config, str(workdir))
-  os.remove(workdir / run_data.STORE_FILE)
+  os.remove(workdir / workdir_lib.STORE)
   tokenizer = shutil.copy(store / "tokenizer.json", tmp_path / "tokenizer.json")
   shutil.rmtree(store)
   other = prepare(source, store, seed=2, tokenizer=str(tokenizer))   # same tokenizer
   before = sorted(os.listdir(workdir / "checkpoints"))
-  with pytest.raises(DataError, match=r"checkpoints/4: this checkpoint was trained on the token "
-                     rf"store with fingerprint {one_shard.fingerprint[:12]}, not on {store} "
-                     rf"\({other.fingerprint[:12]}\)"):
+  with pytest.raises(ConfigError, match=r"checkpoints/4 holds a run of another token store: "
+                     rf"fingerprint {one_shard.fingerprint[:12]} there, {store} "
+                     rf"\({other.fingerprint[:12]}\) here; use another --workdir"):
     cli.run(config, str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints")) == before
   config.train.force_resume = True

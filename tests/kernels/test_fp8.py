@@ -18,7 +18,8 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
-from tst_jax.train import cli, metrics as metrics_lib, sections, spec as spec_lib
+from tst_jax.models import layers
+from tst_jax.train import cli, sections, spec as spec_lib, workdir as workdir_lib
 from tst_jax.train import step as step_lib
 
 
@@ -57,8 +58,8 @@ def test_one_linear_layer_matches_a_numpy_fp8_reference(spec, w_shape):
 
 def _models():
   """The tiny Llama in bfloat16 with default and with fp8 matmuls, the same parameters."""
-  base, quant = (models.build(spec_lib.check(tiny_config(model=dict(
-      dtype="bfloat16", matmul_precision=p))).model, nnx.Rngs(0)) for p in ("default", "fp8"))
+  base, quant = (spec_lib.check(tiny_config(model=dict(
+      dtype="bfloat16", matmul_precision=p))).model.build(nnx.Rngs(0)) for p in ("default", "fp8"))
   nnx.update(quant, nnx.state(base, nnx.Param))
   return base, quant
 
@@ -124,12 +125,12 @@ def test_f8_only_in_the_decoder_linear_matmuls():
   c = tiny_config(model=dict(dtype="bfloat16"))
   base, quant = _models()
   for phase in spec_lib.check(c).plan.phases:
-    loss_of_window = step_lib.loss_fn(phase, sections.Loss("naive"))
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32)
     found = {}
     for name, model in (("default", base), ("fp8", quant)):
       graphdef, params = nnx.split(model, nnx.Param)
-      loss = lambda p, w, g=graphdef: loss_of_window(nnx.merge(g, p), w)[0]
+      loss = lambda p, w, g=graphdef, ph=phase: step_lib.loss(nnx.merge(g, p), w, ph,
+                                                              sections.Loss("naive"))[0]
       found[name] = _dots(jax.make_jaxpr(jax.grad(loss))(params, window))
     f8 = {k: v for k, v in found["fp8"].items() if "float8" in k[0] + k[1]}
     assert f8 == {("float8_e4m3fn", "float8_e4m3fn"): 7, ("float8_e5m2", "float8_e4m3fn"): 14}
@@ -143,13 +144,12 @@ def test_gradients_reach_every_decoder_weight():
   the default's do (cosine > 0.99 per tensor)."""
   c = tiny_config(model=dict(dtype="bfloat16"))
   tst = spec_lib.check(c).plan.phases[0]
-  loss_of_window = step_lib.loss_fn(tst, sections.Loss("naive"))
   window = jnp.asarray(np.random.default_rng(0).integers(0, 512, (4, tst.window)), jnp.int32)
   grads = {}
   for name, model in zip(("default", "fp8"), _models()):
     graphdef, params = nnx.split(model, nnx.Param)
-    grads[name] = jax.grad(lambda p, g=graphdef: loss_of_window(nnx.merge(g, p), window)[0])(
-        params)
+    grads[name] = jax.grad(lambda p, g=graphdef: step_lib.loss(
+        nnx.merge(g, p), window, tst, sections.Loss("naive"))[0])(params)
   flat_b = dict(jax.tree_util.tree_leaves_with_path(grads["default"]))
   flat_q = jax.tree_util.tree_leaves_with_path(grads["fp8"])
   assert any("blocks" in jax.tree_util.keystr(path) for path, _ in flat_q)
@@ -169,7 +169,7 @@ def test_both_phases_train_with_fp8_as_the_default_does(tmp_path):
     workdir = tmp_path / precision
     summaries[precision] = cli.run(tiny_config(model=dict(matmul_precision=precision)),
                                     str(workdir))
-    records[precision] = [r for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+    records[precision] = [r for r in workdir_lib.read_metrics(str(workdir))
                           if "loss" in r]
   assert [r["phase"] for r in records["fp8"]] == ["tst"] * 6 + ["ntp"] * 6
   for phase in ("tst", "ntp"):

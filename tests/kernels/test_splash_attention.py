@@ -43,8 +43,8 @@ def test_the_train_step_lowers_for_tpu_from_this_host():
   tx = optax.adamw(1e-3)
   state = jax.eval_shape(step_lib.init_fn(spec.model, tx), jax.random.key(0))
   for phase in spec.plan.phases:
-    train_step = jax.jit(step_lib.make_train_step(graphdef, step_lib.loss_fn(phase, spec.loss),
-                                                  tx, optax.constant_schedule(1e-3)))
+    train_step = jax.jit(step_lib.make_train_step(graphdef, phase, spec.loss, tx,
+                                                  optax.constant_schedule(1e-3)))
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32)
     text = train_step.trace(state, window).lower(lowering_platforms=("tpu",)).as_text()
     assert text.count("tpu_custom_call") >= 3, phase.name    # forward, dq, dkv

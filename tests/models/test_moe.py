@@ -223,15 +223,15 @@ def test_stage_units_keep_the_stack_scanned():
 
 def test_param_counts_10b_a1b():
   cfg = moe.MoEConfig(**moe.PRESETS["10b_a1b"])
-  total, active = moe.param_counts(cfg)
+  total, active = cfg.param_counts()
   assert abs(total / 10e9 - 1) < 0.1 and abs(active / 1e9 - 1) < 0.1, (total, active)
   # Active = matmul params of the 6N rule + the embedding lookup + norms.
   norms = (2 * cfg.n_layers + 1) * cfg.dim + 2 * cfg.n_layers * cfg.head_dim
-  assert active == moe.matmul_params_active(cfg) + cfg.vocab_size * cfg.dim + norms
-  assert moe.flops_per_token(cfg, 4096) == llama.flops_per_token(
-      cfg, 4096, active_matmul_params=moe.matmul_params_active(cfg))
+  assert active == cfg.matmul_params() + cfg.vocab_size * cfg.dim + norms
+  attention = 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 4096   # llama's formula
+  assert cfg.flops_per_token(4096) == 6.0 * cfg.matmul_params() + attention
   tiny = moe.MoEConfig(**moe.PRESETS["tiny_moe"])
-  assert moe.param_counts(tiny) == (2_823_552, 1_643_904)
+  assert tiny.param_counts() == (2_823_552, 1_643_904)
 
 
 def _float_row_scatters(hlo_text: str, dim: int) -> list[str]:
@@ -256,12 +256,12 @@ def test_gmm_train_step_has_no_float_row_scatters():
   config.model.expert_impl = "gmm"
   spec = spec_lib.build(config)
   phase = next(p for p in spec.plan.phases if p.name == "ntp")
-  steps = step_lib.StepBuilder.of(spec, jax.devices()[:1])
+  trainer = step_lib.Trainer.of(spec, jax.devices()[:1])
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       steps.abstract, steps.shardings)
+                       trainer.abstract, trainer.shardings)
   window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
-                                sharding=steps.batch_sharding)
-  hlo = steps.train_step(phase).lower(state, window).compile().as_text()
+                                sharding=trainer.batch_sharding)
+  hlo = trainer.train_step(phase).lower(state, window).compile().as_text()
   assert _float_row_scatters(hlo, spec.model.dim) == []
   embedding = [line for line in hlo.splitlines() if re.search(r"\sscatter\(", line)
                and "(embed)" in line and f"[{spec.model.vocab_size},{spec.model.dim}]" in line]

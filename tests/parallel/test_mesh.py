@@ -42,14 +42,14 @@ def train_losses(config, workdir, init=None):
   a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
   """
   run = Setup.create(spec_lib.build(config), str(workdir))
-  plan = run.plan
+  plan = run.spec.plan
   if init is None:
-    state = run.steps.init_state(config.seed)
+    state = run.trainer.init_state(config.seed)
   else:
-    state = jax.device_put(init, run.steps.shardings)
+    state = jax.device_put(init, run.trainer.shardings)
   losses, firsts = [], []
   for phase in plan.phases:
-    step = run.train_step(phase)     # the loop's step: the run's loss and grad_accum
+    step = run.trainer.train_step(phase)     # the loop's step: the run's loss and grad_accum
     batches = run.batches(phase, phase.first_step)
     batch = next(batches)
     firsts.append(batch)
@@ -83,7 +83,7 @@ def reference(tmp_path_factory):
     if family not in cache:
       config = mesh_config(family=family)
       run = Setup.create(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
-      init = jax.device_get(run.steps.init_state(config.seed))
+      init = jax.device_get(run.trainer.init_state(config.seed))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
       cache[family] = init, losses
     return cache[family]
@@ -174,7 +174,7 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   def state_on(mesh):
     config = mesh_config(mesh)
     run = Setup.create(spec_lib.build(config), str(tmp_path / str(mesh[1])))
-    return run.steps.init_state(config.seed)
+    return run.trainer.init_state(config.seed)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))
   table = fsdp.params["embed"]["table"][...]                          # [V, D]: D over fsdp
@@ -196,7 +196,8 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
     tx, _ = optim.make_optimizer(config.optimizer, 10)
     spec = spec_lib.check(config)
     _, abstract = step_lib.abstract_state(spec.model, tx)
-    return abstract, step_lib.shardings_of(abstract, mesh_lib.make_mesh(spec.mesh), spec.rules)
+    return abstract, step_lib.shardings_of(abstract, mesh_lib.make_mesh(spec.mesh),
+                                           spec.run.logical_axis_rules)
 
   abstract, fsdp = layout((1, 8, 1, 1))
   rng = np.random.default_rng(0)
@@ -215,7 +216,7 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
 
 
 @pytest.mark.parametrize("mesh,batch,message", [
-    ((3, 1, 1, 1), 8, r"config.mesh .*'data': 3.*3 devices do not divide the 8 available"),
+    ((3, 1, 1, 1), 8, r"config.mesh: .*'data': 3.*3 devices do not divide the 8 available"),
     ((2, -1, 1, 1), 4, r"phase tst's 4 rows do not divide over the 8 batch shards of mesh "
                        r"axes \{'data': 2, 'fsdp': 4\}; use a multiple of 8"),
     ((-1, 1, 1, 1), 12, r"12 rows do not divide over the 8 batch shards"),

@@ -15,6 +15,7 @@ from tst_jax.analysis.frontier import Frontier
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
 from tst_jax.train import metrics as metrics_lib, plan as plan_lib, spec as spec_lib
+from tst_jax.train import workdir as workdir_lib
 
 
 def _fake_run(path, config, evals, train_tokens=None, plan=None):
@@ -24,7 +25,7 @@ def _fake_run(path, config, evals, train_tokens=None, plan=None):
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
   if plan is not None:
-    plan_lib.PlanRecord(plan).write(str(path))
+    workdir_lib.write_plan(str(path), plan_lib.PlanRecord(plan))
   plan = plan or spec_lib.check(config).plan
   lines = []
   for step, loss in evals:
@@ -239,7 +240,7 @@ def test_a_run_is_read_from_its_plan_json_not_from_its_config(tmp_path):
   assert run.passes == pytest.approx(768 / 1024)
   assert run.total_flops == pytest.approx(8 * recorded.phases[1].flops_per_step)
   assert run.flops_at(6) == pytest.approx(6 * recorded.phases[1].flops_per_step)
-  os.remove(os.path.join(path, plan_lib.PLAN_FILE))
+  os.remove(workdir_lib.path(str(path), workdir_lib.PLAN))
   with pytest.raises(ValueError, match="unfinished .*step 8 of 16"):
     load_run(path)
 

@@ -14,7 +14,7 @@ import transformers
 
 from tests.fixtures import trained
 from tst_jax import models
-from tst_jax.train import trained_run
+from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.tools import export
 from tst_jax.data import run_data
 from tst_jax.train import spec as spec_lib
@@ -48,7 +48,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
                                         "tokenizer_config.json"]
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-  ours = trained_run.load_tokenizer(workdir, model.config.vocab_size)
+  ours = workdir_lib.read_tokenizer(workdir, model.config.vocab_size)
   assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == ours.eos_id
   assert model.config.eos_token_id == ours.eos_id
   assert model.config.max_position_embeddings == trained.config().data.seq_len

@@ -29,12 +29,12 @@ def traced_step(phase_name, moe=False, **mesh):
   spec = spec_lib.check(config)
   plan = spec.plan
   phase = next(p for p in plan.phases if p.name == phase_name)
-  steps = step_lib.StepBuilder.of(spec)
-  step = steps.train_step(phase)
-  state = steps.init_state(0)
+  trainer = step_lib.Trainer.of(spec)
+  step = trainer.train_step(phase)
+  state = trainer.init_state(0)
   window = jax.device_put(np.random.default_rng(0).integers(
       0, spec.model.vocab_size, (phase.batch_size, phase.window), dtype=np.int32),
-      steps.batch_sharding)
+      trainer.batch_sharding)
   for _ in range(2):   # compiled and warm
     state, _ = step(state, window)
   return step, jax.block_until_ready(state), window

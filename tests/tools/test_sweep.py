@@ -15,7 +15,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.tools import sweep
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 from tst_jax.train import spec as spec_lib
 
 STEPS = 8
@@ -84,7 +84,7 @@ def _check_tables(workdir, expected):
   md = (workdir / "sweep.md").read_text()
   for name, (ratio, bag) in expected.items():
     row = rows[name]
-    records = metrics_lib.read(str(workdir / name / "metrics.jsonl"))
+    records = workdir_lib.read_metrics(str(workdir / name))
     final = [r["eval_loss"] for r in records if "eval_loss" in r and r["step"] == STEPS]
     last = [r for r in records if "loss" in r][-1]
     assert float(row["final_eval_loss"]) == final[-1]

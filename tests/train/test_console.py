@@ -10,7 +10,7 @@ import sys
 
 from tst_jax.configlib import load_config
 from tst_jax.train import console as console_lib
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 from tst_jax.train import sections, spec as spec_lib
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
@@ -34,7 +34,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   assert lines[0].startswith(f"data: tokenizing builtin:pystdlib into {workdir}/data")
   assert re.match(r"data: [\d,]+ training and [\d,]+ held-out tokens in ", lines[1])
   assert lines[2].startswith("parameters: ") and not any(l.startswith("{") for l in lines)
-  records = metrics_lib.read(str(workdir / "metrics.jsonl"))
+  records = workdir_lib.read_metrics(str(workdir))
   train = [r for r in records if "loss" in r]
   steps = [l for l in lines if l.startswith("step ")]
   assert len(steps) == len(train) == 12

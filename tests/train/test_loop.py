@@ -10,12 +10,12 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.train import cli
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   summary = cli.run(tiny_config(), str(tmp_path))
-  records = metrics_lib.read(str(tmp_path / "metrics.jsonl"))
+  records = workdir_lib.read_metrics(str(tmp_path))
   phases = [r["phase"] for r in records if "loss" in r]
   assert phases == ["tst"] * 6 + ["ntp"] * 6
   assert [r["bag_size"] for r in records if "loss" in r] == [2] * 6 + [1] * 6
@@ -46,7 +46,7 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
     config.model = moe
   config.optimizer.lr = 1e-2
   cli.run(config, str(tmp_path))
-  train = [r for r in metrics_lib.read(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  train = [r for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
   assert [r["phase"] for r in train] == ["tst"] * 4 + ["ntp"] * 12
   loads = [[r[f"moe/expert_load/{e}"] for e in range(4)] for r in train]
   np.testing.assert_allclose(np.sum(loads, axis=1), 1.0, rtol=1e-5)
@@ -72,7 +72,7 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
                        data=dict(source=f"tokens:{store}",
                                  eval_sets=f"same=tokens:{store},prose=text:{tmp_path}/prose/*.txt"))
   summary = cli.run(config, str(tmp_path / "run"))
-  evals = [r for r in metrics_lib.read(str(tmp_path / "run" / "metrics.jsonl"))
+  evals = [r for r in workdir_lib.read_metrics(str(tmp_path / "run"))
            if "eval_loss" in r]
   assert [r["step"] for r in evals] == [4, 8]
   for r in evals:

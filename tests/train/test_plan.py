@@ -58,15 +58,15 @@ def test_a_phase_is_the_single_source_of_its_batches_and_loss():
   tst = spec_lib.check(config).plan.phases[0]
   assert (tst.bag_size, tst.mode, tst.weighting, tst.variant) == (4, "full", "first", "alt")
   assert tst.window - 1 == tst.bag_size * tst.latent_seq_len
-  model = models.build(spec_lib.check(config).model, nnx.Rngs(0))
+  model = spec_lib.check(config).model.build(nnx.Rngs(0))
   window = np.asarray(jax.random.randint(jax.random.key(1), (2, tst.window), 0, 512))
-  loss, _ = step_lib.loss_fn(tst, config.loss)(model, window)
+  loss, _ = step_lib.loss(model, window, tst, config.loss)
   inputs, targets = sp.fold(window[:, :-1], 4), sp.bag_targets(window[:, 1:], 4)
   hidden, _ = model.forward(inputs)
   want = losses.mce_loss(model.logits(hidden), targets, weighting="first", variant="alt")
   np.testing.assert_allclose(loss, want, rtol=1e-6)
   with pytest.raises(ValueError, match="windows of 33 tokens, the plan says 65"):
-    step_lib.loss_fn(tst, config.loss)(model, window[:, :33])
+    step_lib.loss(model, window[:, :33], tst, config.loss)
   assert plan_lib.Phase("tst", 0, 1, 4, "full", 16, 2, 1.0).data_seq_len == 64
   assert plan_lib.Phase("tst", 0, 1, 4, "output_only", 16, 2, 1.0).data_seq_len == 16
   with pytest.raises(ValueError, match="the ntp phase and only it has S = 1"):

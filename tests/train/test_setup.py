@@ -8,13 +8,13 @@ import pytest
 
 from tests.fixtures.paths import TESTDATA
 from tests.fixtures.tiny import tiny_config
-from tst_jax.train import cli, setup as setup_lib, spec as spec_lib
+from tst_jax.train import cli, setup as setup_lib, spec as spec_lib, workdir as workdir_lib
 
 
 def test_workdir_of_another_config_refuses_to_resume(tmp_path):
   cli.run(tiny_config(steps=4), str(tmp_path))
   before = (tmp_path / "metrics.jsonl").read_text()
-  with pytest.raises(ValueError, match="holds a run of a different config"):
+  with pytest.raises(ValueError, match="holds a run of another config: sections"):
     cli.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
   assert (tmp_path / "metrics.jsonl").read_text() == before
 
@@ -33,7 +33,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   path.write_text(open(old).read())
   same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
   setup_lib._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
-  setup_lib._record_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
+  workdir_lib.write_config(str(tmp_path), spec_lib.build(same).to_json())
   rewritten = json.loads(path.read_text())
   assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
   added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
@@ -45,7 +45,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   assert rewritten["reference"] == {"name": "", "loss": 0.0, "measured": "", "command": ""}
   for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
                          (tiny_config(), "data")):          # held out by pieces: another split
-    with pytest.raises(ConfigError, match=rf"a different config \(sections \['{section}'\]"):
+    with pytest.raises(ConfigError, match=rf"another config: sections \['{section}'\]"):
       setup_lib._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import workdir as workdir_lib
 
 
 def test_phase_flops_equal_in_compiled_cost_analysis():
@@ -20,13 +20,12 @@ def test_phase_flops_equal_in_compiled_cost_analysis():
   graphdef, _ = step_lib.abstract_model(model_cfg)
   state = jax.eval_shape(step_lib.init_fn(model_cfg, tx), jax.random.key(0))
 
-  def flops(phase, loss_fn):
-    step = step_lib.make_train_step(graphdef, loss_fn, tx, schedule)
+  def flops(phase):
+    step = step_lib.make_train_step(graphdef, phase, config.loss, tx, schedule)
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), np.int32)
     return jax.jit(step).lower(state, window).compile().cost_analysis()["flops"]
 
-  tst = flops(tst_phase, step_lib.loss_fn(tst_phase, config.loss))
-  ntp = flops(ntp_phase, step_lib.loss_fn(ntp_phase, config.loss))
+  tst, ntp = flops(tst_phase), flops(ntp_phase)
   assert abs(tst - ntp) / ntp < 0.02, (tst, ntp)
 
 
@@ -38,6 +37,6 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
   for impl in ("naive", "xla"):
     workdir = tmp_path / impl
     cli.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
-    losses[impl] = [r["loss"] for r in metrics_lib.read(str(workdir / "metrics.jsonl"))
+    losses[impl] = [r["loss"] for r in workdir_lib.read_metrics(str(workdir))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)

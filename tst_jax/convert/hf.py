@@ -1,27 +1,28 @@
 """Hugging Face checkpoints (config.json + safetensors) <-> tst_jax models, per model family.
 
-`from_hf(path)` reads `config.json`, picks the family's converter by `model_type` (the one
-registry of families: `tst_jax.models.FAMILIES`, whose names are the HF model_types)
-and loads `model.safetensors` (or the shards of `model.safetensors.index.json`); `to_hf(model,
-path)` writes `config.json` and the weights in float32 or bf16, as huggingface_hub's splitter
-shards them: one `model.safetensors`, or shards and their index. A tst_jax model's parameters
-are always float32; `dtype` is its compute dtype.
+`from_hf(path)` reads `config.json`, picks the family's converter by `model_type` in
+`CONVERTERS`, whose names are the model families', and loads `model.safetensors` or the
+shards of `model.safetensors.index.json`. `to_hf(model, path)` writes `config.json` and the
+weights in float32 or bf16, as huggingface_hub's splitter shards them: one `model.safetensors`,
+or shards and their index. Parameters are always float32, and `dtype` is the compute dtype of
+the tst_jax model.
 
-A converter module (imported lazily by its path, `FAMILIES[model_type].hf`) provides:
+A converter module, registered in `CONVERTERS`, provides the functions below. The model is
+built by its config, `cfg.build(rngs)`, and keeps its config as `.cfg`.
 
-  MODEL_CLS                           the tst_jax model class; `MODEL_CLS(cfg, rngs=...)`, and
-                                      its instances keep their config as `.cfg`.
   config_from_hf(hf: dict, **overrides) -> cfg
                                       HF config.json dict -> the family's frozen config; the
-                                      overrides are config field names (`make_config` checks
-                                      them). Raises ValueError on features it cannot represent.
+                                      overrides are config field names, which
+                                      `reading.make_config` checks. Raises ValueError on
+                                      features it cannot represent.
   config_to_hf(cfg) -> dict           cfg -> config.json dict, with `architectures`,
                                       `model_type` and `tie_word_embeddings`.
   params_from_hf(tensors, cfg) -> dict
                                       checkpoint tensors -> a nested dict of numpy arrays shaped
                                       like `nnx.to_pure_dict(nnx.state(model, nnx.Param))`.
                                       `tensors` is a read-only Mapping name -> np.ndarray, read
-                                      on access; fetch them with `read(tensors, name, shape)`.
+                                      on access; fetch them with
+                                      `reading.read(tensors, name, shape)`.
   params_to_hf(pure: dict, cfg) -> dict[str, np.ndarray]
                                       the inverse: float32 pure dict -> HF tensor names.
   IGNORED (optional)                  regexes of checkpoint tensors that may be left unread
@@ -31,8 +32,6 @@ A converter module (imported lazily by its path, `FAMILIES[model_type].hf`) prov
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import json
 import re
 from collections.abc import Mapping
@@ -48,6 +47,7 @@ from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.numpy import save_file
 
 from tst_jax import models
+from tst_jax.convert import llama_hf, qwen3_moe_hf
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -67,12 +67,16 @@ _ST_DTYPES = {
 # ----------------------------------------------------------------------------- families
 
 
+# Each Hugging Face model_type, the name of a family of tst_jax.models.FAMILIES, and its converter.
+CONVERTERS = {"llama": llama_hf, "qwen3_moe": qwen3_moe_hf}
+
+
 def converter(model_type: str):
-  """The converter of HF `model_type` (a family of tst_jax.models.FAMILIES)."""
-  if model_type not in models.FAMILIES:
+  """Returns the converter of HF `model_type`."""
+  if model_type not in CONVERTERS:
     raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; tst_jax converts "
-                     f"{tuple(models.FAMILIES)}")
-  return importlib.import_module(models.FAMILIES[model_type].hf)
+                     f"{tuple(CONVERTERS)}")
+  return CONVERTERS[model_type]
 
 
 def _family_of(model):
@@ -80,26 +84,6 @@ def _family_of(model):
     return converter(models.family_of(getattr(model, "cfg", None)))
   except TypeError:
     raise TypeError(f"no Hugging Face family converts {type(model).__name__}") from None
-
-
-def make_config(cls, fields: dict, overrides: dict):
-  """`cls(**fields, **overrides)`, naming any override that is not a field of `cls`."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(overrides) - names)
-  if unknown:
-    raise ValueError(f"unknown {cls.__name__} overrides {unknown}; fields are {sorted(names)}")
-  return cls(**{**fields, **overrides})
-
-
-def read(tensors: Mapping, name: str, shape) -> np.ndarray:
-  """Checkpoint tensor `name` as float32, checked against the expected `shape`."""
-  shape = tuple(int(s) for s in shape)
-  if name not in tensors:
-    raise ValueError(f"checkpoint is missing tensor {name!r} (expected shape {shape})")
-  x = tensors[name]
-  if tuple(x.shape) != shape:
-    raise ValueError(f"tensor {name!r} has shape {tuple(x.shape)}, expected {shape}")
-  return np.asarray(x, np.float32)
 
 
 # ----------------------------------------------------------------------------- files
@@ -182,12 +166,12 @@ def from_hf(path, *, dtype: str = "float32", **overrides):
   if unread:
     raise ValueError(f"{path} has tensors the {hf['model_type']} converter does not map "
                      f"(unsupported features?): {unread[:8]}{' ...' if len(unread) > 8 else ''}")
-  return _build(family.MODEL_CLS, cfg, pure)
+  return _build(cfg, pure)
 
 
-def _build(model_cls, cfg, pure: dict):
-  """`model_cls(cfg)` holding the parameters `pure`, without a random init in memory."""
-  make = lambda: model_cls(cfg, rngs=nnx.Rngs(0))
+def _build(cfg, pure: dict):
+  """Returns the model of `cfg` holding the parameters `pure`, with no random init in memory."""
+  make = lambda: cfg.build(nnx.Rngs(0))
   graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
   if jax.tree.leaves(rest):
     # Non-parameter arrays (e.g. constant tables): a jitted constructor computes them and
@@ -197,7 +181,7 @@ def _build(model_cls, cfg, pure: dict):
   given = traverse_util.flatten_dict(pure)
   missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
   if missing or extra:
-    raise ValueError(f"converted parameters do not match {model_cls.__name__}: "
+    raise ValueError(f"converted parameters do not match {type(cfg).__name__}'s model: "
                      f"missing {missing}, unexpected {extra}")
   arrays = {}
   for key, want in expected.items():

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tst_jax.convert import hf as hf_io
-from tst_jax.models.llama import Llama, LlamaConfig
+from tst_jax.convert import reading
+from tst_jax.models.llama import LlamaConfig
 
-MODEL_CLS = Llama
 ARCHITECTURE = "LlamaForCausalLM"
 # Rotary buffers saved by older transformers, and the head of tied models when saved anyway.
 IGNORED = (r"\.rotary_emb\.inv_freq$", r"^lm_head\.weight$")
@@ -67,7 +66,7 @@ def config_from_hf(hf: dict, **overrides) -> LlamaConfig:
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       init_std=float(hf.get("initializer_range", 0.02)),
   )
-  return hf_io.make_config(LlamaConfig, fields, overrides)
+  return reading.make_config(LlamaConfig, fields, overrides)
 
 
 def config_to_hf(cfg: LlamaConfig) -> dict:
@@ -108,12 +107,12 @@ def params_from_hf(tensors, cfg: LlamaConfig) -> dict:
 
   def stack(name, shape, to_tst):
     """Maps layer tensor `model.layers.{i}.{name}` of HF `shape` and stacks it on axis 0."""
-    return np.stack([to_tst(hf_io.read(tensors, f"model.layers.{i}.{name}", shape))
+    return np.stack([to_tst(reading.read(tensors, f"model.layers.{i}.{name}", shape))
                      for i in range(cfg.n_layers)])
 
   pure = {
-      "embed": {"table": hf_io.read(tensors, "model.embed_tokens.weight", (v, d))},
-      "final_norm": {"scale": hf_io.read(tensors, "model.norm.weight", (d,))},
+      "embed": {"table": reading.read(tensors, "model.embed_tokens.weight", (v, d))},
+      "final_norm": {"scale": reading.read(tensors, "model.norm.weight", (d,))},
       "blocks": {
           "input_norm": {"scale": stack("input_layernorm.weight", (d,), lambda w: w)},
           "post_attn_norm": {"scale": stack("post_attention_layernorm.weight", (d,),
@@ -136,7 +135,7 @@ def params_from_hf(tensors, cfg: LlamaConfig) -> dict:
       },
   }
   if not cfg.tie_embeddings:
-    pure["lm_head"] = hf_io.read(tensors, "lm_head.weight", (v, d)).T
+    pure["lm_head"] = reading.read(tensors, "lm_head.weight", (v, d)).T
   return pure
 
 

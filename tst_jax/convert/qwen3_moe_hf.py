@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tst_jax.convert.hf import make_config, read
+from tst_jax.convert.reading import make_config, read
 from tst_jax.models import moe
 
-MODEL_CLS = moe.Qwen3MoE
 # A tied checkpoint may still carry lm_head.weight, and an untied config always reads it.
 IGNORED = (r"^lm_head\.weight$", r"rotary_emb\.inv_freq$")
 

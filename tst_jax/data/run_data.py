@@ -10,18 +10,20 @@ import json
 import os
 import time
 import types
+from typing import Callable
 
 import jax
 import numpy as np
 
-from tst_jax import fileio, schema
+from tst_jax import schema
 from tst_jax.data import mixture as mixture_lib, pipeline, prepare as prepare_lib, sources
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
-from tst_jax.errors import ConfigError, DataError
-from tst_jax.parallel import distributed
+from tst_jax.errors import ConfigError
 
-STORE_FILE = "store.json"   # the fingerprint of the token store a workdir trains on
+
+# The folder of a workdir that data.source is prepared into; train/workdir.py lists it.
+PREPARED_DIR = "data"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +154,20 @@ class RunData:
   eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
 
   @property
+  def directory(self) -> str:
+    """Names the folder of the run's store, or of each store of its mixture."""
+    if self.mixture is None:
+      return self.train.directory
+    return ", ".join(split.directory for split in self.mixture.splits.values())
+
+  @property
+  def train_token_count(self) -> int:
+    """Counts the training tokens of the run's store, or of all the stores of its mixture."""
+    if self.mixture is None:
+      return len(self.train)
+    return sum(len(split) for split in self.mixture.splits.values())
+
+  @property
   def train_tokens(self) -> TrainTokens:
     """The training tokens of the run's store, or of each store of its mixture."""
     if self.mixture is None:
@@ -161,25 +177,26 @@ class RunData:
 
 
 def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
-                 force_resume: bool = False) -> RunData:
+                 check_store: Callable[[TokenStore], None] | None = None) -> RunData:
   """The run's token store (`tokens:DIR` read in place, any other source prepared once into
   <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
   Nothing here reads more of the store than the eval windows.
 
   `block` (index, count): this process's rows of the eval batches (default: by process);
   `say`: prints what is done (reading, tokenizing: minutes to hours at scale);
-  `force_resume`: the workdir may have trained on another store. The caller has checked
-  the paths (`check_paths`).
+  `check_store`: refuses a store the workdir did not train on, before anything is copied
+  into the workdir. The caller has checked the paths (`check_paths`).
   """
   if d.eval_sets:
     run = prepare_data(dataclasses.replace(d, eval_sets=""), workdir, model_vocab, block, say,
-                       force_resume=force_resume)
+                       check_store=check_store)
     return dataclasses.replace(run, eval_sets=_eval_set_windows(d, workdir, run, block, say))
   if d.mixture or d.tst_mixture:
     return _prepare_mixture(d, workdir, model_vocab, block, say or (lambda text: None),
-                            force_resume)
+                            check_store)
   store = _open_store(d, workdir, model_vocab, say or (lambda text: None))
-  _check_store_of_workdir(workdir, store, force_resume)
+  if check_store is not None:
+    check_store(store)
   tokenizer = store.tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   index, count = block or (jax.process_index(), jax.process_count())
@@ -192,21 +209,12 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
     raise ConfigError("data.val_fraction", f"the held-out split of {store.directory} has "
                       f"{len(store.val)} tokens, too few for one {d.batch_size} x "
                       f"{d.seq_len + 1} eval batch")
-  _record_store(workdir, store, len(store.train))
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint, store.data_name)
 
 
-def _record_store(workdir: str, store, train_tokens: int):
-  """store.json: the store (or stores) this workdir trains on, from now on."""
-  if distributed.is_primary():
-    fileio.write_json(os.path.join(workdir, STORE_FILE),
-                      dict(fingerprint=store.fingerprint, directory=store.directory,
-                           train_tokens=train_tokens), sort_keys=True)
-
-
-def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_resume: bool
-                     ) -> RunData:
+def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
+                     check_store: Callable[[TokenStore], None] | None) -> RunData:
   """`prepare_data` of a mixture: each source's store (`_open_store`; a source to tokenize
   goes to <workdir>/mixture/<k>/data), one tokenizer for all, and held-out windows drawn
   from the entries as training rows are (`RunMixture.eval_windows`)."""
@@ -219,7 +227,8 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_
   body = json.dumps([[s, st.fingerprint] for s, st in zip(mix.sources, stores)])
   both = types.SimpleNamespace(fingerprint=hashlib.sha256(body.encode()).hexdigest(),
                                directory=", ".join(st.directory for st in stores))
-  _check_store_of_workdir(workdir, both, force_resume)
+  if check_store is not None:
+    check_store(both)
   tokenizer = stores[0].tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {stores[0].directory}")
   mix = dataclasses.replace(mix, splits={s: st.train for s, st in zip(mix.sources, stores)})
@@ -231,7 +240,6 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say, force_
   if not windows:
     raise ConfigError("data.val_fraction", f"a held-out split of {both.directory} is too "
                       f"small for its rows of one {d.batch_size} x {d.seq_len + 1} eval batch")
-  _record_store(workdir, both, sum(len(st.train) for st in stores))
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
@@ -322,33 +330,7 @@ def _store_dir(d: Data, workdir: str | None) -> str | None:
   kind, _, path = d.source.partition(":")
   if kind == "tokens":
     return os.path.expanduser(path)
-  return os.path.join(workdir, "data") if workdir else None
-
-
-def workdir_train_tokens(workdir: str) -> int | None:
-  """The training tokens of the store a run directory trained on (its store.json), None when
-  that is unknown (no store.json, or an old one whose store is gone)."""
-  path = os.path.join(workdir, STORE_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    saved = json.load(f)
-  if "train_tokens" in saved:
-    return saved["train_tokens"]
-  try:                     # written before store.json recorded it: the store's manifest
-    return len(TokenStore(saved["directory"]).train)
-  except DataError:
-    return None
-
-
-def workdir_fingerprint(workdir: str) -> str | None:
-  """The fingerprint of the token store a run directory trained on (its store.json); None
-  without one."""
-  path = os.path.join(workdir, STORE_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f).get("fingerprint")
+  return os.path.join(workdir, PREPARED_DIR) if workdir else None
 
 
 def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
@@ -384,20 +366,6 @@ def _check_vocab(vocab_size: int, model_vocab: int, what: str):
   if vocab_size > model_vocab:
     raise ConfigError("model.vocab_size", f"the tokenizer of {what} has {vocab_size} "
                       f"tokens, more than the model's {model_vocab}")
-
-
-def _check_store_of_workdir(workdir: str, store, force: bool):
-  """Refuse to resume a workdir on another store than the one it was trained on."""
-  path = os.path.join(workdir, STORE_FILE)
-  if not os.path.exists(path) or force:
-    return
-  with open(path) as f:
-    saved = json.load(f)
-  if saved["fingerprint"] != store.fingerprint:
-    raise ConfigError(
-        f"workdir {workdir} was trained on the token store {saved['directory']} (fingerprint "
-        f"{saved['fingerprint'][:12]}), not on {store.directory} ({store.fingerprint[:12]}); "
-        "use another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
 def store_request(d: Data, model_vocab: int) -> dict:

@@ -16,6 +16,8 @@ from tst_jax.errors import ConfigError, DataError
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 BPE_EOS = "<|endoftext|>"
 _MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
+# The file names of a tokenizer copied into a workdir or a store; train/workdir.py lists them.
+TOKENIZER_JSON, SENTENCEPIECE_MODEL = "tokenizer.json", "tokenizer.model"
 
 
 class Tokenizer:
@@ -94,13 +96,13 @@ def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
     raise ConfigError("data.tokenizer", f"file {name!r} does not exist")
   if name.endswith(".json"):
     hf = _load_tokenizer_json(name, "config.data.tokenizer: give a valid tokenizer.json")
-    path = _copy_into_workdir(name, workdir, "tokenizer.json", _same_json)
+    path = _copy_into_workdir(name, workdir, TOKENIZER_JSON, _same_json)
     return Tokenizer(hf, eos_id=_find_eos(hf, name), path=path)
   return _load_sentencepiece(name, workdir)
 
 
 def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
-  cached = os.path.join(workdir, "tokenizer.json") if workdir else None
+  cached = os.path.join(workdir, TOKENIZER_JSON) if workdir else None
   if cached and os.path.isfile(cached):
     hf = _load_tokenizer_json(
         cached, "it is the BPE this workdir's data and checkpoints were made with: restore it "
@@ -171,7 +173,7 @@ def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
   sp = sentencepiece.SentencePieceProcessor(model_file=spec)
   if sp.eos_id() < 0:
     raise ValueError(f"tokenizer {spec!r} has no EOS token")
-  path = _copy_into_workdir(spec, workdir, "tokenizer.model", _same_bytes)
+  path = _copy_into_workdir(spec, workdir, SENTENCEPIECE_MODEL, _same_bytes)
   return Tokenizer(sp=sp, eos_id=sp.eos_id(), path=path)
 
 

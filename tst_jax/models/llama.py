@@ -84,6 +84,29 @@ class LlamaConfig:
         qk_norm=qk_norm, norm_eps=self.norm_eps, attention_impl=self.attention_impl,
         matmul_precision=self.matmul_precision)
 
+  def build(self, rngs: nnx.Rngs) -> Llama:
+    """Returns the model of this config, its parameters drawn from `rngs`."""
+    return Llama(self, rngs=rngs)
+
+  def param_counts(self) -> tuple[int, int]:
+    """Returns (total, active) parameters, equal for a dense model."""
+    total = param_count(self)
+    return total, total
+
+  def matmul_params(self) -> int:
+    """Returns the parameters a token goes through at 2 FLOPs each in the forward pass,
+    everything but the embedding lookup and the norms: the 'N' of the 6N rule."""
+    d, g = self.dim, self.head_dim
+    attn = d * g * (2 * self.n_heads + 2 * self.n_kv_heads)
+    mlp = 3 * d * self.ffw_dim
+    return self.n_layers * (attn + mlp) + d * self.vocab_size
+
+  def flops_per_token(self, seq_len: int) -> float:
+    """Returns training FLOPs per model position: 6N + 12 * layers * heads * head_dim * seq_len,
+    the PaLM/Chinchilla formula with forward, backward and attention scores counted in full."""
+    attention = 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+    return 6.0 * self.matmul_params() + attention
+
 
 LLAMA3_VOCAB = 128_256
 # The paper's section 4: SmolLM2 and SmolLM3 shapes in the Llama-3 code, Llama-3 vocabulary,
@@ -178,37 +201,8 @@ class Llama(nnx.Module):
     return self.logits(self.final_norm(h_BxLxD)), cache
 
 
-def param_count(model_cls, cfg) -> int:
+def param_count(cfg: LlamaConfig) -> int:
   """Counts parameters exactly from shapes, allocating nothing and starting no backend."""
   portable = platform.portable(cfg)
-  abstract = nnx.eval_shape(lambda: model_cls(portable, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: portable.build(nnx.Rngs(0)))
   return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-
-
-def matmul_params(cfg: LlamaConfig) -> int:
-  """Counts the parameters that cost 2 FLOPs per token in the forward pass: the N of 6N.
-
-  That is everything but the embedding lookup and the norms.
-  """
-  d, g = cfg.dim, cfg.head_dim
-  attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
-  mlp = 3 * d * cfg.ffw_dim
-  return cfg.n_layers * (attn + mlp) + d * cfg.vocab_size
-
-
-def flops_per_token(cfg: LlamaConfig, seq_len: int, active_matmul_params: int | None = None):
-  """Returns training FLOPs per model position: 6N + 12 * layers * heads * head_dim * seq_len.
-
-  This is the PaLM and Chinchilla formula: forward and backward, attention scores in full.
-  """
-  n = matmul_params(cfg) if active_matmul_params is None else active_matmul_params
-  return 6.0 * n + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
-
-
-CONFIG_CLS, MODEL_CLS = LlamaConfig, Llama
-
-
-def param_counts(cfg: LlamaConfig) -> tuple[int, int]:
-  """Returns total and active parameters, equal for a dense model."""
-  total = param_count(Llama, cfg)
-  return total, total

@@ -71,6 +71,28 @@ class MoEConfig(llama.LlamaConfig):
     return tuple(i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
                  for i in range(self.n_layers))
 
+  def build(self, rngs: nnx.Rngs) -> Qwen3MoE:
+    """Returns the model of this config, its parameters drawn from `rngs`."""
+    return Qwen3MoE(self, rngs=rngs)
+
+  def param_counts(self) -> tuple[int, int]:
+    """Returns (total, active) parameters from shapes only. Active leaves out the E - P unused
+    experts of each sparse layer and counts everything else in full."""
+    total = llama.param_count(self)
+    unused = sum(self.sparse_layers()) * (self.n_experts - self.n_experts_per_token)
+    return total, total - unused * 3 * self.dim * self.moe_ffw_dim
+
+  def matmul_params(self) -> int:
+    """Returns the matmul parameters a token goes through, the 'N' of the 6N rule for MoE:
+    attention, dense MLPs, routers, P experts per sparse layer and the head."""
+    d, g = self.dim, self.head_dim
+    n_sparse = sum(self.sparse_layers())
+    attn = d * g * (2 * self.n_heads + 2 * self.n_kv_heads)
+    dense_mlp = 3 * d * self.ffw_dim
+    sparse_mlp = d * self.n_experts + self.n_experts_per_token * 3 * d * self.moe_ffw_dim
+    return (self.n_layers * attn + (self.n_layers - n_sparse) * dense_mlp
+            + n_sparse * sparse_mlp + d * self.vocab_size)
+
 
 # Qwen3 conventions: rope_theta 1e6, RMSNorm eps 1e-6, head_dim 128 at scale, QK-norm.
 PRESETS = {
@@ -386,37 +408,3 @@ class Qwen3MoE(llama.Llama):
     metrics = {"moe/lb_loss": lb, "moe/z_loss": z, "moe/expert_load": load_E,
                "moe/max_load": cfg.n_experts * jnp.max(load_E)}
     return cfg.aux_loss_coef * lb + cfg.router_z_loss_coef * z, metrics
-
-
-def param_counts(cfg: MoEConfig) -> tuple[int, int]:
-  """Counts total and active parameters from shapes only.
-
-  Active parameters leave out the E - P unused experts of each sparse layer. Embeddings, head,
-  attention, norms, routers and dense layers count in full.
-  """
-  total = llama.param_count(Qwen3MoE, cfg)
-  unused = sum(cfg.sparse_layers()) * (cfg.n_experts - cfg.n_experts_per_token)
-  return total, total - unused * 3 * cfg.dim * cfg.moe_ffw_dim
-
-
-def matmul_params_active(cfg: MoEConfig) -> int:
-  """Counts the matmul parameters a token goes through, the N of the 6N rule for MoE.
-
-  These are attention, dense MLPs, routers, P experts per sparse layer and the head, without the
-  embedding lookup or norms. Pass it to `llama.flops_per_token` as `active_matmul_params`.
-  """
-  d, g = cfg.dim, cfg.head_dim
-  n_sparse = sum(cfg.sparse_layers())
-  attn = d * g * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
-  dense_mlp = 3 * d * cfg.ffw_dim
-  sparse_mlp = d * cfg.n_experts + cfg.n_experts_per_token * 3 * d * cfg.moe_ffw_dim
-  return (cfg.n_layers * attn + (cfg.n_layers - n_sparse) * dense_mlp + n_sparse * sparse_mlp
-          + d * cfg.vocab_size)
-
-
-def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
-  """Returns training FLOPs per position: llama's 6N plus attention, N the active parameters."""
-  return llama.flops_per_token(cfg, seq_len, active_matmul_params=matmul_params_active(cfg))
-
-
-CONFIG_CLS, MODEL_CLS = MoEConfig, Qwen3MoE

@@ -44,8 +44,8 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
     raise ConfigError("mesh", f"axis sizes must be >= 1 or -1, got {sizes}")
   known = math.prod(n for n in sizes.values() if n != -1)
   if num_devices % known:
-    raise ConfigError(f"config.mesh {sizes}: {known} devices do not divide the {num_devices} "
-                     "available devices")
+    raise ConfigError("mesh", f"{sizes}: {known} devices do not divide the {num_devices} "
+                      "available devices")
   if fill:
     sizes[fill[0]] = num_devices // known
   return sizes
@@ -58,7 +58,7 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   shape = tuple(sizes[a] for a in MESH_AXES)
   if math.prod(shape) < len(devices):
     if jax.process_count() > 1:
-      raise ConfigError(f"config.mesh {sizes} uses {math.prod(shape)} of the {len(devices)} "
+      raise ConfigError("mesh", f"{sizes} uses {math.prod(shape)} of the {len(devices)} "
                        "devices; a multi-process mesh must use them all (set an axis to -1)")
     devices = devices[:math.prod(shape)]   # e.g. a one-device run on a host of 8
   grid = device_grid(shape, int(mesh_cfg.dcn_data), devices)
@@ -151,7 +151,7 @@ def check_divisible(abstract_tree, shardings, what: str = "parameter"):
 
   jax.tree_util.tree_map_with_path(check, abstract_tree, shardings)
   if problems:
-    raise ConfigError(f"config.mesh / logical_axis_rules: {len(problems)} {what} dimensions do "
+    raise ConfigError("mesh", f"{len(problems)} {what} dimensions do "
                      "not divide over their mesh axes: " + "; ".join(problems[:3]) +
                      (" ..." if len(problems) > 3 else "") + " (change the mesh or the model "
                      "shape, or map that logical axis to None)")

@@ -5,16 +5,13 @@ what a baseline must share with it (config.json, the store's fingerprint)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
-import ml_collections
 import numpy as np
 
 from tst_jax import errors
-from tst_jax.data import run_data
-from tst_jax.train import spec as spec_lib, trained_run
-from tst_jax.train.plan import Plan, PlanRecord
+from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.plan import Plan
 
 # Config fields a baseline may differ in from the run it is compared with: the TST settings,
 # the step count, the seed, and what changes how a run is computed but not what it learns.
@@ -101,12 +98,9 @@ def identity_of(workdir: str, plan: Plan) -> dict:
   """What a baseline must share with a run: every field of its config.json but FREE_FIELDS,
   its store's fingerprint and its model's parameter counts."""
   flat = {}
-  path = os.path.join(workdir, trained_run.CONFIG_FILE)
-  if os.path.isfile(path):
-    with open(path) as f:
-      _flatten(json.load(f), "", flat)
+  _flatten(workdir_lib.read_config_json(workdir) or {}, "", flat)
   flat = {k: v for k, v in flat.items() if not k.startswith(FREE_FIELDS)}
-  fingerprint = run_data.workdir_fingerprint(workdir)
+  fingerprint = (workdir_lib.read_store(workdir) or {}).get("fingerprint")
   if fingerprint:
     flat[FINGERPRINT] = fingerprint
   return flat | {"parameters": plan.params_total, "active parameters": plan.params_active}
@@ -120,40 +114,16 @@ def _flatten(record: dict, prefix: str, out: dict):
       out[prefix + key] = value
 
 
-def run_record(workdir: str, started: Plan | None = None) -> tuple[Plan, int | None]:
-  """(the run's plan, its store's training tokens or None), from its plan.json; for a run
-  that has not written one, the plan it was `started` with (a sweep's point), else its
-  config.json checked again (a run written before runs recorded their plan), and store.json."""
-  record = PlanRecord.read(workdir)
-  if record is not None:
-    return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
-                         else run_data.workdir_train_tokens(workdir))
-  return started or _plan_of_config(workdir), run_data.workdir_train_tokens(workdir)
-
-
-def _plan_of_config(workdir: str) -> Plan:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise errors.DataError(f"{workdir}: has no plan.json or config.json: give run directories "
-                           "of main.py")
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config.tst.weighting = "uniform"
-  return spec_lib.check(config).plan
-
-
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """A run directory of `main.py` -> its eval curve and plan; an unfinished run is an
   error."""
-  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+  if not os.path.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
-  plan, train_tokens = run_record(workdir)
+  plan, train_tokens = workdir_lib.plan_and_tokens(workdir)
   evals = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in filter(str.strip, f):
-      record = json.loads(line)
-      if "eval_loss" in record:
-        evals[record["step"]] = record      # the last line of a step wins (resumed runs)
+  for record in workdir_lib.read_metrics(workdir):
+    if "eval_loss" in record:
+      evals[record["step"]] = record      # the last line of a step wins (resumed runs)
   if not evals:
     raise errors.DataError(f"{workdir}/metrics.jsonl: has no eval lines: give runs that "
                            "reached their first eval")

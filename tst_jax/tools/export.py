@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tokenizers
 
-from tst_jax.train import trained_run
+from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
 
 log = logging.getLogger("tst_jax")
@@ -46,7 +46,7 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   if out.exists() and any(out.iterdir()) and not overwrite:
     raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
   trained = trained_run.load(workdir, step, dtype="float32")
-  tokenizer_file = Path(trained.workdir) / "tokenizer.json"
+  tokenizer_file = Path(workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON))
   if not tokenizer_file.is_file():
     raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
                             "tokenizer.json can be exported")

@@ -32,9 +32,9 @@ from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import arms, compare, sweep
 from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.tools.sweep.report import finished_arm_runs
-from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train import defaults
 from tst_jax.train.plan import Plan
+from tst_jax.train.workdir import final_eval
 
 
 def ladder_arms(lengths: list[str], factors: list[float], tst_arm: str = "tst"

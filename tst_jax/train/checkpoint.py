@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -12,6 +14,10 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed
+from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.spec import RunSpec
+
+log = logging.getLogger("tst_jax")
 
 
 class SaveClock:
@@ -97,8 +103,8 @@ class Checkpoints:
       return
     for name, shape in _leaf_shapes(abstract_state).items():
       if name in saved and saved[name] != shape:
-        raise ConfigError(f"checkpoint {step} in {self.directory} does not fit the model: "
-                         f"{name} has shape {saved[name]} there but {shape} in this config")
+        raise ConfigError("model", f"does not fit checkpoint {step} in {self.directory}: "
+                          f"{name} has shape {saved[name]} there but {shape} in this config")
 
   def wait(self):
     with self._write_faults():
@@ -131,6 +137,55 @@ class Checkpoints:
           f"{cause.filename or self.directory}: a checkpoint write failed "
           f"({cause.strerror or cause}); {last}: free space or fix permissions, then run the "
           "same command again to resume") from e
+
+
+class RunCheckpoints(Checkpoints):
+  """A run's checkpoints: each step saved with its phase, data position and token store, and
+  the latest one that restores, on the store it was trained on."""
+
+  def __init__(self, directory: str, spec: RunSpec, fingerprint: str, store_directory: str,
+               abstract_state):
+    super().__init__(directory, keep=spec.train.keep_checkpoints,
+                     keep_steps=[p.first_step for p in spec.plan.phases[1:]],
+                     every=spec.train.checkpoint_every,
+                     clock=SaveClock(spec.train.checkpoint_minutes))
+    self.plan, self.force_resume = spec.plan, spec.train.force_resume
+    self.fingerprint, self.store_directory = fingerprint, store_directory
+    self.abstract_state = abstract_state
+
+  def save_step(self, state, step: int, *, force: bool = False) -> bool:
+    """Saves `state` after `step` steps with the phase and data position it reached."""
+    phase = self.plan.phase_at(max(step - 1, 0))
+    meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
+                data_start_pos=self.plan.data_start(phase), window=phase.window,
+                data_fingerprint=self.fingerprint)
+    return self.save(step, state, meta, force=force)
+
+  def restore_latest(self) -> tuple[Any, int] | None:
+    """Returns (state, step) of the latest checkpoint that restores, None where there is none;
+    a truncated or corrupted step falls back to the one before."""
+    if self.latest_step() is None:
+      return None
+    for step in sorted(self.all_steps(), reverse=True):
+      self.check_shapes(step, self.abstract_state)
+      try:
+        state, meta = self.restore(step, self.abstract_state)
+      except Exception as e:  # pylint: disable=broad-except
+        log.warning("checkpoint %d in %s cannot be restored (%s: %s); trying the previous one",
+                    step, self.directory, type(e).__name__, str(e)[:300])
+        continue
+      self._check_store(step, meta)
+      return state, step
+    raise ConfigError("--workdir", f"no checkpoint in {self.directory} can be restored")
+
+  def _check_store(self, step: int, meta: dict):
+    """Refuses a checkpoint trained on another token store: its fingerprint is in its meta."""
+    saved = meta.get("data_fingerprint")
+    differs = saved and saved != self.fingerprint and (
+        f"fingerprint {saved[:12]} there, {self.store_directory} "
+        f"({self.fingerprint[:12]}) here")
+    workdir_lib.check_same_run(f"{self.directory}/{step}", "token store", differs,
+                               self.force_resume)
 
 
 def abstract_with_shardings(abstract_state, shardings):

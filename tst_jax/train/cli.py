@@ -8,6 +8,8 @@ or the run's data is prepared and its loop trains or evaluates.
 
 from __future__ import annotations
 
+import json
+
 import jax
 
 from tst_jax.data import run_data
@@ -49,7 +51,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   check_workdir(workdir)
   try:
     setup = Setup.create(spec, workdir, record=mode == "train")
-    result = setup.evaluate_latest() if mode == "eval" else loop.train(setup)
+    result = evaluate_latest(setup) if mode == "eval" else loop.train(setup)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
     raise
@@ -68,3 +70,11 @@ def plan(spec, flags, workdir: str, target) -> dict:
   print(format_plan(spec.plan, spec.resolved, tokens=tokens,   # its last line: the plan's JSON
                     max_passes=spec.train.max_passes))
   return spec.plan.to_json() | (dict(fit=fitted.to_json()) if fitted else {})
+
+
+def evaluate_latest(setup: Setup) -> dict:
+  """Prints and returns the held-out loss of the run's latest checkpoint, as a JSON line."""
+  state, step = setup.restore_or_init()
+  result = dict(step=step, eval_loss=setup.evaluate(state.params))
+  print(json.dumps(result))
+  return result

@@ -77,8 +77,9 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
     elif arm_steps(part):
       c.train.steps = arm_steps(part)
     else:
-      raise ConfigError(f"{name}: unknown arg {part!r}; expected a comma list of tst, baseline, "
-                       "reinit, input_only, output_only, smooth, s<S>, r<ratio>, <N>k")
+      raise ConfigError("--config", f"{name}: unknown arg {part!r}; expected a comma list of "
+                        "tst, baseline, reinit, input_only, output_only, smooth, s<S>, r<ratio>, "
+                        "<N>k")
   return c
 
 

@@ -2,7 +2,7 @@
 
 `python main.py --config configs/llama_3b.py --mode plan --config.mesh.fsdp=64
 --accelerator=b200` builds the run's mesh over that many CPU devices. It lowers and compiles the
-same jitted train step the loop runs from abstract arrays with shardings, so nothing is
+same jitted train step the loop runs, `step.Trainer.train_step`, from abstract arrays with shardings, so nothing is
 allocated, and prints per device:
 - parameters and optimizer state, exact from the shapes and shardings,
 - the activations the backward pass keeps at the config's remat, exact from the residuals JAX
@@ -41,7 +41,7 @@ DEFAULT_GPU_FRACTION = 0.75
 def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str]:
   """Returns the bytes a step may use on one device of `accelerator`, and how that was decided."""
   if accelerator not in HBM_GB:
-    raise ConfigError(f"--accelerator: must be one of {tuple(HBM_GB)}, got {accelerator!r}")
+    raise ConfigError("--accelerator", f"must be one of {tuple(HBM_GB)}, got {accelerator!r}")
   hbm = HBM_GB[accelerator] * GB
   if accelerator.startswith("v"):
     return hbm, f"{HBM_GB[accelerator]} GB HBM"
@@ -49,7 +49,7 @@ def accelerator_budget(accelerator: str, environ=os.environ) -> tuple[float, str
   try:
     fraction = float(text)
   except ValueError:
-    raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: {text!r} is not a number") from None
+    raise ConfigError("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{text!r} is not a number") from None
   return hbm * fraction, (f"{HBM_GB[accelerator]} GB HBM x XLA_PYTHON_CLIENT_MEM_FRACTION "
                           f"{fraction:g}")
 
@@ -58,7 +58,7 @@ def mesh_devices(mesh_cfg) -> int:
   """Counts the devices the fit check emulates: the product of the mesh axes, every one given."""
   sizes = [int(getattr(mesh_cfg, a)) for a in mesh_lib.MESH_AXES]
   if -1 in sizes:
-    raise ConfigError("config.mesh: give every axis for a fit check, e.g. "
+    raise ConfigError("mesh", "give every axis for a fit check, e.g. "
                       "--config.mesh.data=1 --config.mesh.fsdp=64 (the run's device count)")
   return math.prod(sizes)
 
@@ -67,20 +67,20 @@ def emulate_devices(n: int):
   """Makes the backend, not yet started, compile on `n` CPU devices. Nothing runs on them."""
   if xla_bridge.backends_are_initialized():
     if jax.device_count("cpu") < n:
-      raise ConfigError(f"config.mesh: a fit check on {n} devices needs them before JAX "
+      raise ConfigError("mesh", f"a fit check on {n} devices needs them before JAX "
                         f"starts; this process already has {jax.device_count('cpu')} CPU devices")
     return
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", n)
 
 
-def layer_param_bytes(model_cfg) -> int:
+def layer_param_bytes(model_cfg: models.ModelConfig) -> int:
   """Returns the bytes of one decoder layer's float32 parameters, the mean over layers.
 
   That is all parameters but the embedding, the head and the final norm. A MoE's sparse layers
   are larger than the mean.
   """
-  total, _ = models.module_for(model_cfg).param_counts(model_cfg)
+  total, _ = model_cfg.param_counts()
   io = model_cfg.vocab_size * model_cfg.dim * (1 if model_cfg.tie_embeddings else 2)
   return 4 * (total - io - model_cfg.dim) // model_cfg.n_layers
 
@@ -91,7 +91,7 @@ def _shard_bytes(abstract_tree, shardings) -> int:
   return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, specs))
 
 
-def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int,
+def activation_bytes(graphdef, params, phase, loss_cfg, window, batch_shards: int,
                      flash_len: int = 0) -> int:
   """Counts the bytes per device that the backward pass keeps from the forward at the remat.
 
@@ -102,7 +102,7 @@ def activation_bytes(graphdef, params, loss_of_window, window, batch_shards: int
   [layers, B, H, L] are counted.
   """
   def loss(params, window):
-    return loss_of_window(nnx.merge(graphdef, params), window)[0]
+    return step_lib.loss(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
   rows = window.shape[0]
   total = 0
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
@@ -229,18 +229,17 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
   plan = spec.plan
   n = mesh_devices(spec.mesh)
   model_cfg = spec.model
-  steps = step_lib.StepBuilder.of(spec, list(devices or jax.devices()[:n]))
-  steps.check()
-  graphdef, abstract, shardings = steps.graphdef, steps.abstract, steps.shardings
-  batch_sharding, mesh, params = steps.batch_sharding, steps.mesh, abstract.params
+  trainer = step_lib.Trainer.of(spec, list(devices or jax.devices()[:n]))
+  trainer.check()
+  graphdef, abstract, shardings = trainer.graphdef, trainer.abstract, trainer.shardings
+  batch_sharding, mesh, params = trainer.batch_sharding, trainer.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)
   accum = spec.optimizer.grad_accum
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        abstract, shardings)
   results = []
   for phase in plan.phases:
-    loss_of_window = step_lib.loss_fn(phase, spec.loss)
-    step = steps.train_step(phase)
+    step = trainer.train_step(phase)
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()
@@ -250,14 +249,14 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
-        activation_bytes(graphdef, params, loss_of_window, micro, shards,
+        activation_bytes(graphdef, params, phase, spec.loss, micro, shards,
                          flash and phase.latent_seq_len),
         int(memory.temp_size_in_bytes),
         int(memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
   full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
-  full_activations = max(activation_bytes(full_graphdef, params, step_lib.loss_fn(p, spec.loss),
+  full_activations = max(activation_bytes(full_graphdef, params, p, spec.loss,
                                           jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
                                                                jnp.int32), shards,
                                           flash and p.latent_seq_len)

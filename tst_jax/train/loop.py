@@ -19,26 +19,28 @@ import numpy as np
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.console import Console
+from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
 from tst_jax.train.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 from tst_jax.train.setup import Setup
+from tst_jax.train import workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 
 
 def train(setup: Setup) -> dict:
-  """Trains the phases of `setup.plan` from the latest checkpoint (or step 0) to the end; returns
+  """Trains the run's phases from the latest checkpoint (or step 0) to the end; returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
-  settings, plan = setup.spec.train, setup.plan
+  settings, plan = setup.spec.train, setup.spec.plan
   state, start = setup.restore_or_init()
   primary = distributed.is_primary()
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=settings.progress_bar and sys.stdout.isatty())
   tokens = setup.data.train_tokens
   if primary:                         # <workdir>/plan.json, before the first step
-    PlanRecord(plan, tokens, setup.resolved).write(setup.workdir)
-  console.print(format_plan(plan, setup.resolved, with_json=False, tokens=tokens) if start == 0
+    workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.spec.resolved))
+  console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
   writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
@@ -50,20 +52,21 @@ def train(setup: Setup) -> dict:
       if start >= phase.last_step:
         continue
       if phase.first_step > 0 and start == phase.first_step:
-        state = setup.handoff(state, phase, console)
-      train_step, batches = setup.train_step(phase), setup.batches(phase, max(start, phase.first_step))
+        state = handoff(state, phase, setup.checkpoints, setup.trainer, console)
+      train_step = setup.trainer.train_step(phase)
+      batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = train_step(state, next(batches))
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
           step_log.flush()
-          loss, sets = setup.evaluate(state.params), setup.evaluate_sets(state.params)
+          loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
           writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done),
                             **{f"eval_loss/{name}": x for name, x in sets.items()}))
           console.eval(done, loss, sets)
         stop = guard.should_stop(done)                # agreed by every process
-        setup.save(state, done, force=stop or done == phase.last_step)
+        setup.checkpoints.save_step(state, done, force=stop or done == phase.last_step)
         if stop:
           step_log.flush()
           raise Preempted(done)
@@ -74,7 +77,7 @@ def train(setup: Setup) -> dict:
         setup.workdir, plan, setup.evaluate(state.params), write=primary,
         unigram_entropy=setup.data.unigram_entropy, data=setup.data.data_name,
         seconds_this_session=time.time() - t0,
-        resolved=setup.resolved.to_json())
+        resolved=setup.spec.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
     console.final(summary, setup.workdir, setup.spec.reference)
     return summary

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
-from tst_jax import fileio
+from tst_jax.train import workdir as workdir_lib
 
 
 class MetricsWriter:
@@ -15,13 +14,10 @@ class MetricsWriter:
   reads as one uninterrupted run."""
 
   def __init__(self, workdir: str, resume_step: int | None):
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    if resume_step is not None and os.path.exists(self.path):
-      truncate_after(self.path, resume_step)
-    self.file = open(self.path, "a")
+    self.file = workdir_lib.open_metrics(workdir, resume_step)
     try:
       from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self.tb = SummaryWriter(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
     except ImportError:   # TensorBoard output is optional
       self.tb = None
 
@@ -42,38 +38,23 @@ class MetricsWriter:
 def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
   """The run's summary (final held-out loss, the phase-1-end eval, steps, token counts, and
   `fields`); with `write`, to <workdir>/summary.json with the loss plot <workdir>/loss.png."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  evals = {r["step"]: r["eval_loss"] for r in read(path) if "eval_loss" in r}
+  records = workdir_lib.read_metrics(workdir)
+  evals = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
   tst = [p for p in plan.phases if p.is_tst]     # phase 1: one or more tst phases
   switch = tst[-1].last_step if tst and len(tst) < len(plan.phases) else None
   summary = dict(final_eval_loss=final_eval, steps=plan.total_steps,
                  phase1_end_eval_loss=evals.get(switch), **fields,
                  **plan.tokens_at(plan.total_steps))
   if write:
-    fileio.write_json(os.path.join(workdir, "summary.json"), summary)
-    plot_losses(path, os.path.join(workdir, "loss.png"), switch_step=switch)
+    workdir_lib.write_summary(workdir, summary)
+    plot_losses(records, workdir_lib.path(workdir, workdir_lib.LOSS_PLOT), switch_step=switch)
   return summary
 
 
-def read(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def truncate_after(path: str, step: int):
-  """Drop lines with step > `step` (written after the checkpoint we resume from)."""
-  kept = [r for r in read(path) if r.get("step", 0) <= step]
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in kept)
-  os.replace(tmp, path)
-
-
-def plot_losses(metrics_path: str, out_path: str, switch_step: int | None = None):
-  """Train and eval loss vs step and vs data tokens, the phase switch marked."""
+def plot_losses(records: list[dict], out_path: str, switch_step: int | None = None):
+  """Plots metrics.jsonl's train and eval loss vs step and vs data tokens, the switch marked."""
   from matplotlib.figure import Figure   # no pyplot: leaves notebooks' backends alone
 
-  records = read(metrics_path)
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
   fig = Figure(figsize=(12, 4.5))

@@ -4,17 +4,14 @@ tst.schedule, then ntp), their tokens, FLOPs and stream regions, and plan.json's
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import numpy as np
 
-from tst_jax import fileio, models, platform
+from tst_jax import models, platform
 from tst_jax import superposition as sp
 from tst_jax.data.run_data import TrainTokens
 
 EQUAL_FLOPS = ("seq", "batch")
-PLAN_FILE = "plan.json"   # the run's plan in its workdir (PlanRecord), written as it starts
 
 
 def bag_schedule(tst) -> tuple[int, ...]:
@@ -205,17 +202,17 @@ class Plan:
                record.get("ratio", tst_share))
 
 
-def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -> Plan:
+def make_plan(model_cfg: models.ModelConfig, tst, seq_len: int, batch_size: int,
+              total_steps: int) -> Plan:
   """Phases of a run of `total_steps` (T) from the model's config dataclass, the tst section
   (checked) and the data's L and B. r = 0 or S = 1 is the baseline."""
-  family = models.module_for(model_cfg)
-  total, active = family.param_counts(model_cfg)
+  total, active = model_cfg.param_counts()
   seq, batch = seq_len, batch_size
   steps_total = total_steps
   tst_steps = round(tst.ratio * steps_total) if tst.bag_size > 1 else 0
 
   def phase(name, first, steps, bag, mode, latent, rows):
-    flops = family.flops_per_token(model_cfg, latent) * latent * rows
+    flops = model_cfg.flops_per_token(latent) * latent * rows
     loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
     return Phase(name, first, steps, bag, mode, latent, rows, flops, **loss)
 
@@ -236,7 +233,7 @@ def make_plan(model_cfg, tst, seq_len: int, batch_size: int, total_steps: int) -
 
 @dataclasses.dataclass(frozen=True)
 class PlanRecord:
-  """What <workdir>/plan.json holds (process 0 writes it as the run starts, and again on
+  """What a run's plan.json holds (process 0 writes it as the run starts, and again on
   resume): the plan, the training tokens of the store it reads (the passes over them) and
   the resolved `auto` choices; `from_json` reads it back typed."""
   plan: Plan
@@ -261,15 +258,3 @@ class PlanRecord:
     return cls(Plan.from_json(record),
                TrainTokens(data["train_tokens"], data["exact"], data["where"]) if data else None,
                platform.Resolved.from_json(resolved) if resolved else None)
-
-  def write(self, workdir: str):
-    fileio.write_json(os.path.join(workdir, PLAN_FILE), self.to_json())
-
-  @classmethod
-  def read(cls, workdir: str) -> PlanRecord | None:
-    """The record of a run directory; None for one written before runs recorded it."""
-    path = os.path.join(workdir, PLAN_FILE)
-    if not os.path.isfile(path):
-      return None
-    with open(path) as f:
-      return cls.from_json(json.load(f))

@@ -1,67 +1,67 @@
-"""What a run builds before its first step: the steps' builder, the workdir (its config.json
-checked against the run's), the token store and the checkpoints; and what the loop asks of
-them (restore or init, batches, the phase switch, save, evaluate)."""
+"""What a run builds before its first step: the Trainer of its steps, the workdir with its
+config.json checked against the run's, the token store, the checkpoints, the evaluator, the
+state the first step starts from and each phase's batches."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 
 import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, platform
-from tst_jax import superposition as sp
+from tst_jax import platform
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
+from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.evaluate import Evaluator
 
-log = logging.getLogger("tst_jax")
 # Config sections that must match to resume a workdir (logging cadences may change).
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
 
 
 class Setup:
-  """What a run builds once, before its first step (`Setup.create`): the steps' builder
-  (mesh, optimizer, model graph, shardings), its data and its checkpoints."""
+  """What a run builds once, before its first step (`Setup.create`): the Trainer of its
+  steps (mesh, optimizer, model graph, shardings), its data, its checkpoints and its
+  evaluator."""
 
-  def __init__(self, spec: spec_lib.RunSpec, workdir: str, steps: step_lib.StepBuilder,
+  def __init__(self, spec: spec_lib.RunSpec, workdir: str, trainer: step_lib.Trainer,
                data: run_data.RunData, data_block: tuple[int, int]):
-    self.spec, self.workdir, self.steps, self.data = spec, workdir, steps, data
+    self.spec, self.workdir, self.trainer, self.data = spec, workdir, trainer, data
     self.data_block = data_block          # (index, count): the batch rows this process loads
-    self.abstract_state = ckpt_lib.abstract_with_shardings(steps.abstract, steps.shardings)
-    handoffs = [p.first_step for p in spec.plan.phases[1:]]
-    self.checkpoints = ckpt_lib.Checkpoints(
-        os.path.join(workdir, "checkpoints"), keep=spec.train.keep_checkpoints,
-        keep_steps=handoffs, every=spec.train.checkpoint_every,
-        clock=ckpt_lib.SaveClock(spec.train.checkpoint_minutes))
-    self._eval_step = jax.jit(step_lib.make_eval_step(steps.graphdef),
-                              in_shardings=(steps.shardings.params, steps.batch_sharding))
+    self.checkpoints = ckpt_lib.RunCheckpoints(
+        workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
+        data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
+    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], data.eval_sets)
 
   @classmethod
   def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,
              record: bool = True) -> Setup:
-    """In order: the steps' builder (checked against the mesh), the workdir (a run of
+    """In order: the Trainer (checked against the mesh), the workdir (a run of
     another config refused), the token store (prepared once, by process 0) with this
     process's rows and its passes (train.max_passes), then, with `record` (training, not an
     eval), the workdir's config.json."""
     if spec.resolved is None:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
-    steps = step_lib.StepBuilder.of(spec, devices)
-    steps.check()
+    trainer = step_lib.Trainer.of(spec, devices)
+    trainer.check()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     _check_workdir_config(spec, workdir)
-    block = mesh_lib.process_batch_block(steps.batch_sharding)
+    block = mesh_lib.process_batch_block(trainer.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
-      data = run_data.prepare_data(spec.data, workdir, spec.model.vocab_size, block, say=say,
-                                   force_resume=spec.train.force_resume)
+      data = run_data.prepare_data(
+          spec.data, workdir, spec.model.vocab_size, block, say=say,
+          check_store=lambda store: workdir_lib.check_store(workdir, store,
+                                                            spec.train.force_resume))
+      if distributed.is_primary():   # the store this workdir trains on, from now on
+        workdir_lib.write_store(workdir, data.fingerprint, data.directory,
+                                data.train_token_count)
     where, count, passes = max(((w, n, sum(x)) for w, n, x in data.train_tokens.passes(
         spec.plan)), key=lambda e: e[2])
     if spec.train.max_passes and passes > spec.train.max_passes:
@@ -70,135 +70,51 @@ class Setup:
                         f"than {spec.train.max_passes:g}: give it fewer steps or a larger "
                         "train.max_passes, or more data in a new --workdir (this one keeps "
                         "its token store)")
-    if record:
-      _record_config(spec, workdir)
-    return cls(spec, workdir, steps, data, block)
+    if record and distributed.is_primary():
+      workdir_lib.write_config(workdir, spec.to_json())
+    return cls(spec, workdir, trainer, data, block)
 
-  @property
-  def plan(self):
-    return self.spec.plan
-
-  @property
-  def resolved(self):
-    return self.spec.resolved
-
-  def restore_or_init(self):
-    """(state, step): the latest checkpoint that restores, or a fresh sharded init at step 0
-    (the weights of config.init_from_hf when set)."""
-    latest = self.checkpoints.latest_step()
-    if latest is None and self.spec.init_from_hf:
+  def restore_or_init(self) -> tuple[step_lib.TrainState, int]:
+    """Returns (state, step): the latest checkpoint that restores, else a fresh sharded init
+    at step 0, holding the weights of config.init_from_hf when set."""
+    restored = self.checkpoints.restore_latest()
+    if restored is not None:
+      return restored
+    if self.spec.run.init_from_hf:
       return self.init_from_hf(), 0
-    if latest is None:
-      return self.steps.init_state(self.spec.seed), 0
-    for step in sorted(self.checkpoints.all_steps(), reverse=True):
-      self.checkpoints.check_shapes(step, self.abstract_state)
-      try:
-        state, meta = self.checkpoints.restore(step, self.abstract_state)
-      except Exception as e:  # a truncated or corrupted step: fall back to the previous one
-        log.warning("checkpoint %d in %s cannot be restored (%s: %s); trying the previous one",
-                    step, self.checkpoints.directory, type(e).__name__, str(e)[:300])
-        continue
-      self.check_data_of(step, meta)
-      return state, step
-    raise ConfigError(f"no checkpoint in {self.checkpoints.directory} can be restored")
+    return self.trainer.init_state(self.spec.run.seed), 0
 
-  def init_from_hf(self):
+  def init_from_hf(self) -> step_lib.TrainState:
     """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
     (sharded as the run's state), with a fresh optimizer state."""
     try:
-      host = trained_run.hf_params(self.spec.init_from_hf, self.spec.model, self.spec.family)
+      host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
       raise ConfigError("init_from_hf", f"{e}") from e
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-        host, self.steps.shardings.params)
-    with axis_rules(self.steps.mesh, self.spec.rules):
-      return jax.jit(lambda p: step_lib.fresh_state(p, self.steps.tx),
-                     out_shardings=self.steps.shardings)(params)
-
-  def check_data_of(self, step: int, meta: dict):
-    """A checkpoint continues only on the token store it was trained on (its manifest's
-    fingerprint is in the checkpoint's metadata)."""
-    saved = meta.get("data_fingerprint")
-    if saved and saved != self.data.fingerprint and not self.spec.train.force_resume:
-      raise DataError(
-          f"{self.checkpoints.directory}/{step}: this checkpoint was trained on the token store "
-          f"with fingerprint {saved[:12]}, not on {self.data.train.directory} "
-          f"({self.data.fingerprint[:12]}): give data.source that store, or "
-          "--config.train.force_resume=True to continue on this one")
-
-  def save(self, state, step: int, *, force: bool = False):
-    phase = self.plan.phase_at(max(step - 1, 0))
-    meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
-                data_start_pos=self.plan.data_start(phase), window=phase.window,
-                data_fingerprint=self.data.fingerprint)
-    self.checkpoints.save(step, state, meta, force=force)
+        host, self.trainer.shardings.params)
+    with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
+      return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
+                     out_shardings=self.trainer.shardings)(params)
 
   def batches(self, phase, first_step: int):
     """Host-local batches of `phase` starting at global step `first_step`, as global arrays."""
+    plan = self.spec.plan
     if self.data.mixture is not None:
       iterator = self.data.mixture.batches(
-          self.plan.phases, self.plan.phases.index(phase), seed=self.spec.seed,
+          plan.phases, plan.phases.index(phase), seed=self.spec.run.seed,
           process_index=self.data_block[0], process_count=self.data_block[1])
     else:
       iterator = data_lib.make_batches(
           self.data.train, batch_size=phase.batch_size, window=phase.window,
-          start_pos=self.plan.data_start(phase), seed=self.spec.seed, num_batches=phase.steps,
+          start_pos=plan.data_start(phase), seed=self.spec.run.seed, num_batches=phase.steps,
           process_index=self.data_block[0], process_count=self.data_block[1])
     if first_step > phase.first_step:   # exact resume: the iterator state is the batch index
       iterator.set_state({**iterator.get_state(), "next_index": first_step - phase.first_step})
     for local in iterator:
-      yield jax.make_array_from_process_local_data(self.steps.batch_sharding, local,
+      yield jax.make_array_from_process_local_data(self.trainer.batch_sharding, local,
                                                    (phase.batch_size, phase.window))
-
-  def train_step(self, phase):
-    """The jitted train step of `phase`, its loss built from the phase's own settings."""
-    return self.steps.train_step(phase)
-
-  def handoff(self, state, phase, console):
-    """Phase switch: save, then restore that checkpoint (params, optimizer state, step,
-    data position) and continue with the plain next-token step."""
-    self.save(state, phase.first_step, force=True)
-    self.checkpoints.wait()
-    state, meta = self.checkpoints.restore(phase.first_step, self.abstract_state)
-    reinit = self.spec.tst.reinit_at_switch and not phase.is_tst   # at the switch to ntp
-    console.print(f"phase switch at step {phase.first_step}: restored the {meta['phase']} "
-                  f"checkpoint, now {phase.name}"
-                  + (f" S={phase.bag_size}" if phase.is_tst else "")
-                  + (" with a fresh embedding and LM head (reinit_at_switch)" if reinit else ""))
-    return self.reinit_embedding_and_head(state) if reinit else state
-
-  def reinit_embedding_and_head(self, state):
-    """The paper's randomisation ablation: fresh embedding and LM head (and their Adam
-    moments) at the start of phase 2."""
-    fresh = self.steps.init_state(self.spec.seed + 1)
-    return state.replace(params=sp.switch_to_next_token(state.params, fresh.params),
-                         opt_state=sp.switch_to_next_token(state.opt_state, fresh.opt_state))
-
-  def evaluate(self, params) -> float:
-    """Held-out next-token loss (nats/token) on the same validation windows every time."""
-    return self._loss_of(params, self.data.eval_windows)
-
-  def evaluate_sets(self, params) -> dict[str, float]:
-    """The held-out loss of each set of data.eval_sets, by name."""
-    return {name: self._loss_of(params, windows)
-            for name, windows in self.data.eval_sets.items()}
-
-  def _loss_of(self, params, windows) -> float:
-    total, count = 0.0, 0.0
-    for window in windows:
-      batch = jax.make_array_from_process_local_data(
-          self.steps.batch_sharding, window, (len(window) * self.data_block[1], window.shape[1]))
-      with axis_rules(self.steps.mesh, self.spec.rules):
-        s, n = self._eval_step(params, batch)
-      total, count = total + float(s), count + float(n)
-    return total / max(count, 1.0)
-
-  def evaluate_latest(self) -> dict:
-    state, step = self.restore_or_init()
-    result = dict(step=step, eval_loss=self.evaluate(state.params))
-    print(json.dumps(result))
-    return result
 
 
 def check_workdir(workdir: str):
@@ -222,29 +138,20 @@ def _check_workdir_config(spec, workdir: str):
   """Refuse to resume a workdir of another config: its config.json read back through the
   sections' declarations (a run written before a field was added compares with that
   field's old value), the platform's own choices (platform.PLATFORM_FIELDS) aside."""
-  path = os.path.join(workdir, trained_run.CONFIG_FILE)
+  path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not os.path.exists(path):
     return
   try:
-    saved = trained_run.read_sections(workdir)
+    saved = workdir_lib.read_config(workdir)
   except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
   saved["seed"] = saved["run"].seed
-  diff = [k for k in RESUME_KEYS
-          if _comparable(k, saved[k]) != _comparable(k, getattr(spec, k))]
-  if diff and not spec.train.force_resume:
-    raise ConfigError(
-        f"workdir {workdir} holds a run of a different config (sections {diff} differ); "
-        "use another --workdir, or --config.train.force_resume=True to resume anyway")
+  ours = {k: spec.run.seed if k == "seed" else getattr(spec, k) for k in RESUME_KEYS}
+  diff = [k for k in RESUME_KEYS if _comparable(k, saved[k]) != _comparable(k, ours[k])]
+  workdir_lib.check_same_run(workdir, "config", diff and f"sections {diff} differ",
+                             spec.train.force_resume)
 
 
 def _comparable(name: str, section):
   return platform.unresolved(section, name) if name in ("model", "loss") else section
-
-
-def _record_config(spec, workdir: str):
-  """config.json: the config this workdir trains with (`auto` fields as resolved here)."""
-  if distributed.is_primary():
-    fileio.write_json(os.path.join(workdir, trained_run.CONFIG_FILE), spec.to_json(),
-                      sort_keys=True)

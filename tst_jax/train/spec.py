@@ -56,19 +56,6 @@ class RunSpec:
   resolved: platform.Resolved | None = None
 
   @property
-  def seed(self) -> int:
-    return self.run.seed
-
-  @property
-  def init_from_hf(self) -> str:
-    return self.run.init_from_hf
-
-  @property
-  def rules(self) -> tuple:
-    """logical_axis_rules: (logical name, mesh axes) pairs."""
-    return self.run.logical_axis_rules
-
-  @property
   def family(self) -> str:
     return models.family_of(self.model)
 
@@ -104,9 +91,9 @@ class RunSpec:
   def check_paths(self) -> None:
     """The files a train or eval run reads exist (plan mode does not need them)."""
     check_data_paths(self.data)
-    if self.init_from_hf:
-      _require(os.path.isdir(self.init_from_hf), "init_from_hf",
-               f"{self.init_from_hf!r} is not a folder: give a Hugging Face model folder "
+    if self.run.init_from_hf:
+      _require(os.path.isdir(self.run.init_from_hf), "init_from_hf",
+               f"{self.run.init_from_hf!r} is not a folder: give a Hugging Face model folder "
                "(e.g. one written by python -m tst_jax.tools.export), or '' to start from scratch")
 
 
@@ -118,7 +105,7 @@ def help_text() -> str:
             f"{tuple(models.FAMILIES)} (base_config(family, preset) sets it with a preset)"]
   for family in models.FAMILIES:
     lines += ["", f"model (family {family}; a preset gives the sizes):"]
-    lines += schema.help_lines(models.family_module(family).CONFIG_CLS, "model")
+    lines += schema.help_lines(models.FAMILIES[family].config, "model")
   for name, cls in SECTIONS.items():
     lines += ["", cls.__doc__.splitlines()[0]] + schema.help_lines(cls, name)
   return "\n".join(lines)

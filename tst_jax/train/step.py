@@ -8,6 +8,7 @@ cross-entropy).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable
 
@@ -22,6 +23,9 @@ from tst_jax import superposition as sp
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules, constrain
 from tst_jax.train import optim
+from tst_jax.train.plan import Phase
+from tst_jax.train.sections import Loss
+from tst_jax.train.spec import RunSpec
 
 
 @flax.struct.dataclass
@@ -31,9 +35,9 @@ class TrainState:
   opt_state: optax.OptState
 
 
-def abstract_model(model_cfg):
+def abstract_model(model_cfg: models.ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
   """The model's graph and parameter shapes, without allocating anything."""
-  abstract = nnx.eval_shape(lambda: models.build(model_cfg, nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))
   return nnx.split(abstract, nnx.Param)
 
 
@@ -42,14 +46,14 @@ def fresh_state(params, tx) -> TrainState:
   return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
 
-def init_fn(model_cfg, tx) -> Callable[[jax.Array], TrainState]:
+def init_fn(model_cfg: models.ModelConfig, tx) -> Callable[[jax.Array], TrainState]:
   def init(key):
-    model = models.build(model_cfg, nnx.Rngs(params=key))
+    model = model_cfg.build(nnx.Rngs(params=key))
     return fresh_state(nnx.split(model, nnx.Param)[1], tx)
   return init
 
 
-def abstract_state(model_cfg, tx) -> tuple[nnx.GraphDef, TrainState]:
+def abstract_state(model_cfg: models.ModelConfig, tx) -> tuple[nnx.GraphDef, TrainState]:
   """(the model's graph, the abstract TrainState) from one abstract build of the model:
   nothing allocated, nothing compiled."""
   graphdef, params = abstract_model(model_cfg)
@@ -78,72 +82,66 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
                                 variant=variant, impl=loss_cfg.impl, z_loss=loss_cfg.z_loss)
 
 
-def loss_fn(phase, loss_cfg):
-  """loss_of_window(model, window_BxW) -> (loss, aux) of a plan Phase, built from its own
-  settings: the next-token loss in ntp, superposed inputs and the MCE in tst."""
-  return ntp_loss_fn(loss_cfg) if not phase.is_tst else tst_loss_fn(phase, loss_cfg)
-
-
-def ntp_loss_fn(loss_cfg):
-  """The ordinary next-token loss of a window; no superposition code on this path."""
-  def loss_of_window(model, window_BxW):
-    inputs_BxL, labels_BxL = sp.ntp_view(window_BxW)
-    hidden_BxLxD, aux = model.forward(inputs_BxL)
-    return lm_loss(model, hidden_BxLxD, labels_BxL[..., None], loss_cfg), aux
-  return loss_of_window
-
-
-def tst_loss_fn(phase, loss_cfg):
-  """Phase 1: superposed inputs and the next-bag MCE loss (or an ablation mode), with the
-  phase's bag size, mode, weighting and variant."""
-  def loss_of_window(model, window_BxW):
+def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase,
+         loss_cfg: Loss) -> tuple[jax.Array, Any]:
+  """Returns (loss, aux) of a window in `phase`: superposed inputs and the MCE in tst, the
+  ordinary next-token loss in ntp, where no superposition code runs."""
+  if not phase.is_tst:
+    inputs, targets_BxLxS = sp.ntp_view(window_BxW)
+    targets_BxLxS, weighting = targets_BxLxS[..., None], {}
+  else:
     if window_BxW.shape[1] != phase.window:
       raise ValueError(f"phase {phase.name}: windows of {window_BxW.shape[1]} tokens, the plan "
                        f"says {phase.window} (T + 1 = {phase.data_seq_len} + 1)")
     inputs, targets_BxLxS = sp.tst_view(window_BxW, phase.bag_size, phase.mode)
-    hidden_BxLxD, aux = model.forward(inputs)
-    return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, weighting=phase.weighting,
-                   variant=phase.variant), aux
-  return loss_of_window
+    weighting = dict(weighting=phase.weighting, variant=phase.variant)
+  hidden_BxLxD, aux = model.forward(inputs)
+  return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, **weighting), aux
 
 
-def make_train_step(graphdef, loss_of_window, tx, schedule, grad_accum: int = 1):
-  """train_step(state, window) -> (state, metrics); grads accumulated over micro-batches."""
+def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
+                    tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1,
+                    mesh_rules: tuple | None = None) -> Callable:
+  """Returns train_step(state, window) -> (state, metrics) of `phase`; grads accumulated over
+  micro-batches, traced under `mesh_rules`, a (mesh, logical axis rules) pair, where given."""
 
   def loss_and_aux(params, window):
     model = nnx.merge(graphdef, params)
-    loss, aux = loss_of_window(model, window)
+    value, aux = loss(model, window, phase, loss_cfg)
     aux_loss, aux_metrics = model.aux_loss(aux)
-    return loss + aux_loss, (loss, aux_metrics)
+    return value + aux_loss, (value, aux_metrics)
 
   grad_fn = jax.value_and_grad(loss_and_aux, has_aux=True)
+  scope = (lambda: axis_rules(*mesh_rules)) if mesh_rules else contextlib.nullcontext
 
   def train_step(state: TrainState, window_BxW):
-    if grad_accum == 1:
-      (_, (loss, aux_metrics)), grads = grad_fn(state.params, window_BxW)
-    else:
-      # Row r goes to micro-batch r % grad_accum, so each keeps the batch sharding.
-      micro = window_BxW.reshape(-1, grad_accum, window_BxW.shape[-1]).swapaxes(0, 1)
-      micro = constrain(micro, (None, "batch", None))
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
+    with scope():
+      if grad_accum == 1:
+        (_, (value, aux_metrics)), grads = grad_fn(state.params, window_BxW)
+      else:
+        # Row r goes to micro-batch r % grad_accum, so each keeps the batch sharding.
+        micro = window_BxW.reshape(-1, grad_accum, window_BxW.shape[-1]).swapaxes(0, 1)
+        micro = constrain(micro, (None, "batch", None))
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
 
-      def accumulate(carry, window):
-        (_, (loss, aux_metrics)), grads = grad_fn(state.params, window)
-        return jax.tree.map(jnp.add, carry, grads), (loss, aux_metrics)
+        def accumulate(carry, window):
+          (_, (value, aux_metrics)), grads = grad_fn(state.params, window)
+          return jax.tree.map(jnp.add, carry, grads), (value, aux_metrics)
 
-      grads, (loss, aux_metrics) = jax.lax.scan(accumulate, zeros, micro)
-      grads = jax.tree.map(lambda g: g / grad_accum, grads)
-      loss, aux_metrics = jnp.mean(loss), jax.tree.map(lambda x: jnp.mean(x, 0), aux_metrics)
-    with jax.named_scope("optimizer"):   # the step profile's category (tools/step_profile)
-      updates, opt_state = tx.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
-      grad_norm = optax.tree.norm(grads)
-      # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched, so
-      # no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
-      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                       (params, opt_state), (state.params, state.opt_state))
-    metrics = dict(loss=loss, lr=schedule(state.step), grad_norm=grad_norm,
+        grads, (value, aux_metrics) = jax.lax.scan(accumulate, zeros, micro)
+        grads = jax.tree.map(lambda g: g / grad_accum, grads)
+        value, aux_metrics = jnp.mean(value), jax.tree.map(lambda x: jnp.mean(x, 0),
+                                                           aux_metrics)
+      with jax.named_scope("optimizer"):   # the step profile's category (tools/step_profile)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        grad_norm = optax.tree.norm(grads)
+        # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched,
+        # so no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
+    metrics = dict(loss=value, lr=schedule(state.step), grad_norm=grad_norm,
                    param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates),
                    finite=finite, **aux_metrics)
     return TrainState(state.step + 1, params, opt_state), metrics
@@ -161,32 +159,13 @@ def make_eval_step(graphdef):
   return eval_step
 
 
-class JitStep:
-  """A step jitted with explicit shardings (state donated), called and lowered under the
-  mesh's logical axis rules."""
-
-  def __init__(self, fn, state_sharding: Any, batch_sharding, mesh, rules, *, donate=True):
-    self.mesh, self.rules = mesh, rules
-    self.jitted = jax.jit(fn, in_shardings=(state_sharding, batch_sharding),
-                          out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
-                          donate_argnums=(0,) if donate else ())
-
-  def __call__(self, *args):
-    with axis_rules(self.mesh, self.rules):
-      return self.jitted(*args)
-
-  def lower(self, *args):
-    with axis_rules(self.mesh, self.rules):
-      return self.jitted.lower(*args)
-
-
 @dataclasses.dataclass(frozen=True)
-class StepBuilder:
+class Trainer:
   """Builds each phase's jitted train step of a run from what they all share, made from its
   checked spec with nothing allocated: the mesh, the optimizer and its schedule, the model
-  graph, the abstract TrainState and its shardings, the batch sharding. The trainer's Setup,
+  graph, the abstract TrainState and its shardings, the batch sharding. The run's Setup,
   the fit check and the step benchmark all build their steps with one."""
-  spec: Any
+  spec: RunSpec
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: Callable
@@ -198,17 +177,17 @@ class StepBuilder:
                                             # `of` with the rest (benchmarks/config_path.py)
 
   @classmethod
-  def of(cls, spec, devices=None) -> StepBuilder:
+  def of(cls, spec, devices=None) -> Trainer:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
     graphdef, abstract = abstract_state(spec.model, tx)
-    shardings = shardings_of(abstract, mesh, spec.rules)
-    return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings,
-               mesh_lib.batch_sharding(mesh, spec.rules, 2), init_fn(spec.model, tx))
+    rules = spec.run.logical_axis_rules
+    return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings_of(abstract, mesh, rules),
+               mesh_lib.batch_sharding(mesh, rules, 2), init_fn(spec.model, tx))
 
   def init_state(self, seed: int) -> TrainState:
     """A fresh TrainState initialised directly into its shardings (one jitted init)."""
-    with axis_rules(self.mesh, self.spec.rules):
+    with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(self.init, out_shardings=self.shardings)(jax.random.key(seed))
 
   def check(self) -> None:
@@ -223,8 +202,12 @@ class StepBuilder:
                          f"the eval batch's {self.spec.data.batch_size} rows")
     mesh_lib.check_divisible(self.abstract.params, self.shardings.params)
 
-  def train_step(self, phase) -> JitStep:
-    """The jitted train step of `phase`, its loss built from the phase's own settings."""
-    return JitStep(make_train_step(self.graphdef, loss_fn(phase, self.spec.loss), self.tx,
-                                   self.schedule, self.spec.optimizer.grad_accum),
-                   self.shardings, self.batch_sharding, self.mesh, self.spec.rules)
+  def train_step(self, phase: Phase) -> Callable:
+    """Returns the jitted train step of `phase`, with explicit shardings and the state donated."""
+    step = make_train_step(self.graphdef, phase, self.spec.loss, self.tx, self.schedule,
+                           self.spec.optimizer.grad_accum,
+                           (self.mesh, self.spec.run.logical_axis_rules))
+    return jax.jit(step,
+                   in_shardings=(self.shardings, self.batch_sharding),
+                   out_shardings=(self.shardings, mesh_lib.replicated(self.mesh)),
+                   donate_argnums=(0,))

@@ -20,10 +20,8 @@ from tst_jax import data as data_lib
 from tst_jax import platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.train import step as step_lib, workdir as workdir_lib
 from tst_jax.train.sections import Tst
-
-CONFIG_FILE = "config.json"   # the config a workdir trains with (setup writes it)
 
 
 @dataclasses.dataclass
@@ -48,23 +46,6 @@ class Trained:
     return self.meta.get("phase") == "tst"
 
 
-def read_sections(workdir: str) -> dict:
-  """The typed sections of the run in `workdir` (its config.json; spec.sections_of)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a tst_jax run directory")
-  with open(path) as f:
-    return spec_lib.sections_of(json.load(f))
-
-
-def checkpoint_steps(workdir: str) -> list[int]:
-  directory = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(d) for d in os.listdir(directory)
-                if d.isdigit() and os.path.exists(os.path.join(directory, d, "state")))
-
-
 def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> Trained:
   """The run in `workdir` at checkpoint `step` (default: the latest).
 
@@ -73,32 +54,21 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   FileNotFoundError if the workdir has no config.json or no tokenizer.
   """
   workdir = os.path.abspath(workdir)
-  sections = read_sections(workdir)
+  sections = workdir_lib.read_config(workdir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
-  tokenizer = load_tokenizer(workdir, model_cfg.vocab_size)
-  steps = checkpoint_steps(workdir)
+  tokenizer = workdir_lib.read_tokenizer(workdir, model_cfg.vocab_size)
+  steps = workdir_lib.checkpoint_steps(workdir)
   if not steps:
     raise ValueError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
   step = steps[-1] if step is None else int(step)
   if step not in steps:
     raise ValueError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
-  params, meta = restore_params(os.path.join(workdir, "checkpoints"), step, model_cfg)
+  params, meta = restore_params(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), step, model_cfg)
   graphdef, _ = step_lib.abstract_model(model_cfg)
   return Trained(workdir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
                  tokenizer, step, meta)
-
-
-def load_tokenizer(workdir: str, vocab_size: int) -> data_lib.Tokenizer:
-  """The run's tokenizer.json (or a SentencePiece run's tokenizer.model), copied there by
-  the trainer."""
-  for name in ("tokenizer.json", "tokenizer.model"):
-    path = os.path.join(workdir, name)
-    if os.path.isfile(path):
-      return data_lib.get_tokenizer(path, workdir=None, vocab_size=vocab_size)
-  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
-                          "tokenizer is missing")
 
 
 def restore_params(directory: str, step: int, model_cfg):

@@ -158,7 +158,7 @@ def _points(args, arms: list[str]) -> list[Point]:
   if arms and (args.grid or args.include_baseline):
     raise SystemExit("--arms replaces --grid and --include_baseline (use a 'baseline' arm)")
   seeds = ([int(s) for s in args.seeds.split(",")] if args.seeds
-           else [resolve(args.config, args.set)[1].seed])
+           else [resolve(args.config, args.set)[1].run.seed])
   points = (make_arm_points(arms, seeds) if arms
             else make_points(args.grid, seeds, args.include_baseline))
   if not points:

@@ -16,11 +16,10 @@ import shutil
 
 from tst_jax import errors, fileio
 from tst_jax.tools.sweep.points import POINT_FILE
-from tst_jax.tools.sweep.run import final_eval
-from tst_jax.train import trained_run
-from tst_jax.train.plan import PLAN_FILE, PlanRecord
+from tst_jax.train import workdir as workdir_lib
+from tst_jax.train.workdir import final_eval
 
-RECORDS = (trained_run.CONFIG_FILE, PLAN_FILE, "metrics.jsonl", "summary.json")
+RECORDS = (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.METRICS, workdir_lib.SUMMARY)
 
 
 def point_dirs(folder: str) -> list[str]:
@@ -46,9 +45,8 @@ def point_record(point_dir: str) -> dict:
   if not m:
     raise errors.DataError(f"{point_dir}: has no {POINT_FILE} and its name is not "
                            "<arm>_seed<N>: bring back the sweep's record too")
-  plan = PlanRecord.read(point_dir).plan
-  with open(os.path.join(point_dir, trained_run.CONFIG_FILE)) as f:
-    config = json.load(f)
+  plan = workdir_lib.read_plan(point_dir).plan
+  config = workdir_lib.read_config_json(point_dir)
   return dict(name=name, config=None, overrides=[], grid={}, arm=m.group(1).replace("-", "+"),
               seed=int(m.group(2)), baseline=False, r=plan.ratio,
               S=plan.phases[0].bag_size, steps=plan.total_steps, plan=plan.to_json(),
@@ -63,7 +61,7 @@ def bring_back(folder: str, workdir: str) -> list[str]:
   for src in point_dirs(folder):
     name = os.path.basename(src)
     record = point_record(src)
-    steps = PlanRecord.read(src).plan.total_steps
+    steps = workdir_lib.read_plan(src).plan.total_steps
     if final_eval(src, steps) is None:
       raise errors.DataError(f"{src}: unfinished (no eval at its last step {steps}): bring "
                              "back finished points only")

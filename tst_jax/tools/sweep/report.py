@@ -11,11 +11,11 @@ import os
 import numpy as np
 
 from tst_jax.tools import arms as arms_lib, compare
-from tst_jax.tools.eval_curve import load_run, run_record
+from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
-from tst_jax.tools.sweep.run import final_eval
 from tst_jax.train.console import human
 from tst_jax.train.plan import Plan
+from tst_jax.train.workdir import final_eval, plan_and_tokens, read_summary
 
 
 def points_under(workdir: str):
@@ -27,8 +27,8 @@ def points_under(workdir: str):
     if os.path.isfile(path):
       with open(path) as f:
         meta = json.load(f)
-      yield (name, meta, *run_record(os.path.join(workdir, name),
-                                     started=Plan.from_json(meta["plan"])))
+      yield (name, meta, *plan_and_tokens(os.path.join(workdir, name),
+                                          started=Plan.from_json(meta["plan"])))
 
 
 def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
@@ -51,11 +51,9 @@ def collect(workdir: str) -> list[dict]:
   records = []
   for name, meta, plan, train_tokens in points_under(workdir):
     loss = final_eval(os.path.join(workdir, name), plan.total_steps)
-    summary_path = os.path.join(workdir, name, "summary.json")
-    if loss is None or not os.path.exists(summary_path):
+    summary = read_summary(os.path.join(workdir, name))
+    if loss is None or summary is None:
       continue
-    with open(summary_path) as f:
-      summary = json.load(f)
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
     records.append(dict(
         name=name, r=meta["r"], S=meta["S"], seed=meta["seed"], **extra,   # its grid cell

@@ -17,7 +17,7 @@ import traceback
 from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
 from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
-from tst_jax.train import cli
+from tst_jax.train import cli, workdir as workdir_lib
 
 _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "main.py")
@@ -26,26 +26,14 @@ _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dir
 def finished(point_dir: str, steps: int) -> bool:
   """True when the run in `point_dir` completed `steps` steps; a run that completed another
   number of steps is an error (its checkpoints belong to another plan)."""
-  path = os.path.join(point_dir, "summary.json")
-  if not os.path.exists(path):
+  summary = workdir_lib.read_summary(point_dir)
+  if summary is None:
     return False
-  with open(path) as f:
-    done = json.load(f)["steps"]
+  done = summary["steps"]
   if done != steps:
     raise RuntimeError(f"{point_dir} finished {done} steps but this sweep asks for {steps}: "
                        "use another --workdir")
-  return final_eval(point_dir, steps) is not None
-
-
-def final_eval(point_dir: str, steps: int) -> float | None:
-  """The held-out loss of the eval line written at the last step (metrics.jsonl)."""
-  path = os.path.join(point_dir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    evals = [r for r in map(json.loads, filter(str.strip, f)) if "eval_loss" in r]
-  last = [r["eval_loss"] for r in evals if r["step"] == steps]
-  return last[-1] if last else None
+  return workdir_lib.final_eval(point_dir, steps) is not None
 
 
 def run_point(args, point: Point, index: int, total: int, env=None) -> str:
@@ -97,8 +85,9 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
     return "failed"
   meta.update(status="done", wall_s=time.time() - t0)
   fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
-  print(f"[{index}/{total}] {point.name}: final eval loss "
-        f"{final_eval(point_dir, plan.total_steps):.4f} ({meta['wall_s']:.0f} s)", flush=True)
+  loss = workdir_lib.final_eval(point_dir, plan.total_steps)
+  print(f"[{index}/{total}] {point.name}: final eval loss {loss:.4f} "
+        f"({meta['wall_s']:.0f} s)", flush=True)
   return "done"
 
 

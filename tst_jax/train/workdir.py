@@ -1,0 +1,201 @@
+"""A run's workdir: the name of every file a run writes, one reader and one writer for each
+record, and the one check that a workdir holds this run.
+
+Paths are strings joined here, so that one module decides where a run's files live.
+Readers of files written by older versions of tst-jax sit at the end of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from tst_jax import fileio
+from tst_jax.data import run_data, tokenizer as tokenizer_lib
+from tst_jax.data.store import TokenStore
+from tst_jax.errors import ConfigError, DataError
+from tst_jax.train import spec as spec_lib
+from tst_jax.train.plan import Plan, PlanRecord
+
+CONFIG = "config.json"        # the config the run trains with, `auto` fields resolved
+PLAN = "plan.json"            # PlanRecord: phases, training tokens, resolved `auto` choices
+METRICS = "metrics.jsonl"     # one JSON object per train or eval line
+STORE = "store.json"          # the token store the run trains on: fingerprint, folder, tokens
+SUMMARY = "summary.json"      # the finished run's final losses and token counts
+CHECKPOINTS = "checkpoints"   # Orbax steps
+TENSORBOARD = "tensorboard"
+LOSS_PLOT = "loss.png"
+# Written by the data layer, which names them: the token store prepared from data.source and
+# the copy of the run's tokenizer that export reads.
+DATA = run_data.PREPARED_DIR
+TOKENIZER_JSON, TOKENIZER_MODEL = tokenizer_lib.TOKENIZER_JSON, tokenizer_lib.SENTENCEPIECE_MODEL
+
+
+def path(workdir: str, name: str) -> str:
+  """Returns the path of file `name` of the run in `workdir`."""
+  return os.path.join(workdir, name)
+
+
+def _read_json(workdir: str, name: str) -> dict | None:
+  file = path(workdir, name)
+  if not os.path.isfile(file):
+    return None
+  with open(file) as f:
+    return json.load(f)
+
+
+def write_config(workdir: str, config: dict):
+  """Writes config.json: the run's config as `RunSpec.to_json` gives it."""
+  fileio.write_json(path(workdir, CONFIG), config, sort_keys=True)
+
+
+def read_config_json(workdir: str) -> dict | None:
+  """Returns config.json as written, None where the run has not written one."""
+  return _read_json(workdir, CONFIG)
+
+
+def read_config(workdir: str) -> dict:
+  """Returns the typed sections of the run in `workdir`, read from its config.json."""
+  config = _read_json(workdir, CONFIG)
+  if config is None:
+    raise FileNotFoundError(f"{path(workdir, CONFIG)} does not exist: {workdir} is not a "
+                            "tst_jax run directory")
+  return spec_lib.sections_of(config)
+
+
+def write_plan(workdir: str, record: PlanRecord):
+  """Writes plan.json, as the run starts and again on each resume."""
+  fileio.write_json(path(workdir, PLAN), record.to_json())
+
+
+def read_plan(workdir: str) -> PlanRecord | None:
+  """Returns the run's plan.json, or None where the run has not written one."""
+  record = _read_json(workdir, PLAN)
+  return None if record is None else PlanRecord.from_json(record)
+
+
+def open_metrics(workdir: str, resume_step: int | None):
+  """Opens metrics.jsonl to append, first dropping lines after `resume_step` on a resume."""
+  file = path(workdir, METRICS)
+  if resume_step is not None and os.path.exists(file):
+    kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= resume_step]
+    fileio.write_text(file, "".join(json.dumps(r) + "\n" for r in kept))
+  return open(file, "a")
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """Returns every line of metrics.jsonl, empty where the run has written none."""
+  file = path(workdir, METRICS)
+  if not os.path.exists(file):
+    return []
+  with open(file) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def final_eval(workdir: str, steps: int) -> float | None:
+  """Returns the held-out loss logged at step `steps`, None where there is none."""
+  last = [r["eval_loss"] for r in read_metrics(workdir)
+          if "eval_loss" in r and r["step"] == steps]
+  return last[-1] if last else None
+
+
+def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: int):
+  """Writes store.json: the token store the run trains on from now on."""
+  fileio.write_json(path(workdir, STORE), dict(fingerprint=fingerprint, directory=directory,
+                                               train_tokens=train_tokens), sort_keys=True)
+
+
+def read_store(workdir: str) -> dict | None:
+  """Returns store.json, or None where the run has not recorded its store."""
+  return _read_json(workdir, STORE)
+
+
+def write_summary(workdir: str, summary: dict):
+  """Writes summary.json as the run finishes."""
+  fileio.write_json(path(workdir, SUMMARY), summary)
+
+
+def read_summary(workdir: str) -> dict | None:
+  """Returns summary.json, or None for a run that has not finished."""
+  return _read_json(workdir, SUMMARY)
+
+
+def read_tokenizer(workdir: str, vocab_size: int) -> tokenizer_lib.Tokenizer:
+  """Returns the run's tokenizer from the copy the trainer made, a tokenizer.json or a
+  SentencePiece run's tokenizer.model."""
+  for name in (TOKENIZER_JSON, TOKENIZER_MODEL):
+    if os.path.isfile(path(workdir, name)):
+      return tokenizer_lib.get_tokenizer(path(workdir, name), workdir=None, vocab_size=vocab_size)
+  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
+                          "tokenizer is missing")
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Returns the steps with a complete checkpoint, in order."""
+  directory = path(workdir, CHECKPOINTS)
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory)
+                if d.isdigit() and os.path.exists(os.path.join(directory, d, "state")))
+
+
+def check_same_run(where: str, what: str, differs: str | None, force: bool):
+  """Refuses to resume a run of another `what` unless `force`: `differs` says how they differ."""
+  if differs and not force:
+    raise ConfigError("--workdir", f"{where} holds a run of another {what}: {differs}; use "
+                      "another --workdir, or --config.train.force_resume=True to resume anyway")
+
+
+def check_store(workdir: str, store: TokenStore, force: bool):
+  """Refuses to resume a run on another token store than the one its store.json names."""
+  saved = read_store(workdir)
+  differs = saved and saved["fingerprint"] != store.fingerprint and (
+      f"{saved['directory']} (fingerprint {saved['fingerprint'][:12]}) there, "
+      f"{store.directory} ({store.fingerprint[:12]}) here")
+  check_same_run(workdir, "token store", differs, force)
+
+
+def train_tokens(workdir: str) -> int | None:
+  """Returns the training tokens of the store the run trained on, None where unknown."""
+  saved = read_store(workdir)
+  if saved is None:
+    return None
+  if "train_tokens" in saved:
+    return saved["train_tokens"]
+  return _older_store_tokens(saved)
+
+
+def plan_and_tokens(workdir: str, started: Plan | None = None) -> tuple[Plan, int | None]:
+  """Returns the run's plan and its store's training tokens or None.
+
+  A run that has not written plan.json yet gives the plan it was `started` with, as a sweep's
+  point does; a run of an older tst-jax gives the plan of its config.json.
+  """
+  record = read_plan(workdir)
+  if record is not None:
+    return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
+                         else train_tokens(workdir))
+  return started or _older_plan(workdir), train_tokens(workdir)
+
+
+# Readers of files an older tst-jax wrote, kept so that old runs still compare and evaluate.
+
+def _older_store_tokens(saved: dict) -> int | None:
+  """Counts the tokens of a store.json written before it recorded them, in the store itself."""
+  try:
+    return len(TokenStore(saved["directory"]).train)
+  except DataError:
+    return None
+
+
+def _older_plan(workdir: str) -> Plan:
+  """Returns the plan of a run written before runs recorded plan.json: its config, checked."""
+  config = _read_json(workdir, CONFIG)
+  if config is None:
+    raise DataError(f"{workdir}: has no plan.json or config.json: give run directories "
+                    "of main.py")
+  config = ml_collections.ConfigDict(config)
+  config.tst.weighting = "uniform"
+  return spec_lib.check(config).plan
