@@ -30,7 +30,7 @@ out = {}
 for path in sorted(glob.glob("configs/*.py")):
   checked = spec_lib.check(configlib.load_config(path)).on_platform("cpu")
   rules = checked.run.logical_axis_rules
-  model = nnx.eval_shape(lambda: models.build(checked.model, nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: checked.model.build(nnx.Rngs(0)))
   params = nnx.get_partition_spec(nnx.state(model, nnx.Param))
   names = {tuple(s) for s in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, P))}
   names |= set(ACTIVATIONS)

@@ -83,6 +83,6 @@ def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
   state = {"w": jnp.arange(3.0)}
   for step, seconds in ((1, 30.0), (2, 61.0), (3, 90.0), (4, 125.0)):
     clock.now = seconds
-    setup.save(state, step)
+    setup.checkpoints.save_step(state, step)
   setup.checkpoints.close()
   assert setup.checkpoints.all_steps() == [2, 4]

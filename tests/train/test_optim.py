@@ -150,7 +150,7 @@ def test_z_loss_is_in_both_phases_losses():
       jax.random.key(0)).params)
   for phase in spec.plan.phases:
     window = jax.random.randint(jax.random.key(1), (2, phase.window), 0, 512)
-    got, _ = step_lib.loss_fn(phase, spec.loss)(model, window)
+    got, _ = step_lib.loss(model, window, phase, spec.loss)
     if phase.is_tst:
       hidden, _ = model.forward(sp.fold(window[:, :-1], 2))
       logits, targets = model.logits(hidden), sp.bag_targets(window[:, 1:], 2)
