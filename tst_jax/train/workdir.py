@@ -171,7 +171,7 @@ def plan_and_tokens(workdir: str, started: Plan | None = None) -> tuple[Plan, in
   """Returns the run's plan and its store's training tokens or None.
 
   A run that has not written plan.json yet gives the plan it was `started` with, as a sweep's
-  point does; a run of an older tst-jax gives the plan of its config.json.
+  point does. A run without plan.json gives the plan of its config.json.
   """
   record = read_plan(workdir)
   if record is not None:
