@@ -144,7 +144,7 @@ class RunMixture:
             for w, p in zip(self.windows(phases), phases)]
 
   def starts(self, phases, index: int) -> dict[str, int]:
-    """Returns where phase `index` starts in each source's stream: where the earlier phases left it."""
+    """Returns where phase `index` starts in each source's stream: where earlier phases left it."""
     start = dict.fromkeys(self.sources, 0)
     for read in self.tokens_read(phases[:index]):
       for source, n in read.items():

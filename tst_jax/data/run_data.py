@@ -150,7 +150,7 @@ class RunData:
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
   data_name: str                     # what config.reference.data names: store.data_name
-  mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores, whose first one is `train`
+  mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores, the first as `train`
   eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
 
   @property

@@ -145,7 +145,7 @@ class TokenStore:
     self.vocab_size = tok["vocab_size"]
 
   def tokenizer(self, workdir: str | None = None) -> Tokenizer:
-    """Loads the store's tokenizer, checked against the manifest, and copies it into `workdir` when given."""
+    """Loads the store's tokenizer, checked against the manifest, copied into `workdir` if given."""
     tok = get_tokenizer(self.tokenizer_path, workdir=None, vocab_size=0)
     if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
       raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "

@@ -134,7 +134,7 @@ class StepLog:
     self.console.step(step, phase, metrics, rate, logged)
 
   def non_finite(self, step: int, metrics: dict):
-    """Skips a step whose update was not applied, up to max_nan_skips, or stops: train.nan_policy."""
+    """Skips a step whose update was not applied, up to max_nan_skips, or stops, by nan_policy."""
     self.nan_skips += 1
     bad = "loss" if not np.isfinite(metrics["loss"]) else "grad_norm"
     if self.settings.nan_policy != "skip" or self.nan_skips > self.settings.max_nan_skips:
