@@ -176,7 +176,7 @@ def _cache_dir(args, specs) -> str | None:
   if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
       and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
-    # persistent cache, as docs/distributed.md shows. Compiling it afresh is correct.
+    # persistent cache. Compiling it afresh is correct.
     print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
     cache = "none"
   return None if cache == "none" else os.path.abspath(cache)
