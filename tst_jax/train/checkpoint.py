@@ -33,8 +33,7 @@ class SaveClock:
     self.last = clock()
 
   def due(self, step: int) -> bool:
-    """Says whether a checkpoint is due, with the same answer on every process: call it once per
-    step on each."""
+    """Says whether a save is due, the same on every process. Call it once per step on each."""
     if not self.minutes:
       return False
     late = self.clock() - self.last >= 60 * self.minutes

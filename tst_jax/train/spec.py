@@ -67,7 +67,7 @@ class RunSpec:
     return record | {name: schema.values(getattr(self, name)) for name in SECTIONS}
 
   def on_platform(self, name: str | None = None) -> RunSpec:
-    """Returns this spec with every `auto` resolved on platform `name`, by default this one's."""
+    """Returns this spec with every `auto` resolved on platform `name`, by default the local one."""
     resolved = platform.resolve(self.model, self.loss.impl, name)
     return dataclasses.replace(self, model=platform.resolved_model(self.model, resolved),
                                loss=Loss(resolved.choices["loss.impl"][0]), resolved=resolved)
