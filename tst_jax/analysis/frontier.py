@@ -168,7 +168,8 @@ class Frontier:
 
     Below the shortest baseline's FLOPs Δ is measured against that baseline, which had more
     compute, so the true Δ is at most that: '≤'. A tst.equal_flops='batch' run is one, since
-    its phase 1 attends over L/S positions at fewer FLOPs per step. Past the longest baseline Δ is at least that: '≥'."""
+    its phase 1 attends over L/S positions at fewer FLOPs per step. Past the longest baseline
+    Δ is at least that: '≥'."""
     if not self.points or not math.isfinite(loss):
       return None, "="
     at = self.loss_at(flops)
