@@ -17,7 +17,7 @@ EXIT_STATUS = 2
 
 class UserError(Exception):
   """A mistake or fault the user can fix. The message reads '<field or file>: <what is wrong
-  and what to do>'; entry points print it as one line (`main` below), no traceback."""
+  and what to do>'. Entry points print it as one line without a traceback, as `main` does."""
 
 
 class ConfigError(UserError, ValueError):
@@ -45,17 +45,17 @@ def config_name(field: str) -> str:
 
 
 class DataError(UserError, ValueError):
-  """A data file, cache or store that is missing, corrupt or of another run; the message
-  names the file and says how to recover (nothing is rebuilt over a run's own files)."""
+  """A data file, cache or store that is missing, corrupt or of another run. The message names
+  the file and says how to recover, and nothing is rebuilt over a run's own files."""
 
 
 class WorkdirError(UserError):
-  """The workdir cannot be used or written (a file, no permission, a full disk), including
-  a checkpoint write that failed; the last complete checkpoint is left as it was."""
+  """A workdir that cannot be used or written, being a file, not permitted or on a full disk.
+  A checkpoint write that failed is one, and leaves the last complete checkpoint as it was."""
 
 
 def one_line(e: BaseException) -> str | None:
-  """The `error: ...` line for a user error or an environment OSError; None for a bug."""
+  """Returns the `error: ...` line of a user error or an environment OSError, None for a bug."""
   if isinstance(e, UserError):
     text = str(e)
   elif isinstance(e, OSError) and e.errno in _ENVIRONMENT:
@@ -67,8 +67,8 @@ def one_line(e: BaseException) -> str | None:
 
 
 def main(fn, *args, debug: bool = False, **kwargs):
-  """fn(*args, **kwargs), with a user error printed as one line on stderr and exit status 2
-  (after the traceback when `debug`); any other exception propagates with its traceback."""
+  """Calls fn(*args, **kwargs), printing a user error as one line on stderr with exit status 2,
+  after the traceback when `debug`. Any other exception propagates with its traceback."""
   try:
     return fn(*args, **kwargs)
   except Exception as e:  # pylint: disable=broad-except

@@ -30,9 +30,9 @@ from tst_jax.superposition import IGNORE_INDEX
 
 WEIGHTINGS = ("uniform", "power", "exponential", "first")
 VARIANTS = ("mce", "alt")
-# Appendix D's power law of the mutual information between DCLM tokens d apart, C0 + a·d^k:
-# 'fitted:paper' weighs position d by its value, C0 included (the paper weighs "by the values
-# of the fitted power law"), which makes the weights nearly uniform (docs/results.md).
+# Appendix D's power law of the mutual information between DCLM tokens d apart, C0 + a·d^k.
+# 'fitted:paper' weighs position d by its value, C0 included, as the paper weighs "by the
+# values of the fitted power law", which makes the weights nearly uniform.
 PAPER_FIT = dict(C0=3.63, a=1.35, k=-1.25)
 
 
@@ -128,8 +128,8 @@ def _flatten(logits, targets):
 
 def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform",
                    variant="mce", ignore_index=IGNORE_INDEX, z_loss: float = 0.0):
-  """The loss from per-row logsumexp [N] and the gathered target logits [N, S], plus the
-  z-loss (module docstring) when `z_loss` > 0.
+  """Computes the loss from per-row logsumexp [N] and the gathered target logits [N, S], plus
+  the z-loss of the module docstring when `z_loss` > 0.
 
   Shared by the naive loss and the chunked/fused implementations, which produce these
   two pieces without materialising [N, V] logits.
@@ -161,7 +161,7 @@ def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
   """Multi-hot cross-entropy: logits [..., V], bag targets [..., S] -> scalar (float32).
 
   kl=True subtracts the target distribution's entropy (log S for uniform weights), the
-  paper's KL-normalised L_MCE that is 0 at the optimum; off by default, as in the paper.
+  paper's KL-normalised L_MCE that is 0 at the optimum. It is off by default, as in the paper.
   z_loss > 0 adds the z-loss (module docstring).
   """
   logits_NxV, targets_NxS = _flatten(logits, targets)
@@ -184,7 +184,7 @@ def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce"
                           ignore_index: int = IGNORE_INDEX):
   """Per-position losses [...] and a validity mask [...] for masking and reporting.
 
-  mce: the weighted mean CE over the position's valid targets; alt: -log P(bag).
+  mce is the weighted mean CE over the position's valid targets, alt is -log P(bag).
   A position with no valid target has loss 0 and mask False. Note that the mean of these
   over valid positions equals `mce_loss` only when no target is ignored (the paper's
   reduction averages each bag column over its own valid entries).
@@ -217,7 +217,7 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
   hidden [..., D], head [D, V], targets [..., S] -> scalar (float32), differentiable in
   hidden and head. impl: "naive" (float32 logits, the reference), "xla" (chunked, pure
   XLA), "pallas" (fused kernel), "auto" (measured fastest per platform: `tst_jax.platform`).
-  chunk_kwargs go to the implementation (block sizes; see `tst_jax.kernels`). Under
+  chunk_kwargs such as block sizes go to the implementation in `tst_jax.kernels`. Under
   `axis_rules` with a mesh, xla/pallas run per shard (`tst_jax.kernels.sharded`).
   """
   if impl not in platform.LOSS_IMPLS:
@@ -229,7 +229,7 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
                      "the leading (position) dimensions")
   hidden_NxD = hidden_NxD.reshape(-1, hidden_NxD.shape[-1])
   targets_NxS = targets_NxS.reshape(-1, targets_NxS.shape[-1])
-  if impl == "auto":                       # a loop of your own; a run passes its resolved impl
+  if impl == "auto":                       # a loop of your own: a run passes its resolved impl
     impl, _ = platform.loss_impl(impl)
   if impl == "naive":
     if chunk_kwargs:

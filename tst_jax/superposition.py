@@ -2,7 +2,7 @@
 
 Shapes (letters as in the package docstring): B batch, T = S·L data tokens per row, L positions
 the model sees, S bag size, W = T + 1 window, D model dim, V vocab.
-Everything here is a pure array transformation; the trainer picks one by `tst.mode`.
+Everything here is a pure array transformation, and the trainer picks one by `tst.mode`.
 """
 
 from __future__ import annotations
@@ -84,13 +84,13 @@ def _check_mode(mode: str) -> None:
 
 
 def ntp_view(window_BxW):
-  """A packed window of data_len + 1 tokens -> plain next-token (inputs, targets)."""
+  """Splits a packed window of data_len + 1 tokens into next-token inputs and targets."""
   return window_BxW[:, :-1], window_BxW[:, 1:]
 
 
 def tst_view(window_BxW, bag_size: int, mode: str = "full",
              ignore_index: int = IGNORE_INDEX):
-  """A packed window of data_len + 1 tokens -> phase-1 (inputs, targets).
+  """Splits a packed window of data_len + 1 tokens into phase-1 inputs and targets.
 
   full:        inputs bags [B, L, S],  targets next bag [B, L, S]
   input_only:  inputs bags [B, L, S],  targets the single next token [B, L, 1]
@@ -108,12 +108,12 @@ def tst_view(window_BxW, bag_size: int, mode: str = "full",
 
 
 def switch_to_next_token(tree, fresh=None, io_params=IO_PARAMS):
-  """The phase switch on a parameter or optimizer-state pytree.
+  """Applies the phase switch to a parameter or optimizer-state pytree.
 
   The paper keeps everything: the embedding and LM head trained on bags carry TST's gain into
-  next-token training, so this returns `tree` itself; phase 2 only changes the batches
-  (`ntp_view`) and the loss (`cross_entropy`). With `fresh` (a newly initialised tree of the
-  same structure) it is the paper's randomisation ablation: the leaves under a key named in
+  next-token training, so this returns `tree` itself. Phase 2 only changes the batches, with
+  `ntp_view`, and the loss, to `cross_entropy`. With `fresh`, a newly initialised tree of the
+  same structure, it is the paper's randomisation ablation: the leaves under a key named in
   `io_params` come from `fresh`, every other leaf from `tree`.
   """
   if fresh is None:

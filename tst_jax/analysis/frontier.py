@@ -10,22 +10,22 @@ lengths against their total FLOPs, interpolated between lengths in log FLOPs.
   Δ at equal FLOPs   = final loss of the run - L_frontier(FLOPs of the run)
 
 Loss against compute is convex, so a straight line in FLOPs between two baselines lies above
-the curve and overstates the speed-up; a straight line in log FLOPs follows a power law
-closely (the paper's 270M baselines of 20k and 100k steps: 3.33x in FLOPs, 2.56x in log
-FLOPs). Two baselines more than WIDE_BRACKET apart in FLOPs around a run get a warning; with
-three or more lengths a power law L(F) = E + A·F^(−α) is fitted as a second estimate, and a
-run where the two differ by more than FIT_DISAGREES is flagged.
+the curve and overstates the speed-up. A straight line in log FLOPs follows a power law
+closely. The paper's 270M baselines of 20k and 100k steps give 3.33x in FLOPs and 2.56x in
+log FLOPs. Two baselines more than WIDE_BRACKET apart in FLOPs around a run get a warning.
+With three or more lengths a power law L(F) = E + A·F^(−α) is fitted as a second estimate,
+and a run where the two differ by more than FIT_DISAGREES is flagged.
 
 Past the frontier's ends the answer is a bound: a loss below the longest baseline's gives
 > F_max / F, a loss at or above the shortest's ≤ F_min / F. One baseline length bounds a run
-that ends at or below it with fewer FLOPs (> F_base / F) or above it with more (≤ F_base / F),
-the paper's 10B-A1B pair among them; otherwise it gives no speed-up. A longer baseline that
-ends above a shorter one is left out (named in the reports). Nothing here reads the middle
-of a longer run's curve: at 13.2 PFLOPs the undecayed 4k-step curve of configs/gpu_small.py
-is at 2.0106 where the finished 2k-step run is at 1.9132 (../docs/results.md).
+that ends at or below it with fewer FLOPs by > F_base / F, or above it with more by
+≤ F_base / F, as for the paper's 10B-A1B pair. Otherwise it gives no speed-up. A longer
+baseline that ends above a shorter one is left out and named in the reports. Nothing here
+reads the middle of a longer run's curve, which lies well above a finished run's end at the
+same FLOPs because its learning rate has not decayed.
 
-`Trend` fits the speed-up against tokens per parameter (a line in log tokens per parameter)
-over the points of `python -m tst_jax.tools.ladder`, for the plan's prediction.
+`Trend` fits the speed-up as a line in log tokens per parameter over the points of
+`python -m tst_jax.tools.ladder`, for the plan's prediction.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ ALPHA_RANGE = (-4.0, -0.01)   # the power law's exponents searched: F^-4 to F^-0
 @dataclasses.dataclass(frozen=True)
 class EqualLoss:
   """The frontier's answer for one run: `speedup` is exact when `bound` is '=', a lower bound
-  for '>', an upper bound for '≤'; None with a `note` when there is no answer. `fit` is the
+  for '>', an upper bound for '≤', and None with a `note` when there is no answer. `fit` is the
   power law's speed-up, `bracket` the FLOPs of the two baselines around the run."""
   speedup: float | None
   bound: str = "="
-  flops: float | None = None      # the frontier's FLOPs to the run's loss (or the bound's)
+  flops: float | None = None      # the frontier's FLOPs to the run's loss or to the bound
   note: str = ""
   fit: float | None = None
   bracket: tuple[float, float] | None = None
@@ -83,9 +83,10 @@ class PowerLaw:
 
   @classmethod
   def fit(cls, flops, losses) -> PowerLaw | None:
-    """The least-squares fit (mutual_info's fit of C0 + a·d^k, with F / scale for d); None
-    with fewer than three points, with A <= 0, or with the exponent at the searched range's
-    edge (the points are not a power law)."""
+    """Fits the law by least squares with mutual_info's fit of C0 + a·d^k, d = F / scale.
+
+    None with fewer than three points, with A <= 0, or with the exponent at the searched
+    range's edge, where the points are not a power law."""
     x, y = np.asarray(flops, np.float64), np.asarray(losses, np.float64)
     if x.size < 3:
       return None
@@ -98,7 +99,7 @@ class PowerLaw:
     return self.E + self.A * (flops / self.scale) ** -self.alpha
 
   def flops_to(self, loss: float) -> float | None:
-    """FLOPs at which the law reaches `loss`; None at or below its floor E."""
+    """Returns the FLOPs at which the law reaches `loss`, None at or below its floor E."""
     if loss <= self.E:
       return None
     return self.scale * ((loss - self.E) / self.A) ** (-1 / self.alpha)
@@ -106,18 +107,19 @@ class PowerLaw:
 
 @dataclasses.dataclass(frozen=True)
 class Frontier:
-  """Finished baselines (FLOPs, final loss, name) sorted by FLOPs, each ending below every
-  shorter one; `dropped` holds those that did not (FLOPs, loss, name, the shorter one they
-  end above): a longer baseline that ends higher (its data repeated, say) says nothing about
-  what more compute buys, and is left out. `flops_per_step` is the baselines' own, to name
-  the step count of a baseline to add."""
+  """Finished baselines as (FLOPs, final loss, name) sorted by FLOPs, each ending below every
+  shorter one.
+
+  A longer baseline that ends higher, say because its data repeated, says nothing about what
+  more compute buys. `dropped` holds those with the shorter one they end above.
+  `flops_per_step` is the baselines' own, to name the step count of a baseline to add."""
   points: tuple[tuple[float, float, str], ...]   # (FLOPs, loss, names joined by ' + ')
   dropped: tuple[tuple[float, float, str, str], ...] = ()
   flops_per_step: float | None = None
 
   @classmethod
   def of(cls, runs, flops_per_step: float | None = None) -> Frontier:
-    """From (flops, final_loss, name) triples; runs of equal FLOPs (seeds) are averaged."""
+    """Builds the frontier of (flops, final_loss, name) triples, averaging seeds of equal FLOPs."""
     by_flops: dict[float, list] = {}
     for flops, loss, name in runs:
       by_flops.setdefault(float(flops), []).append((float(loss), name))
@@ -153,8 +155,7 @@ class Frontier:
     return any(name in p[2].split(" + ") for p in self.points)
 
   def loss_at(self, flops: float) -> float | None:
-    """The baselines' final loss at `flops`, interpolated in log FLOPs between lengths; None
-    outside the frontier."""
+    """Interpolates the baselines' final loss at `flops` in log FLOPs, None outside the frontier."""
     if not self.points:
       return None
     x, lo, hi = float(flops), self.flops[0], self.flops[-1]
@@ -163,10 +164,12 @@ class Frontier:
     return float(np.interp(np.log(min(max(x, lo), hi)), np.log(self.flops), self.losses))
 
   def delta(self, loss: float, flops: float) -> tuple[float | None, str]:
-    """(Δ at equal FLOPs, '=' or a bound). Below the shortest baseline's FLOPs it is measured
-    against that baseline, which had more compute: Δ is at most that ('≤'). A
-    tst.equal_flops='batch' run is one: its phase 1 attends over L/S positions, 21% fewer
-    FLOPs per step at 270M with S = 4. Past the longest baseline Δ is at least that ('≥')."""
+    """Returns Δ at equal FLOPs with '=' or the kind of bound.
+
+    Below the shortest baseline's FLOPs Δ is measured against that baseline, which had more
+    compute, so the true Δ is at most that: '≤'. A tst.equal_flops='batch' run is one, since
+    its phase 1 attends over L/S positions at fewer FLOPs per step. Past the longest baseline
+    Δ is at least that: '≥'."""
     if not self.points or not math.isfinite(loss):
       return None, "="
     at = self.loss_at(flops)
@@ -198,7 +201,7 @@ class Frontier:
 
   def _one_length(self, loss: float, flops: float) -> EqualLoss:
     """A bound from one baseline length where the run ends at or below it with fewer FLOPs,
-    or above it with more; else why there is no answer."""
+    or above it with more, else why there is no answer."""
     if self.points:
       (x, y, _), = self.points
       if loss <= y and flops < x:
@@ -212,7 +215,8 @@ class Frontier:
 
 
 def spread(values) -> dict | None:
-  """mean, sd (n - 1; None for one value), min, max and n of `values`; None if empty."""
+  """Returns mean, sd with n - 1, min, max and n of `values`, None if empty.
+  sd is None for one value."""
   v = np.asarray(list(values), dtype=np.float64)
   if not v.size:
     return None
@@ -223,8 +227,8 @@ def spread(values) -> dict | None:
 @dataclasses.dataclass(frozen=True)
 class Trend:
   """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one
-  recipe: valid over the tokens per parameter it was measured on, for models of about its
-  size (within a factor SIZE_RANGE: where TST pays depends on the size too)."""
+  recipe. It holds over the tokens per parameter it was measured on, for models within a
+  factor SIZE_RANGE of its size, since where TST pays depends on the size too."""
   a: float
   b: float
   low: float             # tokens per parameter: the measured range
@@ -237,8 +241,8 @@ class Trend:
 
   @classmethod
   def fit(cls, points, params: float, source: str = "") -> Trend | None:
-    """From (tokens per parameter, speed-up, label) points of a `params`-parameter recipe;
-    None with fewer than two distinct tokens per parameter."""
+    """Fits (tokens per parameter, speed-up, label) points of a `params`-parameter recipe, None
+    with fewer than two distinct tokens per parameter."""
     x = np.log([p[0] for p in points])
     if len(set(np.round(x, 9))) < 2:
       return None
@@ -251,7 +255,7 @@ class Trend:
     return self.params / self.SIZE_RANGE <= params <= self.params * self.SIZE_RANGE
 
   def predict(self, tokens_per_param: float, params: float | None = None) -> float | None:
-    """The fitted speed-up; None outside the measured range, or for a model of `params`
+    """Predicts the speed-up, None outside the measured range or for a model of `params`
     parameters far from the recipe's."""
     if params is not None and not self.covers_size(params):
       return None

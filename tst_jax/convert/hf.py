@@ -11,7 +11,7 @@ A converter module, registered in `CONVERTERS`, provides the functions below. Th
 built by its config, `cfg.build(rngs)`, and keeps its config as `.cfg`.
 
   config_from_hf(hf: dict, **overrides) -> cfg
-                                      HF config.json dict -> the family's frozen config; the
+                                      HF config.json dict -> the family's frozen config. The
                                       overrides are config field names, which
                                       `reading.make_config` checks. Raises ValueError on
                                       features it cannot represent.
@@ -21,13 +21,13 @@ built by its config, `cfg.build(rngs)`, and keeps its config as `.cfg`.
                                       checkpoint tensors -> a nested dict of numpy arrays shaped
                                       like `nnx.to_pure_dict(nnx.state(model, nnx.Param))`.
                                       `tensors` is a read-only Mapping name -> np.ndarray, read
-                                      on access; fetch them with
+                                      on access. Fetch them with
                                       `reading.read(tensors, name, shape)`.
   params_to_hf(pure: dict, cfg) -> dict[str, np.ndarray]
                                       the inverse: float32 pure dict -> HF tensor names.
-  IGNORED (optional)                  regexes of checkpoint tensors that may be left unread
-                                      (e.g. old `rotary_emb.inv_freq` buffers); any other
-                                      unread tensor is an error, so no weight is dropped silently.
+  IGNORED, optional                   regexes of checkpoint tensors that may be left unread,
+                                      such as `rotary_emb.inv_freq` buffers. Any other unread
+                                      tensor is an error, so no weight is dropped silently.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SHARD_PATTERN = "model{suffix}.safetensors"    # huggingface_hub's: model-00001-of-00003...
 EXPORT_DTYPES = {"float32": np.float32, "bf16": ml_dtypes.bfloat16}
 
-# safetensors dtype names -> numpy; bfloat16/float8 come from ml_dtypes (numpy has none).
+# safetensors dtype names -> numpy. bfloat16 and float8 come from ml_dtypes, as numpy has none.
 _ST_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
     "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
@@ -147,13 +147,13 @@ def _open_tensors(path: Path) -> _Tensors:
 
 
 def config_from_hf(path_or_dict, **overrides):
-  """The tst_jax config of a Hugging Face config (a dict, config.json or its folder)."""
+  """Returns the tst_jax config of a Hugging Face config: a dict, config.json or its folder."""
   hf = dict(path_or_dict) if isinstance(path_or_dict, Mapping) else _read_config(path_or_dict)
   return converter(hf.get("model_type")).config_from_hf(hf, **overrides)
 
 
 def from_hf(path, *, dtype: str = "float32", **overrides):
-  """A tst_jax model with the weights of a Hugging Face safetensors checkpoint folder."""
+  """Builds a tst_jax model with the weights of a Hugging Face safetensors checkpoint folder."""
   path = Path(path)
   hf = _read_config(path)
   family = converter(hf["model_type"])

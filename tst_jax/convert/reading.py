@@ -10,7 +10,7 @@ import numpy as np
 
 
 def make_config(cls, fields: dict, overrides: dict):
-  """`cls(**fields, **overrides)`, naming any override that is not a field of `cls`."""
+  """Returns `cls(**fields, **overrides)`, naming any override that is not a field of `cls`."""
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(overrides) - names)
   if unknown:

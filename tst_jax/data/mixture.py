@@ -36,7 +36,7 @@ class Entry:
 
 
 def parse(text: str, field: str) -> tuple[Entry, ...]:
-  """The entries of 'source=weight,source=weight,...' with weights normalised to sum to 1."""
+  """Parses 'source=weight,source=weight,...' into entries with weights that sum to 1."""
   entries = []
   for item in filter(None, (part.strip() for part in text.split(","))):
     source, sep, weight = item.rpartition("=")
@@ -75,8 +75,8 @@ class Interleave:
   `MapDataset.mix` of the weights, one period of it read and repeated."""
 
   def __init__(self, weights):
-    # Grain mixes in integer proportions, the smallest scaled to 100; given those integers
-    # its pattern repeats every sum of them slots (tests/data/test_mixture.py checks it).
+    # Grain mixes in integer proportions, the smallest scaled to 100. Given those integers its
+    # pattern repeats every sum of them slots, as tests/data/test_mixture.py checks.
     self.per_period = np.round(np.asarray(weights, np.float64) / min(weights) * 100
                                ).astype(np.int64)
     self.period = int(self.per_period.sum())
@@ -92,7 +92,7 @@ class Interleave:
     return entry, cycle * self.per_period[entry] + self.index_p[at]
 
   def counts(self, slots: int) -> np.ndarray:
-    """How many of the first `slots` slots each entry reads."""
+    """Counts how many of the first `slots` slots each entry reads."""
     cycles, rest = divmod(slots, self.period)
     return cycles * self.per_period + np.bincount(self.entry_p[:rest],
                                                   minlength=len(self.per_period))
@@ -114,7 +114,7 @@ class RunMixture:
 
   @classmethod
   def of(cls, d, splits: dict | None = None) -> RunMixture:
-    """The mixtures of config.data `d`: data.tst_mixture for tst phases when set, else
+    """Builds the mixtures of config.data `d`: data.tst_mixture for tst phases when set, else
     data.mixture, else data.source alone."""
     main = parse(d.mixture, "data.mixture") if d.mixture else (Entry(d.source, 1.0),)
     tst = parse(d.tst_mixture, "data.tst_mixture") if d.tst_mixture else main
@@ -129,7 +129,7 @@ class RunMixture:
     return self.tst if phase.is_tst else self.main
 
   def windows(self, phases) -> list[dict[str, int]]:
-    """The windows each phase reads of each source, phase by phase."""
+    """Counts the windows each phase reads of each source, phase by phase."""
     out = []
     for p in phases:
       entries = self.entries(p)
@@ -144,7 +144,7 @@ class RunMixture:
             for w, p in zip(self.windows(phases), phases)]
 
   def starts(self, phases, index: int) -> dict[str, int]:
-    """Where phase `index` starts in each source's stream: where the earlier phases left it."""
+    """Returns where phase `index` starts in each source's stream: where earlier phases left it."""
     start = dict.fromkeys(self.sources, 0)
     for read in self.tokens_read(phases[:index]):
       for source, n in read.items():
@@ -152,7 +152,7 @@ class RunMixture:
     return start
 
   def passes(self, phases, train_tokens: dict[str, int]) -> dict[str, list[float]]:
-    """How many times each phase reads each source's training tokens."""
+    """Counts how many times each phase reads each source's training tokens."""
     reads = self.tokens_read(phases)
     return {s: [r.get(s, 0) / train_tokens[s] for r in reads] for s in self.sources}
 

@@ -17,7 +17,7 @@ _OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps ope
 
 
 def done_path(work: str, name: str) -> str:
-  """The done marker of the work file `name`: written once the file is complete."""
+  """Returns the path of the done marker of work file `name`, written once the file is complete."""
   return os.path.join(work, name + ".done.json")
 
 
@@ -50,7 +50,7 @@ def plan(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
 
 def write(job) -> dict:
   """Pass 2 for output shard k of a split: its documents from every input shard, in a
-  seeded order, each followed by EOS; then a done marker (skipped when already done)."""
+  seeded order, each followed by EOS, then a done marker. A shard already done is skipped."""
   split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
   name = f"{split}-{k:05d}"
   path, marker = os.path.join(out, name + ".bin"), done_path(work, name)
@@ -130,7 +130,7 @@ def _bucket_hash(seed: int, index: int, num_docs: int) -> np.ndarray:
 
 def forget_another_plan(out: str, work: str, plan: dict, inputs: list[dict]):
   """Deletes the output shards an interrupted run planned from other input shards, as when a
-  bad file it left out reads to its end now; then records this plan in `work`."""
+  bad file it left out reads to its end now. Then records this plan in `work`."""
   path = os.path.join(work, "outputs.json")
   planned = dict(plan, inputs=[[d["index"], d["tokens"]] for d in inputs])
   if os.path.exists(path) and read_json(path) != planned:

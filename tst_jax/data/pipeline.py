@@ -23,7 +23,7 @@ _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
 _MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory to 8 MiB.
 
 
-Stream = np.ndarray | StoreSplit  # what the readers below accept; a store split is read in place
+Stream = np.ndarray | StoreSplit  # what the readers below accept: a store split is read in place
 
 
 class WindowSource:

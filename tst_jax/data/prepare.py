@@ -269,7 +269,7 @@ def _to_read(work: str, index: int) -> bool:
 
 
 def _tokenize_shard(job) -> dict:
-  """Pass 1 for one input shard: its tokens, a per-document index, then a done marker; with
+  """Pass 1 for one input shard: its tokens, a per-document index, then a done marker. With
   skip_bad_files, a BadFile gives a marker that records it instead."""
   (index, shard, budget), tok_path, dtype, split, work, skip_bad_files = job
   try:

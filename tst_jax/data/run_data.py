@@ -22,7 +22,7 @@ from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
 
 
-# The folder of a workdir that data.source is prepared into; train/workdir.py lists it.
+# The folder of a workdir that data.source is prepared into, listed by train/workdir.py.
 PREPARED_DIR = "data"
 
 
@@ -68,18 +68,18 @@ class Data:
 
   @property
   def split_seed(self) -> int:
-    """The seed of the split, document order and BPE: data.seed, else the run's, so runs of
+    """Seed of the split, document order and BPE: data.seed, else the run's, so runs of
     several seeds with one data.seed share one tokenized corpus and held-out set."""
     return self.seed if self.seed >= 0 else self.run_seed
 
   def missing_fields(self) -> list[str]:
-    """The fields a run needs but leaves empty (a tokens: store has its own tokenizer)."""
+    """Lists the fields a run needs but leaves empty. A tokens: store brings its own tokenizer."""
     needed = ("source",) if self.source.startswith("tokens:") else ("source", "tokenizer")
     return [f for f in needed if not getattr(self, f)]
 
 
 def check_paths(data: Data) -> None:
-  """The files a train or eval run reads exist (plan mode does not need them)."""
+  """Checks that the files a train or eval run reads exist. Plan mode does not need them."""
   if data.eval_sets:
     _check_sources(data, [s for _, s in eval_sets(data)], "data.eval_sets")
   if data.mixture or data.tst_mixture:
@@ -126,7 +126,7 @@ def _check_sources(data: Data, sources: list[str], field: str) -> None:
 
 
 def _eval_sets_parse(text: str) -> tuple[tuple[str, str], ...] | None:
-  """(name, source) of each 'name=source' in `text`; None when it is not that list."""
+  """Parses `text` into (name, source) pairs of 'name=source' items, or None when it is not one."""
   pairs = [item.strip().partition("=") for item in text.split(",") if item.strip()]
   names = [name for name, _, _ in pairs]
   if len(set(names)) < len(names) or not all(
@@ -137,7 +137,7 @@ def _eval_sets_parse(text: str) -> tuple[tuple[str, str], ...] | None:
 
 
 def eval_sets(d: Data) -> tuple[tuple[str, str], ...]:
-  """The (name, source) of each set of data.eval_sets."""
+  """Returns the name and source of each set of data.eval_sets."""
   return _eval_sets_parse(d.eval_sets) or ()
 
 
@@ -150,7 +150,7 @@ class RunData:
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
   data_name: str                     # what config.reference.data names: store.data_name
-  mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores; train: the first
+  mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores, the first as `train`
   eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
 
   @property
@@ -169,7 +169,7 @@ class RunData:
 
   @property
   def train_tokens(self) -> TrainTokens:
-    """The training tokens of the run's store, or of each store of its mixture."""
+    """Training tokens of the run's store, or of each store of its mixture."""
     if self.mixture is None:
       return TrainTokens.of(self.train)
     return TrainTokens.of_mixture(self.mixture, {s: TrainTokens.of(split)
@@ -178,14 +178,15 @@ class RunData:
 
 def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
                  check_store: Callable[[TokenStore], None] | None = None) -> RunData:
-  """The run's token store (`tokens:DIR` read in place, any other source prepared once into
-  <workdir>/data), its tokenizer (copied to the workdir for export), and the eval windows.
-  Nothing here reads more of the store than the eval windows.
+  """Opens the run's token store, its tokenizer and the eval windows, reading no more of the
+  store than those windows.
 
-  `block` (index, count): this process's rows of the eval batches (default: by process);
-  `say`: prints what is done (reading, tokenizing: minutes to hours at scale);
-  `check_store`: refuses a store the workdir did not train on, before anything is copied
-  into the workdir. The caller has checked the paths (`check_paths`).
+  A `tokens:DIR` store is read in place, and any other source is prepared once into
+  <workdir>/data. The tokenizer is copied to the workdir for export.
+    block        (index, count): this process's rows of the eval batches, by default by process
+    say          prints what is done, since reading and tokenizing take hours at scale
+    check_store  refuses a store the workdir did not train on, before anything is copied
+  The caller has checked the paths with `check_paths`.
   """
   if d.eval_sets:
     run = prepare_data(dataclasses.replace(d, eval_sets=""), workdir, model_vocab, block, say,
@@ -215,9 +216,9 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
 
 def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
                      check_store: Callable[[TokenStore], None] | None) -> RunData:
-  """`prepare_data` of a mixture: each source's store (`_open_store`; a source to tokenize
-  goes to <workdir>/mixture/<k>/data), one tokenizer for all, and held-out windows drawn
-  from the entries as training rows are (`RunMixture.eval_windows`)."""
+  """`prepare_data` of a mixture: each source's store from `_open_store`, one tokenizer for
+  all, and held-out windows drawn from the entries as training rows are. A source to tokenize
+  goes to <workdir>/mixture/<k>/data."""
   mix = mixture_lib.RunMixture.of(d)
   stores = [_open_store(dataclasses.replace(d, source=s), _entry_workdir(workdir, k),
                         model_vocab, say) for k, s in enumerate(mix.sources)]
@@ -280,19 +281,19 @@ def _entry_workdir(workdir: str | None, k: int) -> str | None:
 class TrainTokens:
   """How many training tokens a run's store holds, as far as is known before it trains."""
   count: int
-  exact: bool          # counted in a store; else an upper bound from the size of the text
+  exact: bool          # counted in a store, else an upper bound from the size of the text
   where: str           # the store, or how the bound was made
   mixture: mixture_lib.RunMixture | None = None   # a mixture's, with each source's count:
   entries: tuple = ()                             # ((source, TrainTokens), ...)
 
   @classmethod
   def of(cls, split) -> TrainTokens:
-    """The count of a store's training split (a StoreSplit)."""
+    """Counts the training tokens of a StoreSplit."""
     return cls(len(split), True, f"the store {split.directory}")
 
   @classmethod
   def of_mixture(cls, mix, counts: dict) -> TrainTokens:
-    """The counts of a mixture's sources (source -> TrainTokens), and their sum."""
+    """Sums a mixture's counts, given as source -> TrainTokens, and keeps each source's."""
     return cls(sum(t.count for t in counts.values()), all(t.exact for t in counts.values()),
                f"{len(counts)} stores of data.mixture", mix, tuple(counts.items()))
 
@@ -306,9 +307,10 @@ class TrainTokens:
 
 
 def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
-  """The training tokens of the run's store where it exists (a `tokens:` store, or the one
-  prepared into <workdir>/data), else a bound from the source's size (`sources.token_bound`),
-  else None. Reads manifests and file sizes only."""
+  """Counts the training tokens of the run's store where it exists, else bounds them by the
+  source's size with `sources.token_bound`, else None. Reads manifests and file sizes only.
+
+  The store exists for a `tokens:` source or once prepared into <workdir>/data."""
   if d.mixture or d.tst_mixture:
     mix = mixture_lib.RunMixture.of(d)
     counts = {s: training_tokens(dataclasses.replace(d, source=s, mixture="", tst_mixture=""),
@@ -369,8 +371,8 @@ def _check_vocab(vocab_size: int, model_vocab: int, what: str):
 
 
 def store_request(d: Data, model_vocab: int) -> dict:
-  """What a run's prepared store depends on: the arguments of `prepare.prepare` (all but the
-  folder). Runs with equal requests can share one store (the sweep does)."""
+  """Returns what a run's prepared store depends on: the arguments of `prepare.prepare` but
+  the folder. Runs with equal requests can share one store, as a sweep's do."""
   return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.split_seed,
               val_fraction=d.val_fraction, val_piece_bytes=d.val_piece_bytes,
               max_bytes=d.max_bytes or None, text_field=d.text_field)

@@ -30,7 +30,7 @@ SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<gl
 
 class BadFile(DataError):
   """An input file that cannot be read to its end: truncated, corrupt or of another format.
-  `prepare --skip_bad_files` leaves such a file out; any other DataError stops it."""
+  `prepare --skip_bad_files` leaves such a file out, and any other DataError stops it."""
 
   def __init__(self, path: str, reason: str, line: int | None = None):
     self.path, self.reason, self.line = path, reason, line
@@ -43,7 +43,7 @@ class BadFile(DataError):
     return type(self), (self.path, self.reason, self.line)
 
   def record(self) -> dict:
-    """The file and what is wrong with it, as a store's manifest lists a file left out."""
+    """Names the file and what is wrong with it, as a store's manifest lists a file left out."""
     return dict(file=self.path,
                 reason=self.reason if self.line is None else f"line {self.line}: {self.reason}")
 
@@ -368,7 +368,7 @@ class _ZstdReader(io.RawIOBase):
 
 
 def _whole_file(path: str, docs: Iterator[str]) -> Iterator[str]:
-  """Yields the documents of one file; a file that cannot be read to its end raises one
+  """Yields the documents of one file. A file that cannot be read to its end raises one
   BadFile naming it, whichever decompressor or reader found the fault."""
   try:
     yield from docs

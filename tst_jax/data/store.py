@@ -49,7 +49,7 @@ def data_name(manifest: dict) -> str:
 
 
 def read_manifest(directory: str) -> dict:
-  """The manifest of the store in `directory`, checked for format, version and fingerprint."""
+  """Reads the manifest of the store in `directory`, checked for format, version and fingerprint."""
   path = os.path.join(directory, MANIFEST)
   if not os.path.isfile(path):
     raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
@@ -74,8 +74,8 @@ def read_manifest(directory: str) -> dict:
 class StoreSplit:
   """One split of a store as a read-only stream of N tokens, memory-mapped shard by shard.
 
-  Nothing is read at open but the file sizes; `gather` reads the windows asked for (a window
-  may span shards, and wraps around the end). Picklable: the maps reopen lazily.
+  Nothing is read at open but the file sizes. `gather` reads the windows asked for, which may
+  span shards and wrap around the end. Picklable: the maps reopen lazily.
   """
 
   def __init__(self, directory: str, manifest: dict, split: str):
@@ -130,7 +130,7 @@ class StoreSplit:
 
 
 class TokenStore:
-  """A prepared store opened for reading: manifest checked, shards sized; nothing scanned."""
+  """A prepared store opened for reading: manifest checked and shards sized, nothing scanned."""
 
   def __init__(self, directory: str):
     self.directory = os.path.abspath(directory)
@@ -145,7 +145,7 @@ class TokenStore:
     self.vocab_size = tok["vocab_size"]
 
   def tokenizer(self, workdir: str | None = None) -> Tokenizer:
-    """The store's tokenizer (copied into `workdir` when given), checked against the manifest."""
+    """Loads the store's tokenizer, checked against the manifest, copied into `workdir` if given."""
     tok = get_tokenizer(self.tokenizer_path, workdir=None, vocab_size=0)
     if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
       raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "

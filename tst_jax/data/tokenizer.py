@@ -16,7 +16,7 @@ from tst_jax.errors import ConfigError, DataError
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 BPE_EOS = "<|endoftext|>"
 _MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
-# The file names of a tokenizer copied into a workdir or a store; train/workdir.py lists them.
+# The file names of a tokenizer copied into a workdir or a store, listed by train/workdir.py.
 TOKENIZER_JSON, SENTENCEPIECE_MODEL = "tokenizer.json", "tokenizer.model"
 
 

@@ -10,12 +10,12 @@ group (assignments another expert-parallel shard computes) come out 0 and get no
   dx       dx = dy @ w[e]ᵀ per group                  (the same, contracting w's O)
   dw       dw[e] = x_eᵀ · dy_e, one GEMM whose ragged dimension is the contracted rows
 Neither builds an [A, E] array or pads a group to the largest one. Backends:
-  xla      jax.lax.ragged_dot_general: native on TPU; XLA:CPU and released jaxlib GPU builds
-           expand it to a masked dense matmul over every group (E x the work)
-  tokamax  tokamax.ragged_dot_general (the OpenXLA kernel library, the `gpu` extra), each
-           product on the kernel `Kernels` names (`implementation=`: Mosaic GPU or Triton;
-           `platform.grouped_matmul_backend` picks them from measurements), rows in whole
-           tiles of C = 8 (padded once, at the entry), each shape autotuned once (`tokamax_tuning`)
+  xla      jax.lax.ragged_dot_general, native on TPU. XLA:CPU and released jaxlib GPU builds
+           expand it to a masked dense matmul over every group, E times the work.
+  tokamax  tokamax.ragged_dot_general from the OpenXLA kernel library, the `gpu` extra. Each
+           product runs on the Mosaic GPU or Triton kernel that `Kernels` names, picked by
+           `platform.grouped_matmul_backend` from measurements. Rows come in whole tiles of
+           C = 8, padded once at the entry, and `tokamax_tuning` autotunes each shape once.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ _DIMS = {
 
 
 class Kernels(NamedTuple):
-  """tokamax's `implementation=` for each product: kernel names, the first that runs wins
-  (tokamax falls back past a NotImplementedError); None: tokamax's own default order."""
+  """tokamax's `implementation=` for each product: kernel names, of which the first that runs
+  wins, as tokamax falls back past a NotImplementedError. None keeps tokamax's own order."""
   forward: tuple[str, ...] | None = None
   dx: tuple[str, ...] | None = None
   dw: tuple[str, ...] | None = None
@@ -59,7 +59,7 @@ class Kernels(NamedTuple):
 
 
 def tokamax_version() -> str | None:
-  """The installed tokamax's version, read without importing it (None: not installed)."""
+  """Returns the installed tokamax's version without importing it, None when not installed."""
   try:
     return importlib.metadata.version("tokamax")
   except importlib.metadata.PackageNotFoundError:
@@ -109,7 +109,7 @@ def _grouped_bwd(backend, kernels, residuals, dy_AxO):
   dx_AxI = _rows_in_groups(_product(backend, kernels, "dx", dy_AxO, w_ExIxO, sizes_E,
                                     x_AxI.dtype), sizes_E)
   # dW accumulates over up to A rows: float32 where XLA would otherwise add in the inputs'
-  # dtype; tokamax's kernels accumulate in float32 inside and write w's dtype, as its own VJP.
+  # dtype. tokamax's kernels accumulate in float32 inside and write w's dtype, as its own VJP.
   dw_ExIxO = _product(backend, kernels, "dw", x_AxI, dy_AxO, sizes_E,
                       jnp.float32 if backend == "xla" else w_ExIxO.dtype)
   return dx_AxI.astype(x_AxI.dtype), dw_ExIxO.astype(w_ExIxO.dtype), None

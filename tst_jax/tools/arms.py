@@ -16,10 +16,11 @@ from tst_jax.train.console import human
 
 def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()
                    ) -> tuple[list[dict], list[dict], list[str]]:
-  """(per-arm rows, per-run rows, notes) of (arm, seed, run) triples. Each run is compared
-  with the frontier of its seed's finished baselines that match it (`frontier_for`,
-  `run_row`); per arm, its final loss, Δ at equal FLOPs and equal-loss speed-up over the
-  seeds where they are measured."""
+  """Returns per-arm rows, per-run rows and notes of (arm, seed, run) triples.
+
+  `frontier_for` and `run_row` compare each run with the frontier of its seed's finished
+  baselines that match it. Each arm gets its final loss, Δ at equal FLOPs and equal-loss
+  speed-up over the seeds where they are measured."""
   per_run, notes = [], []
   for seed in sorted({seed for _, seed, _ in runs}):
     items = [(arm, run) for arm, s, run in runs if s == seed]
@@ -117,8 +118,8 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
 
 
 def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]:
-  """The figure-2 curves of every run, one colour per arm: held-out loss vs training FLOPs
-  (loss_vs_flops.png) and vs data tokens (loss_vs_data.png). Returns the paths."""
+  """Plots the figure-2 curves of every run, one colour per arm: held-out loss against training
+  FLOPs in loss_vs_flops.png and against data tokens in loss_vs_data.png. Returns the paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -153,7 +154,7 @@ def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]
 
 def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), command: str = "",
                order=()) -> dict:
-  """out/results.json, out/results.md and the curves of `plot_arms`; returns the paths."""
+  """Writes out/results.json, out/results.md and the curves of `plot_arms`, returning the paths."""
   paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
   arms, per_run, notes = summarize_arms(runs, order) if runs else ([], [], [])
   fileio.write_json(paths["json"], dict(command=command, method=METHOD, arms=arms,

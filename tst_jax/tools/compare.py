@@ -3,22 +3,22 @@ the frontier of finished baselines, and figure 2's loss-vs-FLOPs and loss-vs-dat
 
   python -m tst_jax.tools.compare --runs W_base2k,W_base3k,W_base4k,W_tst [--out DIR]
 
-Reads each run's metrics.jsonl (held-out eval lines), plan.json (its phases and FLOPs; a run
-written before plan.json: its config.json) and store.json (its training tokens: the passes
-over the data), as tools/eval_curve.py does. The baselines
-(r = 0) among --runs make the frontier (tst_jax/analysis/frontier.py): their final losses
-against their total FLOPs, interpolated between lengths in log FLOPs. A baseline counts for a
-run only if it equals the run in all but the TST settings, the step count and the seed (the
-model, data shapes, optimizer and schedule, and the token store's fingerprint); one left out
-gets a note naming the field, and a TST run with none left is an error. For every run:
-  Δ at equal FLOPs       its final loss minus the frontier's at its FLOPs;
-  equal-loss speed-up    the frontier's FLOPs to reach its final loss over its FLOPs (a baseline
-                         is 1.00x by construction; '>' and '≤' are bounds past the frontier's
-                         ends or from one baseline; with three or more lengths a power law's
-                         too, in its own column);
-  equal data             the longest baseline's eval curve after as many data tokens (figure 2's
-                         right panel): a point in the middle of a run whose learning rate has
-                         not decayed, so never a speed-up.
+Reads each run's held-out eval lines in metrics.jsonl, its phases and FLOPs in plan.json, or
+config.json for a run without one, and its training tokens in store.json, as
+tools/eval_curve.py does. The baselines, with r = 0, among --runs make the frontier of
+tst_jax/analysis/frontier.py: their final losses against their total FLOPs, interpolated
+between lengths in log FLOPs. A baseline counts for a run only if it equals the run in all but
+the TST settings, the step count and the seed: the same model, data shapes, optimizer,
+schedule and token store. One left out gets a note naming the field, and a TST run with none
+left is an error. For every run:
+  Δ at equal FLOPs       its final loss minus the frontier's at its FLOPs
+  equal-loss speed-up    the frontier's FLOPs to reach its final loss over its FLOPs. A baseline
+                         is 1.00x by construction. '>' and '≤' are bounds past the frontier's
+                         ends or from one baseline. With three or more lengths a power law's
+                         speed-up shows too, in its own column.
+  equal data             the longest baseline's eval curve after as many data tokens, as in
+                         figure 2's right panel: a point in the middle of a run whose learning
+                         rate has not decayed, so never a speed-up.
 Writes DIR/compare.{md,json,png}. tools/arms.py makes the same comparison per seed and
 summarises it per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
 """
@@ -52,29 +52,29 @@ METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished
 
 
 def lengths_to_add(steps: int, have_one: bool = True) -> list[str]:
-  """Baseline arms of 1.5x and 2x `steps` (and of `steps` itself without any baseline), as
-  `--arms` spells them."""
+  """Names the baseline arms of 1.5x and 2x `steps`, and of `steps` itself without any
+  baseline, as `--arms` spells them."""
   return ([] if have_one else ["baseline"]) + [
       f"baseline+{defaults.steps_arm(round(steps * f))}" for f in (1.5, 2)]
 
 
 def between_arm(frontier: Frontier, bracket: tuple[float, float]) -> str:
-  """The `baseline+<N>k` arm halfway between two baselines in log FLOPs, N to two digits."""
+  """Names the `baseline+<N>k` arm halfway between two baselines in log FLOPs, N to two digits."""
   steps = math.sqrt(bracket[0] * bracket[1]) / frontier.flops_per_step
   digits = 10 ** max(int(math.log10(steps)) - 1, 0)
   return f"baseline+{defaults.steps_arm(round(steps / digits) * digits)}"
 
 
 def frontier_of(runs: list[EvalCurve]) -> Frontier:
-  """The finished baselines among `runs`: (total FLOPs, final loss, name)."""
+  """Returns the frontier of the finished baselines among `runs`."""
   baselines = [r for r in runs if r.is_baseline]
   return Frontier.of(((r.total_flops, r.final_loss, r.name) for r in baselines),
                      baselines[0].plan.phases[-1].flops_per_step if baselines else None)
 
 
 def frontier_for(run: EvalCurve, runs: list[EvalCurve]) -> tuple[Frontier, list[str]]:
-  """The frontier of the baselines among `runs` that equal `run` in all but the TST settings,
-  the step count and the seed, and for a TST run one line per baseline left out."""
+  """Returns the frontier of the baselines among `runs` that equal `run` in all but the TST
+  settings, the step count and the seed, and for a TST run one line per baseline left out."""
   kept, notes = [], []
   for other in runs:
     why = differs(other, run) if other.is_baseline else ""
@@ -93,9 +93,8 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
 
 
 def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
-  """One run against the frontier: Δ at equal FLOPs (None outside the frontier, where
-  `delta_text` gives its bound), the equal-loss speed-up, the power law's, and the row's
-  warnings."""
+  """Compares one run with the frontier: Δ at equal FLOPs, the equal-loss speed-up, the power
+  law's, and the row's warnings. Δ is None outside the frontier, where `delta_text` bounds it."""
   delta, delta_bound = frontier.delta(run.final_loss, run.total_flops)
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
@@ -135,7 +134,8 @@ def bounded(x, bound: str, form: str) -> str:
 
 
 def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -> list[str]:
-  """The baselines left out of the frontier: each ends above a shorter one (data repeats?)."""
+  """Lists the baselines left out of the frontier: each ends above a shorter one."""
+  # A longer run can end higher when it repeats its data.
   passes = {r.name: r.passes for r in runs}
   return [f"{label}{name} " + (f"ends at {loss:.4f}, above the shorter {shorter}" if shorter
                                 else "ends with a non-finite loss") + ": left out of the "
@@ -174,19 +174,19 @@ def fmt(x, form: str = ".4f") -> str:
 
 
 def fit_text(row: dict) -> str:
-  """The power law's speed-up of a row, '--' without one."""
+  """Formats the power law's speed-up of a row, '--' without one."""
   return "--" if row["speedup_fit"] is None else f"{row['speedup_fit']:.2f}x"
 
 
 def command_line(module: str, argv) -> str:
-  """The command that ran `python -m module` with `argv`, as a report quotes it (an argument
-  with a space, ';' or '*' in single quotes)."""
+  """Spells the command `python -m module` with `argv` as a report quotes it, an argument with
+  a space, semicolon or '*' in single quotes."""
   return f"python -m {module} " + " ".join(
       f"'{a}'" if any(c in a for c in " ;*") else a for a in argv)
 
 
 def report_head(title: str, command: str = "") -> list[str]:
-  """A markdown report's first lines: its title, then the command that made it."""
+  """Returns a markdown report's first lines: its title, then the command that made it."""
   return [f"# {title}", ""] + (["```", command, "```", ""] if command else [])
 
 

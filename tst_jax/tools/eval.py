@@ -5,13 +5,13 @@
 
 prints lm-eval's table and merges the results into <W>/lm_eval/step_<N>.json. `--tasks paper`
 is the paper's protocol: ARC-e, ARC-c, BoolQ, HellaSwag, MMLU, OpenBookQA, PIQA and
-Winogrande, 0-shot, and the average of the seven without MMLU (its figures' "average"). Contexts are
-truncated from the left to the run's data.seq_len (the length it was trained at; override
-with --max_length). Requests are right-padded into fixed-shape batches (lengths rounded up to
-powers of two), and only continuation tokens are scored.
+Winogrande, 0-shot, and the average of the seven without MMLU, which its figures call
+"average". Contexts are truncated from the left to data.seq_len, the length the run was
+trained at, or to --max_length. Requests are right-padded into fixed-shape batches with
+lengths rounded up to powers of two, and only continuation tokens are scored.
 
-The alternative, with no tst_jax at evaluation time: export, then lm-eval's `hf` model; both
-give the same scores (tests/tools/test_eval.py):
+The alternative, with no tst_jax at evaluation time, is to export and run lm-eval's `hf`
+model. Both give the same scores, as tests/tools/test_eval.py checks:
 
   python -m tst_jax.tools.export --workdir W --out D
   lm_eval --model hf --model_args pretrained=D,dtype=float32 --tasks arc_easy
@@ -61,7 +61,7 @@ def task_list(text: str) -> list[str]:
 
 
 def paper_average(results: dict) -> float | None:
-  """The mean over PAPER_AVERAGE of each task's PAPER_TASKS metric, None unless all were run."""
+  """Averages each task's PAPER_TASKS metric over PAPER_AVERAGE, None unless all were run."""
   scores = results.get("results", {})
   if not all(t in scores for t in PAPER_AVERAGE):
     return None
@@ -141,7 +141,7 @@ class TstJaxLM(TemplateLM):
       width = min(sample.padded_length(len(rows[batch[0]][0])), self.max_length)
       inputs, targets = (np.zeros((self.batch_size, width), np.int32) for _ in range(2))
       mask = np.zeros((self.batch_size, width), bool)
-      for r, i in enumerate(batch):   # right-padded; the causal model ignores the padding
+      for r, i in enumerate(batch):   # right-padded: the causal model ignores the padding
         inp, tgt, n_cont = rows[i]
         inputs[r, :len(inp)], targets[r, :len(tgt)] = inp, tgt
         mask[r, len(inp) - n_cont:len(inp)] = True
@@ -153,7 +153,7 @@ class TstJaxLM(TemplateLM):
     return results
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-    """Each text's total log-likelihood in disjoint max-length windows (lm-eval's scheme)."""
+    """Scores each text's total log-likelihood in disjoint max-length windows, as lm-eval does."""
     windows, owner = [], []
     for i, (text,) in enumerate(req.args for req in requests):
       for context, continuation in map(lm_utils.make_disjoint_window,
@@ -211,8 +211,8 @@ class TstJaxLM(TemplateLM):
 
 
 def task_manager(tasks, include_path=None):
-  """lm-eval's TaskManager; only `include_path`'s tasks when they are all that is asked for
-  (indexing lm-eval's ~15k built-in task files takes tens of seconds)."""
+  """Returns lm-eval's TaskManager, of `include_path`'s tasks only when they are all that is
+  asked for, because indexing lm-eval's built-in task files is slow."""
   from lm_eval.tasks import TaskManager   # pylint: disable=g-import-not-at-top
   if include_path:
     local = TaskManager(include_path=include_path, include_defaults=False)
@@ -223,7 +223,7 @@ def task_manager(tasks, include_path=None):
 
 def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None,
              bootstrap_iters: int = 100_000) -> dict:
-  """lm-eval's `simple_evaluate` of `lm` on `tasks` (names; local ones from `include_path`)."""
+  """Runs lm-eval's `simple_evaluate` of `lm` on `tasks`, local ones from `include_path`."""
   from lm_eval import simple_evaluate   # pylint: disable=g-import-not-at-top
   tasks = list(tasks)
   return simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,

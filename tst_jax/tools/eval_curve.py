@@ -1,6 +1,5 @@
-"""A finished run read back from its workdir: its held-out loss curve (metrics.jsonl), its
-plan (plan.json; rebuilt from config.json for a run written before runs recorded one) and
-what a baseline must share with it (config.json, the store's fingerprint)."""
+"""A finished run read back from its workdir: its held-out loss curve from metrics.jsonl, its
+plan from plan.json or else config.json, and what a baseline must share with it."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ FINGERPRINT = "the token store's fingerprint"
 
 @dataclasses.dataclass
 class EvalCurve:
-  """A finished run's held-out loss curve and plan; its FLOPs, tokens and passes are the
-  plan's."""
+  """A finished run's held-out loss curve and plan, which gives its FLOPs, tokens and passes."""
   name: str
   workdir: str
   steps: np.ndarray         # eval steps
@@ -44,7 +42,7 @@ class EvalCurve:
 
   @property
   def S(self) -> int:
-    """The bag size of its first phase (1: a baseline)."""
+    """Bag size of its first phase, 1 for a baseline."""
     return self.plan.phases[0].bag_size
 
   @property
@@ -77,7 +75,7 @@ class EvalCurve:
 
   @property
   def passes(self) -> float | None:
-    """How many times the run read its training tokens (None: the store is unknown)."""
+    """Times the run read its training tokens, None when the store is unknown."""
     return sum(self.plan.passes(self.train_tokens)) if self.train_tokens else None
 
 
@@ -95,7 +93,7 @@ def differs(run: EvalCurve, other: EvalCurve) -> str:
 
 
 def identity_of(workdir: str, plan: Plan) -> dict:
-  """What a baseline must share with a run: every field of its config.json but FREE_FIELDS,
+  """Returns what a baseline must share with a run: every field of its config.json but FREE_FIELDS,
   its store's fingerprint and its model's parameter counts."""
   flat = {}
   _flatten(workdir_lib.read_config_json(workdir) or {}, "", flat)
@@ -115,7 +113,7 @@ def _flatten(record: dict, prefix: str, out: dict):
 
 
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
-  """A run directory of `main.py` -> its eval curve and plan; an unfinished run is an
+  """Reads the eval curve and plan of a run directory of `main.py`. An unfinished run is an
   error."""
   if not os.path.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")

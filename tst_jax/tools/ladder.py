@@ -3,18 +3,19 @@ r"""The speed-up ladder: TST's equal-loss speed-up against run length, measured 
   python -m tst_jax.tools.ladder --config configs/gpu_small.py --workdir runs/ladder \
       --lengths 1k,2k,4k --seeds 0 --parallel 4 --deadline_s 540
 
-For each length T it trains the config's TST arm (`--tst_arm`) for T steps and baselines of
-T/2, T, 1.5T and 2T steps (`--baseline_factors`: the frontier on both sides of the TST run,
-whether it ends ahead or behind), every one a point of `tools.sweep` in W: points
-already finished are skipped, interrupted ones resume from their checkpoints, so one call of
-at most ten minutes (`--deadline_s` stops the running points with a checkpoint in time) is
-followed by the same command until every point is done. Each TST run's equal-loss speed-up
-is measured against the finished baselines of its seed (tst_jax/analysis/frontier.py), at its
-tokens per parameter (B·L positions of every step over the active parameters). Writes
-W/ladder.{md,json,png} (every point, the fit and its plot), W/results.md (the sweep's table
-of every arm) and W/speedup_trend.json: speed-up ≈ a + b·ln(tokens per parameter) over the
-measured range, the file that the plan's "where TST pays" line reads as
-tst_jax/train/speedup_trend.json.
+For each length T it trains the config's TST arm, --tst_arm, for T steps and baselines of
+T/2, T, 1.5T and 2T steps, --baseline_factors, so that the frontier covers both sides of the
+TST run, whether it ends ahead or behind. Every run is a point of `tools.sweep` in W. Finished
+points are skipped and interrupted ones resume from their checkpoints, so one call of at most
+ten minutes is followed by the same command until every point is done. --deadline_s stops the
+running points with a checkpoint in time.
+
+Each TST run's equal-loss speed-up is measured against the finished baselines of its seed by
+tst_jax/analysis/frontier.py, at its tokens per parameter: B·L positions of every step over
+the active parameters. Writes W/ladder.{md,json,png} with every point, the fit and its plot,
+W/results.md with the sweep's table of every arm, and W/speedup_trend.json: speed-up ≈
+a + b·ln(tokens per parameter) over the measured range. The plan's "where TST pays" line reads
+that file as tst_jax/train/speedup_trend.json.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[s
 
 
 def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[str]:
-  """The ladder's points (every arm, TST or baseline, and seed) without a final eval."""
+  """Lists the ladder's points, of every arm and seed, that have no final eval."""
   left = []
   for point in sweep.make_arm_points(arms, seeds):
     meta = os.path.join(workdir, point.name, POINT_FILE)
@@ -93,7 +94,7 @@ def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[s
 
 
 def rungs(tst: list[str], factors: list[float]) -> dict[str, list[str]]:
-  """Each TST arm's length -> the arms its speed-up needs: itself and its baselines."""
+  """Maps each TST arm's length to the arms its speed-up needs: itself and its baselines."""
   out = {}
   for arm in tst:
     length = arm.split("+")[-1]
@@ -105,7 +106,7 @@ def rungs(tst: list[str], factors: list[float]) -> dict[str, list[str]]:
 
 def next_call(rung_arms: dict[str, list[str]], missing: set[str], seeds: list[int],
               budget_s: float, estimate) -> str:
-  """The one call that completes the most rungs: the shortest rungs first while the
+  """Spells the one call that completes the most rungs: the shortest rungs first while the
   `estimate(names)` seconds of their `missing` points fit `budget_s`."""
   chosen, names = [], []
   for length, needed in sorted(rung_arms.items(), key=lambda kv: defaults.arm_steps(kv[0])):
@@ -125,8 +126,8 @@ def next_call(rung_arms: dict[str, list[str]], missing: set[str], seeds: list[in
 
 
 def fit(points: list[dict], source: str) -> Trend | None:
-  """The trend over the exact speed-ups (bounds are shown, not fitted), of the recipe's
-  model size (every point of a ladder has the same)."""
+  """Fits the trend over the exact speed-ups at the recipe's model size, which every point of a
+  ladder shares. Bounds are shown, not fitted."""
   exact = [(p["tokens_per_param"], p["speedup"], f"{p['arm']} seed {p['seed']}")
            for p in points if p["speedup"] is not None and p["speedup_bound"] == "="]
   return Trend.fit(exact, points[0]["params"], source) if exact else None
@@ -134,7 +135,7 @@ def fit(points: list[dict], source: str) -> Trend | None:
 
 def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
           command: str, unfinished: list[str], advice: str = "") -> dict:
-  """W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json; returns the paths."""
+  """Writes W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json. Returns the paths."""
   paths = {k: os.path.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
   fileio.write_json(paths["json"], dict(command=command, method=compare.METHOD, points=points,
                                         notes=notes, unfinished=unfinished,

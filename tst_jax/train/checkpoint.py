@@ -33,7 +33,7 @@ class SaveClock:
     self.last = clock()
 
   def due(self, step: int) -> bool:
-    """The same answer on every process; call it once per step, on every process."""
+    """Says whether a save is due, the same on every process. Call it once per step on each."""
     if not self.minutes:
       return False
     late = self.clock() - self.last >= 60 * self.minutes
@@ -162,8 +162,8 @@ class RunCheckpoints(Checkpoints):
     return self.save(step, state, meta, force=force)
 
   def restore_latest(self) -> tuple[Any, int] | None:
-    """Returns (state, step) of the latest checkpoint that restores, None where there is none;
-    a truncated or corrupted step falls back to the one before."""
+    """Returns (state, step) of the latest checkpoint that restores, None where there is none.
+    A truncated or corrupted step falls back to the one before."""
     if self.latest_step() is None:
       return None
     for step in sorted(self.all_steps(), reverse=True):

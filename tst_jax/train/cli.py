@@ -23,7 +23,7 @@ MODES = ("train", "plan", "eval")
 
 
 def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -> dict:
-  """Trains (the default), plans or evaluates the run of `config` in `workdir`; a plan with
+  """Trains, plans or evaluates the run of `config` in `workdir`. A plan with
   an `accelerator` also compiles both phases' steps on the mesh's devices and says if they
   fit. Returns the run's summary (train), the plan (plan) or the eval record (eval)."""
   checked = spec_lib.check(config)             # every field, once, before anything starts
@@ -53,7 +53,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
     setup = Setup.create(spec, workdir, record=mode == "train")
     result = evaluate_latest(setup) if mode == "eval" else loop.train(setup)
   except jax.errors.JaxRuntimeError as e:
-    distributed.stop_if_peer_lost(e)   # several processes: another died; exits 2
+    distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise
   distributed.finished()          # the other processes' watchdogs stop waiting for this one
   return result

@@ -1,5 +1,5 @@
 """What a user watches: the plan, one line per log_every (a bar on a terminal), each eval, the
-phase switch and a final block. Only process 0 prints; library INFO logs stay off (main.py)."""
+phase switch and a final block. Only process 0 prints, and main.py keeps library INFO logs off."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def duration(seconds: float) -> str:
 
 
 def human(x: float | None) -> str:
-  """A count with a unit suffix (K, M, B for 1e9, T, P, E, Z, Y), as every table prints
-  tokens, parameters and FLOPs; None is '--'."""
+  """Formats a count with a unit suffix K, M, B = 1e9, T, ..., Y, as every table prints tokens,
+  parameters and FLOPs. None is '--'."""
   if x is None:
     return "--"
   for unit, scale in (("Y", 1e24), ("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12),
@@ -36,7 +36,7 @@ def rate(x: float) -> str:
 
 
 class Console:
-  """Prints to stdout; `bar` (a terminal and train.progress_bar) turns the per-step lines into
+  """Prints to stdout. `bar`, on a terminal with train.progress_bar, turns the per-step lines into
   a tqdm bar, with the other lines written above it."""
 
   def __init__(self, total_steps: int, start: int, *, enabled: bool = True,
@@ -73,7 +73,7 @@ class Console:
             flush=True)
 
   def eval(self, step: int, loss: float, sets: dict | None = None):
-    """The held-out loss, then each set of data.eval_sets by name."""
+    """Prints the held-out loss, then each set of data.eval_sets by name."""
     self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}"
                + "".join(f"; {name} {x:.4f}" for name, x in (sets or {}).items()))
 

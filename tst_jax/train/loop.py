@@ -30,7 +30,7 @@ log = logging.getLogger("tst_jax")
 
 
 def train(setup: Setup) -> dict:
-  """Trains the run's phases from the latest checkpoint (or step 0) to the end; returns
+  """Trains the run's phases from the latest checkpoint or step 0 to the end. Returns
   the summary, or {preempted_at_step} after a preemption checkpoint."""
   settings, plan = setup.spec.train, setup.spec.plan
   state, start = setup.restore_or_init()
@@ -134,7 +134,7 @@ class StepLog:
     self.console.step(step, phase, metrics, rate, logged)
 
   def non_finite(self, step: int, metrics: dict):
-    """train.nan_policy: the update was not applied; skip (up to max_nan_skips) or stop."""
+    """Skips a step whose update was not applied, up to max_nan_skips, or stops, by nan_policy."""
     self.nan_skips += 1
     bad = "loss" if not np.isfinite(metrics["loss"]) else "grad_norm"
     if self.settings.nan_policy != "skip" or self.nan_skips > self.settings.max_nan_skips:

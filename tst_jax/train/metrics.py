@@ -36,8 +36,8 @@ class MetricsWriter:
 
 
 def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
-  """The run's summary (final held-out loss, the phase-1-end eval, steps, token counts, and
-  `fields`); with `write`, to <workdir>/summary.json with the loss plot <workdir>/loss.png."""
+  """Returns the run's summary: final held-out loss, the phase-1-end eval, steps, token counts
+  and `fields`. With `write`, also writes <workdir>/summary.json and the plot <workdir>/loss.png."""
   records = workdir_lib.read_metrics(workdir)
   evals = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
   tst = [p for p in plan.phases if p.is_tst]     # phase 1: one or more tst phases

@@ -67,7 +67,7 @@ def decay_mask(params):
 
 
 def muon_dims(variable):
-  """How Muon reads a parameter as matrices, or None for AdamW's parameters.
+  """Returns how Muon reads a parameter as matrices, or None for AdamW's parameters.
 
   From its logical axis names: a hidden weight has an 'embed' axis and no 'vocab' or 'norm'
   one. Its stacked axes are batch axes, 'embed' is the input axis when it comes first and
@@ -87,7 +87,7 @@ def muon_dims(variable):
 
 
 def _dims_tree(params):
-  """`muon_dims` of every parameter; a leaf another transform owns gets None."""
+  """`muon_dims` of every parameter, None for a leaf another transform owns."""
   def dims(v):
     live = isinstance(v, nnx.Variable) and not isinstance(v.get_value(), optax.MaskedNode)
     return muon_dims(v) if live else None

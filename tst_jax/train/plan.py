@@ -16,9 +16,9 @@ EQUAL_FLOPS = ("seq", "batch")
 
 def bag_schedule(tst) -> tuple[int, ...]:
   """S of each tst phase of phase 1, from tst.schedule: '' is the paper's hard switch, one
-  tst phase of tst.bag_size; 'halve' is S, S/2, S/4, ... down to 2; 'S1,S2,...' (decreasing,
-  each >= 2, S1 = tst.bag_size) gives them. Each gets an equal share of the round(r*T)
-  phase-1 steps at the same FLOPs per step; ntp (S = 1) follows."""
+  tst phase of tst.bag_size. 'halve' is S, S/2, S/4, ... down to 2, and 'S1,S2,...' gives
+  them, decreasing, each >= 2, S1 = tst.bag_size. Each gets an equal share of the round(r*T)
+  phase-1 steps at the same FLOPs per step, and ntp with S = 1 follows."""
   text = tst.schedule.strip()
   if text in ("", "halve"):
     bag_sizes = [tst.bag_size]
@@ -107,7 +107,7 @@ class Phase:
 
   @classmethod
   def from_json(cls, record: dict) -> Phase:
-    """The phase of a `to_json` record (the derived counts in it are not read)."""
+    """Reads a phase back from its `to_json` record, ignoring the derived counts in it."""
     return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
 
 
@@ -116,7 +116,7 @@ class Plan:
   params_total: int
   params_active: int
   phases: tuple[Phase, ...]
-  ratio: float = 0.0     # r (tst.ratio): the share of the steps in phase 1; 0 without one
+  ratio: float = 0.0     # r, tst.ratio: the share of the steps in phase 1, 0 without one
 
   @property
   def total_steps(self) -> int:
@@ -159,8 +159,8 @@ class Plan:
     return self.tokens_at(self.total_steps)["equivalent_tokens"]
 
   def passes(self, train_tokens: int) -> list[float]:
-    """How many times each phase reads `train_tokens` training tokens (its data tokens over
-    theirs); the run's passes are their sum."""
+    """Returns how many times each phase reads `train_tokens` training tokens: its data tokens
+    over theirs. The run's passes are their sum."""
     return [p.data_tokens / train_tokens for p in self.phases]
 
   @property
@@ -170,8 +170,8 @@ class Plan:
 
   @property
   def ntp_tokens_per_param(self) -> float | None:
-    """Next-token tokens (B x L per step) after the last tst phase, per active parameter;
-    None for a run with no tst phase (a baseline)."""
+    """Next-token tokens, B x L per step, after the last tst phase, per active parameter.
+    None for a baseline, which has no tst phase."""
     if not any(p.is_tst for p in self.phases):
       return None
     ntp = sum(p.equivalent_tokens for p in self.phases if not p.is_tst)
@@ -190,9 +190,8 @@ class Plan:
 
   @classmethod
   def from_json(cls, record: dict) -> Plan:
-    """The plan of a `to_json` record. Records of a sweep (sweep_point.json) written before
-    they held first_step and ratio: the phases follow each other, and r is the share of the
-    steps in tst phases."""
+    """Reads a plan back from its `to_json` record. A sweep_point.json without first_step and
+    ratio gets phases that follow each other, and r as the share of the steps in tst phases."""
     phases, first = [], 0
     for p in record["phases"]:
       phases.append(Phase.from_json({"first_step": first, **p}))
@@ -235,7 +234,7 @@ def make_plan(model_cfg: models.ModelConfig, tst, seq_len: int, batch_size: int,
 class PlanRecord:
   """What a run's plan.json holds (process 0 writes it as the run starts, and again on
   resume): the plan, the training tokens of the store it reads (the passes over them) and
-  the resolved `auto` choices; `from_json` reads it back typed."""
+  the resolved `auto` choices. `from_json` reads it back typed."""
   plan: Plan
   tokens: TrainTokens | None = None          # None: not known before the data is tokenized
   resolved: platform.Resolved | None = None  # None: not on a platform yet

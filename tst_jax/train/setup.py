@@ -85,8 +85,8 @@ class Setup:
     return self.trainer.init_state(self.spec.run.seed), 0
 
   def init_from_hf(self) -> step_lib.TrainState:
-    """A step-0 TrainState holding the weights of the Hugging Face folder init_from_hf
-    (sharded as the run's state), with a fresh optimizer state."""
+    """Returns a step-0 TrainState holding the weights of the Hugging Face folder init_from_hf,
+    sharded as the run's state, with a fresh optimizer state."""
     try:
       host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
@@ -118,8 +118,8 @@ class Setup:
 
 
 def check_workdir(workdir: str):
-  """The workdir is a directory this process may write to, or can be made as one (it is
-  made later, once the config has passed every check)."""
+  """Checks that the workdir is a directory this process may write to, or can be made as one.
+  It is made later, once the config has passed every check."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
                        "directory, or a run's directory to resume it")
@@ -136,8 +136,8 @@ def check_workdir(workdir: str):
 
 def _check_workdir_config(spec, workdir: str):
   """Refuse to resume a workdir of another config: its config.json read back through the
-  sections' declarations (a run written before a field was added compares with that
-  field's old value), the platform's own choices (platform.PLATFORM_FIELDS) aside."""
+  sections' declarations, leaving the platform's own choices in platform.PLATFORM_FIELDS aside.
+  A field added after the run was written compares with the value such a run had."""
   path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not os.path.exists(path):
     return

@@ -1,11 +1,11 @@
 """A run's config, checked once into a frozen, typed spec.
 
-`check(config)` parses every section by its declaration (tst_jax/schema.py: each field's
-default, rule and doc in one place; SECTIONS names them), checks their combinations (no
-device needed) and builds, once, the plan. Then `spec.on_platform()` resolves each `auto` for
+`check(config)` parses every section named in SECTIONS by its declaration in tst_jax/schema.py,
+which holds each field's default, rule and doc. It checks their combinations without a
+device and builds the plan once. Then `spec.on_platform()` resolves each `auto` for
 the platform, and a train or eval run adds `check_devices` (the mesh, the kernels) and
 `check_paths` (the files). A bad field is a `ConfigError(field, message)` before anything is
-built; code after `check` reads the typed sections only.
+built. Code after `check` reads the typed sections only.
 """
 
 from __future__ import annotations
@@ -60,20 +60,20 @@ class RunSpec:
     return models.family_of(self.model)
 
   def to_json(self) -> dict:
-    """The run's config as it runs (config.json): every section's fields, `auto` fields as
-    resolved once on a platform."""
+    """Returns the run's config as it runs, for config.json: every section's fields, with `auto`
+    fields as resolved once on a platform."""
     record = dict(schema.values(self.run),
                   model=dict(family=self.family, **schema.values(self.model)))
     return record | {name: schema.values(getattr(self, name)) for name in SECTIONS}
 
   def on_platform(self, name: str | None = None) -> RunSpec:
-    """This spec with every `auto` resolved on platform `name` (default: this process's)."""
+    """Returns this spec with every `auto` resolved on platform `name`, by default the local one."""
     resolved = platform.resolve(self.model, self.loss.impl, name)
     return dataclasses.replace(self, model=platform.resolved_model(self.model, resolved),
                                loss=Loss(resolved.choices["loss.impl"][0]), resolved=resolved)
 
   def check_devices(self, num_devices: int) -> None:
-    """What this machine can run: the platform's kernels and libraries, the mesh over
+    """Checks what this machine can run: the platform's kernels and libraries, and the mesh over
     `num_devices`."""
     if self.model.attention_impl == "cudnn":
       why_not = platform.cudnn_unavailable(self.model.dtype, self.model.head_dim)
@@ -89,7 +89,7 @@ class RunSpec:
              f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")
 
   def check_paths(self) -> None:
-    """The files a train or eval run reads exist (plan mode does not need them)."""
+    """Checks that the files a train or eval run reads exist. Plan mode does not need them."""
     check_data_paths(self.data)
     if self.run.init_from_hf:
       _require(os.path.isdir(self.run.init_from_hf), "init_from_hf",
@@ -113,8 +113,8 @@ def help_text() -> str:
 
 def sections_of(config) -> dict:
   """Every section of a run config (a ConfigDict, or config.json's dict) typed, each field
-  checked by its rule; a field added after `config` was written gets the value such a run
-  had. Keys: "run", "model" and SECTIONS'."""
+  checked by its rule. A field added after `config` was written gets the value such a
+  run had. Keys: "run", "model" and SECTIONS'."""
   run = schema.parse(Run, config, "", sections=("model", *SECTIONS))
   try:
     model = models.model_config(config["model"])
@@ -131,8 +131,8 @@ def sections_of(config) -> dict:
 
 
 def check(config) -> RunSpec:
-  """Check every field of the run config and their combinations, before anything is built;
-  the first problem is a ConfigError naming the field. Nothing here touches a device."""
+  """Checks every field of the run config and their combinations, before anything is built.
+  The first problem is a ConfigError naming the field. Nothing here touches a device."""
   typed = sections_of(config)
   model, tst, data, opt = typed["model"], typed["tst"], typed["data"], typed["optimizer"]
   try:
@@ -166,7 +166,7 @@ def check(config) -> RunSpec:
 
 
 def build(config, num_devices: int | None = None) -> RunSpec:
-  """`check(config)` on this platform; with `num_devices`, also the devices' checks."""
+  """Runs `check(config)` on this platform, and with `num_devices` the devices' checks too."""
   spec = check(config).on_platform()
   if num_devices is not None:
     spec.check_devices(num_devices)

@@ -2,8 +2,8 @@
 
 A batch is a packed window of tokens [B, W], W = S·L + 1 (letters: the package docstring).
 The phase decides the view: the tst step folds it into bags (`superposition.tst_view`) and
-uses the MCE loss; the ntp step is the ordinary language-model step (shift by one,
-cross-entropy).
+uses the MCE loss. The ntp step is the ordinary language-model step: shift by one,
+cross-entropy.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class TrainState:
 
 
 def abstract_model(model_cfg: models.ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-  """The model's graph and parameter shapes, without allocating anything."""
+  """Returns the model's graph and parameter shapes, without allocating anything."""
   abstract = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))
   return nnx.split(abstract, nnx.Param)
 
@@ -61,7 +61,7 @@ def abstract_state(model_cfg: models.ModelConfig, tx) -> tuple[nnx.GraphDef, Tra
 
 
 def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
-  """The NamedShardings of an abstract TrainState, from its parameters' logical axis names."""
+  """Returns the NamedShardings of an abstract TrainState from its parameters' logical axes."""
   # Muon's state holds parameters that one of its branches masks out: no array, no sharding.
   masked = lambda v: isinstance(v, nnx.Variable) and isinstance(v.get_value(), optax.MaskedNode)
   specs = jax.tree.map(lambda v, spec: v if masked(v) else spec, abstract,
@@ -72,9 +72,10 @@ def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
 @jax.named_scope("loss")   # the step profile's category (tools/step_profile)
 def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
             variant="mce"):
-  """The LM head and the (multi-hot) cross-entropy; S = 1 is plain next-token CE. The loss
-  implementation is `losses.linear_mce_loss`'s (loss.impl, resolved once per run), with the
-  z-loss of loss.z_loss."""
+  """Applies the LM head and the multi-hot cross-entropy, plain next-token CE at S = 1.
+
+  `losses.linear_mce_loss` computes it with loss.impl, resolved once per run, and the z-loss of
+  loss.z_loss."""
   d, s = hidden_BxLxD.shape[-1], targets_BxLxS.shape[-1]
   head_DxV = model.head_kernel().astype(hidden_BxLxD.dtype)   # the compute dtype, as logits()
   return losses.linear_mce_loss(hidden_BxLxD.reshape(-1, d), head_DxV,
@@ -102,7 +103,7 @@ def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase,
 def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
                     tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1,
                     mesh_rules: tuple | None = None) -> Callable:
-  """Returns train_step(state, window) -> (state, metrics) of `phase`; grads accumulated over
+  """Returns train_step(state, window) -> (state, metrics) of `phase`, with grads accumulated over
   micro-batches, traced under `mesh_rules`, a (mesh, logical axis rules) pair, where given."""
 
   def loss_and_aux(params, window):
@@ -137,7 +138,7 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
         params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)
         # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched,
-        # so no bad state can reach a checkpoint; the loop stops or skips by train.nan_policy.
+        # so no bad state can reach a checkpoint. The loop stops or skips by train.nan_policy.
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
         params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                          (params, opt_state), (state.params, state.opt_state))
@@ -186,7 +187,7 @@ class Trainer:
                mesh_lib.batch_sharding(mesh, rules, 2), init_fn(spec.model, tx))
 
   def init_state(self, seed: int) -> TrainState:
-    """A fresh TrainState initialised directly into its shardings (one jitted init)."""
+    """Returns a fresh TrainState, initialised by one jitted init directly into its shardings."""
     with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(self.init, out_shardings=self.shardings)(jax.random.key(seed))
 

@@ -2,7 +2,7 @@
 or a Hugging Face folder to start a run from.
 
 Shared by `export`, `eval`, `sample` and the trainer's `init_from_hf`. From a workdir only the
-parameters are restored (no optimizer state), onto one device; the run's `config.json` gives
+parameters are restored, without optimizer state, onto one device. The run's `config.json` gives
 the model config and the sequence length it was trained at.
 """
 
@@ -47,7 +47,7 @@ class Trained:
 
 
 def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> Trained:
-  """The run in `workdir` at checkpoint `step` (default: the latest).
+  """Loads the run in `workdir` at checkpoint `step`, by default the latest.
 
   `dtype` overrides the model's compute dtype (e.g. float32 for exact comparisons).
   Raises a ValueError naming the available steps if `step` has no checkpoint, and a
@@ -96,8 +96,8 @@ HF_FREE_FIELDS = ("dtype", "attention_impl", "remat", "matmul_precision", "init_
 
 
 def hf_params(path: str, model_cfg, family: str) -> nnx.State:
-  """The parameters (on the host) of Hugging Face folder `path`, checked to be the model of
-  `model_cfg`; a ValueError names every field in which they differ."""
+  """Reads the parameters of Hugging Face folder `path` onto the host, checked to be the model
+  of `model_cfg`. A ValueError names every field in which they differ."""
   config_file = os.path.join(path, convert_hf.CONFIG_FILE)
   if not os.path.isfile(config_file):
     raise FileNotFoundError(f"{config_file} does not exist: not a Hugging Face model folder")

@@ -171,7 +171,7 @@ def plan_and_tokens(workdir: str, started: Plan | None = None) -> tuple[Plan, in
   """Returns the run's plan and its store's training tokens or None.
 
   A run that has not written plan.json yet gives the plan it was `started` with, as a sweep's
-  point does; a run of an older tst-jax gives the plan of its config.json.
+  point does. A run without plan.json gives the plan of its config.json.
   """
   record = read_plan(workdir)
   if record is not None:
@@ -180,10 +180,11 @@ def plan_and_tokens(workdir: str, started: Plan | None = None) -> tuple[Plan, in
   return started or _older_plan(workdir), train_tokens(workdir)
 
 
-# Readers of files an older tst-jax wrote, kept so that old runs still compare and evaluate.
+# Readers for runs without plan.json or store.json's token count, so that they still compare
+# and evaluate.
 
 def _older_store_tokens(saved: dict) -> int | None:
-  """Counts the tokens of a store.json written before it recorded them, in the store itself."""
+  """Counts the tokens of a store.json that does not record them, in the store itself."""
   try:
     return len(TokenStore(saved["directory"]).train)
   except DataError:
@@ -191,7 +192,7 @@ def _older_store_tokens(saved: dict) -> int | None:
 
 
 def _older_plan(workdir: str) -> Plan:
-  """Returns the plan of a run written before runs recorded plan.json: its config, checked."""
+  """Returns the plan of a run without plan.json: its config, checked."""
   config = _read_json(workdir, CONFIG)
   if config is None:
     raise DataError(f"{workdir}: has no plan.json or config.json: give run directories "

@@ -5,19 +5,21 @@ r"""Run a grid of TST configs, or named arms, point by point (resumable) and tab
   python -m tst_jax.tools.sweep --config configs/gpu_small.py --workdir W \
       --arms baseline,tst,reinit,s8+r0.5 --seeds 0,1 --parallel 4
 
-Each point trains in W/<name> (in this process, or `python main.py` with --subprocess or
---parallel N, N at a time); a point whose summary.json holds the requested steps is skipped,
-an interrupted one resumes from its checkpoint, a failed one is recorded and the others go on.
-The tables cover every finished point under W (so later, smaller sweeps into the same W add
-rows), rewritten after each point. A grid gives W/sweep.csv, W/sweep.md and
-W/sweep_heatmap.png (rows r, columns S, the mean over seeds; colour: the mean difference to
-the baseline of the same seed). Arms (config args, parts joined by '+': `s8+r0.5` is
-config.py:s8,r0.5) give W/results.{json,md}: per arm over seeds the final loss, its difference
-to the seed's baseline at equal FLOPs and the equal-loss speed-up (tst_jax.tools.arms), and the
-figure-2 curves W/loss_vs_{flops,data}.png. Finished points brought back from another machine
-(--finished: their records, no checkpoints) join W's own. A corpus is tokenized once per
-prepare request (a store in W/data_<key>/data, hard-linked into each point; a `tokens:` store
-is read where it is), and all points share a persistent XLA cache.
+Each point trains in W/<name>, in this process or, with --subprocess or --parallel N, as
+`python main.py`, N at a time. A point whose summary.json holds the requested steps is
+skipped, an interrupted one resumes from its checkpoint, and a failed one is recorded while
+the others go on. The tables cover every finished point under W, so later, smaller sweeps
+into the same W add rows, and are rewritten after each point.
+
+A grid gives W/sweep.csv, W/sweep.md and W/sweep_heatmap.png: rows r, columns S, each cell
+coloured by the mean over seeds of the difference to the same seed's baseline. Arms are
+config args with parts joined by '+', so `s8+r0.5` is config.py:s8,r0.5. They give
+W/results.{json,md} from tst_jax.tools.arms: per arm over seeds the final loss, its difference
+to the seed's baseline at equal FLOPs and the equal-loss speed-up, with the figure-2 curves
+W/loss_vs_{flops,data}.png. Finished points brought back from another machine with
+--finished, records without checkpoints, join W's own. A corpus is tokenized once per prepare
+request into W/data_<key>/data and hard-linked into each point, a `tokens:` store is read
+where it is, and all points share a persistent XLA cache.
 """
 
 from __future__ import annotations
@@ -133,8 +135,8 @@ def main(argv=None) -> int:
 
 
 def check_budget(args, points: list[Point], specs) -> str:
-  """The line saying what the unfinished points need against --budget_s; SystemExit with it
-  when they need more."""
+  """Says what the unfinished points need against --budget_s, and raises SystemExit with that
+  line when they need more."""
   if not args.rate or args.rate <= 0:
     raise SystemExit("--budget_s needs --rate: the FLOP/s the points get on the device")
   todo = [s.plan for p, s in zip(points, specs)
@@ -174,7 +176,7 @@ def _cache_dir(args, specs) -> str | None:
   if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
       and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
-    # persistent cache (docs/distributed.md); compiling it afresh is correct.
+    # persistent cache. Compiling it afresh is correct.
     print("compilation cache off: expert-parallel steps on CPU (see docs/distributed.md)")
     cache = "none"
   return None if cache == "none" else os.path.abspath(cache)

@@ -23,7 +23,7 @@ RECORDS = (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.METRICS, workdir_li
 
 
 def point_dirs(folder: str) -> list[str]:
-  """The directories under `folder` (or its runs/, as points.tar.gz unpacks) that hold a
+  """Lists the directories under `folder`, or its runs/ as points.tar.gz unpacks, that hold a
   point's records, by name."""
   found = []
   for top in (folder, os.path.join(folder, "runs")):
@@ -34,8 +34,8 @@ def point_dirs(folder: str) -> list[str]:
 
 
 def point_record(point_dir: str) -> dict:
-  """Its sweep_point.json, else one made from the records: an arm point named
-  <arm>_seed<N>, as `points.make_arm_points` names them ('+' written '-')."""
+  """Reads a point's sweep_point.json, else makes one from the records: an arm point named
+  <arm>_seed<N> as `points.make_arm_points` names them, with '+' written '-'."""
   path = os.path.join(point_dir, POINT_FILE)
   if os.path.isfile(path):
     with open(path) as f:
@@ -54,9 +54,9 @@ def point_record(point_dir: str) -> dict:
 
 
 def bring_back(folder: str, workdir: str) -> list[str]:
-  """Copies every finished point under `folder` into `workdir` (records only); returns their
-  names. One that `workdir` already holds finished is left as it is; an unfinished run of
-  the same name there is an error (its checkpoints would no longer match its records)."""
+  """Copies the records of every finished point under `folder` into `workdir` and returns their
+  names. One that `workdir` already holds finished is left as it is. An unfinished run of the
+  same name there is an error, since its checkpoints would not match the copied records."""
   brought = []
   for src in point_dirs(folder):
     name = os.path.basename(src)

@@ -11,7 +11,7 @@ from tst_jax.train import spec as spec_lib
 POINT_FILE = "sweep_point.json"   # a point's record in its directory: status, arm, seed, times
 RATIO, BAG = "tst.ratio", "tst.bag_size"
 # A point's seconds beside its FLOPs, for budgets: start, compilation, evals and checkpoints
-# per wave of points at once; tokenizing gpu_small's 200 MB corpus took 33 s on an H100 host.
+# per wave of points at once, and tokenizing a corpus like gpu_small's once, with a margin.
 OVERHEAD_S, PREPARE_S = 30.0, 40.0
 
 

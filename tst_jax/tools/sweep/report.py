@@ -46,8 +46,8 @@ def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
 
 
 def collect(workdir: str) -> list[dict]:
-  """One record per finished point under `workdir`, with the difference to the baseline of
-  the same seed (negative: TST reached a lower loss)."""
+  """Collects one record per finished point under `workdir`, with the difference to the
+  baseline of the same seed, negative where TST reached a lower loss."""
   records = []
   for name, meta, plan, train_tokens in points_under(workdir):
     loss = final_eval(os.path.join(workdir, name), plan.total_steps)
@@ -109,7 +109,7 @@ def _fmt(x, digits=4):
 
 
 def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
-  """sweep.csv, sweep.md and sweep_heatmap.png; returns their paths."""
+  """Writes sweep.csv, sweep.md and sweep_heatmap.png, returning their paths."""
   paths = dict(csv=os.path.join(workdir, "sweep.csv"), md=os.path.join(workdir, "sweep.md"),
                png=os.path.join(workdir, "sweep_heatmap.png"))
   extra_keys = sorted({k for r in records for k in _extras(r)})
@@ -218,8 +218,8 @@ def plot_heatmap(records: list[dict], out_path: str):
 
 
 def write_arm_reports(workdir: str, command: str = "", order=()) -> dict:
-  """results.json, results.md and the figure-2 curves of every arm point under `workdir`
-  (the finished ones; failed ones are listed with their error); returns the paths."""
+  """Writes results.json, results.md and the figure-2 curves of every finished arm point under
+  `workdir`, listing failed ones with their error. Returns the paths."""
   runs, failed = finished_arm_runs(workdir)
   return arms_lib.write_arms(workdir, runs, failed, command, order)
 

@@ -24,8 +24,8 @@ _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dir
 
 
 def finished(point_dir: str, steps: int) -> bool:
-  """True when the run in `point_dir` completed `steps` steps; a run that completed another
-  number of steps is an error (its checkpoints belong to another plan)."""
+  """Says whether the run in `point_dir` completed `steps` steps. A run that completed another
+  number of steps is an error, since its checkpoints belong to another plan."""
   summary = workdir_lib.read_summary(point_dir)
   if summary is None:
     return False
@@ -37,9 +37,9 @@ def finished(point_dir: str, steps: int) -> bool:
 
 
 def run_point(args, point: Point, index: int, total: int, env=None) -> str:
-  """Trains one point unless it is finished; returns 'done', 'skipped', 'failed', or, past
-  `args.deadline` (a time.time(), None: none), 'interrupted' (checkpointed: the same command
-  resumes it) or 'not started'."""
+  """Trains one point unless it is finished. Returns 'done', 'skipped' or 'failed', or past
+  `args.deadline`, a time.time() or None, 'interrupted' or 'not started'. The same command
+  resumes an interrupted point from its checkpoint."""
   point_dir = os.path.join(args.workdir, point.name)
   overrides = point.overrides(args.set)
   config_arg = point.config_arg(args.config)
@@ -97,11 +97,13 @@ GRACE_S = 90
 
 
 def _train(cmd: list[str], log, env, deadline: float | None) -> bool:
-  """Runs the trainer `cmd`; True when it finished. At `deadline` it gets SIGTERM: once its
-  loop has started (tst_jax/train/preemption.py) it finishes the current step, compiling it
-  first if need be, checkpoints and exits 0; before that (imports, data, restoring) SIGTERM
-  ends it at once; SIGKILL after GRACE_S. Either way False: the point resumes from its
-  latest checkpoint, if any."""
+  """Runs the trainer `cmd` and says whether it finished.
+
+  At `deadline` it gets SIGTERM. Once its loop has started, tst_jax/train/preemption.py
+  finishes the current step, compiling it first if need be, checkpoints and exits 0. Before
+  that, while importing, reading data or restoring, SIGTERM ends it at once. SIGKILL follows
+  after GRACE_S. Either way the result is False and the point resumes from its latest
+  checkpoint, if any."""
   with subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
     try:
       proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 0))
@@ -124,8 +126,8 @@ def _train(cmd: list[str], log, env, deadline: float | None) -> bool:
 
 @contextlib.contextmanager
 def compilation_cache(path: str | None):
-  """A persistent XLA cache at `path` for the points of this sweep (and their subprocesses):
-  points that compile the same step (same S, same shapes) load it instead of compiling."""
+  """Sets a persistent XLA cache at `path` for the points of this sweep and their
+  subprocesses: points that compile the same step, of equal S and shapes, load it."""
   if path is None:
     yield
     return
@@ -151,9 +153,9 @@ def shared_data_dir(workdir: str, spec) -> str:
 
 
 def prepare_shared_data(workdir: str, spec):
-  """Prepares the token store of a run spec's data (with its BPE tokenizer) once, in
-  W/data_<key>/data (the trainer's own prepare_data), for every point with the same data to
-  link; a `tokens:` store needs nothing."""
+  """Prepares the token store and BPE tokenizer of a run spec's data once in W/data_<key>/data,
+  with the trainer's own prepare_data, for every point with the same data to link. A
+  `tokens:` store needs nothing."""
   if spec.data.source.startswith("tokens:"):
     return
   path = shared_data_dir(workdir, spec)
@@ -170,8 +172,9 @@ def prepare_shared_data(workdir: str, spec):
 
 def link_prepared_data(source: str, point_dir: str):
   """Hard-links the prepared token store (shards, manifest, tokenizer) into a fresh point's
-  <point>/data, where the trainer finds it as its own (the files are never written again;
-  copies only across filesystems). The trainer checks the manifest."""
+  <point>/data, where the trainer finds it as its own. Links are safe since the files are
+  never written again, and copies are made only across filesystems. The trainer checks the
+  manifest."""
   store, target = os.path.join(source, "data"), os.path.join(point_dir, "data")
   if os.path.exists(target) or not os.path.exists(os.path.join(store, "manifest.json")):
     return
@@ -191,8 +194,8 @@ def _link_or_copy(src: str, dst: str):
 
 
 def data_key(spec) -> str:
-  """What the prepared store of a run spec depends on (not seq_len or batch_size: points
-  that differ only in those share one store)."""
+  """Returns what the prepared store of a run spec depends on. Points that differ only in
+  seq_len or batch_size share one store."""
   return json.dumps(run_data.store_request(spec.data, spec.model.vocab_size), sort_keys=True)
 
 
