@@ -3,11 +3,13 @@ phase switch and a final block. Only process 0 prints, and main.py keeps library
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
 import time
 
 import tqdm
+
+from tst_jax.train import workdir as workdir_lib
 
 
 def duration(seconds: float) -> str:
@@ -87,11 +89,11 @@ class Console:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary)
+    where = functools.partial(workdir_lib.path, workdir)
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
-              f"  metrics: {os.path.join(workdir, 'metrics.jsonl')}, plot: "
-              f"{os.path.join(workdir, 'loss.png')}",
-              f"  tensorboard --logdir {os.path.join(workdir, 'tensorboard')}",
-              f"  checkpoints: {os.path.join(workdir, 'checkpoints')} (the same command "
+              f"  metrics: {where(workdir_lib.METRICS)}, plot: {where(workdir_lib.LOSS_PLOT)}",
+              f"  tensorboard --logdir {where(workdir_lib.TENSORBOARD)}",
+              f"  checkpoints: {where(workdir_lib.CHECKPOINTS)} (the same command "
               "resumes from the latest)"]
     self.print("\n".join(lines))
 
