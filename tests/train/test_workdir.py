@@ -111,6 +111,24 @@ def test_a_dead_runs_lock_is_taken_over_with_a_line(tmp_path, fields, why):
   assert os.listdir(workdir) == []
 
 
+def test_a_lock_retaken_in_between_is_put_back_and_an_unreadable_one_judged_by_its_age(
+    tmp_path):
+  """Two runs find one dead lock: the slower must not remove the faster one's new lock."""
+  file = _lock_of(str(tmp_path), token="the faster run's")
+  assert not workdir_lib._remove_if_same(file, dict(token="the dead run's"))  # pylint: disable=protected-access
+  assert json.load(open(file))["token"] == "the faster run's" and os.listdir(tmp_path) == [
+      workdir_lib.LOCK]
+  with open(file, "w") as f:
+    f.write('{"host": "half a')
+  with pytest.raises(WorkdirError, match=r"a live run holds it: pid -1 on host \?, started \?"):
+    workdir_lib.Lock.take(str(tmp_path))
+  old = time.time() - workdir_lib.LOCK_STALE_S - 60
+  os.utime(file, (old, old))
+  said = []
+  workdir_lib.Lock.take(str(tmp_path), say=said.append).release()
+  assert len(said) == 1 and "its heartbeat is" in said[0] and os.listdir(tmp_path) == []
+
+
 def test_the_holder_renews_its_heartbeat_and_releases_only_its_own_lock(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lib, "LOCK_BEAT_S", 0.02)
   workdir = str(tmp_path)

@@ -260,8 +260,21 @@ def _create_if_absent(file: str, record: dict) -> bool:
     return True
   except FileExistsError:
     return False
+  except OSError:   # a file system without hard links, as some FUSE mounts are
+    return _create_exclusive(file, record)
   finally:
     os.remove(written)
+
+
+def _create_exclusive(file: str, record: dict) -> bool:
+  """Creates `file` holding `record` if no file is there, else returns False."""
+  try:
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "w") as f:
+    json.dump(record, f)
+  return True
 
 
 def _read_lock(file: str) -> dict | None:
@@ -273,9 +286,12 @@ def _read_lock(file: str) -> dict | None:
   except FileNotFoundError:
     return None
   try:
-    return dict(json.loads(text))
+    held = dict(json.loads(text))
+    if isinstance(held.get("heartbeat"), (int, float)):
+      return held
   except (ValueError, TypeError):
-    return dict(host="?", pid=-1, started="?", heartbeat=mtime, token=None)
+    pass
+  return dict(host="?", pid=-1, started="?", heartbeat=mtime, token=None)
 
 
 def _dead(held: dict) -> str:
@@ -308,22 +324,20 @@ def _holder(held: dict) -> str:
 
 def _remove_if_same(file: str, held: dict) -> bool:
   """Removes the lock where it is still `held`, and puts back a fresh one that another
-  process took in between. An object store does this in one call, a delete if the generation matches."""
+  process took in between. An object store does this in one call: a delete if the
+  generation is the one read."""
   aside = f"{file}.{uuid.uuid4().hex}"
   try:
     os.rename(file, aside)
   except FileNotFoundError:
     return False
   moved = _read_lock(aside)
-  if moved is not None and moved.get("token") != held.get("token"):
-    try:
-      os.link(aside, file)
-    except FileExistsError:
-      pass
+  if moved is None or moved.get("token") == held.get("token"):
     os.remove(aside)
-    return False
+    return True
+  _create_exclusive(file, moved)   # unless a third run took it meanwhile: theirs stays
   os.remove(aside)
-  return True
+  return False
 
 
 # Readers of files an older tst-jax wrote, kept so that old runs still compare and evaluate.
