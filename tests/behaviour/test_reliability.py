@@ -101,20 +101,25 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, interr
   """Killed (SIGKILL: loses the steps since the last checkpoint) or preempted (SIGTERM:
   checkpoints the step it finishes and exits 0) around the phase switch at step 6, restarted
   after each: the loss trajectory equals the uninterrupted run's bit for bit. One run takes
-  both signals in turn, which saves a restart."""
+  both signals in turn, which saves a restart. The killed run's lock is taken over with a
+  line; the preempted run releases its own."""
+  killed = False
   for sig, until_step in interruptions:
     # Past the steps an earlier run already logged, so that their lines do not count.
     done = max(_losses(tmp_path), default=0) if (tmp_path / "metrics.jsonl").exists() else 0
     proc = _start_and_wait(tmp_path, max(until_step, done + 1))
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=300)
+    assert ("from a dead run: pid" in out) == killed, out
+    killed = sig == signal.SIGKILL
+    assert (tmp_path / workdir_lib.LOCK).exists() == killed
     if sig == signal.SIGTERM:
       assert proc.returncode == 0, out
       assert "preempted: checkpoint of step" in out
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
   steps = [r["step"] for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
-  assert steps == list(range(1, 13))
+  assert steps == list(range(1, 13)) and not (tmp_path / workdir_lib.LOCK).exists()
 
 
 def test_second_signal_exits_at_once():

@@ -8,15 +8,27 @@ import pytest
 
 from tests.fixtures.paths import TESTDATA
 from tests.fixtures.tiny import tiny_config
+from tst_jax.errors import ConfigError
 from tst_jax.train import cli, setup as setup_lib, spec as spec_lib, workdir as workdir_lib
 
 
 def test_workdir_of_another_config_refuses_to_resume(tmp_path):
+  """Another section, or another train.steps (the finished run's phases and learning-rate
+  schedule), is refused with one line and every record left as it was; the lock of each
+  run is gone once it ends, refused or not."""
   cli.run(tiny_config(steps=4), str(tmp_path))
-  before = (tmp_path / "metrics.jsonl").read_text()
+  records = ("metrics.jsonl", "config.json", "plan.json", "summary.json")
+  before = {name: (tmp_path / name).read_bytes() for name in records}
+  assert not (tmp_path / workdir_lib.LOCK).exists()
   with pytest.raises(ValueError, match="holds a run of another config: sections"):
     cli.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
-  assert (tmp_path / "metrics.jsonl").read_text() == before
+  with pytest.raises(ConfigError) as e:
+    cli.run(tiny_config(steps=6, train=dict(eval_every=2, log_every=3)), str(tmp_path))
+  assert e.value.field == "--workdir" and "\n" not in str(e.value)
+  assert (f"holds a run of another config: train.steps 4 there, 6 here (a run cannot be "
+          "extended or shortened") in str(e.value)
+  assert {name: (tmp_path / name).read_bytes() for name in records} == before
+  assert not (tmp_path / workdir_lib.LOCK).exists()
 
 
 def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
@@ -25,7 +37,6 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   the fields added since at the values that run had: each field's `added=` in its
   declaration) finds its config equal and records it with those fields; another config is
   still refused."""
-  from tst_jax.errors import ConfigError
   old = os.path.join(TESTDATA, "config_683731c.json")
   with open(old) as f:
     written_then = json.load(f)

@@ -13,9 +13,9 @@ import json
 import jax
 
 from tst_jax.data import run_data
-from tst_jax.errors import ConfigError
+from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
-from tst_jax.train import fit, loop, spec as spec_lib
+from tst_jax.train import fit, loop, spec as spec_lib, workdir as workdir_lib
 from tst_jax.train.outlook import format_plan
 from tst_jax.train.setup import Setup, check_workdir
 
@@ -49,14 +49,33 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   spec.check_devices(jax.device_count())
   spec.check_paths()
   check_workdir(workdir)
+  lock = hold_workdir(workdir) if mode == "train" else None   # an eval only reads
   try:
     setup = Setup.create(spec, workdir, record=mode == "train")
     result = evaluate_latest(setup) if mode == "eval" else loop.train(setup)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise
+  finally:   # a preemption returns, so this covers a normal end, an error and a stop
+    if lock is not None:
+      lock.release()
   distributed.finished()          # the other processes' watchdogs stop waiting for this one
   return result
+
+
+def hold_workdir(workdir: str) -> workdir_lib.Lock | None:
+  """Takes the workdir's lock on process 0 for all the run's processes, which all stop when
+  another run holds it. Returns the lock, None on the other processes."""
+  lock, refused = None, None
+  if distributed.is_primary():
+    try:
+      lock = workdir_lib.Lock.take(workdir)
+    except WorkdirError as e:
+      refused = e
+  if distributed.any_process(refused is not None):
+    raise refused or WorkdirError(f"--workdir {workdir}: process 0 could not take its lock: "
+                                  "its error line says why")
+  return lock
 
 
 def plan(spec, flags, workdir: str, target) -> dict:

@@ -20,8 +20,11 @@ from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
 
-# Config sections that must match to resume a workdir (logging cadences may change).
+# Config sections that must match to resume a workdir, and the fields of `train` that place
+# the phases and the learning-rate schedule of the steps already trained. The loop's
+# cadences and policies may change. A run cannot be extended: its lr has decayed.
 RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
+RESUME_TRAIN_FIELDS = ("steps",)
 
 
 class Setup:
@@ -149,8 +152,14 @@ def _check_workdir_config(spec, workdir: str):
   saved["seed"] = saved["run"].seed
   ours = {k: spec.run.seed if k == "seed" else getattr(spec, k) for k in RESUME_KEYS}
   diff = [k for k in RESUME_KEYS if _comparable(k, saved[k]) != _comparable(k, ours[k])]
-  workdir_lib.check_same_run(workdir, "config", diff and f"sections {diff} differ",
-                             spec.train.force_resume)
+  moved = [f"train.{k} {getattr(saved['train'], k)} there, {getattr(spec.train, k)} here"
+           for k in RESUME_TRAIN_FIELDS
+           if getattr(saved["train"], k) != getattr(spec.train, k)]
+  differs = "; ".join(([f"sections {diff} differ"] if diff else []) + moved)
+  if moved:
+    differs += (" (a run cannot be extended or shortened: its phases and learning-rate "
+                "schedule are fixed by its steps)")
+  workdir_lib.check_same_run(workdir, "config", differs, spec.train.force_resume)
 
 
 def _comparable(name: str, section):

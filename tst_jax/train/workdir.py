@@ -7,15 +7,20 @@ Readers of files written by older versions of tst-jax sit at the end of this mod
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import socket
+import threading
+import time
+import uuid
 
 import ml_collections
 
 from tst_jax import fileio
 from tst_jax.data import run_data, tokenizer as tokenizer_lib
 from tst_jax.data.store import TokenStore
-from tst_jax.errors import ConfigError, DataError
+from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.plan import Plan, PlanRecord
 
@@ -27,6 +32,7 @@ SUMMARY = "summary.json"      # the finished run's final losses and token counts
 CHECKPOINTS = "checkpoints"   # Orbax steps
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
+LOCK = "lock.json"            # the live run that holds the workdir: host, pid, start, heartbeat
 # Written by the data layer, which names them: the token store prepared from data.source and
 # the copy of the run's tokenizer that export reads.
 DATA = run_data.PREPARED_DIR
@@ -178,6 +184,160 @@ def plan_and_tokens(workdir: str, started: Plan | None = None) -> tuple[Plan, in
     return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
                          else train_tokens(workdir))
   return started or _older_plan(workdir), train_tokens(workdir)
+
+
+# The lock. A file created only if absent is the whole protocol, so an object store's
+# create-if-absent write can hold a bucket workdir the same way. The holder rewrites its
+# heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
+# prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing.
+LOCK_BEAT_S = 30.0
+LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
+
+
+class Lock:
+  """The workdir's lock while this process holds it: `Lock.take`, then `release`."""
+
+  def __init__(self, file: str, record: dict):
+    self.file, self.record = file, record
+    self._stop = threading.Event()
+    self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
+    self._beat.start()
+
+  @classmethod
+  def take(cls, workdir: str, say=print) -> Lock:
+    """Takes the lock of `workdir`, over a dead run's with a line that says so. A live run's
+    lock raises WorkdirError naming its holder."""
+    os.makedirs(workdir, exist_ok=True)
+    file = path(workdir, LOCK)
+    record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
+                  started=_utc_now(), heartbeat=time.time())
+    for _ in range(3):   # another process may take or free it between two looks
+      if _create_if_absent(file, record):
+        return cls(file, record)
+      held = _read_lock(file)
+      if held is None:
+        continue
+      dead = _dead(held)
+      if not dead:
+        raise WorkdirError(f"--workdir {workdir}: a live run holds it: {_holder(held)} "
+                           f"({file}); wait for it to end, stop it, or use another --workdir")
+      if _remove_if_same(file, held):
+        say(f"taking over {file} from a dead run: {_holder(held)}, {dead}")
+    raise WorkdirError(f"--workdir {workdir}: {file} keeps changing: another run is starting "
+                       "in this workdir; use another --workdir")
+
+  def release(self):
+    """Stops the heartbeat and removes the lock, where it is still this process's."""
+    self._stop.set()
+    self._beat.join()
+    held = _read_lock(self.file)
+    if held is not None and held.get("token") == self.record["token"]:
+      os.remove(self.file)
+
+  def _renew(self):
+    while not self._stop.wait(LOCK_BEAT_S):
+      held = _read_lock(self.file)
+      if held is None or held.get("token") != self.record["token"]:
+        return   # taken over: this run's heartbeat had stopped for LOCK_STALE_S
+      self.record["heartbeat"] = time.time()
+      try:
+        fileio.write_json(self.file, self.record)
+      except OSError:   # a full disk: the run's own writes report it, the next beat retries
+        pass
+
+
+def _utc_now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _create_if_absent(file: str, record: dict) -> bool:
+  """Writes `record` to `file` whole if no file is there, else returns False: a hard link
+  of a written file is atomic, so no reader sees half a lock."""
+  written = f"{file}.{record['token']}"
+  fileio.write_json(written, record)
+  try:
+    os.link(written, file)
+    return True
+  except FileExistsError:
+    return False
+  except OSError:   # a file system without hard links, as some FUSE mounts are
+    return _create_exclusive(file, record)
+  finally:
+    os.remove(written)
+
+
+def _create_exclusive(file: str, record: dict) -> bool:
+  """Creates `file` holding `record` if no file is there, else returns False."""
+  try:
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "w") as f:
+    json.dump(record, f)
+  return True
+
+
+def _read_lock(file: str) -> dict | None:
+  """Returns the lock's record, None where there is none. An unreadable one is a holder we
+  know nothing of, its heartbeat the file's time."""
+  try:
+    with open(file) as f:
+      text, mtime = f.read(), os.fstat(f.fileno()).st_mtime
+  except FileNotFoundError:
+    return None
+  try:
+    held = dict(json.loads(text))
+    if isinstance(held.get("heartbeat"), (int, float)):
+      return held
+  except (ValueError, TypeError):
+    pass
+  return dict(host="?", pid=-1, started="?", heartbeat=mtime, token=None)
+
+
+def _dead(held: dict) -> str:
+  """Says why the holder is dead, '' where it may be alive."""
+  if held.get("host") == socket.gethostname() and not _pid_alive(held.get("pid", -1)):
+    return "its process has ended"
+  age = time.time() - held.get("heartbeat", 0)
+  if age > LOCK_STALE_S:
+    return f"its heartbeat is {age:.0f} s old, over {LOCK_STALE_S:.0f} s"
+  return ""
+
+
+def _pid_alive(pid) -> bool:
+  if not isinstance(pid, int) or pid <= 0:   # 0 and -1 would name groups of processes
+    return False
+  try:
+    os.kill(pid, 0)
+  except (ProcessLookupError, OverflowError):
+    return False
+  except PermissionError:   # another user's process
+    return True
+  return True
+
+
+def _holder(held: dict) -> str:
+  age = time.time() - held.get("heartbeat", 0)
+  return (f"pid {held.get('pid')} on host {held.get('host')}, started {held.get('started')}, "
+          f"heartbeat {age:.0f} s ago")
+
+
+def _remove_if_same(file: str, held: dict) -> bool:
+  """Removes the lock where it is still `held`, and puts back a fresh one that another
+  process took in between. An object store does this in one call: a delete if the
+  generation is the one read."""
+  aside = f"{file}.{uuid.uuid4().hex}"
+  try:
+    os.rename(file, aside)
+  except FileNotFoundError:
+    return False
+  moved = _read_lock(aside)
+  if moved is None or moved.get("token") == held.get("token"):
+    os.remove(aside)
+    return True
+  _create_exclusive(file, moved)   # unless a third run took it meanwhile: theirs stays
+  os.remove(aside)
+  return False
 
 
 # Readers for runs without plan.json or store.json's token count, so that they still compare
