@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.tiny import tiny_config
-from tst_jax.train import cli
+from tst_jax.train import cli, loop, spec as spec_lib
 from tst_jax.train import workdir as workdir_lib
 
 
@@ -24,6 +24,15 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert last["data_tokens"] == 6 * 4 * 32 + 6 * 4 * 16
   assert last["equivalent_tokens"] == 12 * 4 * 16
   assert any("eval_loss" in r and r["step"] == 6 for r in records)  # end of phase 1
+  plan = spec_lib.check(tiny_config()).plan
+  for r in (r for r in records if "loss" in r):   # CPU: no bf16 peak, no memory_stats
+    phase = next(p for p in plan.phases if p.name == r["phase"])
+    assert r["mfu"] is None and r["step_s"] > 0
+    assert r["memory_bytes_in_use"] is None and r["memory_peak_bytes"] is None
+    assert r["data_tokens_per_s"] == pytest.approx(phase.batch_size * phase.data_seq_len
+                                                   / r["step_s"])
+    assert r["equivalent_tokens_per_s"] == pytest.approx(phase.batch_size
+                                                         * phase.latent_seq_len / r["step_s"])
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert 6 in steps and 12 in steps                    # the handoff and the final one
   assert os.path.exists(tmp_path / "loss.png")
@@ -33,6 +42,16 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert summary["resolved"]["model.attention_impl"]["value"] == "xla"  # auto on CPU
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["attention_impl"] == "xla"
+
+
+def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():
+  """MFU = FLOPs per step x steps / seconds / (peak x devices), here with a made-up peak."""
+  phase = spec_lib.check(tiny_config()).plan.phases[0]
+  got = loop.step_speed(phase, 2.0 / 8, peak=5e9, devices=2)   # 8 steps in 2 seconds
+  assert got["mfu"] == pytest.approx(phase.flops_per_step * 8 / 2.0 / (5e9 * 2))
+  assert got["step_s"] == 0.25
+  assert got["data_tokens_per_s"] == pytest.approx(phase.data_tokens_per_step * 4)
+  assert loop.step_speed(phase, 0.25, None, 2)["mfu"] is None
 
 
 @pytest.mark.parametrize("expert_impl", ["auto", "gmm"])

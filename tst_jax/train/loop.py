@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from tst_jax import platform
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib
 from tst_jax.train.console import Console
@@ -109,6 +110,7 @@ class StepLog:
     self.plan, self.settings, self.writer, self.console = plan, settings, writer, console
     self.checkpoints = checkpoints
     self.pending, self.t_last, self.nan_skips = None, time.time(), 0
+    self.peak = platform.peak_flops(jax.devices()[0].device_kind)
 
   def step(self, step: int, phase, metrics):
     self.flush()
@@ -123,15 +125,16 @@ class StepLog:
     if not metrics.pop("finite"):
       self.non_finite(step, metrics)
     logged = step % self.settings.log_every == 0 or step == phase.last_step
-    rate = 0.0
+    speed = {}
     if logged:
       now = time.time()
       steps = min(self.settings.log_every, step - phase.first_step) or 1
-      rate = phase.data_tokens_per_step * steps / max(now - self.t_last, 1e-9)
+      speed = dict(step_speed(phase, (now - self.t_last) / steps, self.peak,
+                              jax.device_count()), **platform.memory_in_use())
       self.t_last = now
       self.writer.write(dict(step=step, phase=phase.name, bag_size=phase.bag_size, **metrics,
-                             **self.plan.tokens_at(step), data_tokens_per_s=rate))
-    self.console.step(step, phase, metrics, rate, logged)
+                             **self.plan.tokens_at(step), **speed))
+    self.console.step(step, phase, metrics, speed, logged)
 
   def non_finite(self, step: int, metrics: dict):
     """train.nan_policy: the update was not applied; skip (up to max_nan_skips) or stop."""
@@ -145,6 +148,14 @@ class StepLog:
           f"{self.nan_skips} non-finite steps)")
     log.warning("step %d: non-finite %s, batch skipped (%d of at most %d)", step, bad,
                 self.nan_skips, self.settings.max_nan_skips)
+
+
+def step_speed(phase, step_s: float, peak: float | None, devices: int) -> dict:
+  """Returns a step's time, its data and equivalent tokens per second and its MFU."""
+  step_s = max(step_s, 1e-9)
+  return dict(step_s=step_s, data_tokens_per_s=phase.data_tokens_per_step / step_s,
+              equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,
+              mfu=platform.mfu(phase.flops_per_step, step_s, devices, peak))
 
 
 class _NoWriter:
