@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from tst_jax import platform
 from tst_jax.parallel import xla_flags
-from tst_jax.tools import step_profile
+from tst_jax.train import step_profile
 from tst_jax.train import fit, spec as spec_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
@@ -33,7 +33,7 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
 _PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
-                                "their milliseconds go, by category (tst_jax.tools.step_profile). "
+                                "their milliseconds go, by category (tst_jax.train.step_profile). "
                                 "Turns XLA's GPU command buffers off for the whole process.")
 _DEVICES = flags.DEFINE_list("devices", [], "Scaling: run on the first N local devices for each "
                              "N (e.g. 1,2,4,8) at the same rows per device (data.batch_size is "

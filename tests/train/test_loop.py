@@ -104,3 +104,18 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
   pytest.importorskip("tensorboardX")
   events = b"".join(p.read_bytes() for p in (tmp_path / "run" / "tensorboard").iterdir())
   assert b"eval_loss/prose" in events and b"eval_loss/same" in events
+
+
+def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path, capsys):
+  """train.profile_steps=3,2 traces steps 3 and 4 (phase 1) into <workdir>/profile; the table
+  counts those two steps, and its categories sum to their wall time."""
+  cli.run(tiny_config(steps=8, train=dict(profile_steps="3,2", eval_every=8,
+                                          checkpoint_every=0)), str(tmp_path))
+  profile = tmp_path / workdir_lib.PROFILE
+  assert list(profile.glob("**/*.xplane.pb"))
+  table = (tmp_path / workdir_lib.PROFILE_TABLE).read_text()
+  assert table.startswith("category") and "step (wall)" in table
+  record = json.loads((tmp_path / workdir_lib.PROFILE_JSON).read_text())
+  assert record["steps"] == 2
+  assert sum(record["ms_per_step"].values()) == pytest.approx(record["step_ms"], rel=1e-6)
+  assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out

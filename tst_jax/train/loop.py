@@ -18,7 +18,7 @@ import numpy as np
 
 from tst_jax import platform
 from tst_jax.parallel import distributed
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import metrics as metrics_lib, step_profile
 from tst_jax.train.console import Console
 from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
@@ -46,7 +46,7 @@ def train(setup: Setup) -> dict:
   writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
             else _NoWriter())                         # process 0 writes the files
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
-  guard = PreemptionGuard()
+  guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   t0 = time.time()
   try:
     for phase in plan.phases:
@@ -57,15 +57,11 @@ def train(setup: Setup) -> dict:
       train_step = setup.trainer.train_step(phase)
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
-        state, metrics = train_step(state, next(batches))
+        state, metrics = window.call(train_step, state, next(batches), step + 1)
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
-          step_log.flush()
-          loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
-          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done),
-                            **{f"eval_loss/{name}": x for name, x in sets.items()}))
-          console.eval(done, loss, sets)
+          _evaluate(setup, state, phase, done, step_log)
         stop = guard.should_stop(done)                # agreed by every process
         setup.checkpoints.save_step(state, done, force=stop or done == phase.last_step)
         if stop:
@@ -88,7 +84,34 @@ def train(setup: Setup) -> dict:
                   f"{setup.checkpoints.directory}; run the same command again to resume")
     return dict(preempted_at_step=stop.step)
   finally:   # also after an error, which stays the one reported
-    _close(guard, console, writer, setup.checkpoints, raising=sys.exc_info()[0] is None)
+    _close(window, guard, console, writer, setup.checkpoints,
+           raising=sys.exc_info()[0] is None)
+
+
+def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
+  """Writes and prints the held-out losses after step `done`, its time kept out of step_s."""
+  step_log.flush()
+  t0 = time.time()
+  loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
+  step_log.writer.write(dict(step=done, phase=phase.name, eval_loss=loss,
+                             **setup.spec.plan.tokens_at(done),
+                             **{f"eval_loss/{name}": x for name, x in sets.items()}))
+  step_log.console.eval(done, loss, sets)
+  step_log.t_last += time.time() - t0
+
+
+def _profile_window(setup: Setup, console: Console, primary: bool) -> step_profile.Window:
+  """Returns train.profile_steps' window, traced on process 0 into <workdir>/profile."""
+  window = step_profile.profile_window(setup.spec.train.profile_steps) if primary else None
+
+  def done(profile: step_profile.StepProfile):
+    workdir_lib.write_profile(setup.workdir, profile.table(), profile.to_json())
+    console.print(f"profile of steps {window[0]} to {sum(window) - 1}, ms per step:\n"
+                  f"{profile.table()}\n  trace and table: "
+                  f"{workdir_lib.path(setup.workdir, workdir_lib.PROFILE)}")
+
+  return step_profile.Window(window, workdir_lib.path(setup.workdir, workdir_lib.PROFILE), done,
+                             console.print)
 
 
 def _close(*closables, raising: bool):

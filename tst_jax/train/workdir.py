@@ -27,6 +27,9 @@ SUMMARY = "summary.json"      # the finished run's final losses and token counts
 CHECKPOINTS = "checkpoints"   # Orbax steps
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
+PROFILE = "profile"           # train.profile_steps: the jax.profiler trace and its table
+PROFILE_TABLE = os.path.join(PROFILE, "step_profile.txt")   # milliseconds per step by category
+PROFILE_JSON = os.path.join(PROFILE, "step_profile.json")   # the same, with the top ops
 # Written by the data layer, which names them: the token store prepared from data.source and
 # the copy of the run's tokenizer that export reads.
 DATA = run_data.PREPARED_DIR
@@ -99,6 +102,13 @@ def final_eval(workdir: str, steps: int) -> float | None:
   last = [r["eval_loss"] for r in read_metrics(workdir)
           if "eval_loss" in r and r["step"] == steps]
   return last[-1] if last else None
+
+
+def write_profile(workdir: str, table: str, record: dict):
+  """Writes the step-profile table of train.profile_steps and its JSON record."""
+  os.makedirs(path(workdir, PROFILE), exist_ok=True)
+  fileio.write_text(path(workdir, PROFILE_TABLE), table + "\n")
+  fileio.write_json(path(workdir, PROFILE_JSON), record)
 
 
 def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: int):
