@@ -18,7 +18,7 @@ import numpy as np
 
 from tst_jax import platform
 from tst_jax.parallel import distributed
-from tst_jax.train import metrics as metrics_lib, step_profile
+from tst_jax.train import metrics as metrics_lib, step_profile, tracker as tracker_lib
 from tst_jax.train.console import Console
 from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
@@ -43,8 +43,7 @@ def train(setup: Setup) -> dict:
     workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.spec.resolved))
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
-  writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
-            else _NoWriter())                         # process 0 writes the files
+  writer = _writer(setup, start, tokens) if primary else _NoWriter()   # process 0 writes
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
   guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   t0 = time.time()
@@ -86,6 +85,14 @@ def train(setup: Setup) -> dict:
   finally:   # also after an error, which stays the one reported
     _close(window, guard, console, writer, setup.checkpoints,
            raising=sys.exc_info()[0] is None)
+
+
+def _writer(setup: Setup, start: int, tokens) -> metrics_lib.MetricsWriter:
+  """Returns the metrics sink of process 0, with train.tracker's run."""
+  config = dict(config=setup.spec.to_json(),
+                plan=PlanRecord(setup.spec.plan, tokens, setup.spec.resolved).to_json())
+  tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.workdir, config)
+  return metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None, tracker=tracker)
 
 
 def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):

@@ -41,6 +41,7 @@ def _window_ok(text) -> bool:
   return True
 
 
+TRACKERS = ("none", "wandb", "trackio")   # train.tracker: tracker.py starts each
 _WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1")
 
 
@@ -142,6 +143,9 @@ class Train:
   max_passes: float = schema.field(0.0, schema.number(0), "refuse to train a run that would "
                                    "read its training tokens more times (0: no limit)",
                                    added=0.0)
+  tracker: str = schema.field("none", schema.one_of(TRACKERS), "none | wandb | trackio: also "
+                              "send metrics.jsonl's records there (WANDB_MODE=offline works "
+                              "without a login)", added="none")
   profile_steps: str = schema.field("", _WINDOW, "'<first>,<count>': a jax.profiler trace of "
                                     "these steps and their milliseconds by category, in "
                                     "<workdir>/profile ('': none)", added="")

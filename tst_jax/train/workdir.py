@@ -27,6 +27,7 @@ SUMMARY = "summary.json"      # the finished run's final losses and token counts
 CHECKPOINTS = "checkpoints"   # Orbax steps
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
+TRACKER = "tracker.json"      # train.tracker: which tracker run this workdir logs to
 PROFILE = "profile"           # train.profile_steps: the jax.profiler trace and its table
 PROFILE_TABLE = os.path.join(PROFILE, "step_profile.txt")   # milliseconds per step by category
 PROFILE_JSON = os.path.join(PROFILE, "step_profile.json")   # the same, with the top ops
@@ -109,6 +110,16 @@ def write_profile(workdir: str, table: str, record: dict):
   os.makedirs(path(workdir, PROFILE), exist_ok=True)
   fileio.write_text(path(workdir, PROFILE_TABLE), table + "\n")
   fileio.write_json(path(workdir, PROFILE_JSON), record)
+
+
+def write_tracker(workdir: str, record: dict):
+  """Writes tracker.json: the tracker and its run id, which a resumed run continues."""
+  fileio.write_json(path(workdir, TRACKER), record)
+
+
+def read_tracker(workdir: str) -> dict | None:
+  """Returns tracker.json, None where the run has no tracker."""
+  return _read_json(workdir, TRACKER)
 
 
 def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: int):
