@@ -17,18 +17,14 @@ includes its autotuning the first time a shape is seen (then kept: kernels/tokam
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])   # benchmarks/: step.py's peak table
-from step import peak_flops  # noqa: E402  pylint: disable=wrong-import-position
-
-from tst_jax import platform  # noqa: E402
-from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning  # noqa: E402
+from tst_jax import platform
+from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning
 
 
 def backend_of(name: str) -> tuple[str, gm.Kernels]:
@@ -78,7 +74,7 @@ def main(argv=None):
   x = jnp.asarray(rng.normal(size=(a, d)), args.dtype)
   w = jnp.asarray(rng.normal(size=(e, d, f)) / np.sqrt(d), args.dtype)
   sizes = jnp.asarray(sizes)
-  peak = peak_flops(jax.devices()[0])
+  peak = platform.peak_flops(jax.devices()[0].device_kind)
   for name in args.backends.split(","):
     if name.startswith("tokamax") and not gm.tokamax_version():
       print(json.dumps(dict(backend=name, skipped="tokamax is not installed "

@@ -22,8 +22,9 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from tst_jax import platform
 from tst_jax.parallel import xla_flags
-from tst_jax.tools import step_profile
+from tst_jax.train import step_profile
 from tst_jax.train import fit, spec as spec_lib, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
@@ -32,26 +33,12 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
 _PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
-                                "their milliseconds go, by category (tst_jax.tools.step_profile). "
+                                "their milliseconds go, by category (tst_jax.train.step_profile). "
                                 "Turns XLA's GPU command buffers off for the whole process.")
 _DEVICES = flags.DEFINE_list("devices", [], "Scaling: run on the first N local devices for each "
                              "N (e.g. 1,2,4,8) at the same rows per device (data.batch_size is "
                              "the global batch at the largest N); prints per-device MFU and "
                              "the scaling efficiency against the smallest N.")
-
-# Dense bf16 peak FLOP/s per device (vendor datasheets; leads, not measurements).
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "TPU v5 lite": 197e12,
-              "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12,
-              "TPU v6e": 918e12}
-
-
-def peak_flops(device) -> float | None:
-  kind = device.device_kind
-  for name, peak in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
-    if name.lower() in kind.lower():
-      return peak
-  return None
-
 
 def build(config, phase_name, devices=None):
   """The jitted step of phase `phase_name` of a run config on `devices` (default: all), with
@@ -91,7 +78,7 @@ def bench_phase(config, phase_name, devices=None) -> dict:
     state, profile, _ = step_profile.profile_steps(
         train_step, state, windows[0], steps=_PROFILE.value, hlo_text=compiled.as_text())
   devices = trainer.mesh.devices.size
-  peak = peak_flops(jax.devices()[0])
+  peak = platform.peak_flops(jax.devices()[0].device_kind)
   cost = compiled.cost_analysis() or {}
   memory = compiled.memory_analysis()
   stats = jax.devices()[0].memory_stats() or {}
@@ -106,7 +93,7 @@ def bench_phase(config, phase_name, devices=None) -> dict:
       equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,
       model_flops_per_step=phase.flops_per_step,
       compiled_flops_per_step=cost.get("flops"),
-      mfu=(phase.flops_per_step / step_s / (devices * peak)) if peak else None,
+      mfu=platform.mfu(phase.flops_per_step, step_s, devices, peak),
       temp_bytes=getattr(memory, "temp_size_in_bytes", None),
       argument_bytes=getattr(memory, "argument_size_in_bytes", None),
       peak_bytes_in_use=stats.get("peak_bytes_in_use"),

@@ -67,3 +67,31 @@ def test_unknown_impls_are_refused():
     spec_lib.check(config)
   assert e.value.field == "model.attention_impl"
   assert platform.LOSS_IMPLS == ("auto", "naive", "xla", "pallas")
+
+
+def test_peak_flops_reads_the_datasheet_table_by_device_kind():
+  assert platform.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert platform.peak_flops("TPU v5 lite") == 197e12    # not the shorter "TPU v5" entry
+  assert platform.peak_flops("TPU v5p") == 459e12
+  assert platform.peak_flops("cpu") is None
+
+
+def test_mfu_is_model_flops_per_second_over_the_devices_peak():
+  # 3e12 FLOPs per step, 10 steps in 2 s, over 4 devices of 1e12 FLOP/s: 15e12 / 4e12.
+  assert platform.mfu(3e12, 2 / 10, 4, 1e12) == pytest.approx(3e12 * 10 / 2 / (1e12 * 4))
+  assert platform.mfu(3e12, 0.2, 4, None) is None
+
+
+def test_memory_in_use_is_null_where_the_backend_reports_none():
+  class Device:
+    def __init__(self, stats):
+      self.stats = stats
+
+    def memory_stats(self):
+      return self.stats
+
+  got = platform.memory_in_use([Device({"bytes_in_use": 5, "peak_bytes_in_use": 9}),
+                                Device({"bytes_in_use": 7, "peak_bytes_in_use": 8})])
+  assert got == dict(memory_bytes_in_use=7, memory_peak_bytes=9)
+  assert platform.memory_in_use([Device(None)]) == dict(memory_bytes_in_use=None,
+                                                        memory_peak_bytes=None)

@@ -48,6 +48,38 @@ _GMM_KERNELS = {"H100": (
     "on Mosaic (ahead at 5 of 7 and 6 of 8 shapes)")}
 GMM_MIN_TOKAMAX = (0, 0, 17)   # the oldest seen working with jax 0.11.2
 
+# Dense bf16 peak FLOP/s per device, from vendor datasheets: what MFU divides by.
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "TPU v5 lite": 197e12,
+              "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12,
+              "TPU v6e": 918e12}
+
+
+def peak_flops(device_kind: str) -> float | None:
+  """Returns the bf16 peak FLOP/s of one device of `device_kind`, None where the table lacks it."""
+  for name, peak in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
+    if name.lower() in device_kind.lower():
+      return peak
+  return None
+
+
+def mfu(flops_per_step: float, step_s: float, devices: int, peak: float | None) -> float | None:
+  """Returns model FLOPs utilisation: FLOP/s achieved over `devices` x `peak`, None without a peak."""
+  if not peak or step_s <= 0:
+    return None
+  return flops_per_step / step_s / (devices * peak)
+
+
+def memory_in_use(devices=None) -> dict:
+  """Returns the bytes in use and their peak, the largest over `devices`, None where unreported.
+
+  `devices` defaults to this process's. CPU backends report no memory_stats.
+  """
+  stats = [d.memory_stats() or {} for d in (devices or jax.local_devices())]
+  largest = lambda key: max((s[key] for s in stats if key in s), default=None)
+  return dict(memory_bytes_in_use=largest("bytes_in_use"),
+              memory_peak_bytes=largest("peak_bytes_in_use"))
+
+
 def _platform(platform: str | None) -> str:
   return platform or jax.default_backend()
 

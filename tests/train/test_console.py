@@ -40,8 +40,9 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   assert len(steps) == len(train) == 12
   for line, r in zip(steps, train):
     phase = "tst S=2" if r["phase"] == "tst" else "ntp"
-    assert re.fullmatch(rf"step +{r['step']}/12  {phase} +loss {r['loss']:.4f}  \S+ tok/s  "
-                        r"ETA \d+(m\d\ds|s)", line), line
+    equiv = r" \(\S+ equiv\)" if r["phase"] == "tst" else ""   # S x fewer positions than tokens
+    assert re.fullmatch(rf"step +{r['step']}/12  {phase} +loss {r['loss']:.4f}  \S+ tok/s"
+                        rf"{equiv}  \d+ ms/step  ETA \d+(m\d\ds|s)", line), line   # no MFU on CPU
   evals = [r for r in records if "eval_loss" in r]
   assert [l for l in lines if l.startswith("eval ")] == [
       f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}" for r in evals]
@@ -67,7 +68,8 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   plan = spec_lib.check(tiny_config()).plan
   console = console_lib.Console(plan.total_steps, 0, bar=True)
   for step in range(1, 5):
-    console.step(step, plan.phases[0], dict(loss=5.0 + step), 1e3, logged=True)
+    console.step(step, plan.phases[0], dict(loss=5.0 + step), dict(data_tokens_per_s=1e3),
+                 logged=True)
   console.eval(4, 4.5)
   console.close()
   text = out.getvalue()
@@ -75,6 +77,18 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   assert "tst S=2" in text and "loss=9.000" in text and "4/12" in text
   assert not re.search(r"^step ", text, re.M)          # no per-step lines with a bar
   assert console_lib.duration(3725) == "1h02m" and console_lib.duration(65) == "1m05s"
+
+
+def test_step_line_carries_speed_mfu_and_memory_on_one_line(capsys):
+  plan = spec_lib.check(tiny_config()).plan
+  console = console_lib.Console(plan.total_steps, 0, bar=False)
+  speed = dict(step_s=0.25, data_tokens_per_s=2048e3, equivalent_tokens_per_s=1024e3, mfu=0.412,
+               memory_bytes_in_use=12.3e9, memory_peak_bytes=14.04e9)
+  console.step(4, plan.phases[0], dict(loss=5.0), speed, logged=True)
+  out = capsys.readouterr().out
+  assert out.count("\n") == 1
+  assert re.fullmatch(r"step  4/12  tst S=2  loss 5.0000  2.0M tok/s \(1.0M equiv\)  "
+                      r"250 ms/step  MFU 41.2%  mem 12.3/14.0 GB  ETA \d+s\n", out), out
 
 
 def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.tiny import tiny_config
-from tst_jax.train import cli
+from tst_jax.train import cli, loop, spec as spec_lib
 from tst_jax.train import workdir as workdir_lib
 
 
@@ -24,6 +24,15 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert last["data_tokens"] == 6 * 4 * 32 + 6 * 4 * 16
   assert last["equivalent_tokens"] == 12 * 4 * 16
   assert any("eval_loss" in r and r["step"] == 6 for r in records)  # end of phase 1
+  plan = spec_lib.check(tiny_config()).plan
+  for r in (r for r in records if "loss" in r):   # CPU: no bf16 peak, no memory_stats
+    phase = next(p for p in plan.phases if p.name == r["phase"])
+    assert r["mfu"] is None and r["step_s"] > 0
+    assert r["memory_bytes_in_use"] is None and r["memory_peak_bytes"] is None
+    assert r["data_tokens_per_s"] == pytest.approx(phase.batch_size * phase.data_seq_len
+                                                   / r["step_s"])
+    assert r["equivalent_tokens_per_s"] == pytest.approx(phase.batch_size
+                                                         * phase.latent_seq_len / r["step_s"])
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert 6 in steps and 12 in steps                    # the handoff and the final one
   assert os.path.exists(tmp_path / "loss.png")
@@ -33,6 +42,16 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert summary["resolved"]["model.attention_impl"]["value"] == "xla"  # auto on CPU
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["attention_impl"] == "xla"
+
+
+def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():
+  """MFU = FLOPs per step x steps / seconds / (peak x devices), here with a made-up peak."""
+  phase = spec_lib.check(tiny_config()).plan.phases[0]
+  got = loop.step_speed(phase, 2.0 / 8, peak=5e9, devices=2)   # 8 steps in 2 seconds
+  assert got["mfu"] == pytest.approx(phase.flops_per_step * 8 / 2.0 / (5e9 * 2))
+  assert got["step_s"] == 0.25
+  assert got["data_tokens_per_s"] == pytest.approx(phase.data_tokens_per_step * 4)
+  assert loop.step_speed(phase, 0.25, None, 2)["mfu"] is None
 
 
 @pytest.mark.parametrize("expert_impl", ["auto", "gmm"])
@@ -85,3 +104,18 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
   pytest.importorskip("tensorboardX")
   events = b"".join(p.read_bytes() for p in (tmp_path / "run" / "tensorboard").iterdir())
   assert b"eval_loss/prose" in events and b"eval_loss/same" in events
+
+
+def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path, capsys):
+  """train.profile_steps=3,2 traces steps 3 and 4 (phase 1) into <workdir>/profile; the table
+  counts those two steps, and its categories sum to their wall time."""
+  cli.run(tiny_config(steps=8, train=dict(profile_steps="3,2", eval_every=8,
+                                          checkpoint_every=0)), str(tmp_path))
+  profile = tmp_path / workdir_lib.PROFILE
+  assert list(profile.glob("**/*.xplane.pb"))
+  table = (tmp_path / workdir_lib.PROFILE_TABLE).read_text()
+  assert table.startswith("category") and "step (wall)" in table
+  record = json.loads((tmp_path / workdir_lib.PROFILE_JSON).read_text())
+  assert record["steps"] == 2
+  assert sum(record["ms_per_step"].values()) == pytest.approx(record["step_ms"], rel=1e-6)
+  assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out

@@ -28,6 +28,11 @@ from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
     ("train.stepz", 5, "config.train.stepz: is not a field of config.train: python main.py "
                        "--help-config lists every field"),       # a typo in a config file
     ("model.dimz", 5, "config.model.dimz: is not a field of config.model"),
+    ("train.profile_steps", "3", r"config.train.profile_steps: must be '' or '<first>,<count>'"),
+    ("train.profile_steps", "11,3", "config.train.profile_steps: steps 11 to 13 go past the "
+                                    "run's 12 steps"),
+    ("train.profile_steps", "5,3", "config.train.profile_steps: steps 5 to 7 cross the switch "
+                                   "from tst after step 6"),
 ])
 def test_bad_config_fails_before_training(tmp_path, field, value, message):
   config = tiny_config(tst=dict(weighting="power"))    # the 'alt' row's weighting

@@ -57,8 +57,12 @@ class Console:
     else:
       print(text, flush=True)
 
-  def step(self, step: int, phase, metrics: dict, data_tokens_per_s: float, logged: bool):
-    """Every step's metrics (bar) and, on a logged step, one line without a bar."""
+  def step(self, step: int, phase, metrics: dict, speed: dict, logged: bool):
+    """Every step's metrics (bar) and, on a logged step, one line without a bar.
+
+    `speed` holds a logged step's `loop.step_speed` and memory, where null values stay off
+    the line.
+    """
     if not self.enabled:
       return
     if self.bar is not None:
@@ -71,8 +75,7 @@ class Console:
       eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
       width = len(str(self.total))
       print(f"step {step:>{width}}/{self.total}  {_phase_name(phase):<8} loss "
-            f"{metrics['loss']:.4f}  {rate(data_tokens_per_s)} tok/s  ETA {duration(eta)}",
-            flush=True)
+            f"{metrics['loss']:.4f}  {_speed(speed)}  ETA {duration(eta)}", flush=True)
 
   def eval(self, step: int, loss: float, sets: dict | None = None):
     """Prints the held-out loss, then each set of data.eval_sets by name."""
@@ -115,6 +118,22 @@ def _reference_lines(reference, summary: dict) -> list[str]:
            if reference.data else "on data it does not name (config.reference.data)")
   return [f"{head} {where}: no difference printed",
           f"  measure it on this data: {reference.command}"]
+
+
+def _speed(speed: dict) -> str:
+  """Returns the step time, tokens per second, MFU and memory of a logged step, on one line."""
+  data, equivalent = speed.get("data_tokens_per_s", 0.0), speed.get("equivalent_tokens_per_s")
+  parts = [f"{rate(data)} tok/s"]
+  if equivalent is not None and round(equivalent) != round(data):
+    parts[-1] += f" ({rate(equivalent)} equiv)"
+  if speed.get("step_s") is not None:
+    parts.append(f"{speed['step_s'] * 1e3:.0f} ms/step")
+  if speed.get("mfu") is not None:
+    parts.append(f"MFU {speed['mfu']:.1%}")
+  if speed.get("memory_bytes_in_use") is not None:
+    peak = speed.get("memory_peak_bytes") or speed["memory_bytes_in_use"]
+    parts.append(f"mem {speed['memory_bytes_in_use'] / 1e9:.1f}/{peak / 1e9:.1f} GB")
+  return "  ".join(parts)
 
 
 def _phase_name(phase) -> str:

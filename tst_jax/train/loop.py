@@ -16,8 +16,9 @@ import time
 import jax
 import numpy as np
 
+from tst_jax import platform
 from tst_jax.parallel import distributed
-from tst_jax.train import metrics as metrics_lib
+from tst_jax.train import metrics as metrics_lib, step_profile, tracker as tracker_lib
 from tst_jax.train.console import Console
 from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
@@ -42,10 +43,9 @@ def train(setup: Setup) -> dict:
     workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.spec.resolved))
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
-  writer = (metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None) if primary
-            else _NoWriter())                         # process 0 writes the files
+  writer = _writer(setup, start, tokens) if primary else _NoWriter()   # process 0 writes
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
-  guard = PreemptionGuard()
+  guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   t0 = time.time()
   try:
     for phase in plan.phases:
@@ -56,15 +56,11 @@ def train(setup: Setup) -> dict:
       train_step = setup.trainer.train_step(phase)
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
-        state, metrics = train_step(state, next(batches))
+        state, metrics = window.call(train_step, state, next(batches), step + 1)
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
-          step_log.flush()
-          loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
-          writer.write(dict(step=done, phase=phase.name, eval_loss=loss, **plan.tokens_at(done),
-                            **{f"eval_loss/{name}": x for name, x in sets.items()}))
-          console.eval(done, loss, sets)
+          _evaluate(setup, state, phase, done, step_log)
         stop = guard.should_stop(done)                # agreed by every process
         setup.checkpoints.save_step(state, done, force=stop or done == phase.last_step)
         if stop:
@@ -87,7 +83,42 @@ def train(setup: Setup) -> dict:
                   f"{setup.checkpoints.directory}; run the same command again to resume")
     return dict(preempted_at_step=stop.step)
   finally:   # also after an error, which stays the one reported
-    _close(guard, console, writer, setup.checkpoints, raising=sys.exc_info()[0] is None)
+    _close(window, guard, console, writer, setup.checkpoints,
+           raising=sys.exc_info()[0] is None)
+
+
+def _writer(setup: Setup, start: int, tokens) -> metrics_lib.MetricsWriter:
+  """Returns the metrics sink of process 0, with train.tracker's run."""
+  config = dict(config=setup.spec.to_json(),
+                plan=PlanRecord(setup.spec.plan, tokens, setup.spec.resolved).to_json())
+  tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.workdir, config)
+  return metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None, tracker=tracker)
+
+
+def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
+  """Writes and prints the held-out losses after step `done`, its time kept out of step_s."""
+  step_log.flush()
+  t0 = time.time()
+  loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
+  step_log.writer.write(dict(step=done, phase=phase.name, eval_loss=loss,
+                             **setup.spec.plan.tokens_at(done),
+                             **{f"eval_loss/{name}": x for name, x in sets.items()}))
+  step_log.console.eval(done, loss, sets)
+  step_log.t_last += time.time() - t0
+
+
+def _profile_window(setup: Setup, console: Console, primary: bool) -> step_profile.Window:
+  """Returns train.profile_steps' window, traced on process 0 into <workdir>/profile."""
+  window = step_profile.profile_window(setup.spec.train.profile_steps) if primary else None
+
+  def done(profile: step_profile.StepProfile):
+    workdir_lib.write_profile(setup.workdir, profile.table(), profile.to_json())
+    console.print(f"profile of steps {window[0]} to {sum(window) - 1}, ms per step:\n"
+                  f"{profile.table()}\n  trace and table: "
+                  f"{workdir_lib.path(setup.workdir, workdir_lib.PROFILE)}")
+
+  return step_profile.Window(window, workdir_lib.path(setup.workdir, workdir_lib.PROFILE), done,
+                             console.print)
 
 
 def _close(*closables, raising: bool):
@@ -109,6 +140,7 @@ class StepLog:
     self.plan, self.settings, self.writer, self.console = plan, settings, writer, console
     self.checkpoints = checkpoints
     self.pending, self.t_last, self.nan_skips = None, time.time(), 0
+    self.peak = platform.peak_flops(jax.devices()[0].device_kind)
 
   def step(self, step: int, phase, metrics):
     self.flush()
@@ -123,15 +155,16 @@ class StepLog:
     if not metrics.pop("finite"):
       self.non_finite(step, metrics)
     logged = step % self.settings.log_every == 0 or step == phase.last_step
-    rate = 0.0
+    speed = {}
     if logged:
       now = time.time()
       steps = min(self.settings.log_every, step - phase.first_step) or 1
-      rate = phase.data_tokens_per_step * steps / max(now - self.t_last, 1e-9)
+      speed = dict(step_speed(phase, (now - self.t_last) / steps, self.peak,
+                              jax.device_count()), **platform.memory_in_use())
       self.t_last = now
       self.writer.write(dict(step=step, phase=phase.name, bag_size=phase.bag_size, **metrics,
-                             **self.plan.tokens_at(step), data_tokens_per_s=rate))
-    self.console.step(step, phase, metrics, rate, logged)
+                             **self.plan.tokens_at(step), **speed))
+    self.console.step(step, phase, metrics, speed, logged)
 
   def non_finite(self, step: int, metrics: dict):
     """Skips a step whose update was not applied, up to max_nan_skips, or stops, by nan_policy."""
@@ -145,6 +178,14 @@ class StepLog:
           f"{self.nan_skips} non-finite steps)")
     log.warning("step %d: non-finite %s, batch skipped (%d of at most %d)", step, bad,
                 self.nan_skips, self.settings.max_nan_skips)
+
+
+def step_speed(phase, step_s: float, peak: float | None, devices: int) -> dict:
+  """Returns a step's time, its data and equivalent tokens per second and its MFU."""
+  step_s = max(step_s, 1e-9)
+  return dict(step_s=step_s, data_tokens_per_s=phase.data_tokens_per_step / step_s,
+              equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,
+              mfu=platform.mfu(phase.flops_per_step, step_s, devices, peak))
 
 
 class _NoWriter:

@@ -10,10 +10,11 @@ from tst_jax.train import workdir as workdir_lib
 
 class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
-  TensorBoard. On resume, lines past the restored step are dropped first, so the file
+  TensorBoard and to `tracker`, a tracker.Tracker. On resume, lines past the restored step are dropped first, so the file
   reads as one uninterrupted run."""
 
-  def __init__(self, workdir: str, resume_step: int | None):
+  def __init__(self, workdir: str, resume_step: int | None, tracker=None):
+    self.tracker = tracker
     self.file = workdir_lib.open_metrics(workdir, resume_step)
     try:
       from tensorboardX import SummaryWriter
@@ -24,6 +25,8 @@ class MetricsWriter:
   def write(self, record: dict):
     self.file.write(json.dumps(record) + "\n")
     self.file.flush()
+    if self.tracker is not None:
+      self.tracker.write(record)
     if self.tb is not None:
       for key, value in record.items():
         if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
@@ -31,6 +34,8 @@ class MetricsWriter:
 
   def close(self):
     self.file.close()
+    if self.tracker is not None:
+      self.tracker.close()
     if self.tb is not None:
       self.tb.close()
 

@@ -14,6 +14,7 @@ from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
 from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
+from tst_jax.train import step_profile
 from tst_jax.train.plan import EQUAL_FLOPS
 
 
@@ -28,6 +29,20 @@ _RULES = schema.Rule(
         isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)
         and _axes_ok(r[1]) for r in rules),
     f"(logical name, None | a mesh axis of {MESH_AXES} | a tuple of them) pairs")
+
+
+def _window_ok(text) -> bool:
+  if not isinstance(text, str):
+    return False
+  try:
+    step_profile.profile_window(text)
+  except ValueError:
+    return False
+  return True
+
+
+TRACKERS = ("none", "wandb", "trackio")   # train.tracker: tracker.py starts each
+_WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +143,12 @@ class Train:
   max_passes: float = schema.field(0.0, schema.number(0), "refuse to train a run that would "
                                    "read its training tokens more times (0: no limit)",
                                    added=0.0)
+  tracker: str = schema.field("none", schema.one_of(TRACKERS), "none | wandb | trackio: also "
+                              "send metrics.jsonl's records there (WANDB_MODE=offline works "
+                              "without a login)", added="none")
+  profile_steps: str = schema.field("", _WINDOW, "'<first>,<count>': a jax.profiler trace of "
+                                    "these steps and their milliseconds by category, in "
+                                    "<workdir>/profile ('': none)", added="")
 
 
 @dataclasses.dataclass(frozen=True)

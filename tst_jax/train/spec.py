@@ -20,6 +20,7 @@ from tst_jax.kernels import fp8
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.distributed import Distributed
 from tst_jax.parallel.mesh import MeshShape
+from tst_jax.train import step_profile
 from tst_jax.train.plan import Plan, bag_schedule, make_plan
 from tst_jax.train.sections import Loss, Optimizer, Reference, Run, Train, Tst
 
@@ -162,7 +163,22 @@ def check(config) -> RunSpec:
     _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
   plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps)
+  _check_profile_window(typed["train"].profile_steps, plan)
   return RunSpec(plan=plan, **typed)
+
+
+def _check_profile_window(text: str, plan):
+  """Refuses a train.profile_steps window past the run's end or across a phase switch."""
+  window = step_profile.profile_window(text)
+  if window is None:
+    return
+  first, last = window[0], window[0] + window[1] - 1
+  _require(last <= plan.total_steps, "train.profile_steps",
+           f"steps {first} to {last} go past the run's {plan.total_steps} steps")
+  phase = plan.phase_at(first - 1)
+  _require(last <= phase.last_step, "train.profile_steps",
+           f"steps {first} to {last} cross the switch from {phase.name} after step "
+           f"{phase.last_step}: a trace profiles one phase's step")
 
 
 def build(config, num_devices: int | None = None) -> RunSpec:

@@ -69,7 +69,7 @@ def shardings_of(abstract: TrainState, mesh, rules) -> TrainState:
   return mesh_lib.tree_shardings(specs, mesh, rules)
 
 
-@jax.named_scope("loss")   # the step profile's category (tools/step_profile)
+@jax.named_scope("loss")   # the step profile's category (train/step_profile)
 def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform",
             variant="mce"):
   """Applies the LM head and the multi-hot cross-entropy, plain next-token CE at S = 1.
@@ -133,7 +133,7 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
         grads = jax.tree.map(lambda g: g / grad_accum, grads)
         value, aux_metrics = jnp.mean(value), jax.tree.map(lambda x: jnp.mean(x, 0),
                                                            aux_metrics)
-      with jax.named_scope("optimizer"):   # the step profile's category (tools/step_profile)
+      with jax.named_scope("optimizer"):   # the step profile's category (train/step_profile)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)

@@ -33,6 +33,10 @@ CHECKPOINTS = "checkpoints"   # Orbax steps
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
 LOCK = "lock.json"            # the live run that holds the workdir: host, pid, start, heartbeat
+TRACKER = "tracker.json"      # train.tracker: which tracker run this workdir logs to
+PROFILE = "profile"           # train.profile_steps: the jax.profiler trace and its table
+PROFILE_TABLE = os.path.join(PROFILE, "step_profile.txt")   # milliseconds per step by category
+PROFILE_JSON = os.path.join(PROFILE, "step_profile.json")   # the same, with the top ops
 # Written by the data layer, which names them: the token store prepared from data.source and
 # the copy of the run's tokenizer that export reads.
 DATA = run_data.PREPARED_DIR
@@ -105,6 +109,23 @@ def final_eval(workdir: str, steps: int) -> float | None:
   last = [r["eval_loss"] for r in read_metrics(workdir)
           if "eval_loss" in r and r["step"] == steps]
   return last[-1] if last else None
+
+
+def write_profile(workdir: str, table: str, record: dict):
+  """Writes the step-profile table of train.profile_steps and its JSON record."""
+  os.makedirs(path(workdir, PROFILE), exist_ok=True)
+  fileio.write_text(path(workdir, PROFILE_TABLE), table + "\n")
+  fileio.write_json(path(workdir, PROFILE_JSON), record)
+
+
+def write_tracker(workdir: str, record: dict):
+  """Writes tracker.json: the tracker and its run id, which a resumed run continues."""
+  fileio.write_json(path(workdir, TRACKER), record)
+
+
+def read_tracker(workdir: str) -> dict | None:
+  """Returns tracker.json, None where the run has no tracker."""
+  return _read_json(workdir, TRACKER)
 
 
 def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: int):

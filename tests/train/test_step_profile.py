@@ -14,7 +14,7 @@ from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.parallel import xla_flags
-from tst_jax.tools import step_profile
+from tst_jax.train import step_profile
 from tst_jax.train import spec as spec_lib, step as step_lib
 
 
@@ -186,3 +186,24 @@ def test_benchmark_profile_of_a_moe_step(tmp_path):
   assert sum(prof["ms_per_step"].values()) == pytest.approx(prof["step_ms"], rel=1e-6)
   for cat in ("dispatch+combine", "matmul forward", "matmul backward"):
     assert prof["ms_per_step"][cat] > 0, (cat, prof)
+
+
+def test_profile_window_reads_first_and_count():
+  assert step_profile.profile_window("") is None
+  assert step_profile.profile_window("3,2") == (3, 2)
+  for bad in ("3", "3,2,1", "0,2", "3,0", "a,b", "-1,2"):
+    with pytest.raises(ValueError):
+      step_profile.profile_window(bad)
+
+
+def test_command_buffers_note_says_how_to_turn_them_off_on_a_gpu(monkeypatch):
+  """XLA reads its flags once, as the backend starts: a run cannot turn command buffers off
+  for its profile window alone, so it says so, with the flag, unless XLA_FLAGS has it."""
+  assert step_profile.command_buffers_note() == ""            # CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setenv("XLA_FLAGS", "")
+  note = step_profile.command_buffers_note()
+  assert "cannot be off for a few steps only" in note
+  assert f"XLA_FLAGS={xla_flags.COMMAND_BUFFERS_OFF}" in note
+  monkeypatch.setenv("XLA_FLAGS", xla_flags.COMMAND_BUFFERS_OFF)
+  assert step_profile.command_buffers_note() == ""

@@ -10,7 +10,8 @@ overlap, as threads on CPU or streams on GPU, each instant is split evenly betwe
 nested events count once, at the innermost. So the categories plus `idle`, when no op of the
 step runs, sum to the step's wall time.
 
-  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile
+  python benchmarks/step.py --config configs/llama_270m.py --phase both --profile 5
+  python main.py --config configs/demo.py --config.train.profile_steps=20,3
 """
 
 from __future__ import annotations
@@ -272,6 +273,46 @@ def summarize(trace_dir: str, hlo_text: str, *, annotation: str = STEP_NAME,
                      trace_dir)
 
 
+def profile_window(text: str) -> tuple[int, int] | None:
+  """Returns train.profile_steps' first step and count from '<first>,<count>', None for ''.
+
+  A malformed text raises ValueError.
+  """
+  if not text:
+    return None
+  parts = text.split(",")
+  if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    raise ValueError(f"{text!r} is not '<first>,<count>'")
+  first, count = (int(p) for p in parts)
+  if first < 1 or count < 1:
+    raise ValueError(f"{text!r}: the first step and the count must be >= 1")
+  return first, count
+
+
+def command_buffers_note() -> str:
+  """Says how GPU command buffers blur this process's traces, or returns '' where they do not."""
+  if jax.default_backend() != "gpu" or xla_flags.command_buffers_off():
+    return ""
+  return ("XLA's command buffers were on: their ops (command_buffer_N) are 'other ops'; XLA "
+          "fixes them when JAX starts, so they cannot be off for a few steps only: turn them off "
+          f"for the whole run with XLA_FLAGS={xla_flags.COMMAND_BUFFERS_OFF}, or use "
+          "benchmarks/step.py --profile")
+
+
+def traced_call(step, state, batch, step_num: int):
+  """Calls the jitted `step` once as an annotated step of the trace, waits for it, times it."""
+  t = time.perf_counter()
+  with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=step_num):
+    state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+  return state, metrics, time.perf_counter() - t
+
+
+def finish(trace_dir: str, hlo_text: str) -> StepProfile:
+  """Returns the StepProfile of a finished trace, noting GPU command buffers where they were on."""
+  return dataclasses.replace(summarize(trace_dir, hlo_text), note=command_buffers_note())
+
+
 def profile_steps(step, state, batch, *, steps: int = 3, trace_dir: str | None = None,
                   hlo_text: str | None = None):
   """Traces `steps` calls of the jitted `step` and returns the state, a StepProfile and step times.
@@ -284,15 +325,41 @@ def profile_steps(step, state, batch, *, steps: int = 3, trace_dir: str | None =
   walls = []
   with jax.profiler.trace(trace_dir):
     for i in range(steps):
-      t = time.perf_counter()
-      with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-        state, metrics = step(state, batch)
-        jax.block_until_ready((state, metrics))
-      walls.append(time.perf_counter() - t)
-  profile = summarize(trace_dir, hlo_text)
-  if jax.default_backend() == "gpu" and not xla_flags.command_buffers_off():
-    profile = dataclasses.replace(profile, note=(
-        "XLA's command buffers were on: their ops (command_buffer_N) are 'other ops'; turn "
-        f"them off before JAX starts (XLA_FLAGS={xla_flags.COMMAND_BUFFERS_OFF}, or "
-        "benchmarks/step.py --profile)"))
-  return state, profile, walls
+      state, _, wall = traced_call(step, state, batch, i)
+      walls.append(wall)
+  return state, finish(trace_dir, hlo_text), walls
+
+
+class Window:
+  """Traces a run's steps `first` to `first + count - 1`, numbered as the log numbers them.
+
+  `call` stands in for the step call of the loop. The window's first call compiles the step's
+  text for the table and starts the trace. Its last one stops the trace and hands the
+  StepProfile to `done`, which writes it.
+  """
+
+  def __init__(self, window: tuple[int, int] | None, trace_dir: str, done, say=print):
+    self.first, self.count = window or (0, 0)
+    self.trace_dir, self.done, self.say = trace_dir, done, say
+    self.hlo_text = None
+
+  def call(self, step, state, batch, step_num: int):
+    """Runs `step` on `state` and `batch`, traced where `step_num` lies in the window."""
+    if not self.first <= step_num < self.first + self.count:
+      return step(state, batch)
+    if self.hlo_text is None:
+      self.hlo_text = step.lower(state, batch).compile().as_text()
+      if command_buffers_note():
+        self.say(f"profile: {command_buffers_note()}")
+      jax.profiler.start_trace(self.trace_dir)
+    state, metrics, _ = traced_call(step, state, batch, step_num)
+    if step_num == self.first + self.count - 1:
+      self.close()
+      self.done(finish(self.trace_dir, self.hlo_text))
+    return state, metrics
+
+  def close(self):
+    """Stops a trace still running, as after an error or a preemption inside the window."""
+    if self.hlo_text is not None and self.count:
+      jax.profiler.stop_trace()
+      self.count = 0

@@ -1,0 +1,96 @@
+"""A hosted tracker beside metrics.jsonl: train.tracker=wandb or trackio gets the same records.
+
+The tracker's run holds the plan and config as its config, every metrics.jsonl record's
+numbers at its step, and the phase switch as a `phase_switch` event. A resumed run continues
+the tracker's run that workdir.TRACKER names. A missing package or login stops the run
+before its first step with one line that says how to fix it. After that, a tracker error is a
+warning and the run goes on without the tracker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+from tst_jax.errors import ConfigError
+from tst_jax.train import workdir as workdir_lib
+
+log = logging.getLogger("tst_jax")
+
+PROJECT = "tst-jax"             # WANDB_PROJECT or TRACKIO_PROJECT overrides it
+
+
+def _import(name: str):
+  try:
+    return importlib.import_module(name)
+  except ImportError:
+    raise ConfigError("train.tracker", f"{name} is not installed: pip install {name}, or "
+                      "train.tracker=none") from None
+
+
+def _start_wandb(workdir: str, run_id: str | None, config: dict):
+  wandb = _import("wandb")
+  try:
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), dir=workdir,
+                     name=os.path.basename(os.path.abspath(workdir)), id=run_id,
+                     resume="allow", config=config)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError("train.tracker", f"wandb did not start ({type(e).__name__}: {e}): run "
+                      "`wandb login`, or set WANDB_MODE=offline") from None
+  return run.id, lambda values, step: run.log(values, step=step), run.finish
+
+
+def _start_trackio(workdir: str, run_id: str | None, config: dict):
+  trackio = _import("trackio")
+  name = run_id or os.path.basename(os.path.abspath(workdir))
+  try:
+    trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=name, config=config,
+                 resume="allow")
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError("train.tracker", f"trackio did not start ({type(e).__name__}: {e}): "
+                      "check TRACKIO_SPACE_ID and `huggingface-cli login`, or "
+                      "train.tracker=none") from None
+  return name, lambda values, step: trackio.log(values, step=step), trackio.finish
+
+
+_STARTS = {"wandb": _start_wandb, "trackio": _start_trackio}
+
+
+class Tracker:
+  """Sends metrics.jsonl's records to a started tracker run; `name` none sends nothing."""
+
+  def __init__(self, name: str, workdir: str, config: dict):
+    self.name, self.phase, self.log_fn, self.finish_fn = name, None, None, None
+    if name == "none":
+      return
+    record = workdir_lib.read_tracker(workdir) or {}
+    run_id = record.get("id") if record.get("tracker") == name else None
+    run_id, self.log_fn, self.finish_fn = _STARTS[name](workdir, run_id, config)
+    workdir_lib.write_tracker(workdir, dict(tracker=name, id=run_id))
+
+  def write(self, record: dict):
+    """Logs the record's numbers at its step, and a phase_switch event where the phase changes."""
+    if self.log_fn is None:
+      return
+    values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
+              and not isinstance(v, bool)}
+    phase = record.get("phase")
+    if phase is not None and self.phase not in (None, phase):
+      values["phase_switch"] = 1
+    self.phase = phase or self.phase
+    self._safely(self.log_fn, values, record["step"])
+
+  def close(self):
+    if self.finish_fn is not None:
+      self._safely(self.finish_fn)
+      self.log_fn = self.finish_fn = None
+
+  def _safely(self, fn, *args):
+    try:
+      fn(*args)
+    except Exception as e:  # pylint: disable=broad-except
+      log.warning("train.tracker=%s failed (%s: %s); the run goes on without it, metrics.jsonl "
+                  "has every record", self.name, type(e).__name__, e)
+      self.log_fn = self.finish_fn = None
+
