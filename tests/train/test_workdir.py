@@ -158,10 +158,11 @@ def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(tmp_path)
                              TINY_CONFIG, "--workdir", workdir],
                             env=subprocess_env.one_cpu_device(), capture_output=True,
                             text=True, timeout=300)
+    assert os.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
   finally:
     lock.release()
   assert result.returncode == 2, result.stderr
   assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
   assert result.stderr.startswith(f"error: --workdir {workdir}: a live run holds it: pid "
                                   f"{os.getpid()} on host {socket.gethostname()}, started ")
-  assert os.listdir(workdir) == []
+  assert not os.path.exists(workdir)   # the lock that made it leaves no empty workdir

@@ -218,8 +218,8 @@ LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
 class Lock:
   """The workdir's lock while this process holds it: `Lock.take`, then `release`."""
 
-  def __init__(self, file: str, record: dict):
-    self.file, self.record = file, record
+  def __init__(self, file: str, record: dict, made_workdir: bool = False):
+    self.file, self.record, self.made_workdir = file, record, made_workdir
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
     self._beat.start()
@@ -228,13 +228,14 @@ class Lock:
   def take(cls, workdir: str, say=print) -> Lock:
     """Takes the lock of `workdir`, over a dead run's with a line that says so. A live run's
     lock raises WorkdirError naming its holder."""
+    made_workdir = not os.path.exists(workdir)
     os.makedirs(workdir, exist_ok=True)
     file = path(workdir, LOCK)
     record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
                   started=_utc_now(), heartbeat=time.time())
     for _ in range(3):   # another process may take or free it between two looks
       if _create_if_absent(file, record):
-        return cls(file, record)
+        return cls(file, record, made_workdir)
       held = _read_lock(file)
       if held is None:
         continue
@@ -254,6 +255,8 @@ class Lock:
     held = _read_lock(self.file)
     if held is not None and held.get("token") == self.record["token"]:
       os.remove(self.file)
+    if self.made_workdir and not os.listdir(os.path.dirname(self.file)):
+      os.rmdir(os.path.dirname(self.file))   # a run refused before it wrote leaves nothing
 
   def _renew(self):
     while not self._stop.wait(LOCK_BEAT_S):
