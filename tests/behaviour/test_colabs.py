@@ -16,7 +16,11 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 COLABS = os.path.join(ROOT, "colabs")
-NOTEBOOKS = ["quickstart.ipynb", "inside_tst.ipynb", "fused_loss.ipynb", "gpu_small.ipynb"]
+NOTEBOOKS = ["quickstart.ipynb", "fused_loss.ipynb",
+             # Slow: their cells' sweep and losses have tests of their own in tests/tools and
+             # tests/test_superposition.py; test_notebooks_match_build_script checks them here.
+             pytest.param("inside_tst.ipynb", marks=pytest.mark.slow),
+             pytest.param("gpu_small.ipynb", marks=pytest.mark.slow)]
 BUDGET_S = 90          # per notebook: CPU seconds of its kernel (about wall time on 2 idle cores)
 
 

@@ -160,6 +160,7 @@ def test_gradients_reach_every_decoder_weight():
     assert gq @ gb / np.linalg.norm(gq) / np.linalg.norm(gb) > 0.99, name
 
 
+@pytest.mark.slow   # test_gradients_reach_every_decoder_weight keeps fp8 training in the default run
 @needs_qwix
 def test_both_phases_train_with_fp8_as_the_default_does(tmp_path):
   """A tiny two-phase run with fp8: tst then ntp steps, the train loss falls in each phase,

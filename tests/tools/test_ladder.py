@@ -112,7 +112,7 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("trainer", ["guarded", "starting"])
+@pytest.mark.parametrize("trainer", [pytest.param("guarded", marks=pytest.mark.slow), "starting"])
 def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp_path,
                                                                    monkeypatch, capsys):
   """At the deadline the running trainer gets SIGTERM: past its start-up it checkpoints and

@@ -54,7 +54,8 @@ def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():
   assert loop.step_speed(phase, 0.25, None, 2)["mfu"] is None
 
 
-@pytest.mark.parametrize("expert_impl", ["auto", "gmm"])
+@pytest.mark.parametrize("expert_impl", [
+    "auto", pytest.param("gmm", marks=pytest.mark.slow)])   # gmm: tests/models/test_moe.py
 def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
   from tst_jax.train.defaults import base_config
   config = tiny_config(steps=16, ratio=0.25)
