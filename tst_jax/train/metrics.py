@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from tst_jax.train import workdir as workdir_lib
+
+
+def _summary_writer():
+  """Imports tensorboardX's SummaryWriter without importing torch.
+
+  tensorboardX imports torch where it is installed only to accept torch tensors, which this
+  run never logs, and torch takes seconds to import at every start.
+  """
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter   # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None   # makes `import torch` raise ImportError, which it handles
+  try:
+    from tensorboardX import SummaryWriter   # pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 class MetricsWriter:
@@ -17,8 +35,7 @@ class MetricsWriter:
     self.tracker = tracker
     self.file = workdir_lib.open_metrics(workdir, resume_step)
     try:
-      from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
+      self.tb = _summary_writer()(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
     except ImportError:   # TensorBoard output is optional
       self.tb = None
 
