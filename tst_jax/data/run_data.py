@@ -161,13 +161,6 @@ class RunData:
     return ", ".join(split.directory for split in self.mixture.splits.values())
 
   @property
-  def train_token_count(self) -> int:
-    """Counts the training tokens of the run's store, or of all the stores of its mixture."""
-    if self.mixture is None:
-      return len(self.train)
-    return sum(len(split) for split in self.mixture.splits.values())
-
-  @property
   def train_tokens(self) -> TrainTokens:
     """Training tokens of the run's store, or of each store of its mixture."""
     if self.mixture is None:

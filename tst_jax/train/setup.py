@@ -64,7 +64,7 @@ class Setup:
                                                             spec.train.force_resume))
       if distributed.is_primary():   # the store this workdir trains on, from now on
         workdir_lib.write_store(workdir, data.fingerprint, data.directory,
-                                data.train_token_count)
+                                data.train_tokens.count)
     where, count, passes = max(((w, n, sum(x)) for w, n, x in data.train_tokens.passes(
         spec.plan)), key=lambda e: e[2])
     if spec.train.max_passes and passes > spec.train.max_passes:
