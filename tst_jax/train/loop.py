@@ -39,11 +39,12 @@ def train(setup: Setup) -> dict:
   console = Console(plan.total_steps, start, enabled=primary,
                     bar=settings.progress_bar and sys.stdout.isatty())
   tokens = setup.data.train_tokens
+  record = PlanRecord(plan, tokens, setup.spec.resolved)
   if primary:                         # <workdir>/plan.json, before the first step
-    workdir_lib.write_plan(setup.workdir, PlanRecord(plan, tokens, setup.spec.resolved))
+    workdir_lib.write_plan(setup.workdir, record)
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
-  writer = _writer(setup, start, tokens) if primary else _NoWriter()   # process 0 writes
+  writer = _writer(setup, start, record) if primary else _NoWriter()   # process 0 writes
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
   guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   t0 = time.time()
@@ -87,10 +88,9 @@ def train(setup: Setup) -> dict:
            raising=sys.exc_info()[0] is None)
 
 
-def _writer(setup: Setup, start: int, tokens) -> metrics_lib.MetricsWriter:
+def _writer(setup: Setup, start: int, record: PlanRecord) -> metrics_lib.MetricsWriter:
   """Returns the metrics sink of process 0, with train.tracker's run."""
-  config = dict(config=setup.spec.to_json(),
-                plan=PlanRecord(setup.spec.plan, tokens, setup.spec.resolved).to_json())
+  config = dict(config=setup.spec.to_json(), plan=record.to_json())
   tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.workdir, config)
   return metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None, tracker=tracker)
 
