@@ -46,6 +46,20 @@ def test_tested_versions_satisfy_pyproject(constraints):
     assert f"-c {constraints}" in " ".join(f.read().split())
 
 
+def test_the_readme_names_the_python_floor_that_pyproject_and_flax_declare():
+  """The quickstart's Python floor is pyproject's requires-python, which is no lower than the
+  installed flax's: a lower one resolves no flax and pip names flax, not tst-jax."""
+  tomllib = pytest.importorskip("tomllib")
+  from importlib import metadata
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    floor = tomllib.load(f)["project"]["requires-python"]
+  with open(os.path.join(ROOT, "README.md")) as f:
+    assert f"Python {floor.replace('>=', '>= ')}" in f.read()
+  flax_floor = metadata.metadata("flax")["Requires-Python"]
+  version = lambda spec: tuple(int(p) for p in re.sub(r"[^0-9.]", "", spec).split("."))
+  assert version(floor) >= version(flax_floor), (floor, flax_floor)
+
+
 def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
   """`tfds:` reads the ArrayRecord data source (random access, no TensorFlow), not
   tfds.load's tf.data pipeline."""
