@@ -220,3 +220,12 @@ def test_a_glob_is_checked_up_to_its_first_wildcard(root):
   line = f"data.source {pattern}: {fileio.join(root, 'nope')} does not exist"
   with pytest.raises(fileio.PathError, match=f"^{re.escape(line)}$"):
     fileio.check_readable(pattern, "data.source")
+
+
+@pytest.mark.slow
+def test_the_emulator_serves_thousands_of_requests(bucket):
+  """The server's request log goes to a file: a pipe nobody reads would stop it after ~64 KiB."""
+  path = fileio.join(bucket, "x")
+  for i in range(1500):         # about 15 s on the 2-core machine
+    fileio.write_text(path, str(i))
+  assert fileio.read_text(path) == "1499"
