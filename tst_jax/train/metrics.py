@@ -72,8 +72,11 @@ class MetricsWriter:
           self.tb.add_scalar(key, value, record["step"])
 
   def sync(self):
-    """Makes every line written so far part of metrics.jsonl, also in a bucket."""
+    """Makes every line written so far part of metrics.jsonl and the TensorBoard events, also
+    in a bucket."""
     self.file.flush()
+    if self.tb is not None:
+      self.tb.flush()
 
   def close(self):
     self.file.close()
