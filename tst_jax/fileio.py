@@ -217,6 +217,17 @@ def write_json(path: str, obj, *, sort_keys: bool = False, default=None):
   write_text(path, json.dumps(obj, indent=1, sort_keys=sort_keys, default=default))
 
 
+def move_in(local: str, path: str):
+  """Moves the finished local file `local` to `path`: a rename on the local disk, an upload of
+  one object to a store, after which the local file is removed."""
+  if not is_url(path):
+    os.replace(local, path)
+    return
+  fs, p = filesystem(path)
+  fs.put_file(local, p)
+  os.remove(local)
+
+
 def append_text(path: str, text: str):
   """Appends `text` to a file, making it if missing. In a store this reads the object and
   writes it again whole, which costs its size: append in batches there."""
