@@ -10,14 +10,19 @@ import struct
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+from flax import nnx
 
 from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
-from tst_jax.train import cli, lock as lock_lib, spec as spec_lib, workdir as workdir_lib
+from tst_jax.data.store import TokenStore
+from tst_jax.train import cli, lock as lock_lib, spec as spec_lib, trained_run
+from tst_jax.train import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
 KILL_AT = 9   # after checkpoint 8 is complete, before checkpoint 10: in phase 2 of 6 + 6 steps
@@ -42,8 +47,8 @@ def _env() -> dict:
   return subprocess_env.one_cpu_device()
 
 
-def _store(folder) -> str:
-  """Prepares the tiny run's token store into `folder`."""
+def _store(folder: str) -> str:
+  """Prepares the tiny run's token store into `folder`, on the disk or in a bucket."""
   data = spec_lib.check(tiny_config()).data
   prepare_lib.prepare(out=str(folder), workers=1, progress=False,
                       **run_data.store_request(data, 512))
@@ -60,15 +65,18 @@ def _logged(workdir) -> dict:
 
 def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(bucket,
                                                                                tmp_path):
-  """The same run, one workdir on the local disk and one in the bucket, started at once. The
-  bucket's run is killed at step 9, between checkpoints 8 and 10, and run again: it takes
-  over the dead run's lock and ends with every loss of the local run, bit for bit."""
-  store = _store(tmp_path / "store")
-  source = [f"--config.data.source=tokens:{store}"]
+  """The same run, one with its store and workdir on the local disk and one with both in the
+  bucket, started at once. The bucket's run is killed at step 9, between checkpoints 8 and 10,
+  and run again: it takes over the dead run's lock and ends with every loss of the local run,
+  bit for bit."""
+  on_disk, in_bucket = _store(tmp_path / "store"), _store(fileio.join(bucket, "store"))
+  assert TokenStore(in_bucket).fingerprint == TokenStore(on_disk).fingerprint
+  source = [f"--config.data.source=tokens:{on_disk}"]
   local, remote = str(tmp_path / "local"), fileio.join(bucket, "run")
   env = _env()
-  reference = subprocess.Popen(CMD + source + ["--workdir", local], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  reference = subprocess.Popen(CMD + [f"--config.data.source=tokens:{on_disk}", "--workdir",
+                                      local], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
   killed = subprocess.run([sys.executable, "-c", KILLED, *CMD[1:], *source, "--workdir",
                            remote], env=env, cwd=ROOT, capture_output=True, text=True)
   assert reference.wait() == 0, reference.stdout.read()[-3000:]
@@ -88,7 +96,8 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
   names = fileio.listdir(remote)
   for name in (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.STORE, workdir_lib.SUMMARY,
-               workdir_lib.LOSS_PLOT, workdir_lib.CHECKPOINTS, workdir_lib.TENSORBOARD):
+               workdir_lib.LOSS_PLOT, workdir_lib.CHECKPOINTS, workdir_lib.TENSORBOARD,
+               workdir_lib.TOKENIZER_JSON):
     assert name in names, names
   assert lock_lib.LOCK not in names
   assert workdir_lib.read_summary(remote) == {
@@ -96,6 +105,12 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
       workdir_lib.read_summary(remote)["seconds_this_session"]}
   # TensorBoard: the killed session's events up to its last checkpoint, then the resumed one's.
   assert _tensorboard_steps(remote) == list(range(1, 13))
+  # Read back as export, eval and sample read a run: the same weights as the local run's.
+  there, here = trained_run.load(remote), trained_run.load(local)
+  assert there.step == here.step == 12
+  assert there.tokenizer.fingerprint() == here.tokenizer.fingerprint()
+  for a, b in zip(*(jax.tree.leaves(nnx.state(t.model)) for t in (there, here))):
+    np.testing.assert_array_equal(a, b)
 
 
 def _tensorboard_steps(workdir) -> list[int]:
