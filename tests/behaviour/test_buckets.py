@@ -71,7 +71,7 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   bit for bit."""
   on_disk, in_bucket = _store(tmp_path / "store"), _store(fileio.join(bucket, "store"))
   assert TokenStore(in_bucket).fingerprint == TokenStore(on_disk).fingerprint
-  source = [f"--config.data.source=tokens:{on_disk}"]
+  source = [f"--config.data.source=tokens:{in_bucket}"]
   local, remote = str(tmp_path / "local"), fileio.join(bucket, "run")
   env = _env()
   reference = subprocess.Popen(CMD + [f"--config.data.source=tokens:{on_disk}", "--workdir",
