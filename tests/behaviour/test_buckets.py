@@ -21,6 +21,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
+from tst_jax.tools import export
 from tst_jax.train import cli, lock as lock_lib, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
@@ -111,6 +112,10 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   assert there.tokenizer.fingerprint() == here.tokenizer.fingerprint()
   for a, b in zip(*(jax.tree.leaves(nnx.state(t.model)) for t in (there, here))):
     np.testing.assert_array_equal(a, b)
+  for workdir, out in ((remote, "hf_there"), (local, "hf_here")):
+    export.export(workdir, tmp_path / out)
+  assert {f.name: f.read_bytes() for f in (tmp_path / "hf_there").iterdir()} == {
+      f.name: f.read_bytes() for f in (tmp_path / "hf_here").iterdir()}
 
 
 def _tensorboard_steps(workdir) -> list[int]:
