@@ -125,6 +125,7 @@ def write_profile(workdir: str, table: str, record: dict, traced: str):
   if traced != path(workdir, PROFILE):
     fs, remote = fileio.filesystem(path(workdir, PROFILE))
     fs.put(traced.rstrip("/") + "/", remote, recursive=True)
+    fileio.rmtree(traced)
   fileio.write_text(path(workdir, PROFILE_TABLE), table + "\n")
   fileio.write_json(path(workdir, PROFILE_JSON), record)
 
