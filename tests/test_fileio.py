@@ -229,3 +229,17 @@ def test_the_emulator_serves_thousands_of_requests(bucket):
   for i in range(1500):         # about 15 s on the 2-core machine
     fileio.write_text(path, str(i))
   assert fileio.read_text(path) == "1499"
+
+
+def test_create_new_without_hard_links_still_creates_only_once(tmp_path, monkeypatch):
+  """A file system without hard links, as a gcsfuse mount: an exclusive create instead."""
+  def no_links(src, dst):
+    raise PermissionError(1, "Operation not permitted")
+  monkeypatch.setattr(os, "link", no_links)
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a") and not fileio.create_new(lock, "b")
+  assert fileio.read_text(lock) == "a" and os.listdir(tmp_path) == ["lock"]
+  seen = fileio.version(lock)
+  fileio.write_text(lock, "renewed")
+  assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "renewed"
+  assert sorted(os.listdir(tmp_path)) == ["lock"]

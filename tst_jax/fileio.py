@@ -259,11 +259,25 @@ def create_new(path: str, data: bytes | str) -> bool:
   with builtins.open(aside, "wb") as f:
     f.write(data)
   try:
+    return _link(aside, path, data)
+  finally:
+    os.remove(aside)
+
+
+def _link(aside: str, path: str, data: bytes) -> bool:
+  """Hard-links `aside` to `path` unless something is there. Where the file system has no
+  hard links, a gcsfuse mount say, it creates `path` exclusively and writes `data` into it."""
+  try:
     os.link(aside, path)
   except FileExistsError:
     return False
-  finally:
-    os.remove(aside)
+  except OSError:
+    try:
+      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
   return True
 
 
@@ -300,10 +314,8 @@ def remove_if_unchanged(path: str, seen: str) -> bool:
     if version(aside) == seen:
       os.remove(aside)
       return True
-    try:
-      os.link(aside, path)      # a newer holder's file goes back, unless yet another is there
-    except FileExistsError:
-      pass
+    with builtins.open(aside, "rb") as f:   # a newer holder's file goes back, unless yet
+      _link(aside, path, f.read())           # another is there
     os.remove(aside)
     return False
   if version(path) != seen:
