@@ -1,24 +1,245 @@
-"""Files written whole or not at all (tst_jax/fileio.py): a write that fails half way leaves
-the file as it was, and a reader sees either the old JSON or the new."""
+"""Paths on the local disk and in object stores (tst_jax/fileio.py): each function gives the same
+contents on the local disk, in the GCS emulator's bucket and in fsspec's memory store; writes
+are whole or not at all; the lock's create-if-absent and remove-if-unchanged hold; a path that
+cannot be read or written is one error naming it and why."""
 
 import json
+import os
+import re
+import uuid
 
+import fsspec
 import pytest
 
 from tst_jax import fileio
 
 
-def test_write_json_replaces_whole_or_leaves_the_old_file(tmp_path):
-  path = str(tmp_path / "plan.json")
-  fileio.write_json(path, {"b": 1, "a": [1, 2]}, sort_keys=True)
-  text = open(path).read()
+@pytest.fixture(params=["local", "gcs", "memory"])
+def root(request, tmp_path):
+  """A fresh empty folder: local, in a new emulator bucket, or in fsspec's memory store."""
+  if request.param == "local":
+    return str(tmp_path / "root")
+  if request.param == "gcs":
+    return request.getfixturevalue("bucket") + "/root"
+  return f"memory://tst-{uuid.uuid4().hex[:8]}/root"
+
+
+def test_files_and_folders_read_back_what_was_written(root):
+  fileio.makedirs(fileio.join(root, "a", "b"))
+  fileio.write_text(fileio.join(root, "a", "b", "x.txt"), "héllo\n")
+  fileio.write_json(fileio.join(root, "a", "plan.json"), {"b": 1, "a": [1, 2]}, sort_keys=True)
+  fileio.write_bytes(fileio.join(root, "top.bin"), bytes(range(256)) * 4)
+  with fileio.open(fileio.join(root, "a", "w.jsonl"), "w") as f:
+    f.write('{"k": 1}\n')
+  assert fileio.read_text(fileio.join(root, "a", "b", "x.txt")) == "héllo\n"
+  text = fileio.read_text(fileio.join(root, "a", "plan.json"))
   assert json.loads(text) == {"a": [1, 2], "b": 1} and text.index('"a"') < text.index('"b"')
-  assert not (tmp_path / "plan.json.tmp").exists()
+  assert fileio.read_json(fileio.join(root, "a", "w.jsonl")) == {"k": 1}
+  assert fileio.getsize(fileio.join(root, "top.bin")) == 1024
+  with fileio.open(fileio.join(root, "top.bin"), "rb") as f:     # a range read
+    f.seek(300)
+    assert f.read(3) == bytes([44, 45, 46])
+  assert fileio.listdir(root) == ["a", "top.bin"]
+  assert fileio.listdir(fileio.join(root, "a")) == ["b", "plan.json", "w.jsonl"]
+  assert fileio.isdir(fileio.join(root, "a")) and not fileio.isfile(fileio.join(root, "a"))
+  assert fileio.isfile(fileio.join(root, "top.bin")) and not fileio.isdir(fileio.join(root, "top.bin"))
+  assert not fileio.exists(fileio.join(root, "nope")) and not fileio.isfile(fileio.join(root, "nope"))
+  assert not [n for n in fileio.listdir(root) if n.endswith(".tmp")]      # nothing left aside
+
+
+def test_glob_is_sorted_recursive_and_gives_sizes(root):
+  for name, size in (("b/2.jsonl", 3), ("a.jsonl", 1), ("b/c/1.jsonl", 2), ("b/x.txt", 5)):
+    fileio.makedirs(fileio.dirname(fileio.join(root, name)))
+    fileio.write_bytes(fileio.join(root, name), b"z" * size)
+  found = fileio.glob_files(fileio.join(root, "**", "*.jsonl"))
+  assert found == {fileio.join(root, "a.jsonl"): 1, fileio.join(root, "b", "2.jsonl"): 3,
+                   fileio.join(root, "b", "c", "1.jsonl"): 2}
+  assert list(found) == sorted(found)
+  assert fileio.glob(fileio.join(root, "b", "*")) == [
+      fileio.join(root, "b", n) for n in ("2.jsonl", "c", "x.txt")]
+  assert fileio.glob(fileio.join(root, "*.parquet")) == []
+
+
+def test_append_remove_and_rmtree(root):
+  path = fileio.join(root, "metrics.jsonl")
+  fileio.makedirs(root)
+  fileio.append_text(path, "1\n")
+  fileio.append_text(path, "2\n")
+  assert fileio.read_text(path) == "1\n2\n"
+  if fileio.is_url(root):
+    with pytest.raises(ValueError, match="append_text"):
+      fileio.open(path, "a")
+  fileio.remove(path)
+  assert not fileio.exists(path)
+  with pytest.raises(FileNotFoundError):
+    fileio.remove(path)
+  fileio.makedirs(fileio.join(root, "d", "e"))
+  fileio.write_text(fileio.join(root, "d", "e", "f"), "x")
+  fileio.write_text(fileio.join(root, "keep"), "y")
+  fileio.rmtree(fileio.join(root, "d"))
+  fileio.rmtree(fileio.join(root, "never"))
+  assert fileio.listdir(root) == ["keep"]
+
+
+def test_write_json_replaces_whole_or_leaves_the_old_file(root):
+  fileio.makedirs(root)
+  path = fileio.join(root, "plan.json")
+  fileio.write_json(path, {"a": 1})
+  text = fileio.read_text(path)
 
   class Unwritable:
     pass
-  with pytest.raises(TypeError):            # fails after part of the JSON went to the .tmp file
+  with pytest.raises(TypeError):
     fileio.write_json(path, {"z": 1, "obj": Unwritable()})
-  assert open(path).read() == text          # the reader still sees the old file, whole
+  assert fileio.read_text(path) == text     # the reader still sees the old file, whole
   fileio.write_json(path, {"obj": Unwritable()}, default=lambda o: "unwritable")
-  assert json.loads(open(path).read()) == {"obj": "unwritable"}
+  assert fileio.read_json(path) == {"obj": "unwritable"}
+  assert fileio.listdir(root) == ["plan.json"]
+
+
+def test_local_write_that_fails_half_way_leaves_the_old_file(tmp_path, monkeypatch):
+  path = str(tmp_path / "plan.json")
+  fileio.write_json(path, {"a": 1})
+  real_replace = os.replace
+  monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
+  with pytest.raises(OSError):
+    fileio.write_json(path, {"a": 2})
+  monkeypatch.setattr(os, "replace", real_replace)
+  assert fileio.read_json(path) == {"a": 1}
+
+
+def test_create_new_is_a_lock_and_remove_if_unchanged_takes_over_only_a_stale_one(root):
+  fileio.makedirs(root)
+  lock = fileio.join(root, "lock.json")
+  assert fileio.version(lock) is None
+  assert fileio.create_new(lock, '{"pid": 1}')
+  assert not fileio.create_new(lock, '{"pid": 2}')          # the holder's file is kept
+  assert fileio.read_json(lock) == {"pid": 1}
+  seen = fileio.version(lock)
+  assert seen is not None and fileio.version(lock) == seen
+  fileio.write_text(lock, '{"pid": 1, "renewed": true}')   # the holder renews: a new version
+  assert fileio.version(lock) != seen
+  assert not fileio.remove_if_unchanged(lock, seen)          # a live lock stays
+  assert fileio.read_json(lock) == {"pid": 1, "renewed": True}
+  assert fileio.remove_if_unchanged(lock, fileio.version(lock))   # a stale one goes
+  assert not fileio.exists(lock) and not fileio.remove_if_unchanged(lock, seen)
+  assert fileio.create_new(lock, b'{"pid": 3}') and fileio.read_json(lock) == {"pid": 3}
+  assert fileio.listdir(root) == ["lock.json"]
+
+
+def test_create_new_lets_exactly_one_of_many_racers_win(tmp_path):
+  from concurrent.futures import ThreadPoolExecutor   # pylint: disable=import-outside-toplevel
+  lock = str(tmp_path / "lock")
+  with ThreadPoolExecutor(8) as pool:
+    won = list(pool.map(lambda i: fileio.create_new(lock, str(i)), range(32)))
+  assert sum(won) == 1 and fileio.read_text(lock) == str(won.index(True))
+
+
+def test_check_readable_and_writable_name_the_path_and_the_reason(root, tmp_path):
+  fileio.makedirs(root)
+  fileio.write_text(fileio.join(root, "there"), "x")
+  fileio.check_readable(fileio.join(root, "there"), "data.source")
+  fileio.check_writable(fileio.join(root, "run"), "--workdir")
+  assert fileio.listdir(root) == ["there"]                 # the probe is gone
+  missing = fileio.join(root, "nope")
+  with pytest.raises(fileio.PathError, match=f"^data.source {missing} does not exist$"):
+    fileio.check_readable(missing, "data.source")
+  if not fileio.is_url(root):
+    with pytest.raises(fileio.PathError, match="is a file, not a folder"):
+      fileio.check_writable(fileio.join(root, "there", "run"), "--workdir")
+
+
+def test_a_missing_bucket_is_named(bucket):
+  missing = "gs://no-such-bucket-" + uuid.uuid4().hex[:8]
+  with pytest.raises(fileio.PathError, match=f"does not exist \\(there is no bucket {missing}\\)"):
+    fileio.check_readable(missing + "/store", "data.source")
+  with pytest.raises(fileio.PathError, match=f"--workdir {missing}/run cannot be written: no such"):
+    fileio.check_writable(missing + "/run", "--workdir")
+
+
+class _Refusing(fsspec.AbstractFileSystem):
+  """A store whose every call fails as a real one does without credentials or permission."""
+  protocol = "refusing"
+  error = PermissionError
+
+  def info(self, path, **kwargs):
+    raise self.error("no")
+
+  def pipe_file(self, path, value, mode="overwrite", **kwargs):
+    raise self.error("no")
+
+
+class DefaultCredentialsError(Exception):
+  """Named as google.auth's is."""
+
+
+@pytest.mark.parametrize("error,reason", [
+    (PermissionError, "permission denied$"),
+    (OSError("Forbidden: b/x"), "permission denied$"),
+    (DefaultCredentialsError, r"no credentials \(DefaultCredentialsError\)$")])
+def test_refusals_are_one_line_with_the_reason(monkeypatch, error, reason):
+  monkeypatch.setattr(_Refusing, "error", error if isinstance(error, type) else
+                      lambda *_: error)
+  fsspec.register_implementation("refusing", _Refusing, clobber=True)
+  with pytest.raises(fileio.PathError, match="^data.source refusing://b/x cannot be read: "
+                     + reason):
+    fileio.check_readable("refusing://b/x", "data.source")
+  with pytest.raises(fileio.PathError, match="^--workdir refusing://b/run cannot be written: "
+                     + reason):
+    fileio.check_writable("refusing://b/run", "--workdir")
+
+
+def test_gs_credentials_reason_says_how_to_log_in():
+  assert "gcloud auth application-default login" in fileio.reason(   # pylint: disable=protected-access
+      DefaultCredentialsError(), "gs://b/x")
+
+
+def test_a_store_without_its_package_names_the_package(monkeypatch):
+  def url_to_fs(url, **kwargs):
+    raise ImportError("Install s3fs to access S3")
+  monkeypatch.setattr(fsspec.core, "url_to_fs", url_to_fs)
+  with pytest.raises(fileio.PathError, match=r"s3://b/x: s3:// paths need s3fs: pip install "
+                     r"'tst-jax\[s3\]'"):
+    fileio.check_readable("s3://b/x", "data.source")
+
+
+def test_local_paths_stay_plain_and_urls_are_recognised():
+  assert fileio.is_url("gs://b/x") and fileio.is_url("hf://datasets/a/b") and fileio.is_url(
+      "memory://x") and not fileio.is_url("/tmp/x") and not fileio.is_url("rel/gs:/x")
+  assert fileio.join("gs://b", "run", "x.json") == "gs://b/run/x.json"
+  assert fileio.join("/a", "b") == os.path.join("/a", "b")
+  assert fileio.absolute("gs://b/x") == "gs://b/x" and fileio.absolute("~/x") == os.path.expanduser("~/x")
+  assert fileio.basename("gs://b/run/") == "run" and fileio.dirname("gs://b/run/x") == "gs://b/run"
+
+
+def test_a_glob_is_checked_up_to_its_first_wildcard(root):
+  fileio.makedirs(fileio.join(root, "data"))
+  fileio.write_text(fileio.join(root, "data", "a.jsonl"), "{}")
+  fileio.check_readable(fileio.join(root, "data", "**", "*.jsonl"), "data.source")
+  pattern = fileio.join(root, "nope", "*.jsonl")
+  line = f"data.source {pattern}: {fileio.join(root, 'nope')} does not exist"
+  with pytest.raises(fileio.PathError, match=f"^{re.escape(line)}$"):
+    fileio.check_readable(pattern, "data.source")
+
+
+@pytest.mark.slow
+def test_the_emulator_serves_thousands_of_requests(bucket):
+  """The server's request log goes to a file: a pipe nobody reads would stop it after ~64 KiB."""
+  path = fileio.join(bucket, "x")
+  for i in range(1500):         # about 15 s on the 2-core machine
+    fileio.write_text(path, str(i))
+  assert fileio.read_text(path) == "1499"
+
+
+def test_create_new_without_hard_links_still_creates_only_once(tmp_path, monkeypatch):
+  """A file system without hard links, as a gcsfuse mount: an exclusive create instead."""
+  def no_links(src, dst):
+    raise PermissionError(1, "Operation not permitted")
+  monkeypatch.setattr(os, "link", no_links)
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a") and not fileio.create_new(lock, "b")
+  assert fileio.read_text(lock) == "a" and os.listdir(tmp_path) == ["lock"]
+  seen = fileio.version(lock)
+  fileio.write_text(lock, "renewed")
+  assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "renewed"
+  assert sorted(os.listdir(tmp_path)) == ["lock"]

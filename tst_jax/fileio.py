@@ -1,20 +1,411 @@
-"""Files written whole or not at all, so a reader such as a resumed run never sees half of one."""
+"""Paths on the local disk or in an object store, and files written whole or not at all.
+
+A local path goes through os and open, as always. A URL such as gs://bucket/run, s3://...,
+hf://datasets/... or memory://... goes through fsspec, which needs the store's package: gcsfs,
+s3fs or huggingface_hub. One write of an object is atomic, so a reader such as a resumed run
+never sees half of a file in either place.
+
+An object store has no append: `append_text` there reads the object and writes it again whole,
+and `open` refuses mode 'a'. It has no directories either: `makedirs` does nothing there, and
+a folder exists once an object lies under it.
+"""
 
 from __future__ import annotations
 
+import builtins
+import glob as glob_lib
+import hashlib
 import json
 import os
+import posixpath
+import re
+import shutil
+import uuid
+
+import fsspec
+
+from tst_jax.errors import UserError
+
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+# Listings are not cached: another process or host writes the same bucket, a lock above all.
+_OPTIONS = {"gs": dict(use_listings_cache=False), "gcs": dict(use_listings_cache=False),
+            "s3": dict(use_listings_cache=False)}
+# What each store needs, as the error line names it.
+_PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "hf": "huggingface_hub"}
+_EXTRAS = {"gcsfs": "tst-jax[gcs]", "s3fs": "tst-jax[s3]", "huggingface_hub": "huggingface_hub"}
+_LOGINS = {"gs": "run gcloud auth application-default login or set "
+                 "GOOGLE_APPLICATION_CREDENTIALS",
+           "s3": "set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+           "hf": "run hf auth login or set HF_TOKEN"}
+
+
+class PathError(UserError):
+  """A path that cannot be read or written: missing, no credentials, no such bucket, not
+  permitted or without the package its store needs. The message names the path and why."""
+
+
+def is_url(path: str) -> bool:
+  """Returns whether `path` is a URL such as gs://bucket/x, read through fsspec."""
+  return bool(_URL.match(str(path)))
+
+
+def protocol(path: str) -> str:
+  """Returns the scheme of a URL, 'gs' for gs://bucket/x, or '' for a local path."""
+  return str(path).split("://", 1)[0] if is_url(path) else ""
+
+
+def filesystem(url: str):
+  """Returns the fsspec filesystem of `url` and the path within it, 'bucket/x' for gs://bucket/x."""
+  scheme = protocol(url)
+  try:
+    return fsspec.core.url_to_fs(url, **_OPTIONS.get(scheme, {}))
+  except ImportError as e:
+    package = _PACKAGES.get(scheme, scheme)
+    raise PathError(f"{url}: {scheme}:// paths need {package}: pip install "
+                    f"'{_EXTRAS.get(package, package)}'") from e
+
+
+def _full(fs, url: str, path: str) -> str:
+  """Returns the URL of `path` in `fs`, written with the scheme `url` was."""
+  return protocol(url) + "://" + fs._strip_protocol(path).lstrip("/")   # pylint: disable=protected-access
+
+
+def join(path: str, *parts: str) -> str:
+  """Joins path parts: with '/' for a URL, with os.path.join for a local path."""
+  return posixpath.join(path, *parts) if is_url(path) else os.path.join(path, *parts)
+
+
+def basename(path: str) -> str:
+  return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(path)
+
+
+def dirname(path: str) -> str:
+  return posixpath.dirname(path.rstrip("/")) if is_url(path) else os.path.dirname(path)
+
+
+def absolute(path: str) -> str:
+  """Returns a local path made absolute with ~ expanded, and a URL as it is."""
+  return path if is_url(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def exists(path: str) -> bool:
+  if not is_url(path):
+    return os.path.exists(path)
+  fs, p = filesystem(path)
+  return fs.exists(p)
+
+
+def isfile(path: str) -> bool:
+  if not is_url(path):
+    return os.path.isfile(path)
+  fs, p = filesystem(path)
+  return fs.isfile(p)
+
+
+def isdir(path: str) -> bool:
+  """Returns whether `path` is a directory: in a store, whether any object lies under it."""
+  if not is_url(path):
+    return os.path.isdir(path)
+  fs, p = filesystem(path)
+  return fs.isdir(p)
+
+
+def listdir(path: str) -> list[str]:
+  """Returns the sorted names in a directory, files and folders, without their path."""
+  if not is_url(path):
+    return sorted(os.listdir(path))
+  fs, p = filesystem(path)
+  return sorted(posixpath.basename(q.rstrip("/")) for q in fs.ls(p, detail=False)
+                if q.rstrip("/") != p.rstrip("/"))
+
+
+def makedirs(path: str):
+  """Makes a local directory and its parents if missing. In a store, folders need no making."""
+  if not is_url(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def getsize(path: str) -> int:
+  if not is_url(path):
+    return os.path.getsize(path)
+  fs, p = filesystem(path)
+  return int(fs.size(p))
+
+
+def remove(path: str):
+  """Removes one file, raising FileNotFoundError when it is missing."""
+  if not is_url(path):
+    os.remove(path)
+    return
+  fs, p = filesystem(path)
+  fs.rm_file(p)
+
+
+def rmtree(path: str):
+  """Removes a directory and everything under it, if it exists."""
+  if not is_url(path):
+    shutil.rmtree(path, ignore_errors=True)
+    return
+  fs, p = filesystem(path)
+  if fs.exists(p):
+    fs.rm(p, recursive=True)
+
+
+def glob(pattern: str) -> list[str]:
+  """Returns the sorted files and folders matching `pattern`. `**` recurses, ~ expands locally."""
+  return sorted(glob_files(pattern, files_only=False))
+
+
+def glob_files(pattern: str, files_only: bool = True) -> dict[str, int]:
+  """Returns {path: bytes} of the files matching `pattern` in sorted path order, from one
+  listing in a store. `**` recurses. Folders are left out unless not `files_only`."""
+  if not is_url(pattern):
+    matches = sorted(glob_lib.glob(os.path.expanduser(pattern), recursive=True))
+    return {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in matches
+            if not files_only or os.path.isfile(p)}
+  fs, p = filesystem(pattern)
+  found = fs.glob(p, detail=True)
+  return {_full(fs, pattern, q): int(info.get("size") or 0) for q, info in sorted(found.items())
+          if not files_only or info.get("type") == "file"}
+
+
+def open(path: str, mode: str = "r", **kwargs):   # pylint: disable=redefined-builtin
+  """Opens a file as builtins.open does. A URL opens through fsspec, which reads ranges of the
+  object as they are asked for, and writes it once on close. Mode 'a' is refused there."""
+  if not is_url(path):
+    return builtins.open(path, mode, **kwargs)
+  if "a" in mode or "+" in mode:
+    raise ValueError(f"{path}: an object store cannot append or update in place; "
+                     "use fileio.append_text, which writes the object again")
+  fs, p = filesystem(path)
+  return fs.open(p, mode, **kwargs)
+
+
+def read_bytes(path: str) -> bytes:
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  with open(path, "r", encoding="utf-8") as f:
+    return f.read()
+
+
+def read_json(path: str):
+  return json.loads(read_text(path))
+
+
+def write_bytes(path: str, data: bytes):
+  """Writes `data` to `path` whole: locally through `path`.tmp and a rename, in a store as
+  one object."""
+  if is_url(path):
+    fs, p = filesystem(path)
+    fs.pipe_file(p, bytes(data))
+    return
+  with builtins.open(path + ".tmp", "wb") as f:
+    f.write(data)
+  os.replace(path + ".tmp", path)
 
 
 def write_text(path: str, text: str):
-  """Writes `text` to `path` through `path`.tmp and a rename."""
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  """Writes `text` to `path` whole, as `write_bytes` does."""
+  write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str, obj, *, sort_keys: bool = False, default=None):
-  """Writes `obj` as indented JSON to `path` through `path`.tmp and a rename."""
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=sort_keys, default=default)
-  os.replace(path + ".tmp", path)
+  """Writes `obj` as indented JSON to `path` whole, as `write_bytes` does."""
+  write_text(path, json.dumps(obj, indent=1, sort_keys=sort_keys, default=default))
+
+
+def move_in(local: str, path: str):
+  """Moves the finished local file `local` to `path`: a rename on the local disk, an upload of
+  one object to a store, after which the local file is removed."""
+  if not is_url(path):
+    os.replace(local, path)
+    return
+  fs, p = filesystem(path)
+  fs.put_file(local, p)
+  os.remove(local)
+
+
+def append_text(path: str, text: str):
+  """Appends `text` to a file, making it if missing. In a store this reads the object and
+  writes it again whole, which costs its size: append in batches there."""
+  if not is_url(path):
+    with builtins.open(path, "a", encoding="utf-8") as f:
+      f.write(text)
+    return
+  old = read_bytes(path) if exists(path) else b""
+  write_bytes(path, old + text.encode("utf-8"))
+
+
+def create_new(path: str, data: bytes | str) -> bool:
+  """Writes `data` to `path` only if nothing is there, as one atomic step, and returns whether
+  it did. This is a lock: of processes racing for one path, exactly one gets True.
+
+  Locally the file is written aside and hard-linked into place. In a store the write carries a
+  create-only precondition: ifGenerationMatch=0 in GCS, If-None-Match in S3. A store whose
+  fsspec filesystem has no such write checks and writes in two steps, which is not atomic.
+  """
+  data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+  if is_url(path):
+    fs, p = filesystem(path)
+    try:
+      fs.pipe_file(p, data, mode="create")
+    except FileExistsError:
+      return False
+    return True
+  aside = f"{path}.{uuid.uuid4().hex}.tmp"
+  with builtins.open(aside, "wb") as f:
+    f.write(data)
+  try:
+    return _link(aside, path, data)
+  finally:
+    os.remove(aside)
+
+
+def _link(aside: str, path: str, data: bytes) -> bool:
+  """Hard-links `aside` to `path` unless something is there. Where the file system has no
+  hard links, a gcsfuse mount say, it creates `path` exclusively and writes `data` into it."""
+  try:
+    os.link(aside, path)
+  except FileExistsError:
+    return False
+  except OSError:
+    try:
+      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+  return True
+
+
+def version(path: str) -> str | None:
+  """Returns a token that changes whenever the file at `path` is written again, or None when
+  there is no file: the generation of a GCS object, the ETag of an S3 object, the inode,
+  mtime and size of a local file, else the sha256 of the contents."""
+  try:
+    if not is_url(path):
+      st = os.stat(path)
+      return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+    fs, p = filesystem(path)
+    fs.invalidate_cache(p)
+    info = fs.info(p)
+  except FileNotFoundError:
+    return None
+  found = info.get("generation") or info.get("ETag") or info.get("etag")
+  return str(found) if found else hashlib.sha256(fs.cat_file(p)).hexdigest()
+
+
+def remove_if_unchanged(path: str, seen: str) -> bool:
+  """Removes the file at `path` if its `version` is still `seen`, and returns whether it did:
+  how a dead run's lock is taken over without removing a lock that a live run wrote since.
+
+  In GCS the delete carries ifGenerationMatch, so it is atomic. Locally the file is renamed
+  aside, atomically, and put back if it changed. Other stores check, then delete.
+  """
+  if not is_url(path):
+    aside = f"{path}.{uuid.uuid4().hex}.stale"
+    try:
+      os.rename(path, aside)
+    except FileNotFoundError:
+      return False
+    if version(aside) == seen:
+      os.remove(aside)
+      return True
+    with builtins.open(aside, "rb") as f:   # a newer holder's file goes back, unless yet
+      _link(aside, path, f.read())           # another is there
+    os.remove(aside)
+    return False
+  if version(path) != seen:
+    return False
+  fs, p = filesystem(path)
+  try:
+    if protocol(path) in ("gs", "gcs"):
+      bucket, key, _ = fs.split_path(p)
+      fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=seen)
+      fs.invalidate_cache(p)
+    else:
+      fs.rm_file(p)
+  except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
+    return False
+  return True
+
+
+def check_readable(path: str, what: str):
+  """Raises one PathError naming `what` and `path` and why it cannot be read: missing, no
+  such bucket, no credentials, not permitted, or no package for its store. A glob is checked
+  up to the folder before its first wildcard."""
+  fixed = _before_wildcard(path)
+  try:
+    if is_url(fixed):
+      fs, p = filesystem(fixed)
+      fs.info(p)                 # fs.exists would turn every refusal into False
+    elif not os.path.exists(os.path.expanduser(fixed)):
+      raise FileNotFoundError(2, "no such file", fixed)
+    elif not os.access(os.path.expanduser(fixed), os.R_OK):
+      raise PermissionError(13, "permission denied", fixed)
+  except PathError:
+    raise
+  except FileNotFoundError:
+    where = path if fixed == path else f"{path}: {fixed}"
+    raise PathError(f"{what} {where} does not exist{_no_bucket(path)}") from None
+  except Exception as e:   # pylint: disable=broad-except
+    raise PathError(f"{what} {path} cannot be read: {reason(e, path)}") from None
+
+
+def _before_wildcard(path: str) -> str:
+  """Returns `path` cut to the folder before its first wildcard, the whole path without one."""
+  cut = min((path.index(c) for c in "*?[" if c in path), default=None)
+  if cut is None:
+    return path
+  return path[:cut].rsplit("/", 1)[0] if "/" in path[:cut] else "."
+
+
+def check_writable(path: str, what: str):
+  """Raises one PathError naming `what` and `path` and why nothing can be written there. In a
+  store it writes and removes a probe object, the one sure test of write permission."""
+  try:
+    if is_url(path):
+      probe = join(path, f".tst_jax_write_probe_{uuid.uuid4().hex}")
+      write_bytes(probe, b"")
+      remove(probe)
+      return
+    parent = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+      raise NotADirectoryError(20, "a file is in the way", parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+      raise PermissionError(13, "permission denied", parent)
+  except PathError:
+    raise
+  except Exception as e:   # pylint: disable=broad-except
+    raise PathError(f"{what} {path} cannot be written: {reason(e, path)}") from None
+
+
+def _no_bucket(path: str) -> str:
+  """Returns ' (no bucket <name>)' when the bucket of a URL is missing, else ''."""
+  if protocol(path) not in ("gs", "gcs", "s3"):
+    return ""
+  root = protocol(path) + "://" + path.split("://", 1)[1].split("/", 1)[0]
+  try:
+    return "" if exists(root) else f" (there is no bucket {root})"
+  except Exception:   # pylint: disable=broad-except
+    return ""
+
+
+def reason(e: BaseException, path: str) -> str:
+  """Says in a few words why a store refused `path`: credentials, permission, a missing bucket."""
+  name = type(e).__name__
+  login = _LOGINS.get("gs" if protocol(path) == "gcs" else protocol(path), "")
+  if "Credentials" in name or "RefreshError" in name or "auth" in type(e).__module__:
+    return f"no credentials ({name}): {login}" if login else f"no credentials ({name})"
+  if isinstance(e, PermissionError) or "Forbidden" in str(e) or "AccessDenied" in str(e):
+    return "permission denied" + (f" to these credentials: {login}" if login else "")
+  if isinstance(e, FileNotFoundError):
+    return "no such bucket or folder"
+  if isinstance(e, NotADirectoryError):
+    return f"{e.filename} is a file, not a folder"
+  return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"

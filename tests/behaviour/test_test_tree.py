@@ -25,7 +25,6 @@ ELSEWHERE = {
     "convert/hf.py": ["convert/test_llama_hf.py", "convert/test_qwen3_moe_hf.py"],
     "data/output_shards.py": ["data/test_store.py"],
     "convert/reading.py": ["convert/test_llama_hf.py"],
-    "data/prepare.py": ["data/test_store.py", "tools/test_sweep.py"],
     "data/run_data.py": ["train/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],

@@ -1,6 +1,7 @@
 """tst_jax.data.sources: the corpus sources (the stdlib, text globs, tfds), and the seeded
 train/held-out split, by whole documents or by pieces of them."""
 
+import importlib
 import json
 import os
 import pickle
@@ -118,23 +119,52 @@ def test_held_out_pieces_represent_a_corpus_of_few_huge_documents():
   assert 8 <= sum(v.endswith(table[-40:]) for v in val) <= 40
 
 
-def test_a_file_that_does_not_read_to_its_end_is_one_bad_file_error(tmp_path):
-  """Each broken file is a BadFile naming it, whatever library found the fault; a .zst of
-  several frames reads whole, and one cut at a frame boundary is caught, not read short."""
-  for name, path in bad_files(tmp_path / "bad").items():
-    kind = "parquet" if name.endswith(".parquet") else "jsonl"
-    with pytest.raises(BadFile) as caught:
-      load_documents(f"{kind}:{path}")
-    assert caught.value.path == path and str(caught.value).startswith(f"{path}: cannot be read")
-    assert "--skip_bad_files" in str(caught.value)
-    again = pickle.loads(pickle.dumps(caught.value))      # as prepare's workers send it
-    assert (again.path, str(again)) == (path, str(caught.value))
+def _store_under(monkeypatch, scheme: str, files: dict[str, bytes]):
+  """Registers fsspec's memory store under `scheme`, holding `files`, in place of the real
+  client: the Hub or S3 read without network or the package."""
+  from fsspec.implementations.memory import MemoryFileSystem   # pylint: disable=import-outside-toplevel
+
+  class Fake(MemoryFileSystem):
+    protocol = (scheme,)
+    store, pseudo_dirs = {}, [""]
+
+    @classmethod
+    def _strip_protocol(cls, path):
+      return super()._strip_protocol(str(path).removeprefix(f"{scheme}://"))
+
+  registry = importlib.import_module("fsspec.registry")      # fsspec.registry is a read-only view
+  monkeypatch.setitem(registry._registry, scheme, Fake)     # pylint: disable=protected-access
+  fs = Fake(skip_instance_cache=True)
+  for path, data in files.items():
+    fs.pipe_file(path, data)
+  return Fake
+
+
+@pytest.mark.parametrize("scheme", ["hf", "s3"])
+def test_hub_and_s3_globs_go_through_fsspec_by_their_scheme(monkeypatch, scheme):
+  """jsonl:hf://... and jsonl:s3://... list and read through the filesystem fsspec names for
+  the scheme (for hf://, huggingface_hub's HfFileSystem), here replaced by a memory store: what
+  is tested is the dispatch and the reading, not the Hub or S3."""
+  import fsspec   # pylint: disable=import-outside-toplevel
+  if scheme == "hf":
+    assert fsspec.get_filesystem_class("hf").__name__ == "HfFileSystem"   # imports, no network
   body = "".join(json.dumps({"text": d}) + "\n" for d in CORPUS).encode()
-  frames = b"".join(zstandard.ZstdCompressor().compress(body[k:k + 100])
-                    for k in range(0, len(body), 100))
-  (tmp_path / "frames.jsonl.zst").write_bytes(frames)
-  assert load_documents(f"jsonl:{tmp_path}/frames.jsonl.zst") == CORPUS
-  (tmp_path / "x.jsonl").write_text('{"text": "fine"}\nnot json\n')
-  with pytest.raises(BadFile, match=f"{tmp_path}/x.jsonl:2: not a JSON line") as caught:
-    load_documents(f"jsonl:{tmp_path}/x.jsonl")
-  assert caught.value.record()["reason"].startswith("line 2: not a JSON line")
+  root = "datasets/org/corpus/data" if scheme == "hf" else "bucket/data"
+  first = body.split(b"\n")[0] + b"\n"
+  _store_under(monkeypatch, scheme, {f"{root}/b.jsonl": body, f"{root}/sub/a.jsonl": first,
+                                     f"{root}/notes.txt": b"x"})
+  docs = load_documents(f"jsonl:{scheme}://{root}/**/*.jsonl")
+  assert docs == CORPUS + CORPUS[:1]
+
+
+def test_a_bucket_or_store_that_cannot_be_read_is_one_line(bucket, monkeypatch):
+  from tst_jax import fileio   # pylint: disable=import-outside-toplevel
+  with pytest.raises(fileio.PathError, match=f"^data.source {bucket}/nope/\\*.jsonl: "
+                     f"{bucket}/nope does not exist$"):
+    load_documents(f"jsonl:{bucket}/nope/*.jsonl")
+  with pytest.raises(fileio.PathError, match="there is no bucket gs://tst-no-such-bucket"):
+    load_documents("parquet:gs://tst-no-such-bucket/x/*.parquet")
+  monkeypatch.setattr(fileio, "glob_files", lambda p: (_ for _ in ()).throw(
+      PermissionError("Forbidden")))
+  with pytest.raises(fileio.PathError, match="cannot be listed: permission denied"):
+    load_documents(f"jsonl:{bucket}/x/*.jsonl")

@@ -51,3 +51,19 @@ def test_tokenizer_json_file_is_loaded_and_copied(bpe_dir, tmp_path):
   other = get_tokenizer("bpe", workdir=str(tmp_path / "other"), vocab_size=280, train_docs=CORPUS)
   with pytest.raises(ValueError, match="differs"):
     get_tokenizer(other.path, workdir=str(tmp_path / "run"), vocab_size=0)
+
+
+def test_a_tokenizer_and_a_workdir_in_a_bucket(bpe_dir, tok, bucket):
+  """tokenizer.json read from the bucket and copied into a workdir there; a bpe trained for a
+  workdir in the bucket is cached there and loaded back; a different file there is refused."""
+  from tst_jax import fileio   # pylint: disable=import-outside-toplevel
+  with open(os.path.join(bpe_dir, "tokenizer.json"), "rb") as f:
+    fileio.write_bytes(f"{bucket}/tok/tokenizer.json", f.read())
+  loaded = get_tokenizer(f"{bucket}/tok/tokenizer.json", workdir=f"{bucket}/run", vocab_size=0)
+  assert loaded.path == f"{bucket}/run/tokenizer.json" and loaded.fingerprint() == tok.fingerprint()
+  assert fileio.read_bytes(loaded.path) == fileio.read_bytes(f"{bucket}/tok/tokenizer.json")
+  trained = get_tokenizer("bpe", workdir=f"{bucket}/bpe", vocab_size=280, train_docs=CORPUS)
+  again = get_tokenizer("bpe", workdir=f"{bucket}/bpe", vocab_size=280, train_docs=None)
+  assert again.fingerprint() == trained.fingerprint() and again.path == f"{bucket}/bpe/tokenizer.json"
+  with pytest.raises(ValueError, match="differs"):
+    get_tokenizer(trained.path, workdir=f"{bucket}/run", vocab_size=0)

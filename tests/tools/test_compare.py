@@ -225,6 +225,27 @@ def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
 
 
+def test_runs_in_a_bucket_compare_as_on_the_disk(tmp_path, bucket):
+  """The same finished runs read from the emulator's bucket give the same table."""
+  dirs = [_fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)],
+                    train_tokens=1024)[0],
+          _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
+                    [(4, 5.0), (8, 4.2), (12, 3.6), (16, 3.0)], train_tokens=1024)[0],
+          _fake_run(tmp_path / "t", tiny_config(steps=8, ratio=0.5, bag_size=2),
+                    [(4, 6.0), (8, 3.4)], train_tokens=1024)[0]]
+  fs, root = fileio.filesystem(bucket)
+  remote = []
+  for d in dirs:
+    fs.put(d + "/", f"{root}/runs/{os.path.basename(d)}", recursive=True)
+    remote.append(fileio.join(bucket, "runs", os.path.basename(d)))
+  for runs, out in ((dirs, "here"), (remote, "there")):
+    assert compare.main(["--runs", ",".join(runs), "--out", str(tmp_path / out)]) == 0
+  here, there = (json.loads((tmp_path / o / "compare.json").read_text()) for o in ("here", "there"))
+  assert there == here and [r["run"] for r in there["rows"]] == ["b8", "b16", "t"]
+  assert compare.run_names([fileio.join(bucket, "a", "t"), str(tmp_path / "b" / "t")]) == [
+      "a/t", "b/t"]
+
+
 def test_a_run_is_read_from_its_plan_json_not_from_its_config(tmp_path):
   """plan.json is the run's record: a config.json that would give another plan (a baseline of
   16 steps) is not read; without plan.json (a run written before it) config.json is."""

@@ -12,9 +12,11 @@ import pytest
 from tests.fixtures.brought_back import write_point
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
-from tst_jax import configlib
+from tst_jax import configlib, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.tools import sweep
+from tst_jax.tools.sweep.brought_back import RECORDS, bring_back
+from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train import spec as spec_lib
 
@@ -243,6 +245,21 @@ def test_the_table_counts_finished_points_brought_back_without_checkpoints(tmp_p
       assert not any("checkpoint" in f for f in os.listdir(work / name)), name
   assert sweep.main(args) == 0
   assert "nothing new" in capsys.readouterr().out
+
+
+def test_finished_points_are_brought_back_from_a_bucket(tmp_path, bucket):
+  """--finished gs://...: the records of each finished point are copied out of the bucket."""
+  back = fileio.join(bucket, "points")
+  for point in sweep.make_arm_points(["baseline", "tst"], [0]):
+    write_point(back, TINY_CONFIG, point, [], {6: 3.0, 12: 2.0})
+  assert bring_back(back, str(tmp_path)) == ["baseline_seed0", "tst_seed0"]
+  for name in ("baseline_seed0", "tst_seed0"):
+    for f in RECORDS:
+      assert (tmp_path / name / f).read_bytes() == fileio.read_bytes(fileio.join(back, name, f))
+    record = json.loads((tmp_path / name / POINT_FILE).read_text())
+    assert record["brought_from"] == fileio.join(back, name) and record["status"] == "done"
+    assert workdir_lib.final_eval(str(tmp_path / name), 12) == 2.0
+  assert bring_back(back, str(tmp_path)) == []
 
 
 def test_a_budget_the_points_cannot_meet_is_refused_in_one_line(tmp_path, capsys):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.tiny import tiny_config
+from tst_jax import fileio
 from tst_jax.train import cli, loop, spec as spec_lib
 from tst_jax.train import workdir as workdir_lib
 
@@ -107,16 +108,20 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
   assert b"eval_loss/prose" in events and b"eval_loss/same" in events
 
 
-def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path, capsys,
+                                                                        where, request):
   """train.profile_steps=3,2 traces steps 3 and 4 (phase 1) into <workdir>/profile; the table
-  counts those two steps, and its categories sum to their wall time."""
+  counts those two steps, and its categories sum to their wall time. A bucket's workdir gets
+  the trace uploaded from a local folder."""
+  workdir = (str(tmp_path) if where == "local"
+             else fileio.join(request.getfixturevalue("bucket"), "run"))
   cli.run(tiny_config(steps=8, train=dict(profile_steps="3,2", eval_every=8,
-                                          checkpoint_every=0)), str(tmp_path))
-  profile = tmp_path / workdir_lib.PROFILE
-  assert list(profile.glob("**/*.xplane.pb"))
-  table = (tmp_path / workdir_lib.PROFILE_TABLE).read_text()
+                                          checkpoint_every=0)), workdir)
+  assert fileio.glob(workdir_lib.path(workdir, workdir_lib.PROFILE) + "/**/*.xplane.pb")
+  table = fileio.read_text(workdir_lib.path(workdir, workdir_lib.PROFILE_TABLE))
   assert table.startswith("category") and "step (wall)" in table
-  record = json.loads((tmp_path / workdir_lib.PROFILE_JSON).read_text())
+  record = fileio.read_json(workdir_lib.path(workdir, workdir_lib.PROFILE_JSON))
   assert record["steps"] == 2
   assert sum(record["ms_per_step"].values()) == pytest.approx(record["step_ms"], rel=1e-6)
   assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out

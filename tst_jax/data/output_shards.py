@@ -4,7 +4,6 @@ every input shard, in a seeded order, each followed by EOS."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 import numpy as np
@@ -22,8 +21,7 @@ def done_path(work: str, name: str) -> str:
 
 
 def read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
+  return fileio.read_json(path)
 
 
 def plan(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
@@ -53,8 +51,9 @@ def write(job) -> dict:
   seeded order, each followed by EOS, then a done marker. A shard already done is skipped."""
   split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
   name = f"{split}-{k:05d}"
-  path, marker = os.path.join(out, name + ".bin"), done_path(work, name)
-  if os.path.exists(marker) and os.path.exists(path):
+  path, marker = fileio.join(out, name + ".bin"), done_path(work, name)
+  staged = os.path.join(work, name + ".bin.tmp")    # local: a store takes the file in one put
+  if os.path.exists(marker) and fileio.exists(path):
     return dict(split=split, **read_json(marker))
   picked = []                    # (input shard, offsets, lengths) in corpus order
   for d in inputs:
@@ -73,7 +72,7 @@ def write(job) -> dict:
   order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
   sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
   eos_1 = np.array([eos], dtype=dtype)
-  with _InputReader(work, dtype) as inputs_bin, open(path + ".tmp", "wb") as f:
+  with _InputReader(work, dtype) as inputs_bin, open(staged, "wb") as f:
     pieces, buffered = [], 0
     for j in order.tolist() + [None]:
       if j is not None:
@@ -86,9 +85,9 @@ def write(job) -> dict:
         counts += np.bincount(chunk, minlength=vocab)[:vocab]
         tokens += len(chunk)
         pieces, buffered = [], 0
-  os.replace(path + ".tmp", path)
+  fileio.move_in(staged, path)
   np.save(os.path.join(work, name + ".counts.npy"), counts)
-  done = dict(file=os.path.basename(path), tokens=tokens, docs=len(order),
+  done = dict(file=fileio.basename(path), tokens=tokens, docs=len(order),
               sha256=sha.hexdigest())
   fileio.write_json(marker, done)
   return dict(split=split, **done)
@@ -135,7 +134,7 @@ def forget_another_plan(out: str, work: str, plan: dict, inputs: list[dict]):
   planned = dict(plan, inputs=[[d["index"], d["tokens"]] for d in inputs])
   if os.path.exists(path) and read_json(path) != planned:
     for folder in (work, out):
-      for name in os.listdir(folder):
+      for name in fileio.listdir(folder):
         if name.startswith(store_lib.SPLITS) and name.endswith((".done.json", ".bin")):
-          os.remove(os.path.join(folder, name))
+          fileio.remove(fileio.join(folder, name))
   fileio.write_json(path, planned)

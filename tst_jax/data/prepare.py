@@ -23,6 +23,7 @@ skips what is done, and manifest.json, written last, makes the store readable.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -36,7 +37,7 @@ import tqdm
 from tst_jax import fileio
 from tst_jax.data import output_shards, sources as sources_lib
 from tst_jax.data import store as store_lib
-from tst_jax.errors import DataError
+from tst_jax.errors import DataError, UserError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 log = logging.getLogger("tst_jax")
@@ -91,7 +92,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
   instead, each named in the log and the manifest. Every rerun tries a left-out file again.
   """
   _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
-  out = os.path.abspath(out)
+  out = fileio.absolute(str(out))
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
                  val_piece_bytes=val_piece_bytes, max_bytes=max_bytes, shard_tokens=shard_tokens,
                  tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))
@@ -105,7 +106,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
   tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes,
                        skip_bad_files)
   dtype = store_lib.token_dtype(tok.vocab_size)
-  work = os.path.join(out, "work")
+  work = work_folder(out, request)
   os.makedirs(work, exist_ok=True)
   for name in os.listdir(work):     # half-written files of an interrupted run
     if ".tmp" in name:
@@ -132,11 +133,24 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
            tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
   if bad:
     log.warning("left out %d bad files, listed in %s", len(bad),
-                os.path.join(out, store_lib.MANIFEST))
-  _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad)
+                fileio.join(out, store_lib.MANIFEST))
+  _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad)
   shutil.rmtree(work)
-  os.remove(os.path.join(out, "prepare.json"))
+  fileio.remove(fileio.join(out, "prepare.json"))
   return out
+
+
+def work_folder(out: str, request: dict) -> str:
+  """Returns the local folder of prepare's work files: out/work, or for a store in a bucket a
+  folder of the local cache named for the store and its request, which a resumed prepare on
+  this machine finds again."""
+  if not fileio.is_url(out):
+    return os.path.join(out, "work")
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  key = hashlib.sha256(json.dumps([out, request], sort_keys=True).encode()).hexdigest()[:16]
+  work = os.path.join(cache, "tst_jax", "prepare", key)
+  log.info("prepare: work files of %s in %s, deleted once the store is written", out, work)
+  return work
 
 
 def _size(task) -> int:
@@ -149,9 +163,9 @@ def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> 
   # "spec" is the store format's key for the tokenizer's name in manifests on disk
   if name == "bpe":
     return dict(spec="bpe", vocab_size=vocab_size, sample_bytes=sample_bytes)
-  if not os.path.isfile(name):
+  if not fileio.isfile(name):
     raise ValueError(f"tokenizer file {name!r} does not exist")
-  return dict(spec=os.path.basename(name),
+  return dict(spec=fileio.basename(name),
               fingerprint=get_tokenizer(name, workdir=None, vocab_size=0).fingerprint())
 
 
@@ -161,25 +175,26 @@ def _claim(out: str, request: dict) -> bool:
   `out` may be fresh or a resumed run's. A folder that holds or is making another store is
   refused, with nothing touched.
   """
-  manifest_path = os.path.join(out, store_lib.MANIFEST)
-  if os.path.exists(manifest_path):
+  manifest_path = fileio.join(out, store_lib.MANIFEST)
+  if fileio.exists(manifest_path):
     manifest = store_lib.read_manifest(out)
     if manifest["request"] == request:
       return True
     raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}): "
                     "nothing was changed; write this one elsewhere (another --out, or another "
                     "--workdir for a run), or delete that store to prepare it again")
-  pending = os.path.join(out, "prepare.json")
-  if os.path.exists(pending):
+  pending = fileio.join(out, "prepare.json")
+  if fileio.exists(pending):
     saved = output_shards.read_json(pending)
     if saved != request:
       raise DataError(f"{out} holds an unfinished prepare of another store "
                       f"({_differs(saved, request)}); choose another --out or delete it")
     return False
-  if os.path.isdir(out) and os.listdir(out):
+  if fileio.isdir(out) and fileio.listdir(out):
     raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "
                     "(prepare writes and deletes files there)")
-  os.makedirs(out, exist_ok=True)
+  fileio.check_writable(out, "--out")
+  fileio.makedirs(out)
   fileio.write_json(pending, request)
   return False
 
@@ -197,7 +212,7 @@ def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes, skip_bad_f
   held-out pieces, of the files that read to their end. `split` holds seed, val_fraction and
   val_piece_bytes.
   """
-  if name != "bpe" or os.path.isfile(os.path.join(out, "tokenizer.json")):
+  if name != "bpe" or fileio.isfile(fileio.join(out, "tokenizer.json")):
     return get_tokenizer(name, workdir=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
   for _, shard, budget in tasks:
@@ -321,7 +336,7 @@ def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> d
   return done
 
 
-def _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad):
+def _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad):
   splits = {}
   for split in store_lib.SPLITS:
     mine = [w for w in written if w["split"] == split]
@@ -330,14 +345,14 @@ def _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad):
                  shards=[dict(file=w["file"], tokens=w["tokens"], offset=o, docs=w["docs"],
                               sha256=w["sha256"]) for w, o in zip(mine, offsets)])
     if split == "train":
-      counts = sum(np.load(os.path.join(out, "work", w["file"][:-4] + ".counts.npy"))
+      counts = sum(np.load(os.path.join(work, w["file"][:-4] + ".counts.npy"))
                    for w in mine)
       p = counts[counts > 0] / max(counts.sum(), 1)
       entry["unigram_entropy"] = float(-(p * np.log(p)).sum())
     splits[split] = entry
   manifest = dict(
       format=store_lib.FORMAT, version=store_lib.VERSION, request=request, dtype=dtype,
-      tokenizer=dict(file=os.path.basename(tok.path), fingerprint=tok.fingerprint(),
+      tokenizer=dict(file=fileio.basename(tok.path), fingerprint=tok.fingerprint(),
                      vocab_size=tok.vocab_size, eos_id=tok.eos_id),
       seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
                                          input_bytes=sum(s.num_bytes for s in shards),
@@ -345,7 +360,7 @@ def _write_manifest(out, request, tok, dtype, shards, written, text_bytes, bad):
                                          **(dict(skipped=bad) if bad else {})),
       splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
   manifest["fingerprint"] = store_lib.fingerprint(manifest)
-  fileio.write_json(os.path.join(out, store_lib.MANIFEST), manifest)
+  fileio.write_json(fileio.join(out, store_lib.MANIFEST), manifest)
 
 
 def _read_from(request: dict) -> dict:
@@ -385,7 +400,7 @@ def main(argv=None) -> int:
                   text_field=args.text_field, workers=args.workers,
                   shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
                   skip_bad_files=args.skip_bad_files)
-  except ValueError as e:
+  except (ValueError, UserError) as e:
     print(f"error: {e}", flush=True)
     return 2
   manifest = store_lib.read_manifest(out)

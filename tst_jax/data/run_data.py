@@ -15,7 +15,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from tst_jax import schema
+from tst_jax import fileio, schema
 from tst_jax.data import mixture as mixture_lib, pipeline, prepare as prepare_lib, sources
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
@@ -90,17 +90,35 @@ def check_paths(data: Data) -> None:
                       "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
                       "the config's docstring)")
   kind, _, pattern = data.source.partition(":")
-  if kind in ("text", "jsonl", "parquet"):
-    matches = glob.iglob(os.path.expanduser(pattern), recursive=True)
-    if not any(os.path.isfile(p) for p in matches):
-      raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
-                        f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
-  if kind == "tokens" and not os.path.isfile(os.path.join(_store_dir(data, None), MANIFEST)):
+  if kind in ("text", "jsonl", "parquet") and not _any_file(pattern):
+    raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
+                      f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
+  if kind == "tokens" and fileio.is_url(pattern):
+    _readable(pattern, "data.source", "the token store")
+  if kind == "tokens" and not fileio.isfile(fileio.join(_store_dir(data, None), MANIFEST)):
     raise ConfigError("data.source", f"{pattern!r} is not a token store (no manifest.json): "
                       "make one with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
-  if data.tokenizer not in ("", "bpe") and not os.path.isfile(data.tokenizer):
+  if data.tokenizer not in ("", "bpe") and fileio.is_url(data.tokenizer):
+    _readable(data.tokenizer, "data.tokenizer", "the tokenizer")
+  if data.tokenizer not in ("", "bpe") and not fileio.isfile(data.tokenizer):
     raise ConfigError("data.tokenizer", f"file {data.tokenizer!r} does not exist: give the path "
                       "of a tokenizer.json or .model, or 'bpe' to train one on the data")
+
+
+def _any_file(pattern: str) -> bool:
+  """Says whether the glob `pattern` matches a file. A bucket or the Hub that refuses, or a
+  missing bucket, is one ConfigError naming it and why."""
+  if not fileio.is_url(pattern):
+    return any(os.path.isfile(p) for p in glob.iglob(os.path.expanduser(pattern), recursive=True))
+  _readable(pattern, "data.source", "the glob")
+  return bool(fileio.glob_files(pattern))
+
+
+def _readable(path: str, field: str, what: str):
+  try:
+    fileio.check_readable(path, what)
+  except fileio.PathError as e:
+    raise ConfigError(field, str(e)) from None
 
 
 def _check_mixture_paths(data: Data) -> None:
@@ -248,7 +266,7 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
     plain = dataclasses.replace(d, source=source, mixture="", tst_mixture="", eval_sets="",
                                 tokenizer="" if source.startswith("tokens:")
                                 else run.tokenizer.path)
-    store = _open_store(plain, os.path.join(workdir, "eval_sets", name),
+    store = _open_store(plain, fileio.join(workdir, "eval_sets", name),
                         run.tokenizer.vocab_size, say or (lambda text: None))
     if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
       raise ConfigError("data.eval_sets", f"{name}: the store {store.directory} was made with "
@@ -267,7 +285,7 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
 
 def _entry_workdir(workdir: str | None, k: int) -> str | None:
   """Where source k of a mixture is prepared: <workdir>/mixture/<k> takes <workdir>'s place."""
-  return os.path.join(workdir, "mixture", str(k)) if workdir else None
+  return fileio.join(workdir, "mixture", str(k)) if workdir else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +328,7 @@ def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
                                  _entry_workdir(workdir, k)) for k, s in enumerate(mix.sources)}
     return None if None in counts.values() else TrainTokens.of_mixture(mix, counts)
   store_dir = _store_dir(d, workdir)
-  if store_dir and os.path.isfile(os.path.join(store_dir, MANIFEST)):
+  if store_dir and fileio.isfile(fileio.join(store_dir, MANIFEST)):
     return TrainTokens.of(TokenStore(store_dir).train)
   bound = sources.token_bound(d.source, d.max_bytes or None)
   if bound is None:
@@ -324,8 +342,8 @@ def _store_dir(d: Data, workdir: str | None) -> str | None:
   else <workdir>/data (None without a workdir)."""
   kind, _, path = d.source.partition(":")
   if kind == "tokens":
-    return os.path.expanduser(path)
-  return os.path.join(workdir, PREPARED_DIR) if workdir else None
+    return path if fileio.is_url(path) else os.path.expanduser(path)
+  return fileio.join(workdir, PREPARED_DIR) if workdir else None
 
 
 def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
@@ -344,7 +362,7 @@ def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
                         "data.tokenizer empty to use the store's own")
   else:
     out = _store_dir(d, workdir)
-    if not os.path.exists(os.path.join(out, MANIFEST)):
+    if not fileio.exists(fileio.join(out, MANIFEST)):
       say(f"data: tokenizing {d.source} into {out} (tokenizer {d.tokenizer}"
           + (f", trained first on up to {prepare_lib.BPE_SAMPLE_BYTES / 1e6:.0f} MB of it"
              if d.tokenizer == "bpe" else "") + ")")

@@ -6,46 +6,23 @@ Sources are text files, JSONL, Parquet, the builtin stdlib corpus, tfds and seqi
 from __future__ import annotations
 
 import dataclasses
-import glob
-import gzip
 import hashlib
-import io
-import json
 import os
 import sys
 import sysconfig
-import zlib
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tst_jax import fileio
+from tst_jax.data import file_readers
+from tst_jax.data.file_readers import BadFile   # noqa: F401  (sources.BadFile, as callers name it)
 from tst_jax.errors import DataError
 
 _SKIP_DIRS = ("site-packages", "dist-packages")
 _GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size
-_READ_BYTES = 1 << 16  # compressed bytes read at a time from a .zst file
 SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<glob>', "
                 "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
-
-
-class BadFile(DataError):
-  """An input file that cannot be read to its end: truncated, corrupt or of another format.
-  `prepare --skip_bad_files` leaves such a file out, and any other DataError stops it."""
-
-  def __init__(self, path: str, reason: str, line: int | None = None):
-    self.path, self.reason, self.line = path, reason, line
-    where = path if line is None else f"{path}:{line}"
-    super().__init__(f"{where}: {reason}; replace the file and run again (what is prepared is "
-                     "kept), or leave such files out: python -m tst_jax.data.prepare "
-                     "--skip_bad_files")
-
-  def __reduce__(self):   # picklable across prepare's worker processes with its arguments
-    return type(self), (self.path, self.reason, self.line)
-
-  def record(self) -> dict:
-    """Names the file and what is wrong with it, as a store's manifest lists a file left out."""
-    return dict(file=self.path,
-                reason=self.reason if self.line is None else f"line {self.line}: {self.reason}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,19 +52,37 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
   """
   kind, _, arg = source.partition(":")
   if kind == "builtin" and arg == "pystdlib":
-    return _grouped(_stdlib_files())
+    return _grouped({p: os.path.getsize(p) for p in _stdlib_files()})
   if kind in ("text", "jsonl", "parquet") and arg:
-    matches = glob.glob(os.path.expanduser(arg), recursive=True)
-    paths = sorted(p for p in matches if os.path.isfile(p))
-    if not paths:
-      raise DataError(f"data.source {source!r} matched no files")
+    files = matching_files(source, arg)
     if kind == "text":
-      return _grouped(paths)
-    return [InputShard(kind, (p,), os.path.getsize(p), text_field) for p in paths]
+      return _grouped(files)
+    return [InputShard(kind, (p,), size, text_field) for p, size in files.items()]
   if kind in ("tfds", "seqio") and arg:
     name, _, split = arg.partition(":")
     return [InputShard(kind, (name, split or "train"), 0)]
   raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
+
+
+def matching_files(source: str, pattern: str) -> dict[str, int]:
+  """Returns {path: bytes} of the files `pattern` matches, local or in a bucket or the Hub, in
+  sorted order. None matching, or a store that refuses, is one DataError naming the source."""
+  try:
+    files = fileio.glob_files(pattern)
+  except fileio.PathError:
+    raise
+  except Exception as e:   # pylint: disable=broad-except
+    if not fileio.is_url(pattern):
+      raise
+    if isinstance(e, FileNotFoundError):    # no bucket: check_readable below says so
+      fileio.check_readable(pattern, "data.source")
+    raise fileio.PathError(f"data.source {source!r} cannot be listed: "
+                           f"{fileio.reason(e, pattern)}") from None
+  if not files:
+    if fileio.is_url(pattern):
+      fileio.check_readable(pattern, "data.source")
+    raise DataError(f"data.source {source!r} matched no files")
+  return files
 
 
 def pystdlib_version() -> str:
@@ -99,11 +94,13 @@ def pystdlib_version() -> str:
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
   """Yields the documents of one input shard as read, bytes or str, blank ones included."""
   if shard.kind == "text":
-    return (_read_file(p) for p in shard.paths)
+    return (file_readers.read_file(p) for p in shard.paths)
   if shard.kind == "jsonl":
-    return _whole_file(shard.paths[0], _jsonl_texts(shard.paths[0], shard.text_field))
+    return file_readers.whole_file(shard.paths[0], file_readers.jsonl_texts(*shard.paths,
+                                                                            shard.text_field))
   if shard.kind == "parquet":
-    return _whole_file(shard.paths[0], _parquet_texts(shard.paths[0], shard.text_field))
+    return file_readers.whole_file(shard.paths[0], file_readers.parquet_texts(*shard.paths,
+                                                                              shard.text_field))
   if shard.kind == "tfds":
     return _tfds_texts(*shard.paths)
   return _seqio_texts(*shard.paths)
@@ -166,16 +163,15 @@ def token_bound(source: str, max_bytes: int | None = None) -> int | None:
   """
   kind, _, pattern = source.partition(":")
   if kind == "builtin" and pattern == "pystdlib":
-    paths = _stdlib_files()
+    files = {p: os.path.getsize(p) for p in _stdlib_files()}
   elif kind in ("text", "jsonl") and pattern:      # JSON escapes only make a file longer
-    paths = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-                   if os.path.isfile(p))
-    if kind == "jsonl" and any(p.endswith((".gz", ".zst")) for p in paths):
+    files = fileio.glob_files(pattern)
+    if kind == "jsonl" and any(p.endswith((".gz", ".zst")) for p in files):
       return None
   else:
     return None
-  size = sum(os.path.getsize(p) for p in paths)
-  return min(size, max_bytes or size) + 2 * len(paths)
+  size = sum(files.values())
+  return min(size, max_bytes or size) + 2 * len(files)
 
 
 def check_max_bytes(max_bytes: int | None):
@@ -292,12 +288,13 @@ def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[st
       return
 
 
-def _grouped(paths: list[str]) -> list[InputShard]:
-  """Groups consecutive files, one document each, into shards of about _GROUP_BYTES."""
+def _grouped(files: dict[str, int]) -> list[InputShard]:
+  """Groups consecutive files of {path: bytes}, one document each, into shards of about
+  _GROUP_BYTES."""
   shards, group, size = [], [], 0
-  for p in paths:
+  for p, nbytes in files.items():
     group.append(p)
-    size += os.path.getsize(p)
+    size += nbytes
     if size >= _GROUP_BYTES:
       shards.append(InputShard("text", tuple(group), size))
       group, size = [], 0
@@ -313,118 +310,6 @@ def _stdlib_files() -> list[str]:
     dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
     paths.extend(os.path.join(dirpath, f) for f in filenames if f.endswith(".py"))
   return sorted(paths)
-
-
-def _read_file(path: str) -> bytes:
-  with open(path, "rb") as f:
-    return f.read()
-
-
-def _open_text(path: str) -> io.TextIOBase:
-  """Opens plain, .gz and .zst files as text. zstd needs the `data` extra."""
-  if path.endswith(".gz"):
-    return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-  if path.endswith(".zst"):
-    try:
-      import zstandard  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise DataError(f"{path}: .zst input needs zstandard: pip install zstandard") from e
-    return io.TextIOWrapper(io.BufferedReader(_ZstdReader(path, zstandard)), encoding="utf-8",
-                            errors="replace")
-  return open(path, encoding="utf-8", errors="replace")
-
-
-class _ZstdReader(io.RawIOBase):
-  """The decompressed bytes of every frame of a .zst file. A file that ends inside a frame
-  raises EOFError, as gzip does: zstandard's stream_reader ends there without a word."""
-
-  def __init__(self, path: str, zstandard):
-    super().__init__()
-    self._file, self._zstd = open(path, "rb"), zstandard.ZstdDecompressor()
-    self._frame, self._out, self._at = None, b"", 0
-
-  def readable(self) -> bool:
-    return True
-
-  def readinto(self, buffer) -> int:
-    while self._at == len(self._out):
-      data = self._frame.unused_data if self._frame is not None and self._frame.eof else b""
-      data = data or self._file.read(_READ_BYTES)
-      if not data:
-        if self._frame is not None and not self._frame.eof:
-          raise EOFError("the file ends inside a zstd frame")
-        return 0
-      if self._frame is None or self._frame.eof:
-        self._frame = self._zstd.decompressobj()
-      self._out, self._at = self._frame.decompress(data), 0
-    n = min(len(buffer), len(self._out) - self._at)
-    buffer[:n] = self._out[self._at:self._at + n]
-    self._at += n
-    return n
-
-  def close(self):
-    self._file.close()
-    super().close()
-
-
-def _whole_file(path: str, docs: Iterator[str]) -> Iterator[str]:
-  """Yields the documents of one file. A file that cannot be read to its end raises one
-  BadFile naming it, whichever decompressor or reader found the fault."""
-  try:
-    yield from docs
-  except _read_errors() as e:
-    raise BadFile(path, f"cannot be read to its end ({type(e).__name__}: {e}): the file is "
-                  "truncated, corrupt or of another format") from None
-
-
-def _read_errors() -> tuple[type[BaseException], ...]:
-  """The exceptions of a file that is truncated or corrupt, of the readers loaded so far."""
-  errors = [EOFError, zlib.error, gzip.BadGzipFile]
-  for module, name in (("zstandard", "ZstdError"), ("pyarrow", "ArrowException")):
-    if module in sys.modules:
-      errors.append(getattr(sys.modules[module], name))
-  return tuple(errors)
-
-
-def _jsonl_texts(path: str, field: str) -> Iterator[str]:
-  """Yields the `field` of every JSON line.
-
-  A line that is not a JSON object holding a string `field` is an error naming the file and
-  line. That is a wrong --text_field or another format far more often than one odd record, and
-  skipping would silently drop the corpus.
-  """
-  with _open_text(path) as f:
-    for line_no, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        raise BadFile(path, f"not a JSON line ({e})", line_no) from None
-      text = record.get(field) if isinstance(record, dict) else None
-      if not isinstance(text, str):
-        keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
-        raise DataError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
-                        "set --text_field to the field that holds the document")
-      yield text
-
-
-def _parquet_texts(path: str, field: str) -> Iterator[str]:
-  try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise DataError(f"{path}: Parquet input needs pyarrow: pip install 'tst-jax[parquet]'") from e
-  f = pq.ParquetFile(path)
-  if field not in f.schema_arrow.names:
-    raise DataError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
-                    "set --text_field to the column that holds the document")
-  row = 0
-  for batch in f.iter_batches(columns=[field], batch_size=1024):
-    for text in batch.column(0).to_pylist():
-      if not isinstance(text, str):
-        raise DataError(f"{path}: row {row} of column {field!r} is {text!r}, not a string")
-      row += 1
-      yield text
 
 
 def _tfds_texts(name: str, split: str) -> Iterator[bytes]:

@@ -7,6 +7,9 @@ Layout of a store folder (written by `python -m tst_jax.data.prepare`):
   val-00000.bin, ...
 Each split is one stream: its shards concatenated in order. Stream position p of a split is
 token p - offset of the shard that holds it.
+
+A store in a bucket (gs://..., any fsspec URL) is read in place too: each batch's windows are
+fetched by range requests, all at once, and nothing is copied to the local disk.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 
 import numpy as np
 
+from tst_jax import fileio
 from tst_jax.errors import DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
@@ -50,13 +54,14 @@ def data_name(manifest: dict) -> str:
 
 def read_manifest(directory: str) -> dict:
   """Reads the manifest of the store in `directory`, checked for format, version and fingerprint."""
-  path = os.path.join(directory, MANIFEST)
-  if not os.path.isfile(path):
+  path = fileio.join(directory, MANIFEST)
+  if not fileio.isfile(path):
+    if fileio.is_url(directory):    # a missing bucket or folder, or one this user may not read
+      fileio.check_readable(directory, "the token store")
     raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
                     "with python -m tst_jax.data.prepare --out=" + directory)
   try:
-    with open(path) as f:
-      manifest = json.load(f)
+    manifest = json.loads(fileio.read_text(path))
   except ValueError as e:
     raise DataError(f"{path} is not valid JSON ({e})") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -72,34 +77,37 @@ def read_manifest(directory: str) -> dict:
 
 
 class StoreSplit:
-  """One split of a store as a read-only stream of N tokens, memory-mapped shard by shard.
+  """One split of a store as a read-only stream of N tokens, memory-mapped shard by shard, or
+  read by range requests from a bucket.
 
   Nothing is read at open but the file sizes. `gather` reads the windows asked for, which may
-  span shards and wrap around the end. Picklable: the maps reopen lazily.
+  span shards and wrap around the end. Picklable: the maps and the bucket's client reopen lazily.
   """
 
   def __init__(self, directory: str, manifest: dict, split: str):
     entry = manifest["splits"][split]
     self.directory, self.split, self.dtype = directory, split, np.dtype(manifest["dtype"])
-    self.files = [os.path.join(directory, s["file"]) for s in entry["shards"]]
+    self.files = [fileio.join(directory, s["file"]) for s in entry["shards"]]
+    self.remote = fileio.is_url(directory)
     counts = np.array([s["tokens"] for s in entry["shards"]], dtype=np.int64)
     self.ends = np.cumsum(counts)            # shard i holds positions [ends[i-1], ends[i])
     self.num_docs, self.vocab_size = entry["docs"], manifest["tokenizer"]["vocab_size"]
+    sizes = _sizes(directory, self.files)
     for path, count in zip(self.files, counts.tolist()):
-      if not os.path.isfile(path):
+      if path not in sizes:
         raise DataError(f"shard {path} of the store {directory} is missing")
-      size = os.path.getsize(path)
+      size = sizes[path]
       if size != count * self.dtype.itemsize:
         raise DataError(f"shard {path} has {size} bytes, its manifest says {count} "
                         f"{self.dtype} tokens ({count * self.dtype.itemsize} bytes): it is "
                         "truncated or from another store; prepare the store again")
-    self._maps = None
+    self._maps = self._fs = self._keys = None
 
   def __len__(self) -> int:
     return int(self.ends[-1]) if len(self.ends) else 0
 
   def __getstate__(self):
-    return {**self.__dict__, "_maps": None}
+    return {**self.__dict__, "_maps": None, "_fs": None}
 
   def _shards(self) -> list[np.ndarray]:
     if self._maps is None:
@@ -107,33 +115,60 @@ class StoreSplit:
                     else np.zeros(0, self.dtype) for p in self.files]   # (no map of 0 bytes)
     return self._maps
 
-  def read(self, start: int, length: int) -> np.ndarray:
-    """int32 tokens at stream positions start, ..., start + length - 1 (modulo N)."""
-    n, maps, pieces = len(self), self._shards(), []
+  def _pieces(self, start: int, length: int) -> list[tuple[int, int, int]]:
+    """Returns (shard, first token in it, count) of each piece of positions start, ...,
+    start + length - 1 (modulo N), in order."""
+    n, pieces = len(self), []
     pos = start % n
     while length > 0:
       i = int(np.searchsorted(self.ends, pos, side="right"))
       lo = int(self.ends[i - 1]) if i else 0
       count = min(length, int(self.ends[i]) - pos)
-      pieces.append(maps[i][pos - lo:pos - lo + count])
+      pieces.append((i, pos - lo, count))
       length -= count
       pos = (pos + count) % n
+    return pieces
+
+  def read(self, start: int, length: int) -> np.ndarray:
+    """int32 tokens at stream positions start, ..., start + length - 1 (modulo N)."""
+    if self.remote:
+      return self.gather(np.array([start]), length)[0]
+    maps = self._shards()
+    pieces = [maps[i][a:a + count] for i, a, count in self._pieces(start, length)]
     return np.concatenate(pieces).astype(np.int32) if len(pieces) > 1 else pieces[0].astype(
         np.int32)
 
   def gather(self, starts_b: np.ndarray, window: int) -> np.ndarray:
     """int32 [b, W]: the window of `window` tokens at each start."""
+    if self.remote:
+      return self._fetch(np.asarray(starts_b).tolist(), window)
     return np.stack([self.read(s, window) for s in np.asarray(starts_b).tolist()])
+
+  def _fetch(self, starts: list[int], window: int) -> np.ndarray:
+    """Reads windows from a bucket: one range request per piece, sent together."""
+    if self._fs is None:
+      self._fs = fileio.filesystem(self.files[0])[0]
+      self._keys = [fileio.filesystem(f)[1] for f in self.files]
+    rows = [self._pieces(s, window) for s in starts]
+    flat = [p for row in rows for p in row]
+    size = self.dtype.itemsize
+    blobs = iter(self._fs.cat_ranges([self._keys[i] for i, _, _ in flat],
+                                     [a * size for _, a, _ in flat],
+                                     [(a + count) * size for _, a, count in flat],
+                                     on_error="raise"))
+    return np.stack([np.concatenate([np.frombuffer(next(blobs), self.dtype) for _ in row])
+                     for row in rows]).astype(np.int32)
 
   def __repr__(self) -> str:
     return f"StoreSplit({self.directory!r}, {self.split}, tokens={len(self)})"
 
 
 class TokenStore:
-  """A prepared store opened for reading: manifest checked and shards sized, nothing scanned."""
+  """A prepared store opened for reading, local or in a bucket: manifest checked and shards
+  sized, nothing scanned."""
 
   def __init__(self, directory: str):
-    self.directory = os.path.abspath(directory)
+    self.directory = fileio.absolute(directory)
     self.manifest = read_manifest(self.directory)
     self.fingerprint = self.manifest["fingerprint"]
     self.data_name = data_name(self.manifest)
@@ -141,7 +176,7 @@ class TokenStore:
     self.val = StoreSplit(self.directory, self.manifest, "val")
     self.unigram_entropy = self.manifest["splits"]["train"]["unigram_entropy"]
     tok = self.manifest["tokenizer"]
-    self.tokenizer_path = os.path.join(self.directory, tok["file"])
+    self.tokenizer_path = fileio.join(self.directory, tok["file"])
     self.vocab_size = tok["vocab_size"]
 
   def tokenizer(self, workdir: str | None = None) -> Tokenizer:
@@ -155,3 +190,10 @@ class TokenStore:
 
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"
+
+
+def _sizes(directory: str, files: list[str]) -> dict[str, int]:
+  """Returns {path: bytes} of those of `files` that exist, from one listing in a bucket."""
+  if fileio.is_url(directory):
+    return fileio.glob_files(fileio.join(directory, "*.bin"))
+  return {p: os.path.getsize(p) for p in files if os.path.isfile(p)}

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from tst_jax import fileio
 from tst_jax.errors import ConfigError, DataError
 
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
@@ -59,13 +58,13 @@ class Tokenizer:
     return self._sp.decode(ids)
 
   def save(self, path: str) -> None:
-    """Writes the tokenizer file to `path`: tokenizer.json, or the .model for SentencePiece."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Writes the tokenizer file to `path`, local or in a bucket: tokenizer.json, or the .model
+    for SentencePiece."""
+    fileio.makedirs(fileio.dirname(fileio.absolute(path)))
     if self._hf is not None:
-      self._hf.save(path)
+      fileio.write_text(path, self._hf.to_str(pretty=True))
     else:
-      with open(path, "wb") as f:
-        f.write(self._sp.serialized_model_proto())
+      fileio.write_bytes(path, self._sp.serialized_model_proto())
 
   def fingerprint(self) -> str:
     """Returns a string for caches that changes whenever the id mapping could change."""
@@ -92,7 +91,7 @@ def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
   if not (name.endswith(".json") or name.endswith(".model")):
     raise ValueError(
         f"unknown tokenizer {name!r}: expected 'bpe', a tokenizer.json or a .model file")
-  if not os.path.isfile(name):
+  if not fileio.isfile(name):
     raise ConfigError("data.tokenizer", f"file {name!r} does not exist")
   if name.endswith(".json"):
     hf = _load_tokenizer_json(name, "config.data.tokenizer: give a valid tokenizer.json")
@@ -102,8 +101,8 @@ def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
 
 
 def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
-  cached = os.path.join(workdir, TOKENIZER_JSON) if workdir else None
-  if cached and os.path.isfile(cached):
+  cached = fileio.join(workdir, TOKENIZER_JSON) if workdir else None
+  if cached and fileio.isfile(cached):
     hf = _load_tokenizer_json(
         cached, "it is the BPE this workdir's data and checkpoints were made with: restore it "
         "from a copy; only in a workdir without checkpoints, delete it and data/ to train them "
@@ -118,16 +117,14 @@ def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None)
     raise ValueError("tokenizer 'bpe' needs train_docs to train on")
   hf = train_bpe(train_docs, vocab_size)
   if cached:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = cached + ".tmp"
-    hf.save(tmp)
-    os.replace(tmp, cached)
+    fileio.makedirs(workdir)
+    fileio.write_text(cached, hf.to_str(pretty=True))     # as hf.save writes it, whole
   return Tokenizer(hf, eos_id=hf.token_to_id(BPE_EOS), path=cached)
 
 
 def _load_tokenizer_json(path: str, recovery: str) -> tokenizers.Tokenizer:
   try:
-    return tokenizers.Tokenizer.from_file(path)
+    return tokenizers.Tokenizer.from_str(fileio.read_text(path))
   except Exception as e:  # tokenizers raises a bare Exception for unreadable files
     raise DataError(f"{path}: cannot be read as a tokenizer.json ({e}); {recovery}") from e
 
@@ -170,7 +167,7 @@ def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
   except ImportError as e:
     raise ValueError(
         f"tokenizer {spec!r} needs sentencepiece: pip install 'tst-jax[sentencepiece]'") from e
-  sp = sentencepiece.SentencePieceProcessor(model_file=spec)
+  sp = sentencepiece.SentencePieceProcessor(model_proto=fileio.read_bytes(spec))
   if sp.eos_id() < 0:
     raise ValueError(f"tokenizer {spec!r} has no EOS token")
   path = _copy_into_workdir(spec, workdir, SENTENCEPIECE_MODEL, _same_bytes)
@@ -181,33 +178,29 @@ def _copy_into_workdir(src: str, workdir: str | None, name: str, same) -> str:
   """Copies `src` to <workdir>/<name> for export, refusing to replace a different file."""
   if not workdir:
     return src
-  dst = os.path.join(workdir, name)
-  if os.path.isfile(dst):
+  dst = fileio.join(workdir, name)
+  if fileio.isfile(dst):
     if not same(src, dst):
       raise DataError(
           f"{dst}: exists and differs from tokenizer {src!r}: this workdir belongs to another "
           "config; use a fresh workdir or the tokenizer it was made with")
     return dst
-  os.makedirs(workdir, exist_ok=True)
-  shutil.copyfile(src, dst + ".tmp")
-  os.replace(dst + ".tmp", dst)
+  fileio.makedirs(workdir)
+  fileio.write_bytes(dst, fileio.read_bytes(src))
   return dst
 
 
 def _same_bytes(a: str, b: str) -> bool:
-  with open(a, "rb") as fa, open(b, "rb") as fb:
-    return fa.read() == fb.read()
+  return fileio.read_bytes(a) == fileio.read_bytes(b)
 
 
 def _same_json(a: str, b: str) -> bool:
   """Says whether tokenizer.json `b`, a workdir's copy, holds what `a` holds."""
   if _same_bytes(a, b):
     return True
-  with open(a, encoding="utf-8") as fa:
-    want = json.load(fa)
+  want = json.loads(fileio.read_text(a))
   try:
-    with open(b, encoding="utf-8") as fb:
-      return json.load(fb) == want
+    return json.loads(fileio.read_text(b)) == want
   except (ValueError, UnicodeDecodeError) as e:
     raise DataError(f"{b}: cannot be read as a tokenizer.json ({e}); it is this workdir's copy "
                     f"of {a}: restore it from a copy or delete it (it is copied again), or use "

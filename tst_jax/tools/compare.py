@@ -256,6 +256,14 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
   plt.close(fig)
 
 
+def run_names(dirs: list[str]) -> list[str]:
+  """Names each run directory, a local one or a bucket's, by its last part, or by its last two
+  where two runs' last parts agree."""
+  parts = [fileio.absolute(d).rstrip("/").split("/") for d in dirs]
+  names = [p[-1] for p in parts]
+  return names if len(set(names)) == len(names) else ["/".join(p[-2:]) for p in parts]
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.tools.compare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,11 +279,7 @@ def main(argv=None) -> int:
   dirs = [d for d in args.runs.split(",") if d]
   if args.curve and args.curve not in dirs:
     dirs.insert(0, args.curve)
-  names = [os.path.basename(os.path.normpath(d)) for d in dirs]
-  if len(set(names)) < len(names):      # same basenames: name them parent/basename
-    names = [os.path.join(*os.path.normpath(os.path.abspath(d)).split(os.sep)[-2:])
-             for d in dirs]
-  runs = [load_run(d, name) for d, name in zip(dirs, names)]
+  runs = [load_run(d, name) for d, name in zip(dirs, run_names(dirs))]
   curve = runs[dirs.index(args.curve)] if args.curve else None
   rows, notes = compare(runs, curve)
   tst = next((r for r in runs if not r.is_baseline), None)

@@ -23,7 +23,6 @@ import argparse
 import collections
 import functools
 import json
-import os
 import sys
 
 import jax
@@ -233,15 +232,12 @@ def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None,
 
 def write_results(results: dict, workdir: str, step: int) -> str:
   """Merge `results` into <workdir>/lm_eval/step_<step>.json (one entry per task)."""
-  path = os.path.join(workdir, "lm_eval", f"step_{step}.json")
-  record = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      record = json.load(f)
+  path = fileio.join(workdir, "lm_eval", f"step_{step}.json")
+  record = fileio.read_json(path) if fileio.exists(path) else {}
   for section in ("results", "versions", "n-shot", "higher_is_better", "n-samples", "configs"):
     record.setdefault(section, {}).update(results.get(section, {}))
   record.update(workdir=workdir, step=step)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fileio.makedirs(fileio.dirname(path))
   fileio.write_json(path, record, default=lm_utils.handle_non_serializable)
   return path
 

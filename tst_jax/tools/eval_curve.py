@@ -4,11 +4,10 @@ plan from plan.json or else config.json, and what a baseline must share with it.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
-from tst_jax import errors
+from tst_jax import errors, fileio
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.plan import Plan
 
@@ -115,7 +114,7 @@ def _flatten(record: dict, prefix: str, out: dict):
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """Reads the eval curve and plan of a run directory of `main.py`. An unfinished run is an
   error."""
-  if not os.path.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
+  if not fileio.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
   plan, train_tokens = workdir_lib.plan_and_tokens(workdir)
   evals = {}
@@ -131,7 +130,7 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
         f"{workdir}: unfinished (its last eval is at step {rows[-1]['step']} of "
         f"{plan.total_steps}): compare finished runs, whose learning rate has decayed; "
         "the same command resumes it")
-  return EvalCurve(name or os.path.basename(os.path.normpath(workdir)), workdir,
+  return EvalCurve(name or fileio.basename(fileio.absolute(workdir)), workdir,
                    np.array([r["step"] for r in rows], float),
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 
 import tokenizers
 
+from tst_jax import fileio
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
 
@@ -46,11 +46,13 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   if out.exists() and any(out.iterdir()) and not overwrite:
     raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
   trained = trained_run.load(workdir, step, dtype="float32")
-  tokenizer_file = Path(workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON))
-  if not tokenizer_file.is_file():
+  tokenizer_file = workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON)
+  if not fileio.isfile(tokenizer_file):
     raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
                             "tokenizer.json can be exported")
-  eos = tokenizers.Tokenizer.from_file(str(tokenizer_file)).id_to_token(trained.tokenizer.eos_id)
+  tokenizer_json = fileio.read_bytes(tokenizer_file)   # the run's copy, maybe in a bucket
+  eos = tokenizers.Tokenizer.from_str(tokenizer_json.decode()).id_to_token(
+      trained.tokenizer.eos_id)
   if trained.phase1_only:
     log.warning("step %d is a phase-1 (TST) checkpoint: it predicts bags, not next tokens",
                 trained.step)
@@ -62,7 +64,7 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   hf.update(max_position_embeddings=trained.max_length, eos_token_id=trained.tokenizer.eos_id,
             bos_token_id=None, pad_token_id=None)
   config_file.write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-  shutil.copyfile(tokenizer_file, out / "tokenizer.json")
+  (out / "tokenizer.json").write_bytes(tokenizer_json)
   tokenizer_config = dict(
       tokenizer_class="PreTrainedTokenizerFast", eos_token=eos,
       model_max_length=trained.max_length, clean_up_tokenization_spaces=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from tst_jax import fileio
 from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed
 from tst_jax.train import workdir as workdir_lib
@@ -51,13 +51,16 @@ class Checkpoints:
   Each step directory holds the TrainState as "state" and a small JSON as "meta": the phase,
   its step, the stream position where it started and the token store's fingerprint. A restart
   rebuilds the data position from the global step through the plan, so it continues with the
-  very next batch. The meta records it for reading and checks.
+  very next batch. The meta records it for reading and checks. `before_save` runs before each
+  save: the loop uploads the metrics logged so far there, so that a run killed after a save
+  resumes with every line up to it.
   """
 
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0,
                clock: SaveClock | None = None):
-    self.directory = os.path.abspath(directory)
+    self.directory = fileio.absolute(directory)   # a bucket's URL: Orbax writes it itself
     self.every = every
+    self.before_save = lambda: None
     self.clock = clock or SaveClock(0.0)
     preserve = policies.AnyPreservationPolicy(
         [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
@@ -83,6 +86,7 @@ class Checkpoints:
       return False
     if not force and not timed and not (self.every and step % self.every == 0):
       return False
+    self.before_save()
     with self._write_faults():    # also reports a failure of the previous async write
       saved = self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
@@ -130,7 +134,7 @@ class Checkpoints:
       cause = _os_error(e)
       if cause is None:
         raise
-      complete = sorted(int(p) for p in os.listdir(self.directory) if p.isdigit())
+      complete = sorted(int(p) for p in fileio.listdir(self.directory) if p.isdigit())
       last = (f"step {complete[-1]} in {self.directory} is intact" if complete else
               "there is no complete checkpoint yet")
       raise WorkdirError(

@@ -15,7 +15,7 @@ import jax
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
-from tst_jax.train import fit, loop, spec as spec_lib, workdir as workdir_lib
+from tst_jax.train import fit, lock as lock_lib, loop, spec as spec_lib
 from tst_jax.train.outlook import format_plan
 from tst_jax.train.setup import Setup, check_workdir
 
@@ -63,13 +63,13 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   return result
 
 
-def hold_workdir(workdir: str) -> workdir_lib.Lock | None:
+def hold_workdir(workdir: str) -> lock_lib.Lock | None:
   """Takes the workdir's lock on process 0 for all the run's processes, which all stop when
   another run holds it. Returns the lock, None on the other processes."""
   lock, refused = None, None
   if distributed.is_primary():
     try:
-      lock = workdir_lib.Lock.take(workdir)
+      lock = lock_lib.Lock.take(workdir)
     except WorkdirError as e:
       refused = e
   if distributed.any_process(refused is not None):

@@ -46,6 +46,7 @@ def train(setup: Setup) -> dict:
                 else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
   writer = _writer(setup, start, record) if primary else _NoWriter()   # process 0 writes
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
+  setup.checkpoints.before_save = step_log.sync   # a checkpoint's lines are in metrics.jsonl
   guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   t0 = time.time()
   try:
@@ -110,15 +111,15 @@ def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
 def _profile_window(setup: Setup, console: Console, primary: bool) -> step_profile.Window:
   """Returns train.profile_steps' window, traced on process 0 into <workdir>/profile."""
   window = step_profile.profile_window(setup.spec.train.profile_steps) if primary else None
+  traced = workdir_lib.trace_dir(setup.workdir) if window else ""
 
   def done(profile: step_profile.StepProfile):
-    workdir_lib.write_profile(setup.workdir, profile.table(), profile.to_json())
+    workdir_lib.write_profile(setup.workdir, profile.table(), profile.to_json(), traced)
     console.print(f"profile of steps {window[0]} to {sum(window) - 1}, ms per step:\n"
                   f"{profile.table()}\n  trace and table: "
                   f"{workdir_lib.path(setup.workdir, workdir_lib.PROFILE)}")
 
-  return step_profile.Window(window, workdir_lib.path(setup.workdir, workdir_lib.PROFILE), done,
-                             console.print)
+  return step_profile.Window(window, traced, done, console.print)
 
 
 def _close(*closables, raising: bool):
@@ -166,6 +167,11 @@ class StepLog:
                              **self.plan.tokens_at(step), **speed))
     self.console.step(step, phase, metrics, speed, logged)
 
+  def sync(self):
+    """Writes the pending step's line and makes every line part of metrics.jsonl."""
+    self.flush()
+    self.writer.sync()
+
   def non_finite(self, step: int, metrics: dict):
     """Skips a step whose update was not applied, up to max_nan_skips, or stops, by nan_policy."""
     self.nan_skips += 1
@@ -192,6 +198,9 @@ class _NoWriter:
   """The metrics sink of processes other than 0."""
   def write(self, record):
     del record
+
+  def sync(self):
+    pass
 
   def close(self):
     pass

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
 
-from tst_jax.train import workdir as workdir_lib
+from tst_jax import fileio
+from tst_jax.train import appending, workdir as workdir_lib
 
 
 def _summary_writer():
@@ -26,28 +28,55 @@ def _summary_writer():
   return SummaryWriter
 
 
+class _AppendingEvents:
+  """tensorboardX's writer factory for a workdir in a bucket: its event file appended to as
+  metrics.jsonl is, where its own writer would upload the whole file at each flush."""
+
+  def open(self, path: str) -> appending.Appender:
+    return appending.Appender(path)
+
+  def directory_check(self, path: str):
+    del path   # a bucket has no folders to make
+
+
+def _tensorboard(directory: str):
+  """Returns a SummaryWriter into `directory`, None where tensorboardX is not installed."""
+  try:
+    summary_writer = _summary_writer()
+  except ImportError:   # TensorBoard output is optional
+    return None
+  if fileio.is_url(directory):
+    from tensorboardX import record_writer   # pylint: disable=import-outside-toplevel
+    record_writer.register_writer_factory(fileio.protocol(directory), _AppendingEvents())
+  return summary_writer(directory)
+
+
 class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
-  TensorBoard and to `tracker`, a tracker.Tracker. On resume, lines past the restored step are dropped first, so the file
-  reads as one uninterrupted run."""
+  TensorBoard and to `tracker`, a tracker.Tracker. On resume, lines past the restored step are
+  dropped first, so the file reads as one uninterrupted run. Locally each line is written
+  through, in a bucket uploaded as appending.Appender says, and all of them at `sync`."""
 
   def __init__(self, workdir: str, resume_step: int | None, tracker=None):
     self.tracker = tracker
     self.file = workdir_lib.open_metrics(workdir, resume_step)
-    try:
-      self.tb = _summary_writer()(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
-    except ImportError:   # TensorBoard output is optional
-      self.tb = None
+    self.tb = _tensorboard(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
 
   def write(self, record: dict):
     self.file.write(json.dumps(record) + "\n")
-    self.file.flush()
     if self.tracker is not None:
       self.tracker.write(record)
     if self.tb is not None:
       for key, value in record.items():
         if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
           self.tb.add_scalar(key, value, record["step"])
+
+  def sync(self):
+    """Makes every line written so far part of metrics.jsonl and the TensorBoard events, also
+    in a bucket."""
+    self.file.flush()
+    if self.tb is not None:
+      self.tb.flush()
 
   def close(self):
     self.file.close()
@@ -100,4 +129,6 @@ def plot_losses(records: list[dict], out_path: str, switch_step: int | None = No
   axes[0].legend(fontsize=8)
   fig.suptitle("Token-Superposition Training: phase 1 (tst) then phase 2 (ntp)")
   fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100)
+  fileio.write_bytes(out_path, png.getvalue())

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import platform
+from tst_jax import fileio, platform
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
@@ -52,8 +52,8 @@ class Setup:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
     trainer = step_lib.Trainer.of(spec, devices)
     trainer.check()
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    workdir = fileio.absolute(workdir)
+    fileio.makedirs(workdir)
     _check_workdir_config(spec, workdir)
     block = mesh_lib.process_batch_block(trainer.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
@@ -122,7 +122,11 @@ class Setup:
 
 def check_workdir(workdir: str):
   """Checks that the workdir is a directory this process may write to, or can be made as one.
-  It is made later, once the config has passed every check."""
+  It is made later, once the config has passed every check. In a bucket a probe object is
+  written and removed: no other test shows that these credentials may write there."""
+  if fileio.is_url(workdir):
+    fileio.check_writable(workdir, "--workdir")
+    return
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
                        "directory, or a run's directory to resume it")
@@ -142,7 +146,7 @@ def _check_workdir_config(spec, workdir: str):
   sections' declarations, leaving the platform's own choices in platform.PLATFORM_FIELDS aside.
   A field added after the run was written compares with the value such a run had."""
   path = workdir_lib.path(workdir, workdir_lib.CONFIG)
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return
   try:
     saved = workdir_lib.read_config(workdir)

@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 
+from tst_jax import fileio
 from tst_jax.errors import ConfigError
 from tst_jax.train import workdir as workdir_lib
 
@@ -32,8 +33,9 @@ def _import(name: str):
 def _start_wandb(workdir: str, run_id: str | None, config: dict):
   wandb = _import("wandb")
   try:
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), dir=workdir,
-                     name=os.path.basename(os.path.abspath(workdir)), id=run_id,
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT),   # a local folder:
+                     dir=None if fileio.is_url(workdir) else workdir,     # wandb's own files
+                     name=fileio.basename(fileio.absolute(workdir)), id=run_id,
                      resume="allow", config=config)
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError("train.tracker", f"wandb did not start ({type(e).__name__}: {e}): run "
@@ -43,7 +45,7 @@ def _start_wandb(workdir: str, run_id: str | None, config: dict):
 
 def _start_trackio(workdir: str, run_id: str | None, config: dict):
   trackio = _import("trackio")
-  name = run_id or os.path.basename(os.path.abspath(workdir))
+  name = run_id or fileio.basename(fileio.absolute(workdir))
   try:
     trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=name, config=config,
                  resume="allow")

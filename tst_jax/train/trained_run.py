@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from tst_jax import data as data_lib
-from tst_jax import platform
+from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
 from tst_jax.train import step as step_lib, workdir as workdir_lib
@@ -53,7 +53,7 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   Raises a ValueError naming the available steps if `step` has no checkpoint, and a
   FileNotFoundError if the workdir has no config.json or no tokenizer.
   """
-  workdir = os.path.abspath(workdir)
+  workdir = fileio.absolute(workdir)
   sections = workdir_lib.read_config(workdir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:

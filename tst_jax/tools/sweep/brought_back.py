@@ -9,10 +9,8 @@ a ladder grows over several lent sessions.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 
 from tst_jax import errors, fileio
 from tst_jax.tools.sweep.points import POINT_FILE
@@ -24,23 +22,22 @@ RECORDS = (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.METRICS, workdir_li
 
 def point_dirs(folder: str) -> list[str]:
   """Lists the directories under `folder`, or its runs/ as points.tar.gz unpacks, that hold a
-  point's records, by name."""
+  point's records, by name. `folder` may be a bucket's: the records are copied out of it."""
   found = []
-  for top in (folder, os.path.join(folder, "runs")):
-    if os.path.isdir(top):
-      found += [os.path.join(top, n) for n in sorted(os.listdir(top))
-                if all(os.path.isfile(os.path.join(top, n, f)) for f in RECORDS)]
+  for top in (folder, fileio.join(folder, "runs")):
+    if fileio.isdir(top):
+      found += [fileio.join(top, n) for n in fileio.listdir(top)
+                if all(fileio.isfile(fileio.join(top, n, f)) for f in RECORDS)]
   return found
 
 
 def point_record(point_dir: str) -> dict:
   """Reads a point's sweep_point.json, else makes one from the records: an arm point named
   <arm>_seed<N> as `points.make_arm_points` names them, with '+' written '-'."""
-  path = os.path.join(point_dir, POINT_FILE)
-  if os.path.isfile(path):
-    with open(path) as f:
-      return json.load(f)
-  name = os.path.basename(os.path.normpath(point_dir))
+  path = fileio.join(point_dir, POINT_FILE)
+  if fileio.isfile(path):
+    return fileio.read_json(path)
+  name = fileio.basename(fileio.absolute(point_dir))
   m = re.fullmatch(r"(.+)_seed(\d+)", name)
   if not m:
     raise errors.DataError(f"{point_dir}: has no {POINT_FILE} and its name is not "
@@ -59,7 +56,7 @@ def bring_back(folder: str, workdir: str) -> list[str]:
   same name there is an error, since its checkpoints would not match the copied records."""
   brought = []
   for src in point_dirs(folder):
-    name = os.path.basename(src)
+    name = fileio.basename(src)
     record = point_record(src)
     steps = workdir_lib.read_plan(src).plan.total_steps
     if final_eval(src, steps) is None:
@@ -73,9 +70,9 @@ def bring_back(folder: str, workdir: str) -> list[str]:
                              f"{src}: move it away first")
     os.makedirs(dst + ".tmp", exist_ok=True)
     for f in RECORDS:
-      shutil.copyfile(os.path.join(src, f), os.path.join(dst + ".tmp", f))
+      fileio.write_bytes(os.path.join(dst + ".tmp", f), fileio.read_bytes(fileio.join(src, f)))
     fileio.write_json(os.path.join(dst + ".tmp", POINT_FILE),
-                      dict(record, brought_from=os.path.abspath(src)))
+                      dict(record, brought_from=fileio.absolute(src)))
     os.replace(dst + ".tmp", dst)
     brought.append(name)
   return brought

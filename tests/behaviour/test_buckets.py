@@ -1,0 +1,159 @@
+"""A run with its workdir in a bucket of the GCS emulator (tests/fixtures/buckets.py), end to
+end through main.py: killed between checkpoints and resumed, it logs the losses of the same run
+on the local disk; a second run on its live workdir and a bucket that does not exist each stop
+with one error line."""
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.fixtures import subprocess_env
+from tests.fixtures.paths import ROOT, TINY_CONFIG
+from tests.fixtures.tiny import tiny_config
+from tst_jax import errors, fileio
+from tst_jax.data import prepare as prepare_lib, run_data
+from tst_jax.data.store import TokenStore
+from tst_jax.tools import export
+from tst_jax.train import cli, lock as lock_lib, spec as spec_lib, trained_run
+from tst_jax.train import workdir as workdir_lib
+
+CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
+KILL_AT = 9   # after checkpoint 8 is complete, before checkpoint 10: in phase 2 of 6 + 6 steps
+
+# main.py with a SIGKILL at step KILL_AT, once the checkpoint before it is complete.
+KILLED = (
+    "import os, runpy, signal, sys\n"
+    "from tst_jax.train import checkpoint\n"
+    "real = checkpoint.RunCheckpoints.save_step\n"
+    "def save_step(self, state, step, **kw):\n"
+    f"  if step == {KILL_AT}:\n"
+    "    self.wait()\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "  return real(self, state, step, **kw)\n"
+    "checkpoint.RunCheckpoints.save_step = save_step\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def _env() -> dict:
+  """Returns main.py's environment, with the emulator's variables the fixture has set."""
+  return subprocess_env.one_cpu_device()
+
+
+def _store(folder: str) -> str:
+  """Prepares the tiny run's token store into `folder`, on the disk or in a bucket."""
+  data = spec_lib.check(tiny_config()).data
+  prepare_lib.prepare(out=str(folder), workers=1, progress=False,
+                      **run_data.store_request(data, 512))
+  return str(folder)
+
+
+def _logged(workdir) -> dict:
+  """Returns {(step, kind): loss} of every train and eval line of metrics.jsonl."""
+  lines = workdir_lib.read_metrics(workdir)
+  logged = {(r["step"], k): r[k] for r in lines for k in ("loss", "eval_loss") if k in r}
+  assert len(logged) == len(lines), "a step logged twice"
+  return logged
+
+
+def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(bucket,
+                                                                               tmp_path):
+  """The same run, one with its store and workdir on the local disk and one with both in the
+  bucket, started at once. The bucket's run is killed at step 9, between checkpoints 8 and 10,
+  and run again: it takes over the dead run's lock and ends with every loss of the local run,
+  bit for bit."""
+  on_disk, in_bucket = _store(tmp_path / "store"), _store(fileio.join(bucket, "store"))
+  assert TokenStore(in_bucket).fingerprint == TokenStore(on_disk).fingerprint
+  source = [f"--config.data.source=tokens:{in_bucket}"]
+  local, remote = str(tmp_path / "local"), fileio.join(bucket, "run")
+  env = _env()
+  reference = subprocess.Popen(CMD + [f"--config.data.source=tokens:{on_disk}", "--workdir",
+                                      local], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+  killed = subprocess.run([sys.executable, "-c", KILLED, *CMD[1:], *source, "--workdir",
+                           remote], env=env, cwd=ROOT, capture_output=True, text=True)
+  assert reference.wait() == 0, reference.stdout.read()[-3000:]
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  # The killed run's record is whole: every line up to its last checkpoint, none after.
+  assert max(step for step, _ in _logged(remote)) == KILL_AT - 1
+  assert workdir_lib.checkpoint_steps(remote)[-1] == KILL_AT - 1
+  assert fileio.exists(fileio.join(remote, lock_lib.LOCK))
+
+  resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
+                           capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (f"taking over {remote}/{lock_lib.LOCK} from a dead run: pid" in resumed.stdout
+          and "its process has ended" in resumed.stdout), resumed.stdout
+  assert f"resuming {remote} at step {KILL_AT - 1} of 12" in resumed.stdout
+  assert _logged(remote) == _logged(local)
+  assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
+  names = fileio.listdir(remote)
+  for name in (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.STORE, workdir_lib.SUMMARY,
+               workdir_lib.LOSS_PLOT, workdir_lib.CHECKPOINTS, workdir_lib.TENSORBOARD,
+               workdir_lib.TOKENIZER_JSON):
+    assert name in names, names
+  assert lock_lib.LOCK not in names
+  assert workdir_lib.read_summary(remote) == {
+      **workdir_lib.read_summary(local), "seconds_this_session":
+      workdir_lib.read_summary(remote)["seconds_this_session"]}
+  # TensorBoard: the killed session's events up to its last checkpoint, then the resumed one's.
+  assert _tensorboard_steps(remote) == list(range(1, 13))
+  # Read back as export, eval and sample read a run: the same weights as the local run's.
+  there, here = trained_run.load(remote), trained_run.load(local)
+  assert there.step == here.step == 12
+  assert there.tokenizer.fingerprint() == here.tokenizer.fingerprint()
+  for a, b in zip(*(jax.tree.leaves(nnx.state(t.model)) for t in (there, here))):
+    np.testing.assert_array_equal(a, b)
+  for workdir, out in ((remote, "hf_there"), (local, "hf_here")):
+    export.export(workdir, tmp_path / out)
+  assert {f.name: f.read_bytes() for f in (tmp_path / "hf_there").iterdir()} == {
+      f.name: f.read_bytes() for f in (tmp_path / "hf_here").iterdir()}
+
+
+def _tensorboard_steps(workdir) -> list[int]:
+  """Returns the step of each `loss` scalar in the workdir's TensorBoard event files, read as
+  TFRecords of Event protos."""
+  from tensorboardX.proto import event_pb2   # pylint: disable=import-outside-toplevel
+  steps = []
+  for file in fileio.glob(fileio.join(workdir, workdir_lib.TENSORBOARD, "*tfevents*")):
+    data, at = fileio.read_bytes(file), 0
+    while at < len(data):
+      size = struct.unpack("<Q", data[at:at + 8])[0]
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
+      steps += [event.step for v in event.summary.value if v.tag == "loss"]
+      at += 16 + size
+  return steps
+
+
+def test_a_second_main_py_on_a_live_runs_bucket_workdir_exits_2_with_one_line(bucket):
+  """This process holds the bucket's workdir: main.py stops before it writes anything."""
+  workdir = fileio.join(bucket, "run")
+  lock = lock_lib.Lock.take(workdir)
+  try:
+    result = subprocess.run(CMD + ["--workdir", workdir], env=_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert fileio.listdir(workdir) == [lock_lib.LOCK]    # main.py wrote nothing
+  finally:
+    lock.release()
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+  assert result.stderr.startswith(f"error: --workdir {workdir}: a live run holds it: pid "
+                                  f"{os.getpid()} on host {socket.gethostname()}, started ")
+
+
+def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_compiles(
+    gcs_emulator, monkeypatch):
+  monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
+  with pytest.raises(fileio.PathError) as e:
+    cli.run(tiny_config(), "gs://no-such-bucket-here/run")
+  assert errors.one_line(e.value) == (
+      "error: --workdir gs://no-such-bucket-here/run cannot be written: no such bucket or "
+      "folder")

@@ -1,0 +1,143 @@
+"""The lock of a workdir: which live run holds it, on a local disk or in a bucket.
+
+A file created only if absent is the whole protocol, so a bucket's create-if-absent write holds
+a workdir there the same way as a hard link does on a disk, and a dead run's lock is removed
+only if unchanged since it was read: by its generation in a bucket. The holder rewrites its
+heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
+prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from tst_jax import fileio
+from tst_jax.errors import WorkdirError
+
+LOCK = "lock.json"     # the live run that holds the workdir: host, pid, start, heartbeat
+LOCK_BEAT_S = 30.0
+LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
+
+
+class Lock:
+  """The workdir's lock while this process holds it: `Lock.take`, then `release`."""
+
+  def __init__(self, file: str, record: dict, made_workdir: bool = False):
+    self.file, self.record, self.made_workdir = file, record, made_workdir
+    self._stop = threading.Event()
+    self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
+    self._beat.start()
+
+  @classmethod
+  def take(cls, workdir: str, say=print) -> Lock:
+    """Takes the lock of `workdir`, over a dead run's with a line that says so. A live run's
+    lock raises WorkdirError naming its holder."""
+    made_workdir = not fileio.exists(workdir)
+    fileio.makedirs(workdir)
+    file = fileio.join(workdir, LOCK)
+    record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
+                  started=_utc_now(), heartbeat=time.time())
+    for _ in range(3):   # another process may take or free it between two looks
+      if fileio.create_new(file, json.dumps(record)):
+        return cls(file, record, made_workdir)
+      seen = fileio.version(file)   # before the read: a later write fails the removal
+      held = _read_lock(file)
+      if held is None or seen is None:
+        continue
+      dead = _dead(held)
+      if not dead:
+        raise WorkdirError(f"--workdir {workdir}: a live run holds it: {_holder(held)} "
+                           f"({file}); wait for it to end, stop it, or use another --workdir")
+      if fileio.remove_if_unchanged(file, seen):
+        say(f"taking over {file} from a dead run: {_holder(held)}, {dead}")
+    raise WorkdirError(f"--workdir {workdir}: {file} keeps changing: another run is starting "
+                       "in this workdir; use another --workdir")
+
+  def release(self):
+    """Stops the heartbeat and removes the lock, where it is still this process's."""
+    self._stop.set()
+    self._beat.join()
+    seen = fileio.version(self.file)
+    held = _read_lock(self.file)
+    if held is not None and held.get("token") == self.record["token"]:
+      fileio.remove_if_unchanged(self.file, seen)
+    workdir = fileio.dirname(self.file)
+    if self.made_workdir and not fileio.is_url(workdir) and not os.listdir(workdir):
+      os.rmdir(workdir)   # a run refused before it wrote leaves nothing
+    # A bucket has no folders: the lock was the workdir's one object, and it is gone.
+
+  def _renew(self):
+    while not self._stop.wait(LOCK_BEAT_S):
+      held = _read_lock(self.file)
+      if held is None or held.get("token") != self.record["token"]:
+        return   # taken over: this run's heartbeat had stopped for LOCK_STALE_S
+      self.record["heartbeat"] = time.time()
+      try:
+        fileio.write_json(self.file, self.record)
+      except OSError:   # a full disk: the run's own writes report it, the next beat retries
+        pass
+
+
+def _utc_now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read_lock(file: str) -> dict | None:
+  """Returns the lock's record, None where there is none. An unreadable one is a holder we
+  know nothing of, its heartbeat the file's time."""
+  try:
+    text = fileio.read_text(file)
+  except FileNotFoundError:
+    return None
+  try:
+    held = dict(json.loads(text))
+    if isinstance(held.get("heartbeat"), (int, float)):
+      return held
+  except (ValueError, TypeError):
+    pass
+  return dict(host="?", pid=-1, started="?", heartbeat=_mtime(file), token=None)
+
+
+def _mtime(file: str) -> float:
+  """Returns the time `file` was last written, 0 where it is gone."""
+  try:
+    if not fileio.is_url(file):
+      return os.path.getmtime(file)
+    fs, path = fileio.filesystem(file)
+    return fs.modified(path).timestamp()
+  except FileNotFoundError:
+    return 0.0
+
+
+def _dead(held: dict) -> str:
+  """Says why the holder is dead, '' where it may be alive."""
+  if held.get("host") == socket.gethostname() and not _pid_alive(held.get("pid", -1)):
+    return "its process has ended"
+  age = time.time() - held.get("heartbeat", 0)
+  if age > LOCK_STALE_S:
+    return f"its heartbeat is {age:.0f} s old, over {LOCK_STALE_S:.0f} s"
+  return ""
+
+
+def _pid_alive(pid) -> bool:
+  if not isinstance(pid, int) or pid <= 0:   # 0 and -1 would name groups of processes
+    return False
+  try:
+    os.kill(pid, 0)
+  except (ProcessLookupError, OverflowError):
+    return False
+  except PermissionError:   # another user's process
+    return True
+  return True
+
+
+def _holder(held: dict) -> str:
+  age = time.time() - held.get("heartbeat", 0)
+  return (f"pid {held.get('pid')} on host {held.get('host')}, started {held.get('started')}, "
+          f"heartbeat {age:.0f} s ago")
