@@ -85,12 +85,12 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   # The killed run's record is whole: every line up to its last checkpoint, none after.
   assert max(step for step, _ in _logged(remote)) == KILL_AT - 1
   assert workdir_lib.checkpoint_steps(remote)[-1] == KILL_AT - 1
-  assert fileio.exists(fileio.join(remote, lock_lib.LOCK))
+  assert fileio.exists(fileio.join(remote, workdir_lib.LOCK))
 
   resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
                            capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert (f"taking over {remote}/{lock_lib.LOCK} from a dead run: pid" in resumed.stdout
+  assert (f"taking over {remote}/{workdir_lib.LOCK} from a dead run: pid" in resumed.stdout
           and "its process has ended" in resumed.stdout), resumed.stdout
   assert f"resuming {remote} at step {KILL_AT - 1} of 12" in resumed.stdout
   assert _logged(remote) == _logged(local)
@@ -100,7 +100,7 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
                workdir_lib.LOSS_PLOT, workdir_lib.CHECKPOINTS, workdir_lib.TENSORBOARD,
                workdir_lib.TOKENIZER_JSON):
     assert name in names, names
-  assert lock_lib.LOCK not in names
+  assert workdir_lib.LOCK not in names
   assert workdir_lib.read_summary(remote) == {
       **workdir_lib.read_summary(local), "seconds_this_session":
       workdir_lib.read_summary(remote)["seconds_this_session"]}
@@ -140,7 +140,7 @@ def test_a_second_main_py_on_a_live_runs_bucket_workdir_exits_2_with_one_line(bu
   try:
     result = subprocess.run(CMD + ["--workdir", workdir], env=_env(), capture_output=True,
                             text=True, timeout=300)
-    assert fileio.listdir(workdir) == [lock_lib.LOCK]    # main.py wrote nothing
+    assert fileio.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
   finally:
     lock.release()
   assert result.returncode == 2, result.stderr

@@ -1,7 +1,6 @@
 """The workdir's lock (tst_jax/train/lock.py): a second run stops with one line naming the
 live holder, a dead run's lock is taken over with a line, on a local disk and in a bucket."""
 
-import json
 import os
 import socket
 import subprocess
@@ -15,7 +14,7 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
-from tst_jax.train import cli, lock as lock_lib
+from tst_jax.train import cli, lock as lock_lib, workdir as workdir_lib
 
 
 @pytest.fixture(params=["local", "bucket"])
@@ -31,7 +30,7 @@ def _lock_of(workdir, **fields):
   record = dict(host=socket.gethostname(), pid=os.getpid(), started="2026-01-01T00:00:00Z",
                 heartbeat=time.time(), token="theirs") | fields
   fileio.makedirs(workdir)
-  file = fileio.join(workdir, lock_lib.LOCK)
+  file = fileio.join(workdir, workdir_lib.LOCK)
   fileio.write_json(file, record)
   return file
 
@@ -56,7 +55,7 @@ def test_a_live_runs_lock_stops_a_second_run_with_one_line_before_it_writes(root
   line = errors.one_line(e.value)
   assert line.startswith(f"error: --workdir {workdir}: a live run holds it: pid {os.getpid()} "
                          f"on host {socket.gethostname()}, started 2026-01-01T00:00:00Z"), line
-  assert fileio.listdir(workdir) == [lock_lib.LOCK] and fileio.read_text(file) == held
+  assert fileio.listdir(workdir) == [workdir_lib.LOCK] and fileio.read_text(file) == held
 
 
 @pytest.mark.parametrize("fields,why", [
@@ -103,7 +102,7 @@ def test_the_holder_renews_its_heartbeat_and_releases_only_its_own_lock(root, mo
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.05)
   workdir = fileio.join(root, "run")
   lock = lock_lib.Lock.take(workdir)
-  file = fileio.join(workdir, lock_lib.LOCK)
+  file = fileio.join(workdir, workdir_lib.LOCK)
   first = _held(file)["heartbeat"]
   deadline = time.time() + 5
   while _held(file)["heartbeat"] == first and time.time() < deadline:
@@ -129,7 +128,7 @@ def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(tmp_path)
                              TINY_CONFIG, "--workdir", workdir],
                             env=subprocess_env.one_cpu_device(), capture_output=True,
                             text=True, timeout=300)
-    assert os.listdir(workdir) == [lock_lib.LOCK]    # main.py wrote nothing
+    assert os.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
   finally:
     lock.release()
   assert result.returncode == 2, result.stderr

@@ -19,8 +19,8 @@ import uuid
 
 from tst_jax import fileio
 from tst_jax.errors import WorkdirError
+from tst_jax.train import workdir as workdir_lib
 
-LOCK = "lock.json"     # the live run that holds the workdir: host, pid, start, heartbeat
 LOCK_BEAT_S = 30.0
 LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
 
@@ -40,7 +40,7 @@ class Lock:
     lock raises WorkdirError naming its holder."""
     made_workdir = not fileio.exists(workdir)
     fileio.makedirs(workdir)
-    file = fileio.join(workdir, LOCK)
+    file = workdir_lib.path(workdir, workdir_lib.LOCK)
     record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
                   started=_utc_now(), heartbeat=time.time())
     for _ in range(3):   # another process may take or free it between two looks

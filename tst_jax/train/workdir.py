@@ -10,7 +10,6 @@ Readers of files written by older versions of tst-jax sit at the end of this mod
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 
 import ml_collections
@@ -18,8 +17,8 @@ import ml_collections
 from tst_jax import fileio
 from tst_jax.data import run_data, tokenizer as tokenizer_lib
 from tst_jax.data.store import TokenStore
-from tst_jax.errors import ConfigError, DataError, WorkdirError
-from tst_jax.train import appending, lock as lock_lib, spec as spec_lib
+from tst_jax.errors import ConfigError, DataError
+from tst_jax.train import appending, spec as spec_lib
 from tst_jax.train.plan import Plan, PlanRecord
 
 CONFIG = "config.json"        # the config the run trains with, `auto` fields resolved
@@ -31,7 +30,7 @@ CHECKPOINTS = "checkpoints"   # Orbax steps
 ORBAX_COMMIT = "commit_success.txt"   # in a bucket, what Orbax writes last in a step's folder
 TENSORBOARD = "tensorboard"
 LOSS_PLOT = "loss.png"
-LOCK = lock_lib.LOCK          # the live run that holds the workdir: host, pid, start, heartbeat
+LOCK = "lock.json"            # the live run that holds the workdir: host, pid, start, heartbeat
 TRACKER = "tracker.json"      # train.tracker: which tracker run this workdir logs to
 PROFILE = "profile"           # train.profile_steps: the jax.profiler trace and its table
 PROFILE_TABLE = PROFILE + "/step_profile.txt"   # milliseconds per step by category
