@@ -243,3 +243,24 @@ def test_create_new_without_hard_links_still_creates_only_once(tmp_path, monkeyp
   fileio.write_text(lock, "renewed")
   assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "renewed"
   assert sorted(os.listdir(tmp_path)) == ["lock"]
+
+
+def test_a_whole_file_read_is_one_version_of_an_object_rewritten_meanwhile(bucket, monkeypatch):
+  """A lock's heartbeat rewrites it while another run reads it: a read that looked up the size
+  before the rewrite and fetched the bytes after would give the new text cut to the old
+  length. Here the rewrite lands right after every size lookup."""
+  path = bucket + "/lock.json"
+  fileio.write_json(path, {"heartbeat": 1.5})
+  fs, _ = fileio.filesystem(path)
+  info = fs.info
+
+  def info_then_rewrite(*args, **kwargs):
+    seen = info(*args, **kwargs)
+    fileio.write_json(path, {"heartbeat": 1795654055.3048418})
+    return seen
+
+  monkeypatch.setattr(fs, "info", info_then_rewrite)
+  assert fileio.read_json(path)["heartbeat"] in (1.5, 1795654055.3048418)
+  with pytest.raises(ValueError):     # what a ranged read after a size lookup gives
+    with fileio.open(path, "r") as f:
+      json.loads(f.read())

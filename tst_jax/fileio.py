@@ -182,13 +182,17 @@ def open(path: str, mode: str = "r", **kwargs):   # pylint: disable=redefined-bu
 
 
 def read_bytes(path: str) -> bytes:
-  with open(path, "rb") as f:
-    return f.read()
+  """Returns a file's bytes. An object comes in one request, so one version of it: ranged
+  reads sized by an earlier look could mix a rewritten object with its old length."""
+  if not is_url(path):
+    with builtins.open(path, "rb") as f:
+      return f.read()
+  fs, p = filesystem(path)
+  return fs.cat_file(p)
 
 
 def read_text(path: str) -> str:
-  with open(path, "r", encoding="utf-8") as f:
-    return f.read()
+  return read_bytes(path).decode("utf-8")
 
 
 def read_json(path: str):

@@ -49,4 +49,5 @@ def test_a_bucket_file_grows_by_compose_not_by_a_rewrite(bucket, monkeypatch):
   monkeypatch.setattr(fs, "pipe_file", lambda p, data, **k: sent.append(len(data)) or pipe(
       p, data, **k))
   appending.append_object(fs, name, b"y" * 10)
+  monkeypatch.undo()
   assert sent == [10] and fileio.read_bytes(path) == b"x" * 1000 + b"y" * 10

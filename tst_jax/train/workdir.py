@@ -50,8 +50,7 @@ def _read_json(workdir: str, name: str) -> dict | None:
   file = path(workdir, name)
   if not fileio.isfile(file):
     return None
-  with fileio.open(file, "r") as f:
-    return json.load(f)
+  return json.loads(fileio.read_text(file))
 
 
 def write_config(workdir: str, config: dict):
@@ -98,8 +97,7 @@ def read_metrics(workdir: str) -> list[dict]:
   file = path(workdir, METRICS)
   if not fileio.exists(file):
     return []
-  with fileio.open(file, "r") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in fileio.read_text(file).split("\n") if line.strip()]
 
 
 def final_eval(workdir: str, steps: int) -> float | None:
