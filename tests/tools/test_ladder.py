@@ -10,6 +10,7 @@ import pytest
 from tests.fixtures.brought_back import write_point
 from tests.fixtures.paths import TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
+from tst_jax import fileio
 from tst_jax.analysis.frontier import Frontier, Trend
 from tst_jax.tools import ladder, sweep
 from tst_jax.train import outlook, spec as spec_lib
@@ -137,17 +138,22 @@ def test_sweep_deadline_stops_the_running_point_and_starts_no_other(trainer, tmp
   assert meta["status"] == "interrupted"
 
 
-def test_a_ladder_grows_from_points_brought_back_and_says_what_one_call_adds(tmp_path, capsys):
-  """The rung at 4 steps finished on another machine (records only) is brought in: its
-  speed-up is the frontier's of the brought-back baselines; the report lists the points still
-  missing and the one call that completes the next rung in the budget, or says none fits."""
+@pytest.mark.parametrize("where", ["folder", "bucket"])
+def test_a_ladder_grows_from_points_brought_back_and_says_what_one_call_adds(
+    where, tmp_path, capsys, request):
+  """The rung at 4 steps finished on another machine (records only) is brought in, to a
+  folder or a bucket: its speed-up is the frontier's of the brought-back baselines; the report
+  lists the points still missing and the one call that completes the next rung in the budget,
+  or says none fits."""
   back = tmp_path / "back"
+  work = (fileio.join(request.getfixturevalue("bucket"), "w") if where == "bucket"
+          else str(tmp_path / "w"))
   losses = {"0.004k": 1.9, "baseline+0.004k": 2.0, "baseline+0.008k": 1.8}
   for point in sweep.make_arm_points(list(losses), [0]):
     steps = 8 if point.arm == "baseline+0.008k" else 4
     write_point(str(back), TINY_CONFIG, point, [], {steps // 2: 3.0, steps: losses[point.arm]})
   plan = spec_lib.check(tiny_config(steps=8)).plan     # the missing 8-step TST run
-  args = ["--config", TINY_CONFIG, "--workdir", str(tmp_path / "w"), "--lengths",
+  args = ["--config", TINY_CONFIG, "--workdir", work, "--lengths",
           "0.004k,0.008k", "--baseline_factors", "1,2", "--finished", str(back),
           "--plan_only", "--rate", str(plan.flops_total / 10)]
   # The next rung's missing points: the 8-step TST run and a 16-step baseline, 30 s in all
@@ -155,7 +161,7 @@ def test_a_ladder_grows_from_points_brought_back_and_says_what_one_call_adds(tmp
   need = 10 + 20 + sweep.OVERHEAD_S
   assert ladder.main(args + ["--budget_s", str(need + 1), "--parallel", "2"]) == 0
   out = capsys.readouterr().out
-  result = json.loads((tmp_path / "w" / "ladder.json").read_text())
+  result = fileio.read_json(fileio.join(work, "ladder.json"))
   (point,) = result["points"]
   frontier = Frontier.of([(4, 2.0, "b4"), (8, 1.8, "b8")])
   assert point["run"] == "0.004k_seed0"

@@ -2,6 +2,7 @@
 
 import csv
 import inspect
+import io
 import json
 import os
 import subprocess
@@ -12,9 +13,9 @@ import pytest
 from tests.fixtures.brought_back import write_point
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
-from tst_jax import configlib, fileio
+from tst_jax import configlib, errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
-from tst_jax.tools import sweep
+from tst_jax.tools import ladder, sweep
 from tst_jax.tools.sweep.brought_back import RECORDS, bring_back
 from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.train import workdir as workdir_lib
@@ -78,36 +79,40 @@ def test_grid_is_the_cartesian_product():
 
 
 def _check_tables(workdir, expected):
-  """Every number of sweep.csv against the run's own metrics.jsonl and plan."""
-  with open(workdir / "sweep.csv") as f:
-    rows = {r["name"]: r for r in csv.DictReader(f)}
+  """Every number of sweep.csv against the run's own metrics.jsonl, plan and store, in a
+  folder or a bucket."""
+  workdir = str(workdir)
+  rows = {r["name"]: r for r in csv.DictReader(io.StringIO(
+      fileio.read_text(fileio.join(workdir, "sweep.csv"))))}
   assert set(rows) == set(expected)
   base = {r["seed"]: float(r["final_eval_loss"]) for r in rows.values() if r["r"] == "0.0"}
-  md = (workdir / "sweep.md").read_text()
+  md = fileio.read_text(fileio.join(workdir, "sweep.md"))
   for name, (ratio, bag) in expected.items():
     row = rows[name]
-    records = workdir_lib.read_metrics(str(workdir / name))
+    records = workdir_lib.read_metrics(fileio.join(workdir, name))
     final = [r["eval_loss"] for r in records if "eval_loss" in r and r["step"] == STEPS]
     last = [r for r in records if "loss" in r][-1]
     assert float(row["final_eval_loss"]) == final[-1]
     assert f"{final[-1]:.4f}" in md
     assert (int(row["data_tokens"]), int(row["equivalent_tokens"])) == (
         last["data_tokens"], last["equivalent_tokens"])
-    store = run_data.TokenStore(str(workdir / name / "data"))
+    store = run_data.TokenStore(workdir_lib.read_store(fileio.join(workdir, name))["directory"])
     assert float(row["passes"]) == pytest.approx(last["data_tokens"] / len(store.train))
     plan = spec_lib.check(tiny_config(steps=STEPS, ratio=ratio, bag_size=bag)).plan.to_json()
     assert float(row["flops"]) == plan["flops_total"]
     assert (float(row["r"]), int(row["S"])) == ((ratio, bag) if ratio else (0.0, 1))
-    assert float(row["delta_vs_baseline"]) == pytest.approx(final[-1] - base[row["seed"]])
-  assert (workdir / "sweep_heatmap.png").stat().st_size > 0
+    if base:
+      assert float(row["delta_vs_baseline"]) == pytest.approx(final[-1] - base[row["seed"]])
+    else:
+      assert row["delta_vs_baseline"] == ""
+  assert fileio.getsize(fileio.join(workdir, "sweep_heatmap.png")) > 0
 
 
-def _run_and_resume(tmp_path, grid, expected, monkeypatch, capsys):
-  args = ["--config", TINY_CONFIG, "--grid", grid, "--workdir", str(tmp_path), "--include_baseline",
-          *FAST]
+def _run_and_resume(workdir, grid, expected, monkeypatch, capsys, baseline=("--include_baseline",)):
+  args = ["--config", TINY_CONFIG, "--grid", grid, "--workdir", str(workdir), *baseline, *FAST]
   assert sweep.main(args) == 0
-  _check_tables(tmp_path, expected)
-  table = (tmp_path / "sweep.csv").read_text()
+  _check_tables(workdir, expected)
+  table = fileio.read_text(fileio.join(str(workdir), "sweep.csv"))
   capsys.readouterr()
 
   def no_training(*a, **k):
@@ -115,13 +120,69 @@ def _run_and_resume(tmp_path, grid, expected, monkeypatch, capsys):
   monkeypatch.setattr("tst_jax.train.cli.run", no_training)
   assert sweep.main(args) == 0
   assert capsys.readouterr().out.count("finished, skipped") == len(expected)
-  assert (tmp_path / "sweep.csv").read_text() == table
+  assert fileio.read_text(fileio.join(str(workdir), "sweep.csv")) == table
 
 
 def test_sweep_1x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, capsys):
   expected = {"baseline_seed0": (0.0, 2), "ratio0.5_bag_size2_seed0": (0.5, 2),
               "ratio0.5_bag_size4_seed0": (0.5, 4)}
   _run_and_resume(tmp_path, "tst.ratio=0.5;tst.bag_size=2,4", expected, monkeypatch, capsys)
+
+
+def test_sweep_1x2_in_a_bucket_reads_one_store_in_place_and_rerun_skips(bucket, monkeypatch,
+                                                                         capsys):
+  """--workdir gs://...: the store is prepared once into the bucket and each point trains on it
+  in place, its store.json naming that store at its fingerprint; the tables in the bucket
+  match each point's metrics, and a rerun skips both points."""
+  workdir = fileio.join(bucket, "sweep")
+  expected = {"ratio0.5_bag_size2_seed0": (0.5, 2), "ratio0.5_bag_size4_seed0": (0.5, 4)}
+  _run_and_resume(workdir, "tst.ratio=0.5;tst.bag_size=2,4", expected, monkeypatch, capsys,
+                  baseline=())
+  shared = [n for n in fileio.listdir(workdir) if n.startswith("data_")]
+  assert len(shared) == 1
+  store = run_data.TokenStore(fileio.join(workdir, shared[0], "data"))
+  for name in expected:
+    point = fileio.join(workdir, name)
+    assert workdir_lib.read_store(point)["fingerprint"] == store.fingerprint
+    assert workdir_lib.read_store(point)["directory"] == store.directory
+    assert not fileio.exists(fileio.join(point, "data"))           # no copy of its own
+    assert fileio.read_json(fileio.join(point, POINT_FILE))["status"] == "done"
+  # A point without its summary is unfinished: the same command resumes it from its last
+  # checkpoint, which passes the checks that the run and its token store are the same.
+  point = fileio.join(workdir, "ratio0.5_bag_size4_seed0")
+  loss = workdir_lib.final_eval(point, STEPS)
+  fileio.remove(fileio.join(point, workdir_lib.SUMMARY))
+  monkeypatch.undo()
+  capsys.readouterr()
+  assert sweep.main(["--config", TINY_CONFIG, "--grid", "tst.ratio=0.5;tst.bag_size=2,4",
+                     "--workdir", workdir, *FAST]) == 0
+  out = capsys.readouterr().out
+  assert out.count("finished, skipped") == 1 and "ratio0.5_bag_size4_seed0: training" in out
+  assert workdir_lib.read_summary(point)["final_eval_loss"] == loss
+
+
+def test_a_point_log_in_a_bucket_is_appended_after_each_trainer(bucket):
+  """In a bucket each trainer's output goes to a local file, appended to sweep_log.txt once
+  it ends, after what earlier trainers of the point left there."""
+  for text in (b"first run\n", b"resumed\n"):
+    with sweep.run._log_file(bucket) as log:     # pylint: disable=protected-access
+      log.write(text)
+  assert fileio.read_bytes(fileio.join(bucket, "sweep_log.txt")) == b"first run\nresumed\n"
+
+
+@pytest.mark.parametrize("tool", ["sweep", "ladder"])
+def test_a_workdir_that_cannot_be_written_is_one_line_before_any_point(gcs_emulator, tool,
+                                                                       capsys):
+  missing = "gs://tst-no-such-bucket-here/sweep"
+  main = sweep.main if tool == "sweep" else ladder.main
+  args = ["--config", TINY_CONFIG, "--workdir", missing,
+          *(["--grid", "tst.ratio=0.5;tst.bag_size=2"] if tool == "sweep" else [])]
+  with pytest.raises(SystemExit) as e:
+    errors.main(main, args)
+  err = capsys.readouterr()
+  assert e.value.code == 2 and "training" not in err.out
+  assert err.err == (f"error: --workdir {missing} cannot be written: no such bucket or "
+                     "folder\n")
 
 
 @pytest.mark.slow

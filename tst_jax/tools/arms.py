@@ -4,12 +4,10 @@ seeds, in W/results.{json,md} with the figure-2 curves of every run."""
 
 from __future__ import annotations
 
-import os
-
 from tst_jax import fileio
 from tst_jax.analysis.frontier import spread
 from tst_jax.tools.compare import (METHOD, fit_text, fmt, frontier_for, frontier_notes,
-                                   report_head, run_row)
+                                   report_head, run_row, save_figure)
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.console import human
 
@@ -146,8 +144,8 @@ def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths.append(os.path.join(out_dir, name + ".png"))
-    fig.savefig(paths[-1], dpi=100)
+    paths.append(fileio.join(out_dir, name + ".png"))
+    save_figure(fig, paths[-1])
     plt.close(fig)
   return paths
 
@@ -155,7 +153,7 @@ def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]
 def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), command: str = "",
                order=()) -> dict:
   """Writes out/results.json, out/results.md and the curves of `plot_arms`, returning the paths."""
-  paths = dict(json=os.path.join(out, "results.json"), md=os.path.join(out, "results.md"))
+  paths = dict(json=fileio.join(out, "results.json"), md=fileio.join(out, "results.md"))
   arms, per_run, notes = summarize_arms(runs, order) if runs else ([], [], [])
   fileio.write_json(paths["json"], dict(command=command, method=METHOD, arms=arms,
                                         runs=per_run, notes=notes, failed=list(failed)))
@@ -166,9 +164,8 @@ def write_arms(out: str, runs: list[tuple[str, int, EvalCurve]], failed=(), comm
     lines += [format_arms(arms, per_run), ""]
     lines += [f"Note: {n}" for n in notes] + ([""] if notes else [])
     paths["png"] = plot_arms(runs, out)
-    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in paths["png"]] + [""]
+    lines += [f"![{fileio.basename(p)}]({fileio.basename(p)})" for p in paths["png"]] + [""]
   if failed:
     lines += ["Failed:", ""] + [f"- {f['name']}: {f['error']}" for f in failed] + [""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(lines))
+  fileio.write_text(paths["md"], "\n".join(lines))
   return paths

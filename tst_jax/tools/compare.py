@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import math
 import os
 import sys
@@ -252,8 +253,15 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  save_figure(fig, out_path)
   plt.close(fig)
+
+
+def save_figure(fig, path: str):
+  """Writes a matplotlib figure as a PNG to `path`, a local file or a bucket's object."""
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100)
+  fileio.write_bytes(path, png.getvalue())
 
 
 def run_names(dirs: list[str]) -> list[str]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import sys
 
 import numpy as np
@@ -82,13 +80,12 @@ def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[s
   """Lists the ladder's points, of every arm and seed, that have no final eval."""
   left = []
   for point in sweep.make_arm_points(arms, seeds):
-    meta = os.path.join(workdir, point.name, POINT_FILE)
-    if not os.path.isfile(meta):
+    meta = fileio.join(workdir, point.name, POINT_FILE)
+    if not fileio.isfile(meta):
       left.append(point.name)
       continue
-    with open(meta) as f:
-      steps = Plan.from_json(json.load(f)["plan"]).total_steps
-    if final_eval(os.path.join(workdir, point.name), steps) is None:
+    steps = Plan.from_json(fileio.read_json(meta)["plan"]).total_steps
+    if final_eval(fileio.join(workdir, point.name), steps) is None:
       left.append(point.name)
   return left
 
@@ -136,12 +133,12 @@ def fit(points: list[dict], source: str) -> Trend | None:
 def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
           command: str, unfinished: list[str], advice: str = "") -> dict:
   """Writes W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json. Returns the paths."""
-  paths = {k: os.path.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
+  paths = {k: fileio.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
   fileio.write_json(paths["json"], dict(command=command, method=compare.METHOD, points=points,
                                         notes=notes, unfinished=unfinished,
                                         trend=trend.to_json() if trend else None))
   if trend is not None:
-    paths["trend"] = os.path.join(workdir, "speedup_trend.json")
+    paths["trend"] = fileio.join(workdir, "speedup_trend.json")
     fileio.write_json(paths["trend"], trend.to_json())
   lines = compare.report_head("The speed-up ladder: equal-loss speed-up against run length",
                               command)
@@ -166,10 +163,9 @@ def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | Non
                  f"{trend.high:.3g} tokens per parameter (W/speedup_trend.json).")
   lines += [advice] if advice else []
   lines += [f"Note: {n}" for n in notes]
-  lines += ["", f"![speed-up against tokens per parameter]({os.path.basename(paths['png'])})",
+  lines += ["", f"![speed-up against tokens per parameter]({fileio.basename(paths['png'])})",
             ""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(lines))
+  fileio.write_text(paths["md"], "\n".join(lines))
   plot(points, trend, paths["png"])
   return paths
 
@@ -196,7 +192,7 @@ def plot(points: list[dict], trend: Trend | None, out_path: str):
   ax.set_title("TST speed-up against run length (^ lower, v upper bounds)")
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  compare.save_figure(fig, out_path)
   plt.close(fig)
 
 
@@ -205,7 +201,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.tools.ladder", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/gpu_small.py")
-  p.add_argument("--workdir", required=True, help="one subdirectory per run; the reports here")
+  p.add_argument("--workdir", required=True,
+                 help="one subdirectory per run, the reports here: a folder or a bucket's URL")
   p.add_argument("--lengths", default="1k,2k,4k", help="TST run lengths, <N>k each")
   p.add_argument("--baseline_factors", default="0.5,1,1.5,2",
                  help="baselines of each length times these (the frontier around each TST run)")
@@ -226,6 +223,7 @@ def main(argv=None) -> int:
   p.add_argument("--plan_only", action="store_true",
                  help="train nothing: bring back --finished, report, say what is missing")
   args = p.parse_args(argv)
+  fileio.check_writable(args.workdir, "--workdir")     # one line, before any point starts
   factors = [float(f) for f in args.baseline_factors.split(",")]
   tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
   order = run_order(tst, base)
@@ -244,7 +242,7 @@ def main(argv=None) -> int:
   trend = None if unfinished else fit(points, _source(command))   # no half-measured fit
   paths = write(args.workdir, points, notes, trend, command, unfinished,
                 _advice(args, rungs(tst, factors), unfinished, seeds))
-  print(open(paths["md"]).read())
+  print(fileio.read_text(paths["md"]))
   return status
 
 

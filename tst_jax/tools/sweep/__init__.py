@@ -20,6 +20,10 @@ W/loss_vs_{flops,data}.png. Finished points brought back from another machine wi
 --finished, records without checkpoints, join W's own. A corpus is tokenized once per prepare
 request into W/data_<key>/data and hard-linked into each point, a `tokens:` store is read
 where it is, and all points share a persistent XLA cache.
+
+W may be a bucket's URL, gs://bucket/sweep: the points, their records and the reports go there
+through tst_jax/fileio.py, and each point reads the shared store in place as
+`data.source=tokens:W/data_<key>/data`, since a bucket has no hard links.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import argparse
 import concurrent.futures
 import os
 import sys
+import tempfile
 import time
 
+from tst_jax import fileio
 from tst_jax.tools import compare
 from tst_jax.tools.sweep.brought_back import bring_back
 from tst_jax.tools.sweep.points import (OVERHEAD_S, PREPARE_S, Point, estimate_s,
@@ -50,7 +56,8 @@ def parse_args(argv):
   p.add_argument("--arms", default="",
                  help="comma list of config args, one point per arm and seed, parts joined by "
                       "'+' (baseline,tst,s8+r0.5): results.{json,md} and figure-2 curves")
-  p.add_argument("--workdir", required=True, help="one subdirectory per point, tables here")
+  p.add_argument("--workdir", required=True,
+                 help="one subdirectory per point, tables here: a folder or a bucket's URL")
   p.add_argument("--include_baseline", action="store_true",
                  help="also run r = 0 (plain next-token training, same FLOPs) per seed")
   p.add_argument("--seeds", default=None, help="comma list, e.g. 0,1,2 (default: the config's)")
@@ -68,8 +75,9 @@ def parse_args(argv):
                       "length; the same command resumes (points train as subprocesses)")
   p.add_argument("--compilation_cache", default="",
                  help="persistent XLA cache shared by the points (default: JAX's configured "
-                      "one, else W/.jax_cache; 'none': off): points with the same shapes reuse "
-                      "each other's compiled steps")
+                      "one, else W/.jax_cache, or for W in a bucket a local folder kept for "
+                      "this call; 'none': off): points with the same shapes reuse each "
+                      "other's compiled steps")
   p.add_argument("--finished", action="append", default=[], metavar="FOLDER",
                  help="finished points brought back from another machine (FOLDER/<point>/ "
                       "or FOLDER/runs/<point>/: config.json, plan.json, metrics.jsonl, "
@@ -97,7 +105,8 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   args = parse_args(argv)
   args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
-  os.makedirs(args.workdir, exist_ok=True)
+  fileio.check_writable(args.workdir, "--workdir")     # one line, before any point starts
+  fileio.makedirs(args.workdir)
   for folder in args.finished:
     names = bring_back(folder, args.workdir)
     print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
@@ -119,12 +128,13 @@ def main(argv=None) -> int:
     return write_reports(args.workdir, collect(args.workdir), command)
 
   todo = [s for p, s in zip(points, specs)
-          if not finished(os.path.join(args.workdir, p.name), s.plan.total_steps)]
-  with compilation_cache(_cache_dir(args, specs)):
+          if not finished(fileio.join(args.workdir, p.name), s.plan.total_steps)]
+  with tempfile.TemporaryDirectory(prefix="tst_jax_sweep_xla_") as scratch, \
+       compilation_cache(_cache_dir(args, specs, scratch)):
     for spec in {data_key(s): s for s in todo}.values():
       prepare_shared_data(args.workdir, spec)        # tokenize once, before any point runs
     status = _run_points(args, points, report)
-  print(open(report()["md"]).read())
+  print(fileio.read_text(report()["md"]))
   unfinished = [p.name for p in points if status[p.name] in ("interrupted", "not started")]
   if unfinished:
     print(f"unfinished at the deadline: {', '.join(unfinished)}; the same command resumes them")
@@ -140,9 +150,9 @@ def check_budget(args, points: list[Point], specs) -> str:
   if not args.rate or args.rate <= 0:
     raise SystemExit("--budget_s needs --rate: the FLOP/s the points get on the device")
   todo = [s.plan for p, s in zip(points, specs)
-          if not finished(os.path.join(args.workdir, p.name), s.plan.total_steps)]
-  unprepared = any(not s.data.source.startswith("tokens:") and not os.path.exists(
-      os.path.join(shared_data_dir(args.workdir, s), "prepared.json")) for s in specs)
+          if not finished(fileio.join(args.workdir, p.name), s.plan.total_steps)]
+  unprepared = any(not s.data.source.startswith("tokens:") and not fileio.exists(
+      fileio.join(shared_data_dir(args.workdir, s), "prepared.json")) for s in specs)
   prepare = args.prepare_s if unprepared and todo else 0.0
   need = estimate_s(todo, args.parallel, args.rate, args.overhead_s, prepare)
   line = (f"{len(todo)} of {len(points)} points to train: "
@@ -168,11 +178,13 @@ def _points(args, arms: list[str]) -> list[Point]:
   return points
 
 
-def _cache_dir(args, specs) -> str | None:
-  """The persistent XLA cache the points share (None: off)."""
+def _cache_dir(args, specs, scratch: str) -> str | None:
+  """The persistent XLA cache the points share (None: off). A bucket's W gets the local folder
+  `scratch`, kept for this call, since the cache writes local files only."""
   import jax
   cache = (args.compilation_cache or jax.config.jax_compilation_cache_dir
-           or os.path.join(args.workdir, ".jax_cache"))
+           or (scratch if fileio.is_url(args.workdir)
+               else os.path.join(args.workdir, ".jax_cache")))
   if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
       and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the

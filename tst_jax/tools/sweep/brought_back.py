@@ -62,17 +62,25 @@ def bring_back(folder: str, workdir: str) -> list[str]:
     if final_eval(src, steps) is None:
       raise errors.DataError(f"{src}: unfinished (no eval at its last step {steps}): bring "
                              "back finished points only")
-    dst = os.path.join(workdir, name)
+    dst = fileio.join(workdir, name)
     if final_eval(dst, steps) is not None:
       continue
-    if os.path.exists(dst):
+    if fileio.exists(dst):
       raise errors.DataError(f"{dst}: holds an unfinished run of the point brought back from "
                              f"{src}: move it away first")
-    os.makedirs(dst + ".tmp", exist_ok=True)
-    for f in RECORDS:
-      fileio.write_bytes(os.path.join(dst + ".tmp", f), fileio.read_bytes(fileio.join(src, f)))
-    fileio.write_json(os.path.join(dst + ".tmp", POINT_FILE),
-                      dict(record, brought_from=fileio.absolute(src)))
-    os.replace(dst + ".tmp", dst)
+    _copy_records(src, dst, dict(record, brought_from=fileio.absolute(src)))
     brought.append(name)
   return brought
+
+
+def _copy_records(src: str, dst: str, record: dict):
+  """Copies a point's records from `src` to `dst` with `record` as its sweep_point.json. On a
+  disk they go to dst.tmp, renamed into place at the end. A bucket cannot rename, so there
+  metrics.jsonl goes last: the point counts as finished once its final eval is there."""
+  into = dst if fileio.is_url(dst) else dst + ".tmp"
+  fileio.makedirs(into)
+  fileio.write_json(fileio.join(into, POINT_FILE), record)
+  for f in sorted(RECORDS, key=lambda f: f == workdir_lib.METRICS):
+    fileio.write_bytes(fileio.join(into, f), fileio.read_bytes(fileio.join(src, f)))
+  if into != dst:
+    os.replace(into, dst)

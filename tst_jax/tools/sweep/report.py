@@ -4,12 +4,13 @@ the arms' results over seeds (W/results.{json,md} and the figure-2 curves, tools
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-import os
 
 import numpy as np
 
+from tst_jax import fileio
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
@@ -22,12 +23,11 @@ def points_under(workdir: str):
   """(name, sweep_point.json, its plan typed, its store's training tokens or None) of every
   point directory under `workdir`, by name: the plan the run recorded (plan.json), else the
   one the sweep wrote as it started it."""
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, POINT_FILE)
-    if os.path.isfile(path):
-      with open(path) as f:
-        meta = json.load(f)
-      yield (name, meta, *plan_and_tokens(os.path.join(workdir, name),
+  for name in fileio.listdir(workdir):
+    path = fileio.join(workdir, name, POINT_FILE)
+    if fileio.isfile(path):
+      meta = fileio.read_json(path)
+      yield (name, meta, *plan_and_tokens(fileio.join(workdir, name),
                                           started=Plan.from_json(meta["plan"])))
 
 
@@ -40,8 +40,8 @@ def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
       continue
     if meta.get("status") == "failed":
       failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
-    elif final_eval(os.path.join(workdir, name), plan.total_steps) is not None:
-      runs.append((meta["arm"], meta["seed"], load_run(os.path.join(workdir, name))))
+    elif final_eval(fileio.join(workdir, name), plan.total_steps) is not None:
+      runs.append((meta["arm"], meta["seed"], load_run(fileio.join(workdir, name))))
   return runs, failed
 
 
@@ -50,8 +50,8 @@ def collect(workdir: str) -> list[dict]:
   baseline of the same seed, negative where TST reached a lower loss."""
   records = []
   for name, meta, plan, train_tokens in points_under(workdir):
-    loss = final_eval(os.path.join(workdir, name), plan.total_steps)
-    summary = read_summary(os.path.join(workdir, name))
+    loss = final_eval(fileio.join(workdir, name), plan.total_steps)
+    summary = read_summary(fileio.join(workdir, name))
     if loss is None or summary is None:
       continue
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}
@@ -110,17 +110,18 @@ def _fmt(x, digits=4):
 
 def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
   """Writes sweep.csv, sweep.md and sweep_heatmap.png, returning their paths."""
-  paths = dict(csv=os.path.join(workdir, "sweep.csv"), md=os.path.join(workdir, "sweep.md"),
-               png=os.path.join(workdir, "sweep_heatmap.png"))
+  paths = {k: fileio.join(workdir, name) for k, name in (
+      ("csv", "sweep.csv"), ("md", "sweep.md"), ("png", "sweep_heatmap.png"))}
   extra_keys = sorted({k for r in records for k in _extras(r)})
   columns = ["name", "r", "S", "seed", *extra_keys, "final_eval_loss", "delta_vs_baseline",
              "data_tokens", "passes", "equivalent_tokens", "flops", "steps", "wall_s",
              "train_s"]
-  with open(paths["csv"], "w", newline="") as f:
-    writer = csv.DictWriter(f, columns)
-    writer.writeheader()
-    for r in records:
-      writer.writerow({k: r.get(k, "") for k in columns})
+  table = io.StringIO(newline="")
+  writer = csv.DictWriter(table, columns)
+  writer.writeheader()
+  for r in records:
+    writer.writerow({k: r.get(k, "") for k in columns})
+  fileio.write_text(paths["csv"], table.getvalue())
 
   lines = compare.report_head("Sweep results", command)
   lines += ["Final held-out next-token loss (nats/token) of every finished run; Δ = loss minus "
@@ -160,9 +161,8 @@ def write_reports(workdir: str, records: list[dict], command: str = "") -> dict:
       (br, bs), (loss, delta) = min(tst.items(), key=lambda kv: kv[1][::-1])
       lines += ["", f"Best TST point: r = {br:g}, S = {bs} (mean loss {loss:.4f}" +
                 (f", mean Δ {delta:+.4f}" if delta is not None else "") + ")."]
-  lines += ["", f"![heatmap]({os.path.basename(paths['png'])})", ""]
-  with open(paths["md"], "w") as f:
-    f.write("\n".join(lines))
+  lines += ["", f"![heatmap]({fileio.basename(paths['png'])})", ""]
+  fileio.write_text(paths["md"], "\n".join(lines))
   plot_heatmap(records, paths["png"])
   return paths
 
@@ -213,7 +213,7 @@ def plot_heatmap(records: list[dict], out_path: str):
     ax.set_title("final eval loss" + (f" ({', '.join(f'{k}={v}' for k, v in extras.items())})"
                                       if extras else ""), fontsize=10)
   fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  compare.save_figure(fig, out_path)
   plt.close(fig)
 
 

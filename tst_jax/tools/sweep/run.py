@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -18,6 +19,7 @@ from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
 from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
 from tst_jax.train import cli, workdir as workdir_lib
+from tst_jax.train.appending import Appender
 
 _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "main.py")
@@ -40,7 +42,7 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   """Trains one point unless it is finished. Returns 'done', 'skipped' or 'failed', or past
   `args.deadline`, a time.time() or None, 'interrupted' or 'not started'. The same command
   resumes an interrupted point from its checkpoint."""
-  point_dir = os.path.join(args.workdir, point.name)
+  point_dir = fileio.join(args.workdir, point.name)
   overrides = point.overrides(args.set)
   config_arg = point.config_arg(args.config)
   config, spec = resolve(config_arg, overrides)
@@ -51,44 +53,65 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   if args.deadline is not None and time.time() >= args.deadline:
     print(f"[{index}/{total}] {point.name}: not started (--deadline_s)", flush=True)
     return "not started"
-  os.makedirs(point_dir, exist_ok=True)
-  if not spec.data.source.startswith("tokens:"):   # a tokens: store is read where it is
-    link_prepared_data(shared_data_dir(args.workdir, spec), point_dir)
+  fileio.makedirs(point_dir)
+  store = shared_store(args.workdir, spec, point_dir)
   meta = dict(name=point.name, config=config_arg, overrides=overrides, grid=point.grid,
               arm=point.arm, seed=point.seed, baseline=point.baseline, data_key=data_key(spec),
               r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
               plan=plan.to_json(), status="running")
-  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+  fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
+  if store:
+    overrides = [*overrides, f"data.source=tokens:{store}"]
+    config = resolve(config_arg, overrides)[0]
   t0 = time.time()
   try:
     if args.subprocess or args.parallel > 1 or args.deadline is not None:
       cmd = [sys.executable, _MAIN, "--config", config_arg, "--workdir", point_dir,
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
-      with open(os.path.join(point_dir, "sweep_log.txt"), "a") as log:
-        if not _train(cmd, log, env, args.deadline) and not finished(point_dir,
-                                                                     plan.total_steps):
-          meta.update(status="interrupted", wall_s=time.time() - t0)
-          fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
-          print(f"[{index}/{total}] {point.name}: interrupted at the deadline (the same "
-                "command resumes it from its latest checkpoint)", flush=True)
-          return "interrupted"
+      with _log_file(point_dir) as log:
+        done = _train(cmd, log, env, args.deadline)
+      if not done and not finished(point_dir, plan.total_steps):
+        meta.update(status="interrupted", wall_s=time.time() - t0)
+        fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
+        print(f"[{index}/{total}] {point.name}: interrupted at the deadline (the same "
+              "command resumes it from its latest checkpoint)", flush=True)
+        return "interrupted"
     else:
       cli.run(config, point_dir)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
-    fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+    fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
     line = errors.one_line(e)        # a user error: its one line, else the traceback
     print(line, file=sys.stderr) if line and not args.verbosity else traceback.print_exc()
     print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
     return "failed"
   meta.update(status="done", wall_s=time.time() - t0)
-  fileio.write_json(os.path.join(point_dir, POINT_FILE), meta)
+  fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
   loss = workdir_lib.final_eval(point_dir, plan.total_steps)
   print(f"[{index}/{total}] {point.name}: final eval loss {loss:.4f} "
         f"({meta['wall_s']:.0f} s)", flush=True)
   return "done"
+
+
+@contextlib.contextmanager
+def _log_file(point_dir: str):
+  """Yields the file a point's trainer writes its output to: <point>/sweep_log.txt on a disk,
+  and for a bucket's point a local temporary file, appended to that object when the trainer
+  ends, since an object cannot be written to as it grows."""
+  path = fileio.join(point_dir, "sweep_log.txt")
+  if not fileio.is_url(path):
+    with open(path, "a") as log:
+      yield log
+    return
+  with tempfile.TemporaryFile() as log:
+    try:
+      yield log
+    finally:
+      log.seek(0)
+      with Appender(path) as out:
+        out.write(log.read())
 
 
 # After SIGTERM: time for the current step (its compilation, if it is the first) and its
@@ -149,7 +172,7 @@ def compilation_cache(path: str | None):
 
 
 def shared_data_dir(workdir: str, spec) -> str:
-  return os.path.join(workdir, "data_" + hashlib.sha256(data_key(spec).encode()).hexdigest()[:12])
+  return fileio.join(workdir, "data_" + hashlib.sha256(data_key(spec).encode()).hexdigest()[:12])
 
 
 def prepare_shared_data(workdir: str, spec):
@@ -159,8 +182,8 @@ def prepare_shared_data(workdir: str, spec):
   if spec.data.source.startswith("tokens:"):
     return
   path = shared_data_dir(workdir, spec)
-  done = os.path.join(path, "prepared.json")
-  if not os.path.exists(done):
+  done = fileio.join(path, "prepared.json")
+  if not fileio.exists(done):
     t0 = time.time()
     spec.check_paths()
     data = run_data.prepare_data(spec.data, path, spec.model.vocab_size, block=(0, 1))
@@ -168,6 +191,21 @@ def prepare_shared_data(workdir: str, spec):
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def shared_store(workdir: str, spec, point_dir: str) -> str:
+  """Gives a point the store the sweep prepared for its data. On a disk its files are
+  hard-linked into <point>/data, where the trainer finds them as its own, and '' is returned.
+  A bucket has no links, so there it returns the shared store's URL, for the point to read in
+  place as `tokens:`. A `tokens:` source or a mixture needs nothing and gets ''."""
+  d = spec.data
+  if d.source.startswith("tokens:") or d.mixture or d.tst_mixture:
+    return ""
+  shared = shared_data_dir(workdir, spec)
+  if not fileio.is_url(workdir):
+    link_prepared_data(shared, point_dir)
+    return ""
+  return fileio.join(shared, run_data.PREPARED_DIR)
 
 
 def link_prepared_data(source: str, point_dir: str):
