@@ -132,3 +132,29 @@ def test_checking_a_config_does_not_start_jax():
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=os.environ | {"PYTHONPATH": ROOT})
   assert out.returncode == 0 and out.stdout.strip() == "unstarted", out.stderr[-2000:]
+
+
+def test_a_workdir_with_a_tilde_is_one_path_for_the_check_the_lock_and_the_run(tmp_path,
+                                                                              monkeypatch):
+  """bash leaves `--workdir=~/runs/a` as typed: the lock and the run's files both go under
+  the home folder, not one of them under a folder named '~'."""
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.chdir(tmp_path)
+  seen = {}
+
+  class Stop(Exception):
+    pass
+
+  def setup_create(spec, workdir, **kwargs):
+    seen["run"] = workdir
+    raise Stop
+
+  monkeypatch.setattr(cli.lock_lib.Lock, "take",
+                      classmethod(lambda cls, workdir, say=print: seen.setdefault("lock", workdir)
+                                  and None))
+  monkeypatch.setattr(cli.Setup, "create", setup_create)
+  with pytest.raises(Stop):
+    cli.run(tiny_config(), workdir="~/runs/a")
+  assert seen == dict(lock=str(tmp_path / "home" / "runs" / "a"),
+                      run=str(tmp_path / "home" / "runs" / "a"))
+  assert not os.path.exists(tmp_path / "~")

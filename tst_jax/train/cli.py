@@ -12,6 +12,7 @@ import json
 
 import jax
 
+from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
@@ -46,6 +47,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   if not workdir:
     raise ConfigError("--workdir", "required for train and eval: give a new directory, or a "
                       "run's to resume it")
+  workdir = fileio.absolute(workdir)   # once, so the check, the lock and the run see one path
   spec.check_devices(jax.device_count())
   spec.check_paths()
   check_workdir(workdir)
