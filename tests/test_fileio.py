@@ -264,3 +264,10 @@ def test_a_whole_file_read_is_one_version_of_an_object_rewritten_meanwhile(bucke
   with pytest.raises(ValueError):     # what a ranged read after a size lookup gives
     with fileio.open(path, "r") as f:
       json.loads(f.read())
+
+
+def test_a_file_url_globs_to_the_names_that_join_gives(tmp_path):
+  """A store at tokens:file:///... finds its shards by these names."""
+  root = "file://" + str(tmp_path)
+  fileio.write_bytes(fileio.join(root, "a.bin"), b"xy")
+  assert fileio.glob_files(fileio.join(root, "*.bin")) == {fileio.join(root, "a.bin"): 2}

@@ -67,7 +67,9 @@ def filesystem(url: str):
 
 def _full(fs, url: str, path: str) -> str:
   """Returns the URL of `path` in `fs`, written with the scheme `url` was."""
-  return protocol(url) + "://" + fs._strip_protocol(path).lstrip("/")   # pylint: disable=protected-access
+  path = fs._strip_protocol(path)   # pylint: disable=protected-access
+  # A file:// URL's path is absolute; a bucket's starts at the bucket's name.
+  return protocol(url) + "://" + (path if protocol(url) == "file" else path.lstrip("/"))
 
 
 def join(path: str, *parts: str) -> str:

@@ -116,6 +116,13 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
     export.export(workdir, tmp_path / out)
   assert {f.name: f.read_bytes() for f in (tmp_path / "hf_there").iterdir()} == {
       f.name: f.read_bytes() for f in (tmp_path / "hf_here").iterdir()}
+  # Orbax marks a checkpoint complete with its commit file on a disk too, so a run trained
+  # on disk and copied into a bucket keeps its checkpoints there.
+  copied = fileio.join(bucket, "copied", workdir_lib.CHECKPOINTS)
+  fs, at = fileio.filesystem(copied)
+  fs.put(os.path.join(local, workdir_lib.CHECKPOINTS), at, recursive=True)
+  assert workdir_lib.checkpoint_steps(fileio.dirname(copied)) == workdir_lib.checkpoint_steps(
+      local) == [6, 8, 10, 12]
 
 
 def _tensorboard_steps(workdir) -> list[int]:
@@ -157,3 +164,15 @@ def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_c
   assert errors.one_line(e.value) == (
       "error: --workdir gs://no-such-bucket-here/run cannot be written: no such bucket or "
       "folder")
+
+
+@pytest.mark.parametrize("workdir", ["s3://bucket/run", "memory://run", "gcs://bucket/run"])
+def test_a_workdir_in_a_store_other_than_gs_is_one_line(workdir, monkeypatch):
+  """Orbax marks a checkpoint complete in a bucket with a commit file only on gs://."""
+  monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
+  with pytest.raises(errors.WorkdirError) as e:
+    cli.run(tiny_config(), workdir)
+  scheme = workdir.split("://")[0]
+  assert errors.one_line(e.value) == (
+      f"error: --workdir {workdir}: a run's workdir is a local folder or gs://; {scheme}:// is "
+      "not supported there")
