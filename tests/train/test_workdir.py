@@ -22,7 +22,7 @@ def workdir(request, tmp_path):
 def test_metrics_read_back_and_resume_drops_the_lines_after_the_checkpoint(workdir):
   assert workdir_lib.read_metrics(workdir) == []
   lines = [dict(step=s, loss=10.0 - s) for s in range(1, 6)] + [dict(step=5, eval_loss=3.5)]
-  with workdir_lib.open_metrics(workdir, None) as f:
+  with workdir_lib.open_metrics(workdir, 0) as f:
     for r in lines:
       f.write(json.dumps(r) + "\n")
   assert workdir_lib.read_metrics(workdir) == lines
@@ -30,6 +30,9 @@ def test_metrics_read_back_and_resume_drops_the_lines_after_the_checkpoint(workd
   with workdir_lib.open_metrics(workdir, 3) as f:   # resumed from the checkpoint of step 3
     f.write(json.dumps(dict(step=4, loss=1.0)) + "\n")
   assert workdir_lib.read_metrics(workdir) == lines[:3] + [dict(step=4, loss=1.0)]
+  with workdir_lib.open_metrics(workdir, 0):   # run again with no checkpoint: from step 1
+    pass
+  assert workdir_lib.read_metrics(workdir) == []
 
 
 def test_records_read_back_as_written(workdir):

@@ -93,7 +93,7 @@ def _writer(setup: Setup, start: int, record: PlanRecord) -> metrics_lib.Metrics
   """Returns the metrics sink of process 0, with train.tracker's run."""
   config = dict(config=setup.spec.to_json(), plan=record.to_json())
   tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.workdir, config)
-  return metrics_lib.MetricsWriter(setup.workdir, resume_step=start or None, tracker=tracker)
+  return metrics_lib.MetricsWriter(setup.workdir, resume_step=start, tracker=tracker)
 
 
 def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):

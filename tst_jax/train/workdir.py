@@ -83,11 +83,12 @@ def read_plan(workdir: str) -> PlanRecord | None:
   return None if record is None else PlanRecord.from_json(record)
 
 
-def open_metrics(workdir: str, resume_step: int | None) -> appending.Appender:
-  """Opens metrics.jsonl to append, first dropping lines after `resume_step` on a resume."""
+def open_metrics(workdir: str, start: int) -> appending.Appender:
+  """Opens metrics.jsonl to append from step `start` on, first dropping the lines after it:
+  an earlier attempt logged them after its last checkpoint, or before its first."""
   file = path(workdir, METRICS)
-  if resume_step is not None and fileio.exists(file):
-    kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= resume_step]
+  if fileio.exists(file):
+    kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start] if start else []
     fileio.write_text(file, "".join(json.dumps(r) + "\n" for r in kept))
   return appending.Appender(file)
 
