@@ -29,6 +29,12 @@ import jax.numpy as jnp
 
 from tst_jax.parallel import varying
 
+# Searches compare every query with every sorted entry and sum, one fused pass. A binary search
+# unrolled over log2 A levels is as fast on a GPU, but jax 0.12's XLA:CPU vectorises that chain
+# in time exponential in its depth, and the fit check compiles the train step there
+# (docs/performance.md). A loop of log2 A steps instead is slower on a GPU.
+_SEARCH = "compare_all"
+
 
 class Routing(NamedTuple):
   """Where each assignment sits in the expert-ordered buffer of R rows, int32 without gradient."""
@@ -48,7 +54,7 @@ def _sort(ids_NxP, n_experts: int):
   sorted_A, order_A = jax.lax.sort((ids_A, iota_A), num_keys=1, is_stable=True)
   _, inverse_A = jax.lax.sort((order_A, iota_A), num_keys=1)
   bounds = jnp.searchsorted(sorted_A, jnp.arange(n_experts + 1, dtype=jnp.int32),
-                            method="scan_unrolled").astype(jnp.int32)
+                            method=_SEARCH).astype(jnp.int32)
   return order_A, inverse_A, bounds
 
 
@@ -97,7 +103,7 @@ def blocked(ids_NxP, n_experts: int, block: int) -> tuple[Routing, jax.Array]:
   expert_A = jnp.minimum(ids_A, e - 1)
   row_A = jnp.where(ids_A < e, padded_starts_E[expert_A] + inverse_A - starts_E[expert_A], rows)
   block_expert = jnp.minimum(jnp.searchsorted(padded_ends_E, jnp.arange(n_blocks) * block,
-                                              side="right", method="scan_unrolled"), e - 1)
+                                              side="right", method=_SEARCH), e - 1)
   expert_R = block_expert[jnp.arange(rows) // block]
   offset_R = jnp.arange(rows) - padded_starts_E[expert_R]   # within the expert's group
   filled_R = offset_R < sizes_E[expert_R]
