@@ -35,7 +35,7 @@ def test_sync_puts_every_line_and_event_written_so_far_in_the_files(where, tmp_p
   """tensorboardX's own flush leaves events in its queue: `sync` must not, since a checkpoint
   follows it and a kill after the checkpoint would lose them."""
   workdir = _workdir(where, tmp_path, request)
-  writer = metrics.MetricsWriter(workdir, resume_step=None)
+  writer = metrics.MetricsWriter(workdir, resume_step=0)
   for step in range(1, 9):
     writer.write(_record(step))
   writer.sync()
@@ -59,7 +59,7 @@ def test_a_failed_upload_is_kept_retried_and_reported_once_on_the_main_thread(
     threads.add(threading.current_thread())
     raise ConnectionError("the store is away")
 
-  writer = metrics.MetricsWriter(workdir, resume_step=None)
+  writer = metrics.MetricsWriter(workdir, resume_step=0)
   monkeypatch.setattr(appending, "append_object", refused)
   with caplog.at_level(logging.WARNING, logger="tst_jax"):
     for step in range(1, 31):    # more events than tensorboardX's queue holds
@@ -78,21 +78,24 @@ def test_a_failed_upload_is_kept_retried_and_reported_once_on_the_main_thread(
 
 
 @pytest.mark.parametrize("where", ["local", "gs"])
+@pytest.mark.parametrize("checkpoint", [3, 0])
 def test_a_resumed_run_hides_the_events_a_killed_one_logged_past_its_checkpoint(
-    where, tmp_path, request):
-  """The killed run synced steps 1-5 and its checkpoint is step 3: the resumed run logs 4-6.
-  metrics.jsonl drops lines 4 and 5, and TensorBoard hides the killed run's events 4 and 5."""
+    where, checkpoint, tmp_path, request):
+  """The killed run synced steps 1-5 and its last checkpoint is `checkpoint`, 0 for none:
+  the run started again logs the steps after it to 6. metrics.jsonl drops the killed run's
+  lines past the checkpoint, and TensorBoard hides its events past it."""
   workdir = _workdir(where, tmp_path, request)
-  killed = metrics.MetricsWriter(workdir, resume_step=None)
+  killed = metrics.MetricsWriter(workdir, resume_step=0)
   for step in range(1, 6):
     killed.write(_record(step))
   killed.sync()                    # then SIGKILL: never closed
-  resumed = metrics.MetricsWriter(workdir, resume_step=3)
-  for step in range(4, 7):
-    resumed.write(_record(step))
-  resumed.close()
+  again = metrics.MetricsWriter(workdir, resume_step=checkpoint)
+  for step in range(checkpoint + 1, 7):
+    again.write(_record(step))
+  again.close()
   folder = workdir_lib.path(workdir, workdir_lib.TENSORBOARD)
-  assert events.steps(folder, "loss", shown=False) == [1, 2, 3, 4, 5, 4, 5, 6]
+  assert events.steps(folder, "loss", shown=False) == [1, 2, 3, 4, 5,
+                                                       *range(checkpoint + 1, 7)]
   assert _steps_in(workdir) == ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6])
 
 
@@ -101,7 +104,7 @@ def test_parts_left_by_a_killed_run_are_in_a_folder_tensorboard_never_reads(buck
   """A kill between a part's compose and its removal leaves the part: in <workdir>/.parts,
   named without "tfevents", so TensorBoard finds the run's one event file and no other."""
   workdir = fileio.join(bucket, "run")
-  writer = metrics.MetricsWriter(workdir, resume_step=None)
+  writer = metrics.MetricsWriter(workdir, resume_step=0)
   writer.write(_record(1))
   writer.sync()                    # creates both objects: no part yet
   fs, root = fileio.filesystem(workdir)

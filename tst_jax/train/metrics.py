@@ -39,19 +39,18 @@ class _EventFile:
 
   tensorboardX's SummaryWriter hands its events to a thread of its own through a queue of ten:
   an upload error kills that thread and the next add then waits for good, and its flush does
-  not wait for the queue. On a resume the file starts with `purge_step`, at which TensorBoard
-  hides what earlier files logged from that step on.
+  not wait for the queue. The file starts with a SessionLog START at `purge_step`, the run's
+  first step, from which on TensorBoard hides what earlier files logged.
   """
 
-  def __init__(self, directory: str, parts: str, purge_step: int | None):
+  def __init__(self, directory: str, parts: str, purge_step: int):
     self._records, self._summary, self._events = _tensorboardx()
     fileio.makedirs(directory)
     name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
     self.out = appending.Appender(fileio.join(directory, name), parts=parts)
     self._add(self._events.Event(file_version="brain.Event:2"))
-    if purge_step is not None:
-      self._add(self._events.Event(step=purge_step, session_log=self._events.SessionLog(
-          status=self._events.SessionLog.START)))
+    self._add(self._events.Event(step=purge_step, session_log=self._events.SessionLog(
+        status=self._events.SessionLog.START)))
 
   def scalar(self, tag: str, value: float, step: int):
     self._add(self._events.Event(step=step, summary=self._summary.scalar(tag, value)))
@@ -65,7 +64,7 @@ class _EventFile:
     self.out.write(header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data)))
 
 
-def _tensorboard(workdir: str, purge_step: int | None) -> _EventFile | None:
+def _tensorboard(workdir: str, purge_step: int) -> _EventFile | None:
   """Returns the run's TensorBoard event file, None where tensorboardX is not installed."""
   try:
     _tensorboardx()
@@ -77,16 +76,16 @@ def _tensorboard(workdir: str, purge_step: int | None) -> _EventFile | None:
 
 class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
-  TensorBoard and to `tracker`, a tracker.Tracker. On resume, lines past the restored step are
-  dropped first, so the file reads as one uninterrupted run, and TensorBoard hides its events
-  past that step. Both files are written on the calling thread: locally each line and event
+  TensorBoard and to `tracker`, a tracker.Tracker. The run starts after step `resume_step`,
+  0 on a first start: lines past it that an earlier attempt logged are dropped first, so the
+  file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it. Both files are written on the calling thread: locally each line and event
   is written through, in a bucket uploaded as appending.Appender says, and all of them at
   `sync`."""
 
-  def __init__(self, workdir: str, resume_step: int | None, tracker=None):
+  def __init__(self, workdir: str, resume_step: int, tracker=None):
     self.tracker = tracker
     self.file = workdir_lib.open_metrics(workdir, resume_step)
-    self.tb = _tensorboard(workdir, None if resume_step is None else resume_step + 1)
+    self.tb = _tensorboard(workdir, resume_step + 1)
 
   def write(self, record: dict):
     self.file.write(json.dumps(record) + "\n")
