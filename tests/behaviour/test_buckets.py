@@ -6,7 +6,6 @@ with one error line."""
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.fixtures import subprocess_env
+from tests.fixtures import events, subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
@@ -105,7 +104,8 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
       **workdir_lib.read_summary(local), "seconds_this_session":
       workdir_lib.read_summary(remote)["seconds_this_session"]}
   # TensorBoard: the killed session's events up to its last checkpoint, then the resumed one's.
-  assert _tensorboard_steps(remote) == list(range(1, 13))
+  assert events.steps(workdir_lib.path(remote, workdir_lib.TENSORBOARD), "loss",
+                      shown=False) == list(range(1, 13))
   # Read back as export, eval and sample read a run: the same weights as the local run's.
   there, here = trained_run.load(remote), trained_run.load(local)
   assert there.step == here.step == 12
@@ -123,21 +123,6 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   fs.put(os.path.join(local, workdir_lib.CHECKPOINTS), at, recursive=True)
   assert workdir_lib.checkpoint_steps(fileio.dirname(copied)) == workdir_lib.checkpoint_steps(
       local) == [6, 8, 10, 12]
-
-
-def _tensorboard_steps(workdir) -> list[int]:
-  """Returns the step of each `loss` scalar in the workdir's TensorBoard event files, read as
-  TFRecords of Event protos."""
-  from tensorboardX.proto import event_pb2   # pylint: disable=import-outside-toplevel
-  steps = []
-  for file in fileio.glob(fileio.join(workdir, workdir_lib.TENSORBOARD, "*tfevents*")):
-    data, at = fileio.read_bytes(file), 0
-    while at < len(data):
-      size = struct.unpack("<Q", data[at:at + 8])[0]
-      event = event_pb2.Event.FromString(data[at + 12:at + 12 + size])
-      steps += [event.step for v in event.summary.value if v.tag == "loss"]
-      at += 16 + size
-  return steps
 
 
 def test_a_second_main_py_on_a_live_runs_bucket_workdir_exits_2_with_one_line(bucket):

@@ -5,62 +5,87 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
+import struct
 import sys
+import time
 
 from tst_jax import fileio
 from tst_jax.train import appending, workdir as workdir_lib
 
 
-def _summary_writer():
-  """Imports tensorboardX's SummaryWriter without importing torch.
+def _tensorboardx():
+  """Imports tensorboardX's summary and event modules without importing torch, or raises
+  ImportError where tensorboardX is not installed.
 
   tensorboardX imports torch where it is installed only to accept torch tensors, which this
   run never logs, and torch takes seconds to import at every start.
   """
-  if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter   # pylint: disable=import-outside-toplevel
-    return SummaryWriter
-  sys.modules["torch"] = None   # makes `import torch` raise ImportError, which it handles
+  blocked = "torch" not in sys.modules
+  if blocked:
+    sys.modules["torch"] = None   # makes `import torch` raise ImportError, which it handles
   try:
-    from tensorboardX import SummaryWriter   # pylint: disable=import-outside-toplevel
+    from tensorboardX import record_writer, summary   # pylint: disable=import-outside-toplevel
+    from tensorboardX.proto import event_pb2           # pylint: disable=import-outside-toplevel
   finally:
-    del sys.modules["torch"]
-  return SummaryWriter
+    if blocked:
+      del sys.modules["torch"]
+  return record_writer, summary, event_pb2
 
 
-class _AppendingEvents:
-  """tensorboardX's writer factory for a workdir in a bucket: its event file appended to as
-  metrics.jsonl is, where its own writer would upload the whole file at each flush."""
+class _EventFile:
+  """Writes TensorBoard's event file into `directory` on the calling thread, through an
+  appending.Appender as metrics.jsonl is, so `sync` holds for both.
 
-  def open(self, path: str) -> appending.Appender:
-    return appending.Appender(path)
+  tensorboardX's SummaryWriter hands its events to a thread of its own through a queue of ten:
+  an upload error kills that thread and the next add then waits for good, and its flush does
+  not wait for the queue. The file starts with a SessionLog START at `purge_step`, the run's
+  first step, from which on TensorBoard hides what earlier files logged.
+  """
 
-  def directory_check(self, path: str):
-    del path   # a bucket has no folders to make
+  def __init__(self, directory: str, parts: str, purge_step: int):
+    self._records, self._summary, self._events = _tensorboardx()
+    fileio.makedirs(directory)
+    name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+    self.out = appending.Appender(fileio.join(directory, name), parts=parts)
+    self._add(self._events.Event(file_version="brain.Event:2"))
+    self._add(self._events.Event(step=purge_step, session_log=self._events.SessionLog(
+        status=self._events.SessionLog.START)))
+
+  def scalar(self, tag: str, value: float, step: int):
+    self._add(self._events.Event(step=step, summary=self._summary.scalar(tag, value)))
+
+  def _add(self, event):
+    """Appends `event` as one TFRecord: length, its checksum, the data, the data's checksum."""
+    event.wall_time = time.time()
+    data = event.SerializeToString()
+    header = struct.pack("<Q", len(data))
+    crc = self._records.masked_crc32c
+    self.out.write(header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data)))
 
 
-def _tensorboard(directory: str):
-  """Returns a SummaryWriter into `directory`, None where tensorboardX is not installed."""
+def _tensorboard(workdir: str, purge_step: int) -> _EventFile | None:
+  """Returns the run's TensorBoard event file, None where tensorboardX is not installed."""
   try:
-    summary_writer = _summary_writer()
+    _tensorboardx()
   except ImportError:   # TensorBoard output is optional
     return None
-  if fileio.is_url(directory):
-    from tensorboardX import record_writer   # pylint: disable=import-outside-toplevel
-    record_writer.register_writer_factory(fileio.protocol(directory), _AppendingEvents())
-  return summary_writer(directory)
+  return _EventFile(workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
+                    workdir_lib.path(workdir, appending.PARTS), purge_step)
 
 
 class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
-  TensorBoard and to `tracker`, a tracker.Tracker. On resume, lines past the restored step are
-  dropped first, so the file reads as one uninterrupted run. Locally each line is written
-  through, in a bucket uploaded as appending.Appender says, and all of them at `sync`."""
+  TensorBoard and to `tracker`, a tracker.Tracker. The run starts after step `resume_step`,
+  0 on a first start: lines past it that an earlier attempt logged are dropped first, so the
+  file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it. Both files are written on the calling thread: locally each line and event
+  is written through, in a bucket uploaded as appending.Appender says, and all of them at
+  `sync`."""
 
-  def __init__(self, workdir: str, resume_step: int | None, tracker=None):
+  def __init__(self, workdir: str, resume_step: int, tracker=None):
     self.tracker = tracker
     self.file = workdir_lib.open_metrics(workdir, resume_step)
-    self.tb = _tensorboard(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
+    self.tb = _tensorboard(workdir, resume_step + 1)
 
   def write(self, record: dict):
     self.file.write(json.dumps(record) + "\n")
@@ -69,21 +94,26 @@ class MetricsWriter:
     if self.tb is not None:
       for key, value in record.items():
         if isinstance(value, (int, float)) and key != "step" and math.isfinite(value):
-          self.tb.add_scalar(key, value, record["step"])
+          self.tb.scalar(key, value, record["step"])
 
   def sync(self):
-    """Makes every line written so far part of metrics.jsonl and the TensorBoard events, also
-    in a bucket."""
+    """Makes every line and event written so far part of metrics.jsonl and the TensorBoard
+    event file, also in a bucket, or raises one PathError."""
     self.file.flush()
     if self.tb is not None:
-      self.tb.flush()
+      self.tb.out.flush()
 
   def close(self):
-    self.file.close()
-    if self.tracker is not None:
-      self.tracker.close()
-    if self.tb is not None:
-      self.tb.close()
+    """Closes metrics.jsonl, the event file and the tracker, each even where one before failed."""
+    try:
+      self.file.close()
+    finally:
+      try:
+        if self.tb is not None:
+          self.tb.out.close()
+      finally:
+        if self.tracker is not None:
+          self.tracker.close()
 
 
 def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
