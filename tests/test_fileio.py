@@ -1,11 +1,12 @@
 """Paths on the local disk and in object stores (tst_jax/fileio.py): each function gives the same
 contents on the local disk, in the GCS emulator's bucket and in fsspec's memory store; writes
-are whole or not at all; the lock's create-if-absent and remove-if-unchanged hold; a path that
-cannot be read or written is one error naming it and why."""
+are whole or not at all; the lock's create-if-absent, write-if-unchanged and
+remove-if-unchanged hold; a path that cannot be read or written is one error naming it and why."""
 
 import json
 import os
 import re
+import shutil
 import uuid
 
 import fsspec
@@ -125,6 +126,40 @@ def test_create_new_is_a_lock_and_remove_if_unchanged_takes_over_only_a_stale_on
   assert not fileio.exists(lock) and not fileio.remove_if_unchanged(lock, seen)
   assert fileio.create_new(lock, b'{"pid": 3}') and fileio.read_json(lock) == {"pid": 3}
   assert fileio.listdir(root) == ["lock.json"]
+
+
+def test_write_if_unchanged_never_overwrites_a_file_written_since_its_version(root):
+  """A lock's holder renews it on the version it last wrote. Another run that removed and
+  re-created the lock meanwhile keeps its own, and the holder learns it."""
+  fileio.makedirs(root)
+  lock = fileio.join(root, "lock.json")
+  assert fileio.create_new(lock, '{"pid": 1}')
+  mine = fileio.version(lock)
+  renewed = fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 2}', mine)
+  assert renewed is not None and renewed == fileio.version(lock) != mine
+  assert fileio.read_json(lock) == {"pid": 1, "beat": 2}
+  assert fileio.write_if_unchanged(lock, b'{"pid": 1, "beat": 3}', mine) is None   # stale
+  assert fileio.remove_if_unchanged(lock, renewed)             # another run takes over
+  assert fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 3}', renewed) is None  # gone
+  assert not fileio.exists(lock)
+  assert fileio.create_new(lock, '{"pid": 2}')
+  assert fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 3}', renewed) is None
+  assert fileio.read_json(lock) == {"pid": 2} and fileio.listdir(root) == ["lock.json"]
+
+
+def test_a_rename_that_copies_the_file_keeps_its_version(tmp_path, monkeypatch):
+  """gcsfuse renames a file by copying it, which gives it a new inode and time: a lock set
+  aside to be compared is still the one that was read."""
+  def copy_then_remove(src, dst):
+    shutil.copyfile(src, dst)
+    os.remove(src)
+
+  monkeypatch.setattr(os, "rename", copy_then_remove)
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a")
+  renewed = fileio.write_if_unchanged(lock, "b", fileio.version(lock))
+  assert renewed is not None and fileio.read_text(lock) == "b"
+  assert fileio.remove_if_unchanged(lock, renewed) and os.listdir(tmp_path) == []
 
 
 def test_create_new_lets_exactly_one_of_many_racers_win(tmp_path):

@@ -245,12 +245,9 @@ def append_text(path: str, text: str):
 
 def create_new(path: str, data: bytes | str) -> bool:
   """Writes `data` to `path` only if nothing is there, as one atomic step, and returns whether
-  it did. This is a lock: of processes racing for one path, exactly one gets True.
-
-  Locally the file is written aside and hard-linked into place. In a store the write carries a
-  create-only precondition: ifGenerationMatch=0 in GCS, If-None-Match in S3. A store whose
-  fsspec filesystem has no such write checks and writes in two steps, which is not atomic.
-  """
+  it did: of processes racing for one path, exactly one gets True. A local file is written
+  aside and hard-linked into place. A store's write is create-only: ifGenerationMatch=0 in
+  GCS, If-None-Match in S3. Where fsspec has no such write, it checks, then writes."""
   data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
   if is_url(path):
     fs, p = filesystem(path)
@@ -286,13 +283,12 @@ def _link(aside: str, path: str, data: bytes) -> bool:
 
 
 def version(path: str) -> str | None:
-  """Returns a token that changes whenever the file at `path` is written again, or None when
-  there is no file: the generation of a GCS object, the ETag of an S3 object, the inode,
-  mtime and size of a local file, else the sha256 of the contents."""
+  """Returns a token that changes whenever the file at `path` is written again with other
+  contents, None where there is none: a GCS object's generation, an S3 object's ETag, else the
+  sha256 of the contents, locally too: gcsfuse gives a renamed file a new inode and time."""
   try:
     if not is_url(path):
-      st = os.stat(path)
-      return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+      return hashlib.sha256(read_bytes(path)).hexdigest()
     fs, p = filesystem(path)
     fs.invalidate_cache(p)
     info = fs.info(p)
@@ -304,24 +300,13 @@ def version(path: str) -> str | None:
 
 def remove_if_unchanged(path: str, seen: str) -> bool:
   """Removes the file at `path` if its `version` is still `seen`, and returns whether it did:
-  how a dead run's lock is taken over without removing a lock that a live run wrote since.
-
-  In GCS the delete carries ifGenerationMatch, so it is atomic. Locally the file is renamed
-  aside, atomically, and put back if it changed. Other stores check, then delete.
-  """
+  how a dead run's lock is taken over, never a lock that a live run wrote since. GCS's delete
+  carries ifGenerationMatch, a local file is set aside to compare it, other stores check."""
   if not is_url(path):
-    aside = f"{path}.{uuid.uuid4().hex}.stale"
-    try:
-      os.rename(path, aside)
-    except FileNotFoundError:
-      return False
-    if version(aside) == seen:
+    aside = _set_aside(path, seen)
+    if aside:
       os.remove(aside)
-      return True
-    with builtins.open(aside, "rb") as f:   # a newer holder's file goes back, unless yet
-      _link(aside, path, f.read())           # another is there
-    os.remove(aside)
-    return False
+    return aside is not None
   if version(path) != seen:
     return False
   fs, p = filesystem(path)
@@ -335,6 +320,55 @@ def remove_if_unchanged(path: str, seen: str) -> bool:
   except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
     return False
   return True
+
+
+def write_if_unchanged(path: str, data: bytes | str, seen: str) -> str | None:
+  """Writes `data` to `path` whole if its `version` is still `seen`, and returns the new
+  version, None where the file changed or is gone: how a lock's holder renews it. GCS's write
+  carries ifGenerationMatch. A local file is set aside to compare it: a run that creates one
+  in that instant holds it, and this returns None. Other stores check, then write."""
+  data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+  if not is_url(path):
+    aside = _set_aside(path, seen)
+    try:
+      return hashlib.sha256(data).hexdigest() if aside and create_new(path, data) else None
+    finally:
+      if aside:
+        os.remove(aside)
+  fs, p = filesystem(path)
+  if protocol(path) not in ("gs", "gcs"):
+    if version(path) != seen:
+      return None
+    write_bytes(path, data)
+    return version(path)
+  bucket, key, _ = fs.split_path(p)
+  cut = uuid.uuid4().hex     # gcsfs's own upload sends no precondition but create-only
+  body = (f"--{cut}\nContent-Type: application/json\n\n{json.dumps(dict(name=key))}\n--{cut}"
+          "\nContent-Type: application/octet-stream\n\n").encode() + data + f"\n--{cut}--".encode()
+  try:
+    return str(fs.call("POST", fs._location + "/upload/storage/v1/b/{}/o", bucket,   # pylint: disable=protected-access
+                       uploadType="multipart", ifGenerationMatch=seen, data=body, json_out=True,
+                       headers={"Content-Type": f'multipart/related; boundary="{cut}"'}
+                       )["generation"])
+  except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
+    return None
+  finally:
+    fs.invalidate_cache(p)
+
+
+def _set_aside(path: str, seen: str) -> str | None:
+  """Renames the local file `path` aside and returns where, if its `version` was `seen`. Else
+  it goes back, unless yet another file is there meanwhile, and this returns None."""
+  aside = f"{path}.{uuid.uuid4().hex}.stale"
+  try:
+    os.rename(path, aside)
+  except FileNotFoundError:
+    return None
+  if version(aside) == seen:
+    return aside
+  _link(aside, path, read_bytes(aside))
+  os.remove(aside)
+  return None
 
 
 def check_readable(path: str, what: str):
