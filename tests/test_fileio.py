@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import time
+import types
 import uuid
 
 import fsspec
@@ -162,6 +164,44 @@ def test_a_rename_that_copies_the_file_keeps_its_version(tmp_path, monkeypatch):
   assert fileio.remove_if_unchanged(lock, renewed) and os.listdir(tmp_path) == []
 
 
+def test_a_local_lock_is_never_missing_while_its_holder_renews_it(tmp_path):
+  """A run that starts while the holder renews the lock finds it there every time: it never
+  creates one of its own, nor reads that there is none."""
+  from concurrent.futures import ThreadPoolExecutor   # pylint: disable=import-outside-toplevel
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "0")
+  renewing = [True]
+
+  def renew() -> int:
+    beats, seen = 0, fileio.version(lock)
+    while renewing[0]:
+      beats += 1
+      seen = fileio.write_if_unchanged(lock, str(beats), seen)
+      assert seen is not None
+    return beats
+
+  with ThreadPoolExecutor(1) as pool:
+    beats = pool.submit(renew)
+    for _ in range(1000):
+      assert not fileio.create_new(lock, "another run") and fileio.version(lock) is not None
+    renewing[0] = False
+    assert beats.result() > 10
+  assert os.listdir(tmp_path) == ["lock"]
+
+
+def test_a_local_lock_pinned_by_a_write_is_left_unless_its_writer_died(tmp_path, monkeypatch):
+  """A holder's write pins the lock with a second hard link while it compares it: a run that
+  would remove the lock leaves it. A pin that a killed process left stops nobody for long."""
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a")
+  seen = fileio.version(lock)
+  os.link(lock, lock + ".0.pin")
+  assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "a"
+  later = time.time() + 60
+  monkeypatch.setattr(fileio, "time", types.SimpleNamespace(time=lambda: later))
+  assert fileio.remove_if_unchanged(lock, seen) and os.listdir(tmp_path) == ["lock.0.pin"]
+
+
 def test_create_new_lets_exactly_one_of_many_racers_win(tmp_path):
   from concurrent.futures import ThreadPoolExecutor   # pylint: disable=import-outside-toplevel
   lock = str(tmp_path / "lock")
@@ -277,7 +317,9 @@ def test_create_new_without_hard_links_still_creates_only_once(tmp_path, monkeyp
   seen = fileio.version(lock)
   fileio.write_text(lock, "renewed")
   assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "renewed"
-  assert sorted(os.listdir(tmp_path)) == ["lock"]
+  assert fileio.write_if_unchanged(lock, "mine", seen) is None
+  assert fileio.write_if_unchanged(lock, "mine", fileio.version(lock)) is not None
+  assert fileio.read_text(lock) == "mine" and sorted(os.listdir(tmp_path)) == ["lock"]
 
 
 def test_a_whole_file_read_is_one_version_of_an_object_rewritten_meanwhile(bucket, monkeypatch):

@@ -20,6 +20,7 @@ import os
 import posixpath
 import re
 import shutil
+import time
 import uuid
 
 import fsspec
@@ -245,9 +246,8 @@ def append_text(path: str, text: str):
 
 def create_new(path: str, data: bytes | str) -> bool:
   """Writes `data` to `path` only if nothing is there, as one atomic step, and returns whether
-  it did: of processes racing for one path, exactly one gets True. A local file is written
-  aside and hard-linked into place. A store's write is create-only: ifGenerationMatch=0 in
-  GCS, If-None-Match in S3. Where fsspec has no such write, it checks, then writes."""
+  it did: of racers for one path, exactly one gets True. A local file is hard-linked into place,
+  a store's write is create-only: ifGenerationMatch=0 in GCS, If-None-Match in S3."""
   data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
   if is_url(path):
     fs, p = filesystem(path)
@@ -266,8 +266,7 @@ def create_new(path: str, data: bytes | str) -> bool:
 
 
 def _link(aside: str, path: str, data: bytes) -> bool:
-  """Hard-links `aside` to `path` unless something is there. Where the file system has no
-  hard links, a gcsfuse mount say, it creates `path` exclusively and writes `data` into it."""
+  """Hard-links `aside` to `path` if nothing is there: without hard links, it creates `path`."""
   try:
     os.link(aside, path)
   except FileExistsError:
@@ -283,9 +282,8 @@ def _link(aside: str, path: str, data: bytes) -> bool:
 
 
 def version(path: str) -> str | None:
-  """Returns a token that changes whenever the file at `path` is written again with other
-  contents, None where there is none: a GCS object's generation, an S3 object's ETag, else the
-  sha256 of the contents, locally too: gcsfuse gives a renamed file a new inode and time."""
+  """Returns a token that changes whenever `path` is written with other contents, None where
+  there is no file: a GCS generation, an S3 ETag, else the contents' sha256, which renames keep."""
   try:
     if not is_url(path):
       return hashlib.sha256(read_bytes(path)).hexdigest()
@@ -299,21 +297,28 @@ def version(path: str) -> str | None:
 
 
 def remove_if_unchanged(path: str, seen: str) -> bool:
-  """Removes the file at `path` if its `version` is still `seen`, and returns whether it did:
-  how a dead run's lock is taken over, never a lock that a live run wrote since. GCS's delete
-  carries ifGenerationMatch, a local file is set aside to compare it, other stores check."""
+  """Removes the file at `path` if its `version` is still `seen`, and returns whether it did: a
+  dead run's lock. GCS's delete carries ifGenerationMatch, a local file is renamed aside first."""
   if not is_url(path):
-    aside = _set_aside(path, seen)
-    if aside:
-      os.remove(aside)
-    return aside is not None
+    aside = f"{path}.{uuid.uuid4().hex}.stale"
+    try:
+      st = os.stat(path)   # before the rename, which sets its ctime
+      os.rename(path, aside)
+    except FileNotFoundError:
+      return False
+    # A second link pins a file while a write compares it, unless that write's process died.
+    pinned = os.stat(aside).st_nlink > 1 and time.time() - st.st_ctime < 10
+    unchanged = version(aside) == seen and not pinned
+    if not unchanged:              # a newer holder's file goes back, unless yet another is there
+      _link(aside, path, read_bytes(aside))
+    os.remove(aside)
+    return unchanged
   if version(path) != seen:
     return False
   fs, p = filesystem(path)
   try:
     if protocol(path) in ("gs", "gcs"):
-      bucket, key, _ = fs.split_path(p)
-      fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=seen)
+      fs.call("DELETE", "b/{}/o/{}", *fs.split_path(p)[:2], ifGenerationMatch=seen)
       fs.invalidate_cache(p)
     else:
       fs.rm_file(p)
@@ -323,18 +328,11 @@ def remove_if_unchanged(path: str, seen: str) -> bool:
 
 
 def write_if_unchanged(path: str, data: bytes | str, seen: str) -> str | None:
-  """Writes `data` to `path` whole if its `version` is still `seen`, and returns the new
-  version, None where the file changed or is gone: how a lock's holder renews it. GCS's write
-  carries ifGenerationMatch. A local file is set aside to compare it: a run that creates one
-  in that instant holds it, and this returns None. Other stores check, then write."""
+  """Writes `data` to `path` whole if its `version` is still `seen`, and returns the new version,
+  None where it changed or is gone: a lock's heartbeat. GCS's write carries ifGenerationMatch."""
   data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
   if not is_url(path):
-    aside = _set_aside(path, seen)
-    try:
-      return hashlib.sha256(data).hexdigest() if aside and create_new(path, data) else None
-    finally:
-      if aside:
-        os.remove(aside)
+    return _replace_if_unchanged(path, data, seen)
   fs, p = filesystem(path)
   if protocol(path) not in ("gs", "gcs"):
     if version(path) != seen:
@@ -352,23 +350,26 @@ def write_if_unchanged(path: str, data: bytes | str, seen: str) -> str | None:
                        )["generation"])
   except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
     return None
-  finally:
-    fs.invalidate_cache(p)
 
 
-def _set_aside(path: str, seen: str) -> str | None:
-  """Renames the local file `path` aside and returns where, if its `version` was `seen`. Else
-  it goes back, unless yet another file is there meanwhile, and this returns None."""
-  aside = f"{path}.{uuid.uuid4().hex}.stale"
+def _replace_if_unchanged(path: str, data: bytes, seen: str) -> str | None:
+  """Replaces the local file `path` by `data` if its `version` is `seen`: a hard link pins it
+  while it is compared, so a reader never finds it missing. Without hard links it checks first."""
+  pin = f"{path}.{uuid.uuid4().hex}.pin"
   try:
-    os.rename(path, aside)
+    os.link(path, pin)
   except FileNotFoundError:
     return None
-  if version(aside) == seen:
-    return aside
-  _link(aside, path, read_bytes(aside))
-  os.remove(aside)
-  return None
+  except OSError:   # no hard links
+    pin = path
+  try:
+    if version(pin) != seen:
+      return None
+    write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+  finally:
+    if pin != path:
+      os.remove(pin)
 
 
 def check_readable(path: str, what: str):

@@ -87,8 +87,8 @@ class Lock:
                          f"{age:.0f} s ({self.failure or 'the write has not returned'})")
     if lost:
       raise WorkdirError(f"--workdir {fileio.dirname(self.file)}: this run no longer holds "
-                         f"{self.file}: {lost}. It stopped before writing more; run the same "
-                         "command again to resume from its last checkpoint once no run holds it")
+                         f"{self.file}: {lost}. It stops at this step; run the same command "
+                         "again to resume from its last checkpoint once no other run holds it")
 
   def release(self):
     """Stops the heartbeat and removes the lock, where it is still this process's."""
@@ -121,12 +121,15 @@ class Lock:
     run lost the lock: another run took it over or removed it."""
     record = dict(self.record, heartbeat=time.time())
     version = fileio.write_if_unchanged(self.file, json.dumps(record), self.version)
-    if version is None:
+    if version is None:   # changed by another run, or still this run's own: see which
+      version = fileio.version(self.file)   # before the read: a later write is not taken as ours
       held = _read_lock(self.file)
-      if held != record:   # else a retried write whose first try went through
+      # A retried write whose first try went through leaves the new record, a run that looked
+      # at the lock and put it back leaves the old one.
+      if held not in (record, self.record):
         self.lost = f"another run took it over: {_holder(held)}" if held else "it was removed"
         return
-      version = fileio.version(self.file)
+      record = held
     self.record, self.version, self.failure = record, version, ""
 
 
