@@ -1,11 +1,14 @@
 """Paths on the local disk and in object stores (tst_jax/fileio.py): each function gives the same
 contents on the local disk, in the GCS emulator's bucket and in fsspec's memory store; writes
-are whole or not at all; the lock's create-if-absent and remove-if-unchanged hold; a path that
-cannot be read or written is one error naming it and why."""
+are whole or not at all; the lock's create-if-absent, write-if-unchanged and
+remove-if-unchanged hold; a path that cannot be read or written is one error naming it and why."""
 
 import json
 import os
 import re
+import shutil
+import time
+import types
 import uuid
 
 import fsspec
@@ -127,6 +130,78 @@ def test_create_new_is_a_lock_and_remove_if_unchanged_takes_over_only_a_stale_on
   assert fileio.listdir(root) == ["lock.json"]
 
 
+def test_write_if_unchanged_never_overwrites_a_file_written_since_its_version(root):
+  """A lock's holder renews it on the version it last wrote. Another run that removed and
+  re-created the lock meanwhile keeps its own, and the holder learns it."""
+  fileio.makedirs(root)
+  lock = fileio.join(root, "lock.json")
+  assert fileio.create_new(lock, '{"pid": 1}')
+  mine = fileio.version(lock)
+  renewed = fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 2}', mine)
+  assert renewed is not None and renewed == fileio.version(lock) != mine
+  assert fileio.read_json(lock) == {"pid": 1, "beat": 2}
+  assert fileio.write_if_unchanged(lock, b'{"pid": 1, "beat": 3}', mine) is None   # stale
+  assert fileio.remove_if_unchanged(lock, renewed)             # another run takes over
+  assert fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 3}', renewed) is None  # gone
+  assert not fileio.exists(lock)
+  assert fileio.create_new(lock, '{"pid": 2}')
+  assert fileio.write_if_unchanged(lock, '{"pid": 1, "beat": 3}', renewed) is None
+  assert fileio.read_json(lock) == {"pid": 2} and fileio.listdir(root) == ["lock.json"]
+
+
+def test_a_rename_that_copies_the_file_keeps_its_version(tmp_path, monkeypatch):
+  """gcsfuse renames a file by copying it, which gives it a new inode and time: a lock set
+  aside to be compared is still the one that was read."""
+  def copy_then_remove(src, dst):
+    shutil.copyfile(src, dst)
+    os.remove(src)
+
+  monkeypatch.setattr(os, "rename", copy_then_remove)
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a")
+  renewed = fileio.write_if_unchanged(lock, "b", fileio.version(lock))
+  assert renewed is not None and fileio.read_text(lock) == "b"
+  assert fileio.remove_if_unchanged(lock, renewed) and os.listdir(tmp_path) == []
+
+
+def test_a_local_lock_is_never_missing_while_its_holder_renews_it(tmp_path):
+  """A run that starts while the holder renews the lock finds it there every time: it never
+  creates one of its own, nor reads that there is none."""
+  from concurrent.futures import ThreadPoolExecutor   # pylint: disable=import-outside-toplevel
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "0")
+  renewing = [True]
+
+  def renew() -> int:
+    beats, seen = 0, fileio.version(lock)
+    while renewing[0]:
+      beats += 1
+      seen = fileio.write_if_unchanged(lock, str(beats), seen)
+      assert seen is not None
+    return beats
+
+  with ThreadPoolExecutor(1) as pool:
+    beats = pool.submit(renew)
+    for _ in range(1000):
+      assert not fileio.create_new(lock, "another run") and fileio.version(lock) is not None
+    renewing[0] = False
+    assert beats.result() > 10
+  assert os.listdir(tmp_path) == ["lock"]
+
+
+def test_a_local_lock_pinned_by_a_write_is_left_unless_its_writer_died(tmp_path, monkeypatch):
+  """A holder's write pins the lock with a second hard link while it compares it: a run that
+  would remove the lock leaves it. A pin that a killed process left stops nobody for long."""
+  lock = str(tmp_path / "lock")
+  assert fileio.create_new(lock, "a")
+  seen = fileio.version(lock)
+  os.link(lock, lock + ".0.pin")
+  assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "a"
+  later = time.time() + 60
+  monkeypatch.setattr(fileio, "time", types.SimpleNamespace(time=lambda: later))
+  assert fileio.remove_if_unchanged(lock, seen) and os.listdir(tmp_path) == ["lock.0.pin"]
+
+
 def test_create_new_lets_exactly_one_of_many_racers_win(tmp_path):
   from concurrent.futures import ThreadPoolExecutor   # pylint: disable=import-outside-toplevel
   lock = str(tmp_path / "lock")
@@ -242,7 +317,9 @@ def test_create_new_without_hard_links_still_creates_only_once(tmp_path, monkeyp
   seen = fileio.version(lock)
   fileio.write_text(lock, "renewed")
   assert not fileio.remove_if_unchanged(lock, seen) and fileio.read_text(lock) == "renewed"
-  assert sorted(os.listdir(tmp_path)) == ["lock"]
+  assert fileio.write_if_unchanged(lock, "mine", seen) is None
+  assert fileio.write_if_unchanged(lock, "mine", fileio.version(lock)) is not None
+  assert fileio.read_text(lock) == "mine" and sorted(os.listdir(tmp_path)) == ["lock"]
 
 
 def test_a_whole_file_read_is_one_version_of_an_object_rewritten_meanwhile(bucket, monkeypatch):

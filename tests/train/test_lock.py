@@ -1,10 +1,15 @@
 """The workdir's lock (tst_jax/train/lock.py): a second run stops with one line naming the
-live holder, a dead run's lock is taken over with a line, on a local disk and in a bucket."""
+live holder, a dead run's lock is taken over with a line, on a local disk and in a bucket. A
+holder never overwrites a lock another run took, and a run that lost its lock, or cannot
+renew it, stops at its next step with one line."""
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,7 +19,15 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
-from tst_jax.train import cli, lock as lock_lib, workdir as workdir_lib
+from tst_jax.train import cli, lock as lock_lib, loop, workdir as workdir_lib
+
+
+@pytest.fixture(autouse=True)
+def _release_what_a_failed_test_left():
+  """A lock left held would stop every later run of this process at its first step."""
+  yield
+  for lock in list(lock_lib._HELD):   # pylint: disable=protected-access
+    lock.release()
 
 
 @pytest.fixture(params=["local", "bucket"])
@@ -136,3 +149,175 @@ def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(tmp_path)
   assert result.stderr.startswith(f"error: --workdir {workdir}: a live run holds it: pid "
                                   f"{os.getpid()} on host {socket.gethostname()}, started ")
   assert not os.path.exists(workdir)   # the lock that made it leaves no empty workdir
+
+
+def _wait_for(ready, what: str, timeout: float = 10.0):
+  deadline = time.time() + timeout
+  while not ready():
+    assert time.time() < deadline, f"waited {timeout} s for {what}"
+    time.sleep(0.01)
+
+
+def _take_over(file: str) -> dict:
+  """Does what another run does to a lock it judged dead: removes it at the version it read,
+  then creates its own. Returns the new record."""
+  record = dict(host="elsewhere", pid=4242, token="theirs", started="2026-01-01T00:00:00Z",
+                heartbeat=time.time())
+  assert fileio.remove_if_unchanged(file, fileio.version(file))
+  assert fileio.create_new(file, json.dumps(record))
+  return record
+
+
+def _lost() -> bool:
+  try:
+    lock_lib.check_held()
+  except WorkdirError:
+    return True
+  return False
+
+
+def _lost_line(lock) -> str:
+  with pytest.raises(WorkdirError) as e:
+    lock.check()
+  return errors.one_line(e.value)
+
+
+def test_a_beat_in_flight_never_overwrites_a_lock_another_run_took(root, monkeypatch):
+  """The holder's heartbeat write is under way when another run removes and re-creates the
+  lock: the write is refused, the other run's lock stays, and the holder learns it lost."""
+  monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
+  holder = lock_lib.Lock.take(fileio.join(root, "run"))
+  gate, waiting = threading.Event(), threading.Event()
+  write = fileio.write_if_unchanged
+
+  def held_back(path, data, seen):
+    if seen == holder.version:    # the holder's beat, not the taker's
+      waiting.set()
+      gate.wait(10)
+    return write(path, data, seen)
+
+  monkeypatch.setattr(fileio, "write_if_unchanged", held_back)
+  _wait_for(waiting.is_set, "the holder's beat")
+  theirs = _take_over(holder.file)
+  gate.set()
+  _wait_for(lambda: holder.lost, "the holder to learn it lost the lock")
+  assert _held(holder.file) == theirs
+  line = _lost_line(holder)
+  assert line.startswith(f"error: --workdir {fileio.join(root, 'run')}: this run no longer "
+                         f"holds {holder.file}: another run took it over: pid 4242 on host "
+                         "elsewhere, started 2026-01-01T00:00:00Z"), line
+  holder.release()
+  assert _held(holder.file) == theirs
+
+
+def test_a_heartbeat_that_fails_is_retried_and_stops_the_run_before_others_may_take_over(
+    root, monkeypatch):
+  """gcsfs raises HttpError, which is no OSError, once its own retries are spent. The beat
+  tries again at the next one, and the run stops once none got through for LOCK_GIVE_UP_S,
+  well before another run may take its workdir at LOCK_STALE_S."""
+  assert lock_lib.LOCK_GIVE_UP_S <= lock_lib.LOCK_STALE_S - 3 * lock_lib.LOCK_BEAT_S
+  monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
+  write, failures, failing = fileio.write_if_unchanged, [], threading.Event()
+  failing.set()
+
+  class HttpError(Exception):
+    pass
+
+  def flaky(path, data, seen):
+    if failing.is_set():
+      failures.append(path)
+      raise HttpError("Service Unavailable")
+    return write(path, data, seen)
+
+  monkeypatch.setattr(fileio, "write_if_unchanged", flaky)
+  lock = lock_lib.Lock.take(fileio.join(root, "run"))
+  first = _held(lock.file)["heartbeat"]
+  _wait_for(lambda: len(failures) >= 3, "three failed beats")
+  assert lock._beat.is_alive() and not lock.lost   # pylint: disable=protected-access
+  lock_lib.check_held()                            # the run goes on for now
+  monkeypatch.setattr(lock_lib, "LOCK_GIVE_UP_S", 0.0)
+  line = _lost_line(lock)
+  assert "no heartbeat could be written to it for " in line, line
+  assert "(HttpError: Service Unavailable). It stops at this step; run the same" in line, line
+  with pytest.raises(WorkdirError):
+    lock_lib.check_held()
+  monkeypatch.setattr(lock_lib, "LOCK_GIVE_UP_S", 200.0)
+  failing.clear()                                  # the store answers again
+  _wait_for(lambda: _held(lock.file)["heartbeat"] > first, "a beat to get through")
+  lock.check()
+  lock.release()
+  assert not fileio.exists(lock.file)
+  lock_lib.check_held()                            # a released lock is no longer asked
+
+
+def test_a_retried_write_whose_first_try_went_through_is_the_runs_own(root, monkeypatch):
+  """A store that retries a conditional write after its first try went through answers the
+  retry with a failed precondition: the lock is then the run's own, not a live stranger's."""
+  monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
+  create, write, said, created, retried = fileio.create_new, fileio.write_if_unchanged, [], [], []
+
+  def create_then_refuse_the_retry(path, data):   # the lock's create, once
+    created.append(create(path, data))
+    return created[-1] and len(created) > 1
+
+  monkeypatch.setattr(fileio, "create_new", create_then_refuse_the_retry)
+
+  def write_then_refuse_the_retry(path, data, seen):
+    retried.append(write(path, data, seen))
+    return None
+
+  monkeypatch.setattr(fileio, "write_if_unchanged", write_then_refuse_the_retry)
+  lock = lock_lib.Lock.take(fileio.join(root, "run"), say=said.append)
+  assert not said and _held(lock.file)["token"] == lock.record["token"]
+  first = _held(lock.file)["heartbeat"]
+  _wait_for(lambda: len(retried) >= 2, "two beats")
+  assert not lock.lost and _held(lock.file)["heartbeat"] > first and None not in retried
+  lock.check()
+  lock.release()
+  assert not fileio.exists(lock.file)
+
+
+def test_a_dead_runs_lock_is_taken_over_where_a_rename_copies_the_file(tmp_path, monkeypatch):
+  """gcsfuse renames a file by copying it: a new inode and time, the same contents."""
+  rename = os.rename
+
+  def copy_then_remove(src, dst):
+    shutil.copyfile(src, dst)
+    os.remove(src)
+
+  _lock_of(str(tmp_path), pid=_dead_pid())
+  monkeypatch.setattr(os, "rename", copy_then_remove)
+  said = []
+  lock = lock_lib.Lock.take(str(tmp_path), say=said.append)
+  assert len(said) == 1 and "its process has ended" in said[0]
+  monkeypatch.setattr(os, "rename", rename)
+  lock.release()
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_run_whose_lock_is_taken_over_stops_at_its_next_step_before_writing(tmp_path,
+                                                                            monkeypatch):
+  """Another run takes the lock over after step 5: the run stops with one line at step 6,
+  before step 5's metrics line or any later checkpoint is written."""
+  monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
+  workdir = str(tmp_path / "run")
+  file = workdir_lib.path(workdir, workdir_lib.LOCK)
+  step = loop.StepLog.step
+  theirs = []
+
+  def step_then_taken_over(self, done, phase, metrics):
+    step(self, done, phase, metrics)
+    if done == 5:
+      theirs.append(_take_over(file))
+      _wait_for(_lost, "the run to learn it lost its lock")
+
+  monkeypatch.setattr(loop.StepLog, "step", step_then_taken_over)
+  with pytest.raises(WorkdirError) as e:
+    cli.run(tiny_config(steps=8), workdir)
+  line = errors.one_line(e.value)
+  assert line.startswith(f"error: --workdir {workdir}: this run no longer holds {file}: "), line
+  assert ("another run took it over: pid 4242 on host elsewhere" in line   # a beat between
+          or "it was removed" in line), line                             # removal and create
+  assert _held(file) == theirs[0]
+  assert [r["step"] for r in workdir_lib.read_metrics(workdir) if "loss" in r] == [1, 2, 3, 4]
+  assert workdir_lib.checkpoint_steps(workdir) == [2, 4]

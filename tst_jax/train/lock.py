@@ -4,13 +4,17 @@ A file created only if absent is the whole protocol, so a bucket's create-if-abs
 a workdir there the same way as a hard link does on a disk, and a dead run's lock is removed
 only if unchanged since it was read: by its generation in a bucket. The holder rewrites its
 heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
-prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing.
+prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing. Each rewrite
+is conditional on the holder's own last one, so it never overwrites a lock that another run
+took. A holder that lost its lock, or wrote no heartbeat for LOCK_GIVE_UP_S, stops at its next
+step: `check_held`.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 import threading
@@ -21,8 +25,19 @@ from tst_jax import fileio
 from tst_jax.errors import WorkdirError
 from tst_jax.train import workdir as workdir_lib
 
+log = logging.getLogger("tst_jax")
+
 LOCK_BEAT_S = 30.0
 LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
+LOCK_GIVE_UP_S = 200.0   # the holder's own limit: it stops well before others may take over
+_HELD: list[Lock] = []   # the locks this process holds, which `check_held` asks
+
+
+def check_held():
+  """Raises WorkdirError where this process lost a workdir's lock it holds. The loop asks at
+  each step, before the step's metrics and checkpoint are written."""
+  for lock in _HELD:
+    lock.check()
 
 
 class Lock:
@@ -30,9 +45,12 @@ class Lock:
 
   def __init__(self, file: str, record: dict, made_workdir: bool = False):
     self.file, self.record, self.made_workdir = file, record, made_workdir
+    self.version = fileio.version(file)   # of this process's last write: the next is on it
+    self.lost, self.failure = "", ""      # why this run no longer holds it; the last beat's error
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
     self._beat.start()
+    _HELD.append(self)
 
   @classmethod
   def take(cls, workdir: str, say=print) -> Lock:
@@ -50,6 +68,8 @@ class Lock:
       held = _read_lock(file)
       if held is None or seen is None:
         continue
+      if held.get("token") == record["token"]:   # a retried create whose first try went through
+        return cls(file, record, made_workdir)
       dead = _dead(held)
       if not dead:
         raise WorkdirError(f"--workdir {workdir}: a live run holds it: {_holder(held)} "
@@ -59,10 +79,23 @@ class Lock:
     raise WorkdirError(f"--workdir {workdir}: {file} keeps changing: another run is starting "
                        "in this workdir; use another --workdir")
 
+  def check(self):
+    """Raises WorkdirError where this run may no longer hold its workdir: its lock was taken
+    over or removed, or no heartbeat was written for LOCK_GIVE_UP_S."""
+    age = time.time() - self.record["heartbeat"]
+    lost = self.lost or (age > LOCK_GIVE_UP_S and f"no heartbeat could be written to it for "
+                         f"{age:.0f} s ({self.failure or 'the write has not returned'})")
+    if lost:
+      raise WorkdirError(f"--workdir {fileio.dirname(self.file)}: this run no longer holds "
+                         f"{self.file}: {lost}. It stops at this step; run the same command "
+                         "again to resume from its last checkpoint once no other run holds it")
+
   def release(self):
     """Stops the heartbeat and removes the lock, where it is still this process's."""
     self._stop.set()
     self._beat.join()
+    if self in _HELD:
+      _HELD.remove(self)
     seen = fileio.version(self.file)
     held = _read_lock(self.file)
     if held is not None and held.get("token") == self.record["token"]:
@@ -73,15 +106,31 @@ class Lock:
     # A bucket has no folders: the lock was the workdir's one object, and it is gone.
 
   def _renew(self):
-    while not self._stop.wait(LOCK_BEAT_S):
-      held = _read_lock(self.file)
-      if held is None or held.get("token") != self.record["token"]:
-        return   # taken over: this run's heartbeat had stopped for LOCK_STALE_S
-      self.record["heartbeat"] = time.time()
+    while not self._stop.wait(LOCK_BEAT_S) and not self.lost:
       try:
-        fileio.write_json(self.file, self.record)
-      except OSError:   # a full disk: the run's own writes report it, the next beat retries
-        pass
+        self._write_beat()
+      except Exception as e:   # pylint: disable=broad-except
+        # gcsfs's HttpError and google-auth's errors are no OSErrors. Any error waits for the
+        # next beat, and `check` stops the run if none gets through for LOCK_GIVE_UP_S.
+        self.failure = fileio.reason(e, self.file)
+        log.warning("could not renew %s, trying again in %.0f s: %s", self.file, LOCK_BEAT_S,
+                    self.failure)
+
+  def _write_beat(self):
+    """Writes a new heartbeat on this process's last version of the lock, or records why this
+    run lost the lock: another run took it over or removed it."""
+    record = dict(self.record, heartbeat=time.time())
+    version = fileio.write_if_unchanged(self.file, json.dumps(record), self.version)
+    if version is None:   # changed by another run, or still this run's own: see which
+      version = fileio.version(self.file)   # before the read: a later write is not taken as ours
+      held = _read_lock(self.file)
+      # A retried write whose first try went through leaves the new record, a run that looked
+      # at the lock and put it back leaves the old one.
+      if held not in (record, self.record):
+        self.lost = f"another run took it over: {_holder(held)}" if held else "it was removed"
+        return
+      record = held
+    self.record, self.version, self.failure = record, version, ""
 
 
 def _utc_now() -> str:

@@ -25,7 +25,7 @@ from tst_jax.train.outlook import format_plan
 from tst_jax.train.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 from tst_jax.train.setup import Setup
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.train import lock as lock_lib, workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 
@@ -59,6 +59,7 @@ def train(setup: Setup) -> dict:
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = window.call(train_step, state, next(batches), step + 1)
+        lock_lib.check_held()                         # a run that lost its workdir stops here
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
