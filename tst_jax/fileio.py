@@ -5,8 +5,8 @@ hf://datasets/... or memory://... goes through fsspec, which needs the store's p
 s3fs or huggingface_hub. One write of an object is atomic, so a reader such as a resumed run
 never sees half of a file in either place.
 
-An object store has no append: `append_text` there reads the object and writes it again whole,
-and `open` refuses mode 'a'. It has no directories either: `makedirs` does nothing there, and
+An object store has no append: `open` refuses mode 'a' there, and train/appending.py joins new
+bytes to an object instead. It has no directories either: `makedirs` does nothing there, and
 a folder exists once an object lies under it.
 """
 
@@ -179,7 +179,7 @@ def open(path: str, mode: str = "r", **kwargs):   # pylint: disable=redefined-bu
     return builtins.open(path, mode, **kwargs)
   if "a" in mode or "+" in mode:
     raise ValueError(f"{path}: an object store cannot append or update in place; "
-                     "use fileio.append_text, which writes the object again")
+                     "use tst_jax.train.appending.Appender")
   fs, p = filesystem(path)
   return fs.open(p, mode, **kwargs)
 
@@ -233,17 +233,6 @@ def move_in(local: str, path: str):
   fs, p = filesystem(path)
   fs.put_file(local, p)
   os.remove(local)
-
-
-def append_text(path: str, text: str):
-  """Appends `text` to a file, making it if missing. In a store this reads the object and
-  writes it again whole, which costs its size: append in batches there."""
-  if not is_url(path):
-    with builtins.open(path, "a", encoding="utf-8") as f:
-      f.write(text)
-    return
-  old = read_bytes(path) if exists(path) else b""
-  write_bytes(path, old + text.encode("utf-8"))
 
 
 def create_new(path: str, data: bytes | str) -> bool:
