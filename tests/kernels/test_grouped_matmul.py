@@ -235,6 +235,20 @@ def test_tokamax_autotunes_each_shape_once_and_keeps_it(fake_tokamax, monkeypatc
   assert fake_tokamax.tuned == [] and "autotuning off" in tokamax_tuning.describe()
 
 
+def test_a_tuning_result_tokamax_cannot_serialize_is_used_and_not_kept(fake_tokamax, capsys):
+  """On an H200 a configuration that timed out left a TimeoutError in tokamax's result, whose
+  dumps() raised pydantic's serialization error (a ValueError) and stopped the run."""
+  def unserializable(self):
+    raise ValueError("Unable to serialize unknown type: <class 'TimeoutError'>")
+  fake_tokamax.AutotuningResult.dumps = unserializable
+  x, w, sizes = jnp.ones((16, 3)), jnp.ones((2, 3, 5)), jnp.asarray([7, 9], jnp.int32)
+  np.testing.assert_allclose(gm.grouped_matmul(x, w, sizes, "tokamax"),
+                             gm.grouped_matmul(x, w, sizes, "xla"))
+  assert len(fake_tokamax.tuned) == 1 and len(fake_tokamax.entered) == 1
+  assert not os.path.exists(os.environ[tokamax_tuning.ENV])
+  assert "is used but not kept: Unable to serialize" in capsys.readouterr().err
+
+
 def test_tokamax_versions_and_auto_on_gpu(monkeypatch):
   """auto on a GPU: gmm where tokamax is installed (the 2026-11-25 measurement as the reason),
   blocked with the pip line where not; a tokamax older than 0.0.17 is one ConfigError line

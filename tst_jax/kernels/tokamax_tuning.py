@@ -99,6 +99,11 @@ def _tune(where: str, k: str, call, specs):
   shapes = " x ".join(f"{a.dtype}{list(a.shape)}" for a in specs)
   sys.stderr.write(f"tokamax: autotuning {shapes} once (kept in {where})\n")
   result = tokamax.autotune(call, *specs, timeout=TIMEOUT_S, progress_bar=False)
+  try:   # a configuration that timed out leaves a TimeoutError that tokamax cannot serialize
+    text = result.dumps()
+  except (ValueError, TypeError) as e:
+    sys.stderr.write(f"tokamax: the result for {shapes} is used but not kept: {e}\n")
+    return result
   os.makedirs(where, exist_ok=True)
-  fileio.write_json(_path(where, k), dict(key=k, result=json.loads(result.dumps())))
+  fileio.write_json(_path(where, k), dict(key=k, result=json.loads(text)))
   return result
