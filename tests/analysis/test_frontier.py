@@ -25,8 +25,9 @@ def test_frontier_interpolates_between_lengths_in_log_flops_and_bounds_past_its_
   assert f.equal_loss(4.0, 20.0).text() == "≤ 0.50x"
   one = Frontier.of([(10.0, 4.0, "b10"), (10.0, 4.2, "b10s1")])     # two seeds, one length
   assert one.points == ((10.0, pytest.approx(4.1), "b10 + b10s1"),) and one.holds("b10s1")
-  assert one.equal_loss(3.0, 10.0).speedup is None
-  assert one.equal_loss(3.0, 10.0).text() == "needs baselines of two or more lengths"
+  assert one.equal_loss(3.0, 10.0).text() == "> 1.00x"          # below it at equal FLOPs
+  assert one.equal_loss(3.0, 12.0).speedup is None                # below it with more FLOPs
+  assert one.equal_loss(3.0, 12.0).text() == "needs baselines of two or more lengths"
 
 
 def test_a_run_below_the_shortest_baselines_flops_gets_a_bound_on_its_delta():
@@ -47,11 +48,15 @@ def test_one_baseline_bounds_the_speedup_when_the_run_is_on_the_right_side_of_it
   one = Frontier.of([(125_000.0, 2.252, "baseline")])
   assert one.equal_loss(2.236, 49_983.0).text() == "> 2.50x"
   assert one.equal_loss(2.300, 200_000.0).text() == "≤ 0.62x"     # above it, more FLOPs
+  # Equal FLOPs, as an equal-FLOPs arm beside its one baseline: above it is at most 1x (an
+  # H200 run of configs/qwen3_moe_one_call.py, 2.4726 against 2.4011), below it more than 1x.
+  assert one.equal_loss(2.300, 125_000.0).text() == "≤ 1.00x"
+  assert one.equal_loss(2.236, 125_000.0).text() == "> 1.00x"
   for loss, flops in ((2.300, 49_983.0), (2.236, 200_000.0)):     # no bound either way
     assert one.equal_loss(loss, flops).text() == "needs baselines of two or more lengths"
   # Two lengths given, the longer ending higher: one is left, and the message says so.
   dropped = Frontier.of([(10.0, 3.0, "b10"), (20.0, 3.1, "b20")])
-  assert dropped.equal_loss(3.05, 10.0).text() == "one baseline length left, 1 left out (see the notes)"
+  assert dropped.equal_loss(3.05, 8.0).text() == "one baseline length left, 1 left out (see the notes)"
 
 
 def _law(flops):

@@ -129,13 +129,14 @@ def test_unfinished_runs_and_non_finite_losses_are_not_compared(tmp_path):
   assert f.names == ["a", "c"] and f.dropped[0][2:] == ("b", "")
 
 
-def test_one_baseline_length_gives_no_speedup_and_says_which_arms_to_add(tmp_path):
+def test_one_baseline_length_at_equal_flops_gives_a_bound_and_the_arms_to_add_name_lengths(
+    tmp_path):
+  """The synthetic H100 pair: TST below its one equal-FLOPs baseline is more than 1x."""
   runs = [r for r in _h100_runs(tmp_path) if r[0] in ("baseline", "tst")]
   arms, _, _ = arms_lib.summarize_arms(runs)
   tst = {a["arm"]: a for a in arms}["tst"]
-  assert tst["speedup"] is None and tst["delta_equal_flops"]["mean"] == pytest.approx(-0.0403)
-  assert arms_lib.speedup_text(tst) == ("needs baselines of two or more lengths: add --arms "
-                                       "baseline+0.03k,baseline+0.04k")
+  assert tst["delta_equal_flops"]["mean"] == pytest.approx(-0.0403)
+  assert arms_lib.speedup_text(tst) == "> 1.00x (1 seed)"
   assert compare.lengths_to_add(2000) == ["baseline+3k", "baseline+4k"]
   assert compare.lengths_to_add(300) == ["baseline+0.45k", "baseline+0.6k"]
 

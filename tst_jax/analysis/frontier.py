@@ -18,11 +18,12 @@ and a run where the two differ by more than FIT_DISAGREES is flagged.
 
 Past the frontier's ends the answer is a bound: a loss below the longest baseline's gives
 > F_max / F, a loss at or above the shortest's ≤ F_min / F. One baseline length bounds a run
-that ends at or below it with fewer FLOPs by > F_base / F, or above it with more by
-≤ F_base / F, as for the paper's 10B-A1B pair. Otherwise it gives no speed-up. A longer
-baseline that ends above a shorter one is left out and named in the reports. Nothing here
-reads the middle of a longer run's curve, which lies well above a finished run's end at the
-same FLOPs because its learning rate has not decayed.
+that ends at or below it with fewer FLOPs, or below it with as many, by > F_base / F, as
+for the paper's 10B-A1B pair, and one that ends above it with as many FLOPs or more by
+≤ F_base / F. Otherwise it gives no speed-up. A longer baseline that ends above a shorter one
+is left out and named in the reports. Nothing here reads the middle of a longer run's curve,
+which lies well above a finished run's end at the same FLOPs because its learning rate has
+not decayed.
 
 `Trend` fits the speed-up as a line in log tokens per parameter over the points of
 `python -m tst_jax.tools.ladder`, for the plan's prediction.
@@ -200,13 +201,13 @@ class Frontier:
                      bracket=(float(x[i - 1]), float(x[i])))
 
   def _one_length(self, loss: float, flops: float) -> EqualLoss:
-    """A bound from one baseline length where the run ends at or below it with fewer FLOPs,
-    or above it with more, else why there is no answer."""
+    """A bound from one baseline length where the run ends below it with as many FLOPs or
+    fewer, or above it with as many or more, else why there is no answer."""
     if self.points:
       (x, y, _), = self.points
-      if loss <= y and flops < x:
+      if loss <= y and flops < x or loss < y and flops <= x:
         return EqualLoss(x / flops, ">", x)
-      if loss > y and flops > x:
+      if loss > y and flops >= x:
         return EqualLoss(x / flops, "≤", x)
     if self.dropped:
       return EqualLoss(None, note=f"one baseline length left, {len(self.dropped)} left out "
