@@ -17,9 +17,10 @@ Hardware: one H100 80 GB, the three arms at once. gpu_small.sh refuses the call 
 if the plan's FLOPs at the rate it assumes (RATE, printed) do not fit the budget.
 Plan: 2.69 PFLOP per 1000-step arm, 10.8 PFLOP for the three; 3.5 GB per arm by the fit check
 (`--mode plan --accelerator=h100 --config.mesh.data=1`, CPU).
-Expected: not yet measured (issue 31 item 6). The plan warns that TST is expected to end behind
-its baseline: 0.6 tokens per active parameter, 0.42 in the next-token phase, below the ~0.7
-from which TST has paid on the dense gpu_small; the run measures that rule on an MoE.
+Expected (one H200, 2026-11-26, seed 0, docs/results.md): baseline 2.4011, tst 2.4726, +0.0715
+at equal FLOPs. The plan warns that TST ends behind its baseline here: 0.6 tokens per active
+parameter, 0.42 in the next-token phase, below the ~0.7 from which TST has paid on the dense
+gpu_small.
 """
 
 from tst_jax.train import defaults
