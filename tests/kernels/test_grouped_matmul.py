@@ -143,6 +143,9 @@ class FakeTokamax(types.ModuleType):
     if lhs.shape[0] % 8:
       raise ValueError("When no rounding mode is specified, dimension 0 must have size smaller "
                        f"or a multiple of its tiling 8, but got {lhs.shape[0]}")
+    if ragged_dot_dimension_numbers == gm._DIMS["dw"] and lhs.shape[0] % 64:   # on an H200
+      raise ValueError("When no rounding mode is specified, dimension 1 must have size smaller "
+                       f"or a multiple of its tiling 64, but got {lhs.shape[0]}")
     self.calls.append(dict(dims=ragged_dot_dimension_numbers, rows=lhs.shape[0],
                            implementation=implementation, out=preferred_element_type,
                            entered=len(self.entered)))
@@ -174,9 +177,10 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tokamax):
-  """131009 rows (benchmarks/grouped_matmul.py's: tokamax refused them on the H100): padded
-  to whole tiles of 8 inside grouped_matmul, values and both gradients as XLA's; the forward
-  and dX on Mosaic, dW on Triton (platform's H100 entry), each with its fallback."""
+  """131009 rows (benchmarks/grouped_matmul.py's: tokamax refused them on the H100 and, padded
+  to 131016, on the H200): padded to whole tiles of 64 inside grouped_matmul, values and both
+  gradients as XLA's; the forward and dX on Mosaic, dW on Triton (platform's H100 entry),
+  each with its fallback."""
   with pytest.raises(ValueError, match="multiple of its tiling 8, but got 131009"):
     fake_tokamax.ragged_dot_general(jnp.ones((131009, 2)), jnp.ones((1, 2, 2)),
                                     jnp.asarray([1]), gm._DIMS["forward"])
@@ -199,7 +203,7 @@ def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tok
   by_product = {next(p for p, d in gm._DIMS.items() if d == c["dims"]): c
                 for c in fake_tokamax.calls}
   assert set(by_product) == {"forward", "dx", "dw"} and len(fake_tokamax.calls) == 3
-  assert all(c["rows"] == 131016 for c in fake_tokamax.calls)        # 131009 -> 8 x 16377
+  assert all(c["rows"] == 131072 for c in fake_tokamax.calls)        # 131009 -> 64 x 2048
   assert by_product["forward"]["implementation"] == ("mosaic", "triton")
   assert by_product["dx"]["implementation"] == ("mosaic", "triton")
   assert by_product["dw"]["implementation"] == ("triton", "mosaic")
@@ -216,9 +220,9 @@ def test_tokamax_autotunes_each_shape_once_and_keeps_it(fake_tokamax, monkeypatc
   grad = jax.jit(jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes, "tokamax").sum(),
                           argnums=(0, 1)))
   jax.block_until_ready(grad(x, w))
-  assert sorted(fake_tokamax.tuned) == sorted([[(24, 3), (2, 3, 5), (2,)],     # forward
-                                               [(24, 5), (2, 3, 5), (2,)],     # dX
-                                               [(24, 3), (24, 5), (2,)]])      # dW
+  assert sorted(fake_tokamax.tuned) == sorted([[(64, 3), (2, 3, 5), (2,)],     # forward
+                                               [(64, 5), (2, 3, 5), (2,)],     # dX
+                                               [(64, 3), (64, 5), (2,)]])      # dW
   assert [c["entered"] for c in fake_tokamax.calls] == [1, 2, 3]
   assert [c["out"] for c in fake_tokamax.calls] == [None, jnp.bfloat16, jnp.bfloat16]
   kept = os.listdir(os.environ[tokamax_tuning.ENV])
@@ -286,7 +290,7 @@ def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeyp
   assert [r["backend"] for r in rows] == ["tokamax", "tokamax:mosaic/mosaic/mosaic"]
   assert {r["rows"] for r in rows} == {131009} and all(r["fwd_bwd_tflops"] > 0 for r in rows)
   assert rows[1]["kernels"] == "forward mosaic, dx mosaic, dw mosaic"
-  assert {c["rows"] for c in fake_tokamax.calls} == {131016}
+  assert {c["rows"] for c in fake_tokamax.calls} == {131072}
   assert {c["implementation"] for c in fake_tokamax.calls} == {None, ("mosaic",)}
 
 
@@ -304,10 +308,10 @@ def _row_pads(jaxpr):
   return found
 
 
-@pytest.mark.parametrize("rows,backend,want", [(21, "tokamax", [(24, 6), (24, 5)]),
-                                               (24, "tokamax", []), (21, "xla", [])])
+@pytest.mark.parametrize("rows,backend,want", [(21, "tokamax", [(64, 6), (64, 5)]),
+                                               (64, "tokamax", []), (21, "xla", [])])
 def test_rows_are_padded_once_per_call(fake_tokamax, rows, backend, want):
-  """Rows that are not whole tiles of tokamax's 8: x is padded once in the forward and dy once
+  """Rows that are not whole tiles of tokamax's 64: x is padded once in the forward and dy once
   in the backward (the transpose of the output's slice), not once per product (four: x for the
   forward and dW, dy for dX and dW). Whole tiles and XLA pad nothing; values as the loop's."""
   sizes_E = jnp.asarray([5, 0, 9, 3], jnp.int32)                       # 17 of the rows
@@ -324,15 +328,15 @@ def test_rows_are_padded_once_per_call(fake_tokamax, rows, backend, want):
                              rtol=1e-5, atol=1e-5)
   assert y.shape == (rows, 5) and dx.shape == (rows, 6) and dw.shape == w.shape
   if backend == "tokamax":
-    assert {c["rows"] for c in fake_tokamax.calls} == {24}
+    assert {c["rows"] for c in fake_tokamax.calls} == {64}
 
 
 def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
-  """experts_gmm on (fake) tokamax: the dispatch lays the 30 assignments out as 32 rows, whole
+  """experts_gmm on (fake) tokamax: the dispatch lays the 30 assignments out as 64 rows, whole
   tiles, so neither the forward nor the backward pads a matrix; values
   and gradients as the dense reference (every expert on every token), which pads nothing."""
   from tst_jax.models import moe   # pylint: disable=import-outside-toplevel
-  n, d, f, e, p = 10, 6, 5, 4, 3                                       # A = 30 -> R = 32
+  n, d, f, e, p = 10, 6, 5, 4, 3                                       # A = 30 -> R = 64
   k = jax.random.split(jax.random.key(1), 6)
   x = jax.random.normal(k[0], (n, d))
   ids = jnp.argsort(jax.random.uniform(k[1], (n, e)), axis=1)[:, :p].astype(jnp.int32)
@@ -351,4 +355,4 @@ def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe.experts_dense(x, ids, *args[1:]),
                              rtol=1e-5, atol=1e-5)
-  assert {c["rows"] for c in fake_tokamax.calls} == {32}
+  assert {c["rows"] for c in fake_tokamax.calls} == {64}
