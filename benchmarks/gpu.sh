@@ -76,7 +76,7 @@ bounded() {
 # shellcheck source=benchmarks/wheels.sh
 . benchmarks/wheels.sh
 INSTALL_S=45
-if [ -z "${TINY:-}" ] && compgen -G ".whl/*.whl" > /dev/null \
+if [ -z "${TINY:-}" ] && compgen -G "$WHEELS/*.whl" > /dev/null \
     && ! python3 -c 'import tokamax' 2> /dev/null; then
   t0=$(date +%s)   # in this shell, not `bounded`: it exports PYTHONPATH
   install_wheels timeout -k 5 "$INSTALL_S" >> "$OUT_DIR/quick_log.txt" 2>&1

@@ -33,7 +33,8 @@ def _dry_run(tmp_path, sections, **env):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
   subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(tmp_path / "out"),
                   sections], check=True, capture_output=True, text=True, timeout=60,
-                 env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", **env))
+                 env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+                          WHEELS=str(tmp_path / "no_wheels"), **env))
   return [shlex.split(line) for line in log.read_text().splitlines() if line.strip()]
 
 
@@ -189,6 +190,7 @@ def test_gpu_small_refuses_arms_that_cannot_finish_in_its_budget(tmp_path):
                        env=dict(os.environ, CONFIG="tests/fixtures/tiny_config.py",
                                 ARMS="baseline,tst", RATE="1000", TOTAL_S="300",
                                 WORKDIR=str(tmp_path / "w"), SOURCE="builtin:pystdlib",
+                                WHEELS=str(tmp_path / "no_wheels"),
                                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
   assert run.returncode == 2, run.stderr[-2000:]
   (line,) = [x for x in run.stderr.splitlines() if x.strip()]
