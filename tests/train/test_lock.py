@@ -22,14 +22,6 @@ from tst_jax.errors import WorkdirError
 from tst_jax.train import cli, lock as lock_lib, loop, workdir as workdir_lib
 
 
-@pytest.fixture(autouse=True)
-def _release_what_a_failed_test_left():
-  """A lock left held would stop every later run of this process at its first step."""
-  yield
-  for lock in list(lock_lib._HELD):   # pylint: disable=protected-access
-    lock.release()
-
-
 @pytest.fixture(params=["local", "bucket"])
 def root(request, tmp_path):
   """A folder to make workdirs in: on the local disk, or gs://<bucket> in the emulator."""
@@ -170,9 +162,9 @@ def _take_over(file: str) -> dict:
   return record
 
 
-def _lost() -> bool:
+def _lost(lock) -> bool:
   try:
-    lock_lib.check_held()
+    lock.check()
   except WorkdirError:
     return True
   return False
@@ -236,20 +228,17 @@ def test_a_heartbeat_that_fails_is_retried_and_stops_the_run_before_others_may_t
   first = _held(lock.file)["heartbeat"]
   _wait_for(lambda: len(failures) >= 3, "three failed beats")
   assert lock._beat.is_alive() and not lock.lost   # pylint: disable=protected-access
-  lock_lib.check_held()                            # the run goes on for now
+  lock.check()                                     # the run goes on for now
   monkeypatch.setattr(lock_lib, "LOCK_GIVE_UP_S", 0.0)
   line = _lost_line(lock)
   assert "no heartbeat could be written to it for " in line, line
   assert "(HttpError: Service Unavailable). It stops at this step; run the same" in line, line
-  with pytest.raises(WorkdirError):
-    lock_lib.check_held()
   monkeypatch.setattr(lock_lib, "LOCK_GIVE_UP_S", 200.0)
   failing.clear()                                  # the store answers again
   _wait_for(lambda: _held(lock.file)["heartbeat"] > first, "a beat to get through")
   lock.check()
   lock.release()
   assert not fileio.exists(lock.file)
-  lock_lib.check_held()                            # a released lock is no longer asked
 
 
 def test_a_retried_write_whose_first_try_went_through_is_the_runs_own(root, monkeypatch):
@@ -304,15 +293,17 @@ def test_a_run_whose_lock_is_taken_over_stops_at_its_next_step_before_writing(tm
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
   workdir = str(tmp_path / "run")
   file = workdir_lib.path(workdir, workdir_lib.LOCK)
-  step = loop.StepLog.step
-  theirs = []
+  step, take = loop.StepLog.step, lock_lib.Lock.take.__func__
+  theirs, held = [], []
 
   def step_then_taken_over(self, done, phase, metrics):
     step(self, done, phase, metrics)
     if done == 5:
       theirs.append(_take_over(file))
-      _wait_for(_lost, "the run to learn it lost its lock")
+      _wait_for(lambda: _lost(held[0]), "the run to learn it lost its lock")
 
+  monkeypatch.setattr(lock_lib.Lock, "take", classmethod(
+      lambda cls, *a, **k: held.append(take(cls, *a, **k)) or held[-1]))
   monkeypatch.setattr(loop.StepLog, "step", step_then_taken_over)
   with pytest.raises(WorkdirError) as e:
     cli.run(tiny_config(steps=8), workdir)

@@ -54,7 +54,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   lock = hold_workdir(workdir) if mode == "train" else None   # an eval only reads
   try:
     setup = Setup.create(spec, workdir, record=mode == "train")
-    result = evaluate_latest(setup) if mode == "eval" else loop.train(setup)
+    result = evaluate_latest(setup) if mode == "eval" else loop.train(setup, lock)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise

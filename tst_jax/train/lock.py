@@ -7,7 +7,7 @@ heartbeat from a thread: steps, checkpoints and logs can be hours apart while a 
 prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing. Each rewrite
 is conditional on the holder's own last one, so it never overwrites a lock that another run
 took. A holder that lost its lock, or wrote no heartbeat for LOCK_GIVE_UP_S, stops at its next
-step: `check_held`.
+step, where the loop calls `Lock.check`.
 """
 
 from __future__ import annotations
@@ -30,14 +30,6 @@ log = logging.getLogger("tst_jax")
 LOCK_BEAT_S = 30.0
 LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
 LOCK_GIVE_UP_S = 200.0   # the holder's own limit: it stops well before others may take over
-_HELD: list[Lock] = []   # the locks this process holds, which `check_held` asks
-
-
-def check_held():
-  """Raises WorkdirError where this process lost a workdir's lock it holds. The loop asks at
-  each step, before the step's metrics and checkpoint are written."""
-  for lock in _HELD:
-    lock.check()
 
 
 class Lock:
@@ -50,7 +42,6 @@ class Lock:
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
     self._beat.start()
-    _HELD.append(self)
 
   @classmethod
   def take(cls, workdir: str, say=print) -> Lock:
@@ -94,8 +85,6 @@ class Lock:
     """Stops the heartbeat and removes the lock, where it is still this process's."""
     self._stop.set()
     self._beat.join()
-    if self in _HELD:
-      _HELD.remove(self)
     seen = fileio.version(self.file)
     held = _read_lock(self.file)
     if held is not None and held.get("token") == self.record["token"]:

@@ -30,9 +30,10 @@ from tst_jax.train import lock as lock_lib, workdir as workdir_lib
 log = logging.getLogger("tst_jax")
 
 
-def train(setup: Setup) -> dict:
-  """Trains the run's phases from the latest checkpoint or step 0 to the end. Returns
-  the summary, or {preempted_at_step} after a preemption checkpoint."""
+def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
+  """Trains the run's phases from the latest checkpoint or step 0 to the end, stopping at the
+  step after `lock`, the workdir's, is lost. Returns the summary, or {preempted_at_step}
+  after a preemption checkpoint."""
   settings, plan = setup.spec.train, setup.spec.plan
   state, start = setup.restore_or_init()
   primary = distributed.is_primary()
@@ -59,7 +60,8 @@ def train(setup: Setup) -> dict:
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = window.call(train_step, state, next(batches), step + 1)
-        lock_lib.check_held()                         # a run that lost its workdir stops here
+        if lock is not None:
+          lock.check()                                # a run that lost its workdir stops here
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
