@@ -5,7 +5,6 @@ with one error line."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ from tst_jax import errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
 from tst_jax.tools import export
-from tst_jax.train import cli, lock as lock_lib, spec as spec_lib, trained_run
+from tst_jax.train import cli, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
@@ -123,22 +122,6 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   fs.put(os.path.join(local, workdir_lib.CHECKPOINTS), at, recursive=True)
   assert workdir_lib.checkpoint_steps(fileio.dirname(copied)) == workdir_lib.checkpoint_steps(
       local) == [6, 8, 10, 12]
-
-
-def test_a_second_main_py_on_a_live_runs_bucket_workdir_exits_2_with_one_line(bucket):
-  """This process holds the bucket's workdir: main.py stops before it writes anything."""
-  workdir = fileio.join(bucket, "run")
-  lock = lock_lib.Lock.take(workdir)
-  try:
-    result = subprocess.run(CMD + ["--workdir", workdir], env=_env(), capture_output=True,
-                            text=True, timeout=300)
-    assert fileio.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
-  finally:
-    lock.release()
-  assert result.returncode == 2, result.stderr
-  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
-  assert result.stderr.startswith(f"error: --workdir {workdir}: a live run holds it: pid "
-                                  f"{os.getpid()} on host {socket.gethostname()}, started ")
 
 
 def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_compiles(

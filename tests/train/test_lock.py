@@ -123,24 +123,24 @@ def test_the_holder_renews_its_heartbeat_and_releases_only_its_own_lock(root, mo
   assert _held(file)["token"] == "another run's, after a take-over"
 
 
-def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(tmp_path):
-  """Two processes: this one holds the workdir, main.py stops before it writes anything.
-  tests/behaviour/test_buckets.py runs the same in a bucket."""
-  workdir = str(tmp_path / "run")
+def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(root):
+  """Two processes: this one holds the workdir, on a disk or in the bucket, and main.py stops
+  before it writes anything."""
+  workdir = fileio.join(root, "run")
   lock = lock_lib.Lock.take(workdir)
   try:
     result = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config",
                              TINY_CONFIG, "--workdir", workdir],
                             env=subprocess_env.one_cpu_device(), capture_output=True,
                             text=True, timeout=300)
-    assert os.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
+    assert fileio.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
   finally:
     lock.release()
   assert result.returncode == 2, result.stderr
   assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
   assert result.stderr.startswith(f"error: --workdir {workdir}: a live run holds it: pid "
                                   f"{os.getpid()} on host {socket.gethostname()}, started ")
-  assert not os.path.exists(workdir)   # the lock that made it leaves no empty workdir
+  assert not fileio.exists(workdir)   # the lock that made it leaves no empty workdir
 
 
 def _wait_for(ready, what: str, timeout: float = 10.0):
