@@ -43,8 +43,8 @@ class _EventFile:
   first step, from which on TensorBoard hides what earlier files logged.
   """
 
-  def __init__(self, directory: str, parts: str, purge_step: int):
-    self._records, self._summary, self._events = _tensorboardx()
+  def __init__(self, modules, directory: str, parts: str, purge_step: int):
+    self._records, self._summary, self._events = modules   # _tensorboardx()'s
     fileio.makedirs(directory)
     name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
     self.out = appending.Appender(fileio.join(directory, name), parts=parts)
@@ -67,10 +67,10 @@ class _EventFile:
 def _tensorboard(workdir: str, purge_step: int) -> _EventFile | None:
   """Returns the run's TensorBoard event file, None where tensorboardX is not installed."""
   try:
-    _tensorboardx()
+    modules = _tensorboardx()
   except ImportError:   # TensorBoard output is optional
     return None
-  return _EventFile(workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
+  return _EventFile(modules, workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
                     workdir_lib.path(workdir, appending.PARTS), purge_step)
 
 
@@ -78,9 +78,9 @@ class MetricsWriter:
   """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
   TensorBoard and to `tracker`, a tracker.Tracker. The run starts after step `resume_step`,
   0 on a first start: lines past it that an earlier attempt logged are dropped first, so the
-  file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it. Both files are written on the calling thread: locally each line and event
-  is written through, in a bucket uploaded as appending.Appender says, and all of them at
-  `sync`."""
+  file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it.
+  Both files are written on the calling thread: locally each line and event is written
+  through, in a bucket uploaded as appending.Appender says, and all of them at `sync`."""
 
   def __init__(self, workdir: str, resume_step: int, tracker=None):
     self.tracker = tracker
