@@ -55,8 +55,7 @@ class Lock:
     for _ in range(3):   # another process may take or free it between two looks
       if fileio.create_new(file, json.dumps(record)):
         return cls(file, record, made_workdir)
-      seen = fileio.version(file)   # before the read: a later write fails the removal
-      held = _read_lock(file)
+      seen, held = _look(file)
       if held is None or seen is None:
         continue
       if held.get("token") == record["token"]:   # a retried create whose first try went through
@@ -85,8 +84,7 @@ class Lock:
     """Stops the heartbeat and removes the lock, where it is still this process's."""
     self._stop.set()
     self._beat.join()
-    seen = fileio.version(self.file)
-    held = _read_lock(self.file)
+    seen, held = _look(self.file)
     if held is not None and held.get("token") == self.record["token"]:
       fileio.remove_if_unchanged(self.file, seen)
     workdir = fileio.dirname(self.file)
@@ -111,8 +109,7 @@ class Lock:
     record = dict(self.record, heartbeat=time.time())
     version = fileio.write_if_unchanged(self.file, json.dumps(record), self.version)
     if version is None:   # changed by another run, or still this run's own: see which
-      version = fileio.version(self.file)   # before the read: a later write is not taken as ours
-      held = _read_lock(self.file)
+      version, held = _look(self.file)
       # A retried write whose first try went through leaves the new record, a run that looked
       # at the lock and put it back leaves the old one.
       if held not in (record, self.record):
@@ -124,6 +121,13 @@ class Lock:
 
 def _utc_now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _look(file: str) -> tuple[str | None, dict | None]:
+  """Returns the lock's version and record. The version is read first, so a write between the
+  two makes a removal or heartbeat conditional on that version fail, never pass on a record
+  it did not see."""
+  return fileio.version(file), _read_lock(file)
 
 
 def _read_lock(file: str) -> dict | None:
