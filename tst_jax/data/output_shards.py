@@ -20,10 +20,6 @@ def done_path(work: str, name: str) -> str:
   return os.path.join(work, name + ".done.json")
 
 
-def read_json(path: str) -> dict:
-  return fileio.read_json(path)
-
-
 def plan(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
   """Output shards per split, and the documents `split_documents` moves across: with
   val_fraction > 0 and >= 2 documents each split gets one (the first extreme hash)."""
@@ -54,7 +50,7 @@ def write(job) -> dict:
   path, marker = fileio.join(out, name + ".bin"), done_path(work, name)
   staged = os.path.join(work, name + ".bin.tmp")    # local: a store takes the file in one put
   if os.path.exists(marker) and fileio.exists(path):
-    return dict(split=split, **read_json(marker))
+    return dict(split=split, **fileio.read_json(marker))
   picked = []                    # (input shard, offsets, lengths) in corpus order
   for d in inputs:
     table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
@@ -132,7 +128,7 @@ def forget_another_plan(out: str, work: str, plan: dict, inputs: list[dict]):
   bad file it left out reads to its end now. Then records this plan in `work`."""
   path = os.path.join(work, "outputs.json")
   planned = dict(plan, inputs=[[d["index"], d["tokens"]] for d in inputs])
-  if os.path.exists(path) and read_json(path) != planned:
+  if os.path.exists(path) and fileio.read_json(path) != planned:
     for folder in (work, out):
       for name in fileio.listdir(folder):
         if name.startswith(store_lib.SPLITS) and name.endswith((".done.json", ".bin")):

@@ -185,7 +185,7 @@ def _claim(out: str, request: dict) -> bool:
                     "--workdir for a run), or delete that store to prepare it again")
   pending = fileio.join(out, "prepare.json")
   if fileio.exists(pending):
-    saved = output_shards.read_json(pending)
+    saved = fileio.read_json(pending)
     if saved != request:
       raise DataError(f"{out} holds an unfinished prepare of another store "
                       f"({_differs(saved, request)}); choose another --out or delete it")
@@ -273,7 +273,7 @@ def _one_thread_per_worker():
 def _input_done(work: str, index: int) -> dict | None:
   """The done marker of input shard `index`, None before it is done."""
   path = output_shards.done_path(work, f"in-{index:05d}")
-  return output_shards.read_json(path) if os.path.exists(path) else None
+  return fileio.read_json(path) if os.path.exists(path) else None
 
 
 def _to_read(work: str, index: int) -> bool:
