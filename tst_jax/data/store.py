@@ -84,7 +84,8 @@ class StoreSplit:
   span shards and wrap around the end. Picklable: the maps and the bucket's client reopen lazily.
   """
 
-  def __init__(self, directory: str, manifest: dict, split: str):
+  def __init__(self, directory: str, manifest: dict, split: str, sizes: dict[str, int]):
+    """`sizes` gives {path: bytes} of the store's shards that exist (`_sizes`)."""
     entry = manifest["splits"][split]
     self.directory, self.split, self.dtype = directory, split, np.dtype(manifest["dtype"])
     self.files = [fileio.join(directory, s["file"]) for s in entry["shards"]]
@@ -92,7 +93,6 @@ class StoreSplit:
     counts = np.array([s["tokens"] for s in entry["shards"]], dtype=np.int64)
     self.ends = np.cumsum(counts)            # shard i holds positions [ends[i-1], ends[i])
     self.num_docs, self.vocab_size = entry["docs"], manifest["tokenizer"]["vocab_size"]
-    sizes = _sizes(directory, self.files)
     for path, count in zip(self.files, counts.tolist()):
       if path not in sizes:
         raise DataError(f"shard {path} of the store {directory} is missing")
@@ -172,8 +172,10 @@ class TokenStore:
     self.manifest = read_manifest(self.directory)
     self.fingerprint = self.manifest["fingerprint"]
     self.data_name = data_name(self.manifest)
-    self.train = StoreSplit(self.directory, self.manifest, "train")
-    self.val = StoreSplit(self.directory, self.manifest, "val")
+    sizes = _sizes(self.directory, [fileio.join(self.directory, shard["file"]) for split in SPLITS
+                                    for shard in self.manifest["splits"][split]["shards"]])
+    self.train = StoreSplit(self.directory, self.manifest, "train", sizes)
+    self.val = StoreSplit(self.directory, self.manifest, "val", sizes)
     self.unigram_entropy = self.manifest["splits"]["train"]["unigram_entropy"]
     tok = self.manifest["tokenizer"]
     self.tokenizer_path = fileio.join(self.directory, tok["file"])
