@@ -402,9 +402,7 @@ def check_writable(path: str, what: str):
       write_bytes(probe, b"")
       remove(probe)
       return
-    parent = os.path.abspath(os.path.expanduser(path))
-    while not os.path.exists(parent):
-      parent = os.path.dirname(parent)
+    parent = existing_parent(path)
     if not os.path.isdir(parent):
       raise NotADirectoryError(20, "a file is in the way", parent)
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -413,6 +411,14 @@ def check_writable(path: str, what: str):
     raise
   except Exception as e:   # pylint: disable=broad-except
     raise PathError(f"{what} {path} cannot be written: {reason(e, path)}") from None
+
+
+def existing_parent(path: str) -> str:
+  """Returns the local `path`, absolute with ~ expanded, or its nearest folder that exists."""
+  parent = absolute(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  return parent
 
 
 def _no_bucket(path: str) -> str:

@@ -133,9 +133,7 @@ def check_workdir(workdir: str):
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
                        "directory, or a run's directory to resume it")
-  existing = os.path.abspath(workdir)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
+  existing = fileio.existing_parent(workdir)
   if not os.path.isdir(existing):
     raise WorkdirError(f"--workdir {workdir}: {existing} is a file, so the workdir cannot be "
                        "made: give another directory")
