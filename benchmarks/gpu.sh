@@ -5,12 +5,20 @@
 #                                                 # SECTIONS: quick, all, or a comma list of
 #                                                 # those below
 #
+# moe_lab  the MoE lab in one call of at most LAB_S seconds (default 195) after the wheels'
+#          install: benchmarks/moe_lab.py times every piece of one MoE layer alone at the
+#          recipe's and the 10B-A1B's shapes, each dispatch, combine and expert-GEMM
+#          alternative side by side (its rows in gpu.jsonl, its table in lab.md); then the
+#          recipe's train step with the dispatch it measured fastest (--config.model.
+#          dispatch_impl), beside quick's rows of the same step at today's auto.
+#          TINY=1: the tiny shape, a CPU dry run
 # quick    what decides the next step, in one call of at most QUICK_S seconds (default 470)
 #          on a bare H100, the wheels' install included; each run has its own time bound
 #          (QUICK_BOUNDS below, from the H100 logs in docs/gpu/2026-11-25-h100/) and none
 #          outlasts the call's end. The MoE recipe in both phases (expert_impl=auto, its remat),
 #          the 10B-A1B layer shapes at 4 layers, the recipe's step profile (dispatch+combine
-#          share, grouped GEMMs as matmuls), dense llama_270m (both phases) and llama_600m at
+#          share, grouped GEMMs as matmuls, the five slowest ops' optimized HLO in
+#          ntp_top_ops.hlo.txt and the step's in ntp_step.hlo.txt.gz), dense llama_270m (both phases) and llama_600m at
 #          their defaults, the grouped GEMM alone (XLA, and tokamax with the kernels a run gets).
 #          tokamax runs its shipped tables only (TST_JAX_TOKAMAX_TUNING=off); then, in what is
 #          left of the call, up to QUICK_TUNE_S seconds (default 60) autotune the grouped GEMM's
@@ -34,7 +42,7 @@
 # gemm     the grouped GEMM alone at the expert shapes (D 1024, F 768, 128 experts, 131009
 #          rows), forward and forward+backward, % of bf16 peak (target >= 50%): XLA, tokamax as
 #          a run gets it (platform.py's kernel per product), all-Mosaic, all-Triton
-# `all` runs every section but quick, in this order; each also runs alone (e.g. `moe,profile`).
+# `all` runs every section but moe_lab and quick, in this order; each also runs alone (e.g. `moe,profile`).
 # Where ./.whl holds wheels (../shared/tools/gpu_wheels.sh) and tokamax is not importable,
 # they are installed into /tmp/site first. docs/performance.md holds the numbers of a run,
 # with the device, versions and date.
@@ -46,23 +54,25 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 log() { grep --line-buffered '^{' | tee -a "$OUT_DIR/gpu.jsonl"; }
-want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ]; } || [[ ",$SECTIONS," == *",$1,"* ]]; }
+want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ] && [ "$1" != moe_lab ]; } \
+    || [[ ",$SECTIONS," == *",$1,"* ]]; }
 START=$(date +%s)
 SCALE=1
 [ -n "${TINY:-}" ] && SCALE=6   # the CPU compiles the tiny models about as long, on fewer cores
 QUICK_S=${QUICK_S:-$(( 470 * SCALE ))}
-QUICK_END=$(( START + QUICK_S ))
-# bounded NAME BOUND_S CMD...: CMD under `timeout`, at most BOUND_S and never past QUICK_END;
+LAB_S=${LAB_S:-$(( 195 * SCALE ))}
+END=$(( START + QUICK_S ))   # the running section's end: each section sets its own
+# bounded NAME BOUND_S CMD...: CMD under `timeout`, at most BOUND_S and never past END;
 # its JSON lines go to gpu.jsonl tagged {"row": NAME}, its whole output to quick_log.txt, and
 # a last line records its exit status, wall time and bound (124: it ran out of time).
 bounded() {
   local name=$1 bound=$2 t0 limit rc
   shift 2
   t0=$(date +%s)
-  limit=$(( QUICK_END - t0 - 5 ))
+  limit=$(( END - t0 - 5 ))
   [ $(( bound * SCALE )) -lt "$limit" ] && limit=$(( bound * SCALE ))
   if [ "$limit" -lt 5 ]; then
-    echo "{\"row\": \"$name\", \"skipped\": \"no time left of QUICK_S=$QUICK_S\"}" | log
+    echo "{\"row\": \"$name\", \"skipped\": \"no time left of the section's seconds\"}" | log
     return
   fi
   echo "== $name: $* (bound ${limit} s)" >> "$OUT_DIR/quick_log.txt"
@@ -103,32 +113,49 @@ print(json.dumps(dict(
     commit=out("git", "rev-parse", "HEAD"), date=str(datetime.date.today()))))
 EOF
 
+# The train-step runs of moe_lab and quick, at their shapes (TINY=1: tiny ones on the CPU).
+QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
+SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
+SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
+SHAPE_RECIPE=() GEMM=() LAB=(python3 benchmarks/moe_lab.py --budget_s 115)
+if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
+  SMALL=(--config.model.dim=32 --config.model.n_layers=2 --config.model.n_heads=2
+         --config.model.n_kv_heads=1 --config.model.head_dim=16 --config.model.ffw_dim=64
+         --config.model.vocab_size=512 --config.data.batch_size=2 --config.data.seq_len=32)
+  EXPERTS=(--config.model.n_experts=4 --config.model.n_experts_per_token=2
+           --config.model.moe_ffw_dim=16)
+  SHAPE_B10=("${SMALL[@]}" "${EXPERTS[@]}") SHAPE_RECIPE=("${SMALL[@]}" "${EXPERTS[@]}")
+  SHAPE_270=("${SMALL[@]}") SHAPE_600=("${SMALL[@]}") GEMM=(--smoke)
+  QSTEP=(python3 benchmarks/step.py --steps 1 --warmup 0)
+  LAB=(python3 benchmarks/moe_lab.py --tiny --repeats 2)
+fi
+
+if want moe_lab; then
+  # Bounds: the lab's rows stop starting at its --budget_s (115 s; the compiles are most of
+  # it), the step's ~35 s is the recipe's ntp row of quick on an H200 (2026-11-26). With the
+  # install's they fit the lab's 4 minutes: tests/behaviour/test_gpu_sh.py checks it.
+  END=$(( $(date +%s) + LAB_S ))
+  export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables, as quick
+  bounded lab 150 "${LAB[@]}"
+  python3 benchmarks/moe_lab.py --table "$OUT_DIR/gpu.jsonl" > "$OUT_DIR/lab.md"
+  WINNER=$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" | tail -n 1)
+  bounded lab_step 45 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
+      "${SHAPE_RECIPE[@]}" --phase ntp --config.model.dispatch_impl="$WINNER"
+fi
+
 if want quick; then
   # Bounds: about 1.5x each run's wall time in the H100 logs of docs/gpu/2026-11-25-h100
   # (glog timestamps: recipe both phases 77 s, 10B-A1B 54 s, recipe profile ~50 s, 270M both
   # phases 36 s, 600M 24 s); the grouped GEMM's is a guess (not timed whole there). With the
   # install's they sum to at most QUICK_S: tests/behaviour/test_gpu_sh.py checks it.
-  QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
-  SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
-  SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
-  SHAPE_RECIPE=() GEMM=()
-  if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
-    SMALL=(--config.model.dim=32 --config.model.n_layers=2 --config.model.n_heads=2
-           --config.model.n_kv_heads=1 --config.model.head_dim=16 --config.model.ffw_dim=64
-           --config.model.vocab_size=512 --config.data.batch_size=2 --config.data.seq_len=32)
-    EXPERTS=(--config.model.n_experts=4 --config.model.n_experts_per_token=2
-             --config.model.moe_ffw_dim=16)
-    SHAPE_B10=("${SMALL[@]}" "${EXPERTS[@]}") SHAPE_RECIPE=("${SMALL[@]}" "${EXPERTS[@]}")
-    SHAPE_270=("${SMALL[@]}") SHAPE_600=("${SMALL[@]}") GEMM=(--smoke)
-    QSTEP=(python3 benchmarks/step.py --steps 1 --warmup 0)
-  fi
+  END=$(( $(date +%s) + QUICK_S ))
   export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables: tuning is the bounded last row
   bounded recipe 110 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
       "${SHAPE_RECIPE[@]}" --phase both
   bounded b10 80 "${QSTEP[@]}" --config configs/qwen3_moe_10b_a1b.py "${SHAPE_B10[@]}" \
       --phase ntp
   bounded profile 75 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
-      "${SHAPE_RECIPE[@]}" --phase ntp --profile 3
+      "${SHAPE_RECIPE[@]}" --phase ntp --profile 3 --hlo_dir "$OUT_DIR"
   bounded d270 50 "${QSTEP[@]}" --config configs/llama_270m.py "${SHAPE_270[@]}" --phase both
   bounded d600 40 "${QSTEP[@]}" --config configs/llama_600m.py "${SHAPE_600[@]}" --phase ntp
   bounded gemm 45 python3 benchmarks/grouped_matmul.py "${GEMM[@]}" --backends xla,tokamax

@@ -81,7 +81,7 @@ def table(lines: list[dict]) -> str:
   """The markdown table of gpu.jsonl's tagged lines, then what did not finish."""
   rows, problems = [HEADER], []
   for r in lines:
-    if "row" not in r:
+    if "row" not in r or r.get("lab"):   # the MoE lab's own rows: its table is lab.md
       continue
     if "step_s" in r:
       rows.append(step_row(r))
@@ -93,7 +93,7 @@ def table(lines: list[dict]) -> str:
       why = "timed out" if r["rc"] in (124, 137) else f"failed (exit status {r['rc']})"
       problems.append(f"- {r['row']}: {why} after {r['wall_s']} s of its {r['bound_s']} s "
                       "(quick_log.txt has its output)")
-  walls = [r for r in lines if "wall_s" in r]
+  walls = [r for r in lines if "wall_s" in r and not r.get("lab")]
   total = sum(r["wall_s"] for r in walls)
   return "\n".join(rows + problems + [f"{len(walls)} runs, {total} s in all"])
 

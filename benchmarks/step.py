@@ -4,6 +4,8 @@
   python benchmarks/step.py --config configs/llama_600m.py --phase both --config.data.batch_size=8
   python benchmarks/step.py --config configs/demo.py --depths 2,4,8,16,32 --phase ntp
   python benchmarks/step.py --config configs/llama_270m.py --phase both --profile 5  # ms by kind
+  python benchmarks/step.py --config configs/qwen3_moe_gpu_small.py --phase ntp --profile 3 \
+      --hlo_dir /tmp/hlo     # and the slowest ops' optimized HLO, to read which jnp op each is
   python benchmarks/step.py --config configs/llama_600m.py --phase ntp --devices 1,2,4,8 \
       --config.data.batch_size=128          # 1 -> 8 GPUs at 16 rows per device: scaling
 
@@ -13,7 +15,9 @@ N_matmul counts every weight matmul including the LM head (active experts only f
 MFU = model FLOPs / step time / (devices * peak). The compiled cost analysis is printed too.
 """
 
+import gzip
 import json
+import os
 import statistics
 import time
 
@@ -35,6 +39,9 @@ _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_l
 _PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
                                 "their milliseconds go, by category (tst_jax.train.step_profile). "
                                 "Turns XLA's GPU command buffers off for the whole process.")
+_HLO_DIR = flags.DEFINE_string("hlo_dir", None, "With --profile: write the optimized HLO of "
+                                "the step's five slowest ops (<phase>_top_ops.hlo.txt) and of "
+                                "the whole step (<phase>_step.hlo.txt.gz) into this folder.")
 _DEVICES = flags.DEFINE_list("devices", [], "Scaling: run on the first N local devices for each "
                              "N (e.g. 1,2,4,8) at the same rows per device (data.batch_size is "
                              "the global batch at the largest N); prints per-device MFU and "
@@ -50,6 +57,20 @@ def build(config, phase_name, devices=None):
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
   trainer = step_lib.Trainer.of(spec, devices)
   return spec, phase, trainer, trainer.train_step(phase)
+
+
+def write_hlo(folder: str, phase: str, hlo_text: str, profile) -> None:
+  """Writes the five slowest ops' optimized HLO, each op's milliseconds and jnp source first,
+  and the whole step's HLO gzipped, into `folder`."""
+  os.makedirs(folder, exist_ok=True)
+  top = profile.top_ops[:5]
+  with open(os.path.join(folder, f"{phase}_top_ops.hlo.txt"), "w") as f:
+    for name, category, ms in top:
+      f.write(f"// {name}: {ms:.3f} ms per step, {category}, from "
+              f"{profile.sources.get(name) or 'no op_name'}\n")
+    f.write(step_profile.fusion_text(hlo_text, [name for name, _, _ in top]))
+  with gzip.open(os.path.join(folder, f"{phase}_step.hlo.txt.gz"), "wt") as f:
+    f.write(hlo_text)
 
 
 def bench_phase(config, phase_name, devices=None) -> dict:
@@ -75,8 +96,11 @@ def bench_phase(config, phase_name, devices=None) -> dict:
   step_s = statistics.median(times)
   profile = None
   if _PROFILE.value:
+    hlo_text = compiled.as_text()
     state, profile, _ = step_profile.profile_steps(
-        train_step, state, windows[0], steps=_PROFILE.value, hlo_text=compiled.as_text())
+        train_step, state, windows[0], steps=_PROFILE.value, hlo_text=hlo_text)
+    if _HLO_DIR.value:
+      write_hlo(_HLO_DIR.value, phase.name, hlo_text, profile)
   devices = trainer.mesh.devices.size
   peak = platform.peak_flops(jax.devices()[0].device_kind)
   cost = compiled.cost_analysis() or {}
@@ -88,6 +112,7 @@ def bench_phase(config, phase_name, devices=None) -> dict:
       n_layers=model_cfg.n_layers, params=spec.plan.params_total, dtype=model_cfg.dtype,
       loss_impl=spec.loss.impl, remat=model_cfg.remat,
       expert_impl=getattr(model_cfg, "expert_impl", None),
+      dispatch_impl=getattr(model_cfg, "dispatch_impl", None),
       attention_impl=model_cfg.attention_impl, compile_s=compile_s, step_s=step_s,
       step_s_min=min(times), data_tokens_per_s=phase.data_tokens_per_step / step_s,
       equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,

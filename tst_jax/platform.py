@@ -15,14 +15,16 @@ import re
 import jax
 
 from tst_jax.errors import ConfigError
-from tst_jax.kernels import grouped_matmul, splash_attention, tokamax_tuning
+from tst_jax.kernels import grouped_matmul, moe_dispatch, splash_attention, tokamax_tuning
 
 # The config fields `auto` resolves on a platform: how a run computes, not what it computes.
 # A workdir resumes, evaluates and loads on another platform with its own choices.
-PLATFORM_FIELDS = ("model.attention_impl", "model.expert_impl", "loss.impl")
+PLATFORM_FIELDS = ("model.attention_impl", "model.expert_impl", "model.dispatch_impl",
+                   "loss.impl")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
 EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
+DISPATCH_IMPLS = ("auto",) + moe_dispatch.IMPLS
 
 # loss.impl=auto: the fastest forward and backward at the paper's shapes. TPU is not measured,
 # so it gets the pure-XLA path.
@@ -36,6 +38,11 @@ _EXPERTS = {"cpu": ("blocked", "CPU expands ragged_dot over every expert (docs/p
                            "the 10B-A1B layer shapes (0.161 vs 0.228 s), 1.39x on "
                            "qwen3_moe_gpu_small (0.282 vs 0.392 s); H100, 2026-11-25"),
             "tpu": ("ragged", "grouped matmul, native on TPU")}
+# model.dispatch_impl=auto: how MoE dispatch and combine move rows (moe_dispatch.IMPLS).
+_DISPATCH = {"gpu": ("gather", "not yet measured against the others on a GPU: "
+                               "benchmarks/moe_lab.py times them side by side"),
+             "cpu": ("gather", "XLA gathers on CPU; the Pallas kernels only run interpreted"),
+             "tpu": ("gather", "XLA gathers on TPU; the Pallas kernels are Triton's")}
 _NO_TOKAMAX = ("blocked", "gmm needs tokamax on a GPU (XLA's GPU ragged_dot expands to dense and "
                           "ran out of memory): pip install 'tst-jax[gpu]' -c constraints-gpu.txt")
 # expert_impl=gmm on a GPU: tokamax's kernel for each product of the grouped GEMM, chosen from
@@ -54,12 +61,25 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "TPU v5 lite": 19
               "TPU v6e": 918e12}
 
 
+# Memory bandwidth per device in bytes/s, from vendor datasheets: the MoE lab's memory floor.
+PEAK_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}
+
+
+def _lookup(table: dict, device_kind: str):
+  for name, value in sorted(table.items(), key=lambda kv: -len(kv[0])):
+    if name.lower() in device_kind.lower():
+      return value
+  return None
+
+
+def peak_bandwidth(device_kind: str) -> float | None:
+  """Returns the datasheet memory bandwidth of one device of `device_kind`, None where unknown."""
+  return _lookup(PEAK_BANDWIDTH, device_kind)
+
+
 def peak_flops(device_kind: str) -> float | None:
   """Returns the bf16 peak FLOP/s of one device of `device_kind`, None where the table lacks it."""
-  for name, peak in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
-    if name.lower() in device_kind.lower():
-      return peak
-  return None
+  return _lookup(PEAK_FLOPS, device_kind)
 
 
 def mfu(flops_per_step: float, step_s: float, devices: int, peak: float | None) -> float | None:
@@ -173,6 +193,17 @@ def expert_impl(requested: str, platform: str | None = None,
     return requested, f"{why}; grouped GEMM backend {backend}: {how}"
   return requested, why
 
+def dispatch_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
+  """Picks how MoE dispatch and combine move rows, `model.dispatch_impl`, and says why."""
+  platform = _platform(platform)
+  if requested == "pallas" and platform == "tpu":
+    raise ConfigError("model.dispatch_impl", "pallas runs Triton kernels, on a GPU (or "
+                      "interpreted on CPU); choose another on a TPU")
+  if requested != "auto":
+    return requested, "set in the config"
+  return _DISPATCH.get(platform, _DISPATCH["tpu"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Resolved:
   """The concrete choices of one run, with their reasons."""
@@ -207,6 +238,7 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
   }
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
+    choices["model.dispatch_impl"] = dispatch_impl(model_cfg.dispatch_impl, platform)
   return Resolved(platform, kind, choices)
 
 
@@ -220,12 +252,12 @@ def unresolved(section, name: str):
 def portable(model_cfg):
   """Returns `model_cfg` with each `auto` kernel set to one that every platform runs.
 
-  That is XLA attention and dense experts, for what does not depend on the kernel, such as the
+  That is XLA attention, dense experts and XLA's gathers, for what does not depend on the kernel, such as the
   parameters' shapes. It does not ask the platform: the first question starts JAX's backend,
   and the XLA flags, the emulated devices of a fit check and jax.distributed must all come
   before that.
   """
-  fields = {"attention_impl": "xla", "expert_impl": "dense"}
+  fields = {"attention_impl": "xla", "expert_impl": "dense", "dispatch_impl": "gather"}
   return dataclasses.replace(model_cfg, **{f: v for f, v in fields.items()
                                            if getattr(model_cfg, f, None) == "auto"})
 

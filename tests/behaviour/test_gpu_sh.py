@@ -15,6 +15,7 @@ import pytest
 
 from tests.fixtures.paths import ROOT
 from tst_jax import configlib
+from tst_jax.kernels import moe_dispatch
 
 
 def _dry_run(tmp_path, sections, **env):
@@ -24,7 +25,8 @@ def _dry_run(tmp_path, sections, **env):
   bin_dir.mkdir()
   log = tmp_path / "calls.txt"
   fake = (f'printf "%q " "$@" >> {log}; echo >> {log}; cat > /dev/null; '
-            '[ "$1" = benchmarks/gpu_table.py ] || echo \'{"fake": 1}\'')
+          'case "$*" in *--winner*) echo gather; exit;; *--table*) exit;; esac; '
+          '[ "$1" = benchmarks/gpu_table.py ] || echo \'{"fake": 1}\'')
   for name, body in (("python3", fake),
                      ("timeout", 'while [ "${1#-}" != "$1" ]; do shift 2; done; shift; '
                                  'exec "$@"')):
@@ -120,13 +122,62 @@ def test_quick_bounds_hold_the_call():
   """Each run of `quick` has a bound in seconds; with the wheels' install and the environment
   line they sum to at most QUICK_S, under the 8 minutes of one call with the table after."""
   text = open(os.path.join(ROOT, "benchmarks", "gpu.sh")).read()
-  bounds = dict(re.findall(r"^\s*bounded (\w+) (\d+) ", text, re.M))
+  quick = text.split("if want quick; then", 1)[1].split("\nfi\n", 1)[0]
+  bounds = dict(re.findall(r"^\s*bounded (\w+) (\d+) ", text.split("if want")[0] + quick,
+                           re.M))
   assert set(bounds) == set(QUICK_ROWS[:-1]), bounds
   bounds["install"] = re.search(r"^INSTALL_S=(\d+)$", text, re.M).group(1)
   quick_s = int(re.search(r"QUICK_S=\$\{QUICK_S:-\$\(\( (\d+) \* SCALE", text).group(1))
   assert sum(map(int, bounds.values())) <= quick_s <= 8 * 60 - 10
-  assert "limit=$(( QUICK_END - t0 - 5 ))" in text   # none runs past the call's end
+  assert "limit=$(( END - t0 - 5 ))" in text   # none runs past its section's end
+  assert "END=$(( $(date +%s) + QUICK_S ))" in quick
   assert 'bounded gemm_tuned "${QUICK_TUNE_S:-60}"' in text
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+def test_moe_lab_runs_the_lab_then_the_step_with_its_winner(tmp_path, tiny):
+  """`moe_lab`: the lab (tiny shapes under TINY=1), its table into lab.md, then the recipe's
+  step with the dispatch the lab names; each bounded, the bounds and the install within the
+  lab's 4 minutes."""
+  calls = [c for c in _dry_run(tmp_path, "moe_lab", **({"TINY": "1"} if tiny else {}))
+           if c[0] != "-"]   # the environment's line
+  assert [c[0] for c in calls] == ["benchmarks/moe_lab.py"] * 3 + ["benchmarks/step.py"]
+  assert ("--tiny" in calls[0]) == tiny and "--table" in calls[1] and "--winner" in calls[2]
+  assert "--config.model.dispatch_impl=gather" in calls[3]
+  _check_step_configs(calls)
+  lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
+  assert [r["row"] for r in lines if "rc" in r] == ["env", "lab", "lab_step"]
+  text = open(os.path.join(ROOT, "benchmarks", "gpu.sh")).read()
+  lab = text.split("if want moe_lab; then", 1)[1].split("\nfi\n", 1)[0]
+  bounds = [int(b) for b in re.findall(r"^\s*bounded \w+ (\d+) ", lab, re.M)]
+  lab_s = int(re.search(r"LAB_S=\$\{LAB_S:-\$\(\( (\d+) \* SCALE", text).group(1))
+  install_s = int(re.search(r"^INSTALL_S=(\d+)$", text, re.M).group(1))
+  budget = int(re.search(r"moe_lab.py --budget_s (\d+)", text).group(1))
+  assert budget + 30 <= bounds[0] and sum(bounds) <= lab_s and lab_s + install_s <= 4 * 60
+  assert "END=$(( $(date +%s) + LAB_S ))" in lab
+
+
+@pytest.mark.slow
+def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
+  """The CPU dry run of `moe_lab` (TINY=1): the lab's rows, its table and the step with its
+  winner, for real."""
+  out = tmp_path / "out"
+  run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out),
+                        "moe_lab"], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, TINY="1", JAX_PLATFORMS="cpu",
+                                XLA_FLAGS="--xla_backend_optimization_level=0",
+                                PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
+  assert run.returncode == 0, run.stderr[-2000:]
+  lines = [json.loads(line) for line in open(out / "gpu.jsonl")]
+  ends = {r["row"]: r for r in lines if "rc" in r}
+  assert list(ends) == ["env", "lab", "lab_step"] and all(r["rc"] == 0 for r in ends.values())
+  lab = [r for r in lines if r.get("lab") and "ms" in r]
+  assert {r["piece"] for r in lab} >= {"router", "sort", "dispatch", "combine", "experts",
+                                       "layer"}
+  (winner,) = [r["winners"]["tiny"]["dispatch"] for r in lines if r.get("piece") == "winners"]
+  (step,) = [r for r in lines if r.get("row") == "lab_step" and "step_s" in r]
+  assert "| tiny | combine | pallas |" in (out / "lab.md").read_text()
+  assert winner in moe_dispatch.IMPLS and step["dispatch_impl"] == winner
 
 
 def _step(row, phase, **kw):

@@ -1,7 +1,8 @@
 """MoE dispatch and combine (tst_jax/kernels/moe_dispatch.py) against slow per-assignment loops:
-the layouts (sorted, sorted into whole tiles of 8 rows, blocked), values and both gradients, ids of other shards' experts, and
-backwards made of gathers (no scatter in the differentiated program), and a routing program whose
-size does not depend on the number of assignments."""
+the layouts (sorted, sorted into whole tiles of 8 rows, blocked), values and both gradients for
+every implementation (moe_dispatch.IMPLS, the Pallas kernels interpreted), ids of other shards'
+experts, backwards made of gathers (no scatter in the differentiated program), and a routing
+program whose size does not depend on the number of assignments."""
 
 import jax
 import jax.numpy as jnp
@@ -79,9 +80,10 @@ def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
   return rows, out
 
 
+@pytest.mark.parametrize("impl", moe_dispatch.IMPLS)
 @pytest.mark.parametrize("kind", ["sorted", "tiled", "blocked"])
 @pytest.mark.parametrize("other_shards", [False, True])
-def test_dispatch_combine_values_and_gradients(kind, other_shards):
+def test_dispatch_combine_values_and_gradients(kind, other_shards, impl):
   ids = _ids(other_shards)
   routing, _ = _layout(ids, kind)
   r = routing.assignment_R.shape[0]
@@ -91,8 +93,8 @@ def test_dispatch_combine_values_and_gradients(kind, other_shards):
   weights = jax.random.uniform(k[2], (N, P))
   ct_rows, ct_out = jax.random.normal(k[3], (r, D)), jax.random.normal(k[4], (N, D))
   rows, out = _slow_dispatch_combine(x, y_rows, weights, ids, routing)
-  np.testing.assert_allclose(moe_dispatch.dispatch(x, routing, P), rows, rtol=1e-6)
-  np.testing.assert_allclose(moe_dispatch.combine(y_rows, weights, routing), out,
+  np.testing.assert_allclose(moe_dispatch.dispatch(x, routing, P, impl), rows, rtol=1e-6)
+  np.testing.assert_allclose(moe_dispatch.combine(y_rows, weights, routing, impl), out,
                              rtol=1e-5, atol=1e-6)
   # Gradients: the custom VJPs (gathers) against autodiff of the slow version's formulas
   # written with scatters (jnp .at[].add), which XLA transposes the ordinary way.
@@ -112,8 +114,8 @@ def test_dispatch_combine_values_and_gradients(kind, other_shards):
       return jnp.sum(rows * ct_rows) + jnp.sum(out * ct_out)
     return f
 
-  ours = lambda x, y, w: (moe_dispatch.dispatch(x, routing, P),
-                          moe_dispatch.combine(y, w, routing))
+  ours = lambda x, y, w: (moe_dispatch.dispatch(x, routing, P, impl),
+                          moe_dispatch.combine(y, w, routing, impl))
   got = jax.grad(loss(ours), argnums=(0, 1, 2))(x, y_rows, weights)
   want = jax.grad(loss(reference), argnums=(0, 1, 2))(x, y_rows, weights)
   for g, w in zip(got, want):
@@ -121,27 +123,52 @@ def test_dispatch_combine_values_and_gradients(kind, other_shards):
   assert float(jnp.abs(got[0]).max()) > 0 and float(jnp.abs(got[2]).max()) > 0
 
 
-def test_bfloat16_rows_combine_in_float32():
+@pytest.mark.parametrize("impl", moe_dispatch.IMPLS)
+def test_bfloat16_rows_combine_in_float32(impl):
   """bf16 expert outputs: the P-way weighted sum accumulates in float32 (one rounding at the
-  end), so it matches the float64 sum to bf16's last bit."""
-  ids = _ids(False)
-  routing, _ = _layout(ids, "sorted")
-  y = jax.random.normal(jax.random.key(1), (N * P, D)).astype(jnp.bfloat16)
-  w = jax.random.uniform(jax.random.key(2), (N, P))
-  got = moe_dispatch.combine(y, w, routing)
+  end), so it matches the float64 sum to bf16's last bit; so do both gradients of dispatch
+  and combine, each one float32 sum rounded once to bf16."""
+  ids = _ids(True)
+  routing, _ = _layout(ids, "tiled")
+  r = routing.assignment_R.shape[0]
+  k = jax.random.split(jax.random.key(1), 4)
+  y = jax.random.normal(k[0], (r, D)).astype(jnp.bfloat16)
+  w = jax.random.uniform(k[1], (N, P))
+  dout = jax.random.normal(k[2], (N, D)).astype(jnp.bfloat16)
+  got, vjp = jax.vjp(lambda y, w: moe_dispatch.combine(y, w, routing, impl), y, w)
   assert got.dtype == jnp.bfloat16
   _, want = _slow_dispatch_combine(jnp.zeros((N, D)), y.astype(jnp.float32), w, ids, routing)
   np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -8, atol=1e-6)
+  dy, dw = vjp(dout)
+  flat = np.asarray(ids).reshape(-1)
+  row_A, y64, dout64 = (np.asarray(a, np.float64) if a is not routing.row_A else np.asarray(a)
+                        for a in (routing.row_A, y, dout))
+  want_dy, want_dw = np.zeros((r, D)), np.zeros((N, P))
+  for a in np.flatnonzero(flat < E):
+    want_dy[row_A[a]] = float(w[a // P, a % P]) * dout64[a // P]
+    want_dw[a // P, a % P] = y64[row_A[a]] @ dout64[a // P]
+  np.testing.assert_allclose(np.asarray(dy, np.float64), want_dy, rtol=2 ** -8, atol=1e-6)
+  np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5)
+  _, vjp = jax.vjp(lambda x: moe_dispatch.dispatch(x, routing, P, impl), dout)
+  (dx,) = vjp(y)
+  want_dx = np.zeros((N, D))
+  for a in np.flatnonzero(flat < E):
+    want_dx[a // P] += y64[row_A[a]]
+  assert dx.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(dx, np.float64), want_dx, rtol=2 ** -8, atol=1e-6)
 
 
-def test_differentiated_program_has_no_scatter():
-  """Forward and backward of dispatch + combine: gathers, sorts and sums only."""
+@pytest.mark.parametrize("impl", [i for i in moe_dispatch.IMPLS
+                                  if i not in ("segment_sum", "pallas")])
+def test_differentiated_program_has_no_scatter(impl):
+  """Forward and backward of dispatch + combine: gathers, sorts and sums only (segment_sum is a
+  scatter by definition; pallas's kernels are custom calls on a GPU)."""
   ids = _ids(True)
 
   def f(x, w):
     routing = moe_dispatch.sort_by_expert(ids, E)
-    return jnp.sum(moe_dispatch.combine(jnp.sin(moe_dispatch.dispatch(x, routing, P)), w,
-                                        routing))
+    return jnp.sum(moe_dispatch.combine(jnp.sin(moe_dispatch.dispatch(x, routing, P, impl)), w,
+                                        routing, impl))
   hlo = jax.jit(jax.grad(f, argnums=(0, 1))).lower(jnp.ones((N, D)), jnp.ones((N, P))).as_text()
   assert "stablehlo.gather" in hlo and "stablehlo.sort" in hlo
   assert "scatter" not in hlo

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
+from tst_jax.kernels import moe_dispatch, moe_gather
 from tst_jax.models import moe
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
@@ -125,13 +127,14 @@ def test_mesh_trains_like_one_device(mesh, family, grad_accum, loss_impl, refere
   assert len(losses) == 6 and np.all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize("impl", ["ragged", "gmm", "blocked"])
+@pytest.mark.parametrize("impl,dispatch", [("ragged", "gather"), ("gmm", "gather"),
+                                           ("blocked", "gather")])
 @pytest.mark.parametrize("mesh,batch_axes", [
     ((4, 1, 1, 2), ("data", "fsdp", "expert")),   # tokens split over experts: gather, scatter
     ((1, 2, 2, 2), ("data", "fsdp", "expert")),   # and expert weights split over tensor
     ((2, 1, 1, 4), ("data", "fsdp")),             # tokens replicated over experts: psum
 ], ids=["data4_expert2", "fsdp2_tensor2_expert2", "replicated_tokens_expert4"])
-def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl):
+def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, dispatch):
   """The expert-parallel shard_map gives the unsharded dense reference's output and
   gradients; each device runs E/ep experts (F/tp wide) with explicit collectives."""
   e, d, f, k, n = 8, 16, 24, 2, 64
@@ -149,7 +152,7 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl):
   expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
   run_mesh = mesh_lib.make_mesh(mesh_config(mesh).mesh)
   rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
-  sharded = functools.partial(moe.experts_sharded, moe.EXPERTS[impl])
+  sharded = functools.partial(moe.experts_sharded, moe.expert_fn(impl, dispatch))
   with axis_rules(run_mesh, rules):
     got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
     jaxpr = jax.make_jaxpr(sharded)(x_NxD, ids_NxK, weights_NxK, *experts)
@@ -166,6 +169,36 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl):
   assert collectives == ({"all_gather", "reduce_scatter"} | ({"all_reduce"} if mesh[2] > 1
                                                               else set())
                          if "expert" in batch_axes else {"all_reduce"})
+
+
+@pytest.mark.parametrize("dispatch", [i for i in moe_dispatch.IMPLS
+                                      if i not in ("gather", "pallas")])
+def test_expert_parallel_dispatch_impls_match_one_device(dispatch):
+  """Each way of moving rows, under the 8-device expert-parallel shard_map (tokens over data 4
+  x expert 2): the unsharded dense reference's output and gradients. (pallas: below.)"""
+  test_expert_parallel_shard_map_matches_one_device((4, 1, 1, 2), ("data", "fsdp", "expert"),
+                                                    "gmm", dispatch)
+
+
+def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
+  """The Pallas dispatch under the 8-device expert-parallel shard_map, forward and backward,
+  lowers for a GPU with its Triton kernels inside: their outputs carry the shard_map's varying
+  axes. JAX's CPU interpreter cannot run a kernel there (moe_gather's docstring), so the
+  values on 8 devices are the GPU's to check; on one device tests/kernels check them."""
+  monkeypatch.setattr(moe_gather, "_interpret", lambda: False)
+  e, d, f, k, n = 8, 16, 24, 2, 64
+  x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
+  ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
+  experts = [jnp.ones(shape) for shape in [(e, d, f), (e, d, f), (e, f, d)]]
+  sharded = functools.partial(moe.experts_sharded, moe.expert_fn("blocked", "pallas"))
+  loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
+  rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
+  with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
+        x_NxD, weights_NxK, *experts).lower(lowering_platforms=("cuda",)).as_text()
+  assert re.search(r"sdy.manual_computation|SPMDFullToShardShape", text)
+  assert set(re.findall(r'name = "(moe_gather\w*)"', text)) == {"moe_gather", "moe_gather_sum"}
+  assert "xla.gpu.triton" in text
 
 
 def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):

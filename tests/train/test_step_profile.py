@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -162,6 +163,28 @@ def test_moe_dispatch_and_combine_have_their_own_row(tmp_path):
   for cat in ("dispatch+combine", "matmul forward", "matmul backward"):
     assert prof.ms[cat] > 0, (cat, prof.table())
   assert prof.note == ""   # CPU: no command buffers to blur it
+  # Each category's largest ops, within its time; the slowest ops name their jnp operations.
+  for cat, ops in prof.top_by_category.items():
+    assert ops == sorted(ops, key=lambda o: -o[1]) and sum(ms for _, ms in ops) <= (
+        prof.ms[cat] * (1 + 1e-6))
+  assert "in matmul backward:" in prof.table()
+  named = [prof.sources[op] for op, _, _ in prof.top_ops if prof.sources.get(op)]
+  assert named and not any(n.startswith("jit(") for n in named)
+
+
+def test_fusion_text_is_the_slowest_fusions_hlo_alone():
+  """The HLO of a fusion of a compiled MoE step, read alone: its line, then the body it calls
+  with every instruction fused into it; a name not in the module says so."""
+  step, state, window = traced_step("ntp", moe=True, data=1)
+  hlo = step.lower(state, window).compile().as_text()
+  _, ops = step_profile.parse_hlo(hlo)
+  fusion = next(name for name, op in ops.items() if op.opcode == "fusion"
+                and "reduce" in op.opcodes)
+  text = step_profile.fusion_text(hlo, [fusion, "no_such_op"])
+  assert text.startswith(f"// ---- {fusion}\n") and "// no_such_op: not in this module" in text
+  (called,) = re.findall(r"calls=%?([\w.\-]+)", text.splitlines()[1])[:1]
+  assert f"{called} " in text and " reduce(" in text
+  assert step_profile.source(ops[fusion]) and len(text) < len(hlo) / 4
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from tst_jax.kernels import moe_gather
 from tst_jax.parallel import varying
 
 # Searches compare every query with every sorted entry and sum, one fused pass. A binary search
@@ -117,70 +118,153 @@ def _rows(table, index):
   return jnp.take(table, index, axis=0, mode="fill", fill_value=0)
 
 
-def dispatch(x_NxD, routing: Routing, top_k: int):
+# How dispatch and combine move rows, each a full set of the four passes (dispatch and combine,
+# forward and backward); the MoE lab (benchmarks/moe_lab.py) times them side by side.
+#   gather        the P-way sums gather [N, P, D], then reduce over P; combine's backward
+#                 gathers y again for the weights' gradient
+#   unrolled      the P-way sums add P gathers of [N, D] in one elementwise pass, no reduce
+#   materialised  the [N, P, D] gather written out apart from the reduce over P
+#   p_outer       the P-way sums gather [P, N, D], P outermost, and reduce over the major axis
+#   segment_sum   the P-way sums as jax.ops.segment_sum over the assignments, sorted by token
+#   prescaled     the weights multiply the buffer rows in expert order, then unweighted
+#                 unrolled sums; the weights' gradient is a dot per buffer row
+#   pallas        the Pallas kernels of moe_gather: one coalesced pass gathers and reduces
+# Every set but `gather` takes the weights' gradient in buffer order: the dot of each row with
+# the token row its backward gathers anyway, then a gather of R scalars back to [N, P].
+IMPLS = ("gather", "unrolled", "materialised", "p_outer", "segment_sum", "prescaled", "pallas")
+
+
+def _check(impl: str):
+  if impl not in IMPLS:
+    raise ValueError(f"dispatch impl must be one of {IMPLS}, got {impl!r}")
+
+
+def _sum_rows(table_RxD, row_NxP, weights_NxP, impl: str):
+  """Returns sum_p weights[n, p] · table[row[n, p]], [N, D] float32; weights None means 1."""
+  n, k = row_NxP.shape
+  if impl == "pallas":
+    ones = jnp.ones((n, k), jnp.float32)
+    return moe_gather.gather_sum(table_RxD, row_NxP, ones if weights_NxP is None else weights_NxP)
+  w_NxP = None if weights_NxP is None else weights_NxP.astype(jnp.float32)
+  if impl in ("unrolled", "prescaled"):
+    total = None
+    for p in range(k):
+      term = _rows(table_RxD, row_NxP[:, p]).astype(jnp.float32)
+      term = term if w_NxP is None else term * w_NxP[:, p, None]
+      total = term if total is None else total + term
+    return total
+  if impl == "p_outer":
+    rows_PxNxD = _rows(table_RxD, row_NxP.T.reshape(-1)).reshape(k, n, -1).astype(jnp.float32)
+    if w_NxP is not None:
+      rows_PxNxD = rows_PxNxD * w_NxP.T[..., None]
+    return jnp.sum(rows_PxNxD, axis=0)
+  rows_AxD = _rows(table_RxD, row_NxP.reshape(-1))
+  if impl == "materialised":   # written out whole before the sum reads it
+    rows_AxD = jax.lax.optimization_barrier(rows_AxD)
+  rows_AxD = rows_AxD.astype(jnp.float32)
+  if w_NxP is not None:
+    rows_AxD = rows_AxD * w_NxP.reshape(-1, 1)
+  if impl == "segment_sum":
+    token_A = jax.lax.iota(jnp.int32, n * k) // k
+    return jax.ops.segment_sum(rows_AxD, token_A, num_segments=n, indices_are_sorted=True)
+  return jnp.sum(rows_AxD.reshape(n, k, -1), axis=1)
+
+
+def _gather_rows(table_TxD, index_R, scale_R, impl: str, dtype):
+  """Returns scale[r] · table[index[r]] as [R, D] in `dtype`, 0 for an index past the table;
+  scale None means 1."""
+  if impl == "pallas":
+    scale_R = jnp.ones(index_R.shape, jnp.float32) if scale_R is None else scale_R
+    return moe_gather.gather(table_TxD, index_R, scale_R, dtype=dtype)
+  rows_RxD = _rows(table_TxD, index_R)
+  if scale_R is not None:
+    rows_RxD = rows_RxD.astype(jnp.float32) * scale_R[:, None]
+  return rows_RxD.astype(dtype)
+
+
+def dispatch(x_NxD, routing: Routing, top_k: int, impl: str = "gather"):
   """Gathers token rows in expert order into [R, D]: row r is its assignment's token, 0 if none."""
+  _check(impl)
   with jax.named_scope("moe_dispatch"):
     x_NxD, row_A, assignment_R = varying.alike(x_NxD, routing.row_A, routing.assignment_R)
-    return _dispatch(x_NxD, row_A, assignment_R, top_k)
+    return _dispatch(x_NxD, row_A, assignment_R, top_k, impl)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _dispatch(x_NxD, row_A, assignment_R, top_k):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dispatch(x_NxD, row_A, assignment_R, top_k, impl):
   del row_A
-  return _rows(x_NxD, assignment_R // top_k)   # A // P = N: out of range, a zero row
+  # A // P = N: out of range, a zero row
+  return _gather_rows(x_NxD, assignment_R // top_k, None, impl, x_NxD.dtype)
 
 
-def _dispatch_fwd(x_NxD, row_A, assignment_R, top_k):
-  return _dispatch(x_NxD, row_A, assignment_R, top_k), (row_A, assignment_R)
+def _dispatch_fwd(x_NxD, row_A, assignment_R, top_k, impl):
+  return _dispatch(x_NxD, row_A, assignment_R, top_k, impl), (row_A, assignment_R)
 
 
-def _dispatch_bwd(top_k, residuals, dy_RxD):
-  """Returns dx[n], the sum of its P rows' cotangents: a gather, then a float32 sum over P."""
+def _dispatch_bwd(top_k, impl, residuals, dy_RxD):
+  """Returns dx[n], the sum of its P rows' cotangents, added in float32."""
   row_A, _ = residuals
   with jax.named_scope("moe_dispatch"):
-    dy_NxPxD = _rows(dy_RxD, row_A).reshape(-1, top_k, dy_RxD.shape[1])
-    dx_NxD = jnp.sum(dy_NxPxD.astype(jnp.float32), axis=1).astype(dy_RxD.dtype)
+    dx_NxD = _sum_rows(dy_RxD, row_A.reshape(-1, top_k), None, impl).astype(dy_RxD.dtype)
   return dx_NxD, None, None
 
 
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
-def combine(y_RxD, weights_NxP, routing: Routing):
+def combine(y_RxD, weights_NxP, routing: Routing, impl: str = "gather"):
   """Sums each token's P expert outputs with its top-k weights in float32: [N, D] in y's dtype."""
+  _check(impl)
   with jax.named_scope("moe_combine"):
-    return _combine(*varying.alike(y_RxD, weights_NxP, routing.row_A, routing.assignment_R))
+    return _combine(*varying.alike(y_RxD, weights_NxP, routing.row_A, routing.assignment_R),
+                    impl)
 
 
-@jax.custom_vjp
-def _combine(y_RxD, weights_NxP, row_A, assignment_R):
-  del assignment_R
+def _weight_rows(weights_NxP, assignment_R):
+  """Returns each buffer row's top-k weight [R] in float32, 0 in an empty row."""
+  return _rows(weights_NxP.reshape(-1), assignment_R).astype(jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _combine(y_RxD, weights_NxP, row_A, assignment_R, impl):
   n, k = weights_NxP.shape
-  y_NxPxD = _rows(y_RxD, row_A).reshape(n, k, -1).astype(jnp.float32)
-  return jnp.sum(y_NxPxD * weights_NxP.astype(jnp.float32)[..., None], axis=1).astype(
-      y_RxD.dtype)
+  if impl == "prescaled":   # the weights in expert order, fused into the buffer's read
+    scaled_RxD = y_RxD.astype(jnp.float32) * _weight_rows(weights_NxP, assignment_R)[:, None]
+    out_NxD = _sum_rows(scaled_RxD, row_A.reshape(n, k), None, impl)
+  else:
+    out_NxD = _sum_rows(y_RxD, row_A.reshape(n, k), weights_NxP, impl)
+  return out_NxD.astype(y_RxD.dtype)
 
 
-def _combine_fwd(y_RxD, weights_NxP, row_A, assignment_R):
-  return _combine(y_RxD, weights_NxP, row_A, assignment_R), (y_RxD, weights_NxP, row_A,
-                                                             assignment_R)
+def _combine_fwd(y_RxD, weights_NxP, row_A, assignment_R, impl):
+  return _combine(y_RxD, weights_NxP, row_A, assignment_R, impl), (y_RxD, weights_NxP, row_A,
+                                                                   assignment_R)
 
 
-def _combine_bwd(residuals, dout_NxD):
-  """Returns dy and dweight, each by a gather.
+def _combine_bwd(impl, residuals, dout_NxD):
+  """Returns dy and dweight, each by gathers.
 
   dy[r] is the weight times dout of its assignment's token, which gathers the token rows back
-  into the buffer. dweight[n, p] = <dout[n], y[row of n·P + p]>, a gather and a dot over D.
+  into the buffer. dweight[n, p] = <dout[n], y[row of n·P + p]>: under `gather` a second
+  gather of y and a dot over D, under the others the dot of each buffer row with its gathered
+  token row, then a gather of the R dots.
   """
   y_RxD, weights_NxP, row_A, assignment_R = residuals
   n, k = weights_NxP.shape
   with jax.named_scope("moe_combine"):
-    dout_NxD = dout_NxD.astype(jnp.float32)
-    weight_R = _rows(weights_NxP.reshape(-1), assignment_R).astype(jnp.float32)
-    dy_RxD = (_rows(dout_NxD, assignment_R // k) * weight_R[:, None]).astype(y_RxD.dtype)
-    y_NxPxD = _rows(y_RxD, row_A).reshape(n, k, -1).astype(jnp.float32)
-    dweights_NxP = jnp.sum(y_NxPxD * dout_NxD[:, None, :], axis=-1).astype(weights_NxP.dtype)
-  return dy_RxD, dweights_NxP, None, None
+    weight_R = _weight_rows(weights_NxP, assignment_R)
+    token_R = assignment_R // k
+    if impl == "gather":
+      dout_NxD = dout_NxD.astype(jnp.float32)
+      dy_RxD = (_rows(dout_NxD, token_R) * weight_R[:, None]).astype(y_RxD.dtype)
+      y_NxPxD = _rows(y_RxD, row_A).reshape(n, k, -1).astype(jnp.float32)
+      dweights_NxP = jnp.sum(y_NxPxD * dout_NxD[:, None, :], axis=-1)
+    else:
+      dout_RxD = _gather_rows(dout_NxD, token_R, None, impl, dout_NxD.dtype).astype(jnp.float32)
+      dy_RxD = (dout_RxD * weight_R[:, None]).astype(y_RxD.dtype)
+      dweight_R = jnp.sum(dout_RxD * y_RxD.astype(jnp.float32), axis=-1)
+      dweights_NxP = _rows(dweight_R, row_A).reshape(n, k)
+  return dy_RxD, dweights_NxP.astype(weights_NxP.dtype), None, None
 
 
 _combine.defvjp(_combine_fwd, _combine_bwd)

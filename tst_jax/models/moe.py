@@ -17,6 +17,7 @@ scanned over `r`. First-k-dense gives 2 stages, every-n-th-sparse gives 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -55,6 +56,10 @@ class MoEConfig(llama.LlamaConfig):
   expert_impl: str = schema.field("auto", schema.one_of(platform.EXPERT_IMPLS), "ragged | gmm "
                                   "(grouped GEMMs both ways, tokamax on GPU) | blocked | dense "
                                   "(reference) | auto (the platform's measured fastest)")
+  dispatch_impl: str = schema.field("auto", schema.one_of(platform.DISPATCH_IMPLS), "how "
+                                    "dispatch and combine move rows: " + " | ".join(
+                                        moe_dispatch.IMPLS) + " (kernels/moe_dispatch.py) | "
+                                    "auto (the platform's measured fastest)")
 
   def __post_init__(self):
     super().__post_init__()
@@ -155,19 +160,22 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-                    row_tile: int = 1):
+                    row_tile: int = 1, dispatch: str = "gather"):
   """Sorts the N·P assignments by expert into whole row tiles, runs three matmuls, combines.
 
-  `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E].
+  `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E]; `dispatch` is one of
+  moe_dispatch.IMPLS.
   """
   routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
-  x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1])
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1], dispatch)
   y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
                   down_ExFxD)
-  return moe_dispatch.combine(y_RxD, weights_NxP, routing)   # rows past the groups: unread
+  # rows past the groups: unread
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
 
-def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
+def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+                   dispatch: str = "gather"):
   """Runs dropless experts on jax.lax.ragged_dot: sort by expert, three grouped matmuls, unsort.
 
   Each ragged_dot multiplies row block e by expert e's weights only, so a grouped-GEMM backend
@@ -178,11 +186,12 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
   JAX's own transposes of ragged_dot, where `experts_gmm` writes them as grouped GEMMs.
   """
   return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
-                         up_ExDxF, down_ExFxD)
+                         up_ExDxF, down_ExFxD, dispatch=dispatch)
 
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                backend: str | None = None, kernels: grouped_matmul.Kernels | None = None):
+                backend: str | None = None, kernels: grouped_matmul.Kernels | None = None,
+                dispatch: str = "gather"):
   """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
 
   The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
@@ -196,10 +205,20 @@ def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *
   return _experts_sorted(
       lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
       x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-      grouped_matmul.row_tile(backend))
+      grouped_matmul.row_tile(backend), dispatch)
+
+def blocked_matmul(block_expert, block: int):
+  """Returns the matmul of rows in blocks of C, a [R, I] times w [E, I, O] -> [R, O], each
+  block by the weights of its expert `block_expert` [blocks]: one batched matmul."""
+  def matmul(a, w):
+    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, I]
+    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
+        a.shape[0], -1)
+  return matmul
+
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                    block: int | None = None):
+                    block: int | None = None, dispatch: str = "gather"):
   """Runs dropless experts as a batched matmul over fixed-size row blocks, one expert each.
 
   `moe_dispatch.blocked` gathers the assignments, sorted by expert, into a buffer where each
@@ -212,15 +231,10 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   block = moe_dispatch.block_rows(n * k, e) if block is None else block
   routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
   routing, block_expert = _routed(routing), checkpoint_name(block_expert, _ROUTING)
-  x_RxD = moe_dispatch.dispatch(x_NxD, routing, k)
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, k, dispatch)
 
-  def matmul(a, w):                                    # a [R, I], w [E, I, O] -> [R, O]
-    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, I]
-    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
-        a.shape[0], -1)
-
-  y_RxD = _swiglu(matmul, x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
-  return moe_dispatch.combine(y_RxD, weights_NxP, routing)
+  y_RxD = _swiglu(blocked_matmul(block_expert, block), x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
 
 def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -238,9 +252,10 @@ EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_bloc
            "dense": experts_dense}
 
 
-def expert_fn(impl: str):
-  """Returns the expert implementation `impl`, which the model's config has resolved from auto."""
-  return EXPERTS[impl]
+def expert_fn(impl: str, dispatch: str = "gather"):
+  """Returns the expert implementation `impl` with the dispatch `dispatch`, both resolved from
+  auto by the model's config; the dense reference has no dispatch."""
+  return EXPERTS[impl] if impl == "dense" else functools.partial(EXPERTS[impl], dispatch=dispatch)
 
 
 def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -298,11 +313,33 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
                        in_specs=(batch_pspec,) * 3 + (in_pspec, in_pspec, out_pspec))(*args)
 
 
+def route(x_NxD, router_DxE, cfg: MoEConfig):
+  """Routes tokens: returns the top-k weights and ids [N, P] and the layer's statistics.
+
+  Switch and HF Qwen3-MoE load balancing: frac_E counts top-k assignments per token and sums
+  to P, prob_E is the mean router probability, and balanced routing gives lb_loss = P.
+  """
+  logits_NxE, probs_NxE, weights_NxP, ids_NxP = _route(
+      x_NxD, router_DxE, cfg.n_experts_per_token, cfg.norm_topk_prob)
+  n = x_NxD.shape[0]
+  frac_E = jnp.bincount(ids_NxP.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
+  prob_E = jnp.mean(probs_NxE, axis=0)
+  aux = {
+      "lb_loss": cfg.n_experts * jnp.sum(frac_E * prob_E),
+      "z_loss": jnp.mean(jnp.square(jax.nn.logsumexp(logits_NxE, axis=-1))),
+      "expert_frac": frac_E,
+      "router_prob": prob_E,
+  }
+  return weights_NxP, ids_NxP, aux
+
+
 class SparseMoE(nnx.Module):
   """Routes each token to P of E SwiGLU experts, returning the output and per-layer statistics."""
 
   def __init__(self, cfg: MoEConfig, *, dtype, rngs: nnx.Rngs):
     d, e, f, std = cfg.dim, cfg.n_experts, cfg.moe_ffw_dim, cfg.init_std
+    if cfg.dispatch_impl == "auto":   # a layer built alone; a model resolves its config first
+      cfg = dataclasses.replace(cfg, dispatch_impl=platform.dispatch_impl("auto")[0])
     self.cfg, self.dtype = cfg, dtype
     # The router stays replicated over experts: it is tiny and top-k needs every logit.
     self.router = layers.param(rngs, (d, e), ("embed", None), std=std)
@@ -314,22 +351,10 @@ class SparseMoE(nnx.Module):
     cfg, dt = self.cfg, self.dtype
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
-    logits_NxE, probs_NxE, weights_NxP, ids_NxP = _route(
-        x_NxD, self.router[...], cfg.n_experts_per_token, cfg.norm_topk_prob)
-    out_NxD = experts_sharded(expert_fn(cfg.expert_impl), x_NxD, ids_NxP, weights_NxP,
-                              self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
-                              self.down_proj[...].astype(dt))
-    # Switch and HF Qwen3-MoE load balancing. frac_E counts top-k assignments per token and sums
-    # to P, prob_E is the mean router probability, and balanced routing gives lb_loss = P.
-    n = b * length
-    frac_E = jnp.bincount(ids_NxP.reshape(-1), length=cfg.n_experts).astype(jnp.float32) / n
-    prob_E = jnp.mean(probs_NxE, axis=0)
-    aux = {
-        "lb_loss": cfg.n_experts * jnp.sum(frac_E * prob_E),
-        "z_loss": jnp.mean(jnp.square(jax.nn.logsumexp(logits_NxE, axis=-1))),
-        "expert_frac": frac_E,
-        "router_prob": prob_E,
-    }
+    weights_NxP, ids_NxP, aux = route(x_NxD, self.router[...], cfg)
+    out_NxD = experts_sharded(expert_fn(cfg.expert_impl, cfg.dispatch_impl), x_NxD, ids_NxP,
+                              weights_NxP, self.gate_proj[...].astype(dt),
+                              self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
     return out_NxD.astype(x_BxLxD.dtype).reshape(b, length, d), aux
 
 

@@ -27,3 +27,12 @@ def alike(*arrays):
   axes = frozenset().union(*vma)
   return tuple(jax.lax.pcast(a, tuple(sorted(axes - v)), to="varying") if axes - v else a
                for a, v in zip(arrays, vma))
+
+
+def shape_like(a, shape, dtype) -> jax.ShapeDtypeStruct:
+  """Returns the type of an array of `shape` and `dtype` that varies as `a` does, for a Pallas
+  call's output under a shard_map that checks varying axes."""
+  aval = jax.typeof(a)
+  if hasattr(aval, "manual_axis_type"):
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.manual_axis_type)
+  return jax.ShapeDtypeStruct(shape, dtype, vma=getattr(aval, "vma", frozenset()))

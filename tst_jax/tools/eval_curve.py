@@ -15,7 +15,7 @@ from tst_jax.train.plan import Plan
 # the step count, the seed, and what changes how a run is computed but not what it learns.
 FREE_FIELDS = ("seed", "tst.", "train.", "reference.", "mesh.", "distributed.",
                "logical_axis_rules", "loss.impl", "model.attention_impl", "model.remat",
-               "model.expert_impl", "optimizer.grad_accum")
+               "model.expert_impl", "model.dispatch_impl", "optimizer.grad_accum")
 # Fields that choose the token store: the store's fingerprint replaces them when both runs
 # have one (the same store may sit at another path).
 STORE_FIELDS = ("data.source", "data.tokenizer", "data.max_bytes", "data.text_field",

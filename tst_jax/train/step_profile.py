@@ -143,11 +143,17 @@ class StepProfile:
   top_ops: tuple                   # op name, category and ms per step, largest first
   trace_dir: str
   note: str = ""                   # what may have blurred the categories: GPU command buffers
+  # category -> its largest ops, (name, ms per step), largest first
+  top_by_category: dict = dataclasses.field(default_factory=dict)
+  sources: dict = dataclasses.field(default_factory=dict)   # top op -> the jnp op it came from
 
   def to_json(self) -> dict:
     return dict(steps=self.steps, step_ms=self.step_ms, ms_per_step=self.ms,
                 top_ops=[list(t) for t in self.top_ops], trace_dir=self.trace_dir,
-                note=self.note)
+                note=self.note,
+                top_by_category={c: [list(t) for t in ops]
+                                 for c, ops in self.top_by_category.items()},
+                sources=self.sources)
 
   def table(self) -> str:
     lines = [f"{'category':<18}{'ms/step':>10}{'share':>8}"]
@@ -155,7 +161,12 @@ class StepProfile:
       lines.append(f"{cat:<18}{self.ms[cat]:>10.3f}{self.ms[cat] / self.step_ms:>8.1%}")
     lines.append(f"{'step (wall)':<18}{self.step_ms:>10.3f}{1:>8.0%}")
     lines += [f"  note: {self.note}"] if self.note else []
-    lines += [f"  top op: {ms:9.3f} ms  {cat:<16} {name}" for name, cat, ms in self.top_ops[:5]]
+    lines += [f"  top op: {ms:9.3f} ms  {cat:<16} {name}  {self.sources.get(name, '')}"
+              for name, cat, ms in self.top_ops[:5]]
+    for cat in ("other ops", "matmul backward"):
+      lines += [f"  in {cat}: {ms:9.3f} ms  {ms / self.ms[cat]:6.1%}  {name}  "
+                f"{self.sources.get(name, '')}"
+                for name, ms in self.top_by_category.get(cat, ())[:3] if self.ms[cat]]
     return "\n".join(lines)
 
 
@@ -267,10 +278,59 @@ def summarize(trace_dir: str, hlo_text: str, *, annotation: str = STEP_NAME,
   n = len(windows)
   step_ms = sum(hi - lo for lo, hi in windows) / n / 1e6
   ms = {cat: by_cat.get(cat, 0.0) / n / 1e6 for cat in CATEGORIES}
-  ranked = sorted(by_op.items(), key=lambda kv: -kv[1])[:top]
+  ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
+  by_category = collections.defaultdict(list)
+  for op, ns in ranked:
+    if len(by_category[category_of(op)]) < 5:
+      by_category[category_of(op)].append((op, ns / n / 1e6))
+  shown = {op for op, _ in ranked[:top]} | {op for ops in by_category.values() for op, _ in ops}
   return StepProfile(n, step_ms, ms,
-                     tuple((op, category_of(op), ns / n / 1e6) for op, ns in ranked),
-                     trace_dir)
+                     tuple((op, category_of(op), ns / n / 1e6) for op, ns in ranked[:top]),
+                     trace_dir, top_by_category=dict(by_category),
+                     sources={op: source(ops[op]) for op in shown if op in ops})
+
+
+def source(op: Op) -> str:
+  """Says which jnp operations an HLO op came from: its own op_name, else its fused ops' most
+  common one, without the jit(...) prefix."""
+  names = [n for n in op.op_names if n]
+  if not names:
+    return ""
+  name = names[0] if op.op_names[0] else collections.Counter(names).most_common(1)[0][0]
+  return re.sub(r"^jit\([^)]*\)/", "", name)[-160:]
+
+
+def fusion_text(hlo_text: str, names) -> str:
+  """Returns the optimized HLO of instructions `names`: each one's line and, after it, every
+  computation it calls, recursively (a fusion's body), so a slow fusion can be read alone."""
+  computations, current, defining = {}, None, {}
+  for line in hlo_text.splitlines():
+    head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+    if head and not line.startswith(" "):
+      current = head.group(1)
+      computations[current] = [line]
+      continue
+    if current is not None:
+      computations[current].append(line)
+      m = re.match(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
+      if m:
+        defining[m.group(1)] = line
+  out = []
+  for name in names:
+    if name not in defining:
+      out.append(f"// {name}: not in this module")
+      continue
+    out += [f"// ---- {name}", defining[name].strip()]
+    todo, seen = re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", defining[name]), set()
+    while todo:
+      comp = todo.pop(0)
+      if comp in seen or comp not in computations:
+        continue
+      seen.add(comp)
+      out += computations[comp]
+      for line in computations[comp]:
+        todo += re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line)
+  return "\n".join(out) + "\n"
 
 
 def profile_window(text: str) -> tuple[int, int] | None:

@@ -92,7 +92,7 @@ def restore_params(directory: str, step: int, model_cfg):
 # Model fields a run may choose over a Hugging Face checkpoint's: how it computes and trains,
 # not the function its weights compute.
 HF_FREE_FIELDS = ("dtype", "attention_impl", "remat", "matmul_precision", "init_std",
-                  "expert_impl", "aux_loss_coef", "router_z_loss_coef")
+                  "expert_impl", "dispatch_impl", "aux_loss_coef", "router_z_loss_coef")
 
 
 def hf_params(path: str, model_cfg, family: str) -> nnx.State:
