@@ -12,6 +12,10 @@
 #          recipe's train step with the dispatch it measured fastest (--config.model.
 #          dispatch_impl), beside quick's rows of the same step at today's auto.
 #          TINY=1: the tiny shape, a CPU dry run
+# peer     the peers, apart from quick: Levanter's Grug MoE layer at the lab's shapes
+#          (benchmarks/peer_grug.py, where ./.whl_peer holds its wheels: peer_wheels.sh), then
+#          Hugging Face's Llama at llama_270m's shape under torch.compile (benchmarks/
+#          peer_torch.py; its first compiled step took 119 s on an H200)
 # quick    what decides the next step, in one call of at most QUICK_S seconds (default 470)
 #          on a bare H100, the wheels' install included; each run has its own time bound
 #          (QUICK_BOUNDS below, from the H100 logs in docs/gpu/2026-11-25-h100/) and none
@@ -42,7 +46,7 @@
 # gemm     the grouped GEMM alone at the expert shapes (D 1024, F 768, 128 experts, 131009
 #          rows), forward and forward+backward, % of bf16 peak (target >= 50%): XLA, tokamax as
 #          a run gets it (platform.py's kernel per product), all-Mosaic, all-Triton
-# `all` runs every section but moe_lab and quick, in this order; each also runs alone (e.g. `moe,profile`).
+# `all` runs every section but moe_lab, peer and quick, in this order; each also runs alone (e.g. `moe,profile`).
 # Where ./.whl holds wheels (../shared/tools/gpu_wheels.sh) and tokamax is not importable,
 # they are installed into /tmp/site first. docs/performance.md holds the numbers of a run,
 # with the device, versions and date.
@@ -54,7 +58,8 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 log() { grep --line-buffered '^{' | tee -a "$OUT_DIR/gpu.jsonl"; }
-want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ] && [ "$1" != moe_lab ]; } \
+want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ] && [ "$1" != moe_lab ] \
+             && [ "$1" != peer ]; } \
     || [[ ",$SECTIONS," == *",$1,"* ]]; }
 START=$(date +%s)
 SCALE=1
@@ -117,7 +122,7 @@ EOF
 QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
 SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
 SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
-SHAPE_RECIPE=() GEMM=() LAB=(python3 benchmarks/moe_lab.py --budget_s 115)
+SHAPE_RECIPE=() GEMM=() LAB=(python3 benchmarks/moe_lab.py --budget_s 105)
 if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
   SMALL=(--config.model.dim=32 --config.model.n_layers=2 --config.model.n_heads=2
          --config.model.n_kv_heads=1 --config.model.head_dim=16 --config.model.ffw_dim=64
@@ -131,16 +136,26 @@ if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, 
 fi
 
 if want moe_lab; then
-  # Bounds: the lab's rows stop starting at its --budget_s (115 s; the compiles are most of
-  # it), the step's ~35 s is the recipe's ntp row of quick on an H200 (2026-11-26). With the
-  # install's they fit the lab's 4 minutes: tests/behaviour/test_gpu_sh.py checks it.
+  # Bounds: the lab's rows stop starting at its --budget_s (105 s, half per shape; compiles
+  # are most of it); the step took 45 s with --profile on an H200 (2026-11-27's profile row).
+  # With the install's they fit the lab's 4 minutes: tests/behaviour/test_gpu_sh.py checks it.
   END=$(( $(date +%s) + LAB_S ))
   export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables, as quick
-  bounded lab 150 "${LAB[@]}"
+  bounded lab 135 "${LAB[@]}"
   python3 benchmarks/moe_lab.py --table "$OUT_DIR/gpu.jsonl" > "$OUT_DIR/lab.md"
   WINNER=$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" | tail -n 1)
-  bounded lab_step 45 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
+  bounded lab_step 60 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
       "${SHAPE_RECIPE[@]}" --phase ntp --config.model.dispatch_impl="$WINNER"
+fi
+
+if want peer; then
+  END=$(( $(date +%s) + 480 ))
+  if compgen -G "${WHEELS_PEER:-.whl_peer}/*.whl" > /dev/null \
+      && bash benchmarks/peer_wheels.sh --install /tmp/peer_site >> "$OUT_DIR/quick_log.txt"; then
+    bounded peer_grug 90 env PYTHONPATH="/tmp/peer_site:$PYTHONPATH" \
+        python3 benchmarks/peer_grug.py ${TINY:+--tiny}
+  fi
+  bounded peer_torch 380 python3 benchmarks/peer_torch.py ${TINY:+--tiny --no-compile --steps 2}
 fi
 
 if want quick; then

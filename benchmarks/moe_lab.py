@@ -13,12 +13,18 @@ each forward and forward+backward, timed by the median of `--repeats` calls afte
   dispatch  token rows into expert order, each of moe_dispatch.IMPLS
   combine   each token's P rows back, weighted, each of moe_dispatch.IMPLS
   experts   the SwiGLU's three grouped GEMMs on rows sorted by expert: tokamax as a run gets it
-            (shipped tables), XLA's ragged_dot_general (not on a GPU, where quick times it),
-            jax.lax.ragged_dot with and without JAX's Pallas-Triton lowering, the blocked batched matmul, and a batched matmul over
-            equal groups (not dropless: the ceiling a grouped GEMM can reach)
-  layer     route, sort, dispatch, experts (gmm), combine: the whole layer with today's dispatch
-            and the two fastest alternatives
-Each row carries its FLOPs, the fewest bytes it must move (each input read once, each output
+            (shipped tables) and with Triton's kernel for dW or for all three products, XLA's
+            ragged_dot_general and jax.lax.ragged_dot (not on a GPU: E times the work there),
+            JAX's Pallas-Triton lowering of ragged_dot, the blocked batched matmul, and a
+            batched matmul over equal groups (not dropless: the ceiling a grouped GEMM can
+            reach)
+  layer     route, sort, dispatch, experts (gmm), combine: the whole layer as a run gets it
+A piece alone misses what XLA does around it in a step: the fusions it joins and the layouts
+its neighbours ask for. `gpu.sh moe_lab` therefore also runs the recipe's train step with the
+fastest dispatch, beside quick's step at `auto`.
+Dispatch, combine, router and sort run both ways, the heavy experts and layer forward+backward
+only. Each shape gets its share of --budget_s; a row past it is skipped, said so. Each row
+carries its FLOPs, the fewest bytes it must move (each input read once, each output
 written once), the time those take at the device's bf16 peak and datasheet bandwidth
 (platform.py), the share of that floor the measured time reaches, and its compile time. A
 device-to-device copy measured first gives the bandwidth actually reachable.
@@ -34,8 +40,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+import grouped_matmul as gemm_bench   # benchmarks/grouped_matmul.py: tokamax's kernels by name
 from tst_jax import platform
 from tst_jax.kernels import grouped_matmul as gm, moe_dispatch
 from tst_jax.models import moe
@@ -45,10 +51,14 @@ SHAPES = {   # tokens N, D, E, P, F
     "b10": (8 * 2048, 1024, 128, 8, 768),
     "tiny": (64, 32, 4, 2, 16),
 }
-EXPERT_IMPLS = ("tokamax", "xla", "ragged_dot", "ragged_dot_triton", "blocked", "bmm_equal")
-# What the GPU call times: XLA's ragged_dot_general, E times the work there, has its row in
-# quick's grouped-GEMM run; jax.lax.ragged_dot stands for it here.
-GPU_EXPERT_IMPLS = ("tokamax", "ragged_dot", "ragged_dot_triton", "blocked", "bmm_equal")
+EXPERT_IMPLS = ("tokamax", "tokamax:mosaic/mosaic/triton", "tokamax:triton/triton/triton",
+                "xla", "ragged_dot", "ragged_dot_triton", "blocked", "bmm_equal")
+# What the GPU call times. XLA's ragged_dot_general and jax.lax.ragged_dot do E times the work
+# there (0.5-0.7% of peak, docs/performance.md) and cost a GPU call 20 s each: left out.
+GPU_EXPERT_IMPLS = ("tokamax", "tokamax:mosaic/mosaic/triton", "tokamax:triton/triton/triton",
+                    "ragged_dot_triton", "blocked", "bmm_equal")
+# Pieces timed forward+backward only: their compiles are long and a step runs them both ways.
+BOTH_WAYS_ONLY = ("experts", "layer")
 
 
 @dataclasses.dataclass
@@ -119,7 +129,8 @@ def sorted_rows(case: Case, row_tile: int):
 
 def expert_ffn(case: Case, impl: str):
   """Returns (f(x_RxD, gate, up, down), x_RxD, reason it cannot run or None) for `impl`."""
-  if impl == "tokamax" and (jax.default_backend() != "gpu" or not gm.tokamax_version()):
+  if impl.startswith("tokamax") and (jax.default_backend() != "gpu"
+                                     or not gm.tokamax_version()):
     return None, None, "tokamax needs a GPU and pip install 'tst-jax[gpu]'"
   if impl == "ragged_dot_triton" and jax.default_backend() != "gpu":
     return None, None, "JAX's Pallas-Triton ragged_dot lowering is for GPUs"
@@ -134,8 +145,7 @@ def expert_ffn(case: Case, impl: str):
     matmul = lambda a, w: jnp.einsum("egi,eio->ego", a.reshape(case.e, per, -1), w).reshape(
         a.shape[0], -1)
     return (lambda x, *w: moe._swiglu(matmul, x, *w)), x_RxD, None
-  backend, kernels, _ = (platform.grouped_matmul_backend() if impl == "tokamax"
-                         else ("xla", gm.Kernels(), ""))
+  backend, kernels = gemm_bench.backend_of("xla" if impl.startswith("ragged") else impl)
   routing, x_RxD = sorted_rows(case, gm.row_tile(backend))
   sizes = routing.sizes_E
   if impl.startswith("ragged_dot"):
@@ -156,13 +166,6 @@ def pieces(case: Case, impls: list[str], expert_impls: list[str]):
          2 * n * d * e, n * d * b16 + d * e * 4 + n * k * 8, n * d * b16 + d * e * 4, None)
   yield ("sort", "sort_by_expert", lambda ids: moe_dispatch.sort_by_expert(ids, e, gm.ROW_TILE),
          (case.ids_NxP,), None, 0, a * 4 * 3, 0, None)
-  for impl in expert_impls:
-    ffn, x_RxD, why = expert_ffn(case, impl)
-    rows = a if x_RxD is None else x_RxD.shape[0]
-    weights_bytes = 3 * e * d * f * b16
-    yield ("experts", impl, ffn, None if x_RxD is None else (x_RxD,) + case.experts,
-           (0, 1, 2, 3), 6 * a * d * f, rows * d * b16 * 2 + weights_bytes,
-           rows * d * b16 * 2 + weights_bytes * 2, why)
   routing, y_RxD = sorted_rows(case, gm.ROW_TILE)
   r = y_RxD.shape[0]
   for impl in impls:
@@ -172,6 +175,19 @@ def pieces(case: Case, impls: list[str], expert_impls: list[str]):
     yield ("combine", impl, lambda y, w, i=impl: moe_dispatch.combine(y, w, routing, i),
            (y_RxD, case.weights_NxP), (0, 1), 0, r * d * b16 + n * k * 8 + n * d * b16,
            n * d * b16 + r * d * b16 * 2 + n * k * 8, None)
+  for impl in expert_impls:
+    ffn, x_RxD, why = expert_ffn(case, impl)
+    rows = a if x_RxD is None else x_RxD.shape[0]
+    weights_bytes = 3 * e * d * f * b16
+    yield ("experts", impl, ffn, None if x_RxD is None else (x_RxD,) + case.experts,
+           (0, 1, 2, 3), 6 * a * d * f, rows * d * b16 * 2 + weights_bytes,
+           rows * d * b16 * 2 + weights_bytes * 2, why)
+
+
+def layer_flops(case: Case) -> int:
+  """Returns one MoE layer's forward FLOPs: the three expert matmuls of each assignment and the
+  router's matmul."""
+  return 6 * case.a * case.d * case.f + 2 * case.n * case.d * case.e
 
 
 def layer(case: Case, dispatch: str):
@@ -189,7 +205,7 @@ def measure(case, piece, impl, fn, args, argnums, flops, bytes_fwd, bytes_bwd, w
   if why:
     yield dict(base, skipped=why)
     return
-  modes = [("fwd", fn, flops, bytes_fwd)]
+  modes = [] if piece in BOTH_WAYS_ONLY else [("fwd", fn, flops, bytes_fwd)]
   if argnums is not None:
     modes.append(("fwd_bwd", with_grad(fn, argnums), 3 * flops, bytes_fwd + bytes_bwd))
   for mode, f, fl, by in modes:
@@ -226,7 +242,7 @@ def winners(rows: list[dict]) -> dict:
   """Returns, per shape, the dispatch whose dispatch+combine forward+backward is fastest and
   the expert implementation whose forward+backward is fastest, from lab rows."""
   out = {}
-  for shape in sorted({r["shape"] for r in rows if r.get("lab")}):
+  for shape in sorted({r["shape"] for r in rows if r.get("lab") and r["shape"] != "-"}):
     timed_rows = [r for r in rows if r.get("shape") == shape and r.get("mode") == "fwd_bwd"
                   and "ms" in r]
     move = {}
@@ -244,9 +260,12 @@ def winners(rows: list[dict]) -> dict:
 def table(rows: list[dict]) -> str:
   lines = ["| shape | piece | impl | fwd ms | fwd+bwd ms | of floor (fwd+bwd) | bound | "
            "compile s |", "|---|---|---|---:|---:|---:|---|---:|"]
-  keyed = {}
+  keyed, copy = {}, next((r for r in rows if r.get("piece") == "copy"), None)
+  if copy:
+    lines.append(f"| - | copy | device-to-device | {copy['copy_gbytes_per_s']:.0f} GB/s read + "
+                 f"written, of {copy['datasheet_gbytes_per_s'] or '?'} on the datasheet | | | | |")
   for r in rows:
-    if r.get("lab"):
+    if r.get("lab") and r["shape"] != "-":
       keyed.setdefault((r["shape"], r["piece"], r["impl"]), {})[r.get("mode", "-")] = r
   for (shape, piece, impl), modes in keyed.items():
     fwd, both = modes.get("fwd", {}), modes.get("fwd_bwd", {})
@@ -257,7 +276,8 @@ def table(rows: list[dict]) -> str:
     lines.append(f"| {shape} | {piece} | {impl} | {ms(fwd)} | {ms(both)} | "
                  f"{'' if share is None else f'{share:.1%}'} | "
                  f"{both.get('bound') or fwd.get('bound') or ''} | "
-                 f"{both.get('compile_s', fwd.get('compile_s', ''))} |" + (f" {note}" if note else ""))
+                 f"{both.get('compile_s', fwd.get('compile_s', ''))} |"
+                 + (f" {note}" if note else ""))
   for shape, w in winners(rows).items():
     lines.append(f"- {shape}: fastest dispatch+combine (fwd+bwd) {w['dispatch']}, fastest "
                  f"experts {w['experts']}")
@@ -274,7 +294,8 @@ def main(argv=None):
                  f"{GPU_EXPERT_IMPLS} on a GPU, all elsewhere")
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--budget_s", type=float, default=150.0,
-                 help="rows that would start past this many seconds are skipped, said so")
+                 help="each shape's rows that would start past its share of this many seconds "
+                 "are skipped, said so")
   p.add_argument("--winner", metavar="JSONL", help="print the fastest dispatch in a lab's "
                  "JSON lines (of the first shape) and exit")
   p.add_argument("--table", metavar="JSONL", help="print the table of a lab's JSON lines and "
@@ -302,31 +323,30 @@ def main(argv=None):
   impls = args.impls.split(",")
   expert_impls = (args.expert_impls.split(",") if args.expert_impls else
                   GPU_EXPERT_IMPLS if jax.default_backend() == "gpu" else EXPERT_IMPLS)
-  for name in shapes:
+  for index, name in enumerate(shapes):
     case = make_case(name)
     todo = list(pieces(case, impls, expert_impls))
+    deadline = args.budget_s * (index + 1) / len(shapes)   # each shape its share
+    past = f"past this shape's share of the lab's {args.budget_s:.0f} s"
     for piece, impl, fn, fargs, argnums, flops, bf, bb, why in todo:
-      if time.perf_counter() - start > args.budget_s:
-        why = why or f"past the lab's budget of {args.budget_s:.0f} s"
+      if time.perf_counter() - start > deadline:
+        why = why or past
       for row in measure(case, piece, impl, fn, fargs, argnums, flops, bf, bb, why,
                          repeats=args.repeats, peak=peak, bandwidth=bandwidth,
                          copy_bandwidth=copy):
         rows.append(row)
         print(json.dumps(row), flush=True)
-    move = winners(rows)[name]["dispatch_ms"]
-    best = sorted(move, key=move.get)[:2]
-    for impl in ["gather"] + [i for i in best if i != "gather"]:
-      why = None if time.perf_counter() - start <= args.budget_s else (
-          f"past the lab's budget of {args.budget_s:.0f} s")
-      if jax.default_backend() == "gpu" and not gm.tokamax_version():
-        why = why or "experts_gmm on a GPU needs tokamax"
-      flops = 6 * case.a * case.d * case.f + 2 * case.n * case.d * case.e
-      for row in measure(case, "layer", impl, layer(case, impl),
-                         (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4), flops,
-                         0, 0, why, repeats=args.repeats, peak=peak, bandwidth=None,
-                         copy_bandwidth=None):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    impl = platform.dispatch_impl("auto")[0]   # the layer as a run gets it
+    why = None if time.perf_counter() - start <= deadline else past
+    if jax.default_backend() == "gpu" and not gm.tokamax_version():
+      why = why or "experts_gmm on a GPU needs tokamax"
+    for row in measure(case, "layer", impl, layer(case, impl),
+                       (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4),
+                       layer_flops(case),
+                       0, 0, why, repeats=args.repeats, peak=peak, bandwidth=None,
+                       copy_bandwidth=None):
+      rows.append(row)
+      print(json.dumps(row), flush=True)
   print(json.dumps(dict(lab=True, shape="-", piece="winners", impl="-", winners=winners(rows),
                         wall_s=time.perf_counter() - start)), flush=True)
   print(table(rows), flush=True)

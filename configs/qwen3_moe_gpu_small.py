@@ -17,8 +17,9 @@ Args: the arms of every config (baseline, reinit, input_only, output_only, smoot
 r<ratio>, <N>k). At 2000 steps the plan warns that TST is expected to end behind its baseline
 (0.39 next-token tokens per active parameter, against the 0.7 measured on the dense
 gpu_small); `:4k` is the length that rule expects to pay. Both are to be measured.
-Hardware: one H100 80 GB: 0.282 s per step with expert_impl=gmm and remat=save_dots (8.5% MFU,
-19.3 GB peak; docs/performance.md, 2026-11-25). The fit check (`--mode plan --accelerator=h100
+Hardware: one H200: 0.182 s per step at the defaults (gmm, save_experts, dispatch pallas: 13.1%
+MFU, 28.5 GB peak; docs/performance.md, 2026-11-27); one H100 80 GB: 0.282 s with remat=save_dots
+and XLA's gathers (8.5% MFU, 19.3 GB peak; 2026-11-25). The fit check (`--mode plan --accelerator=h100
 --config.mesh.data=1 --config.model.expert_impl=gmm`, CPU, 2026-11-25) estimates per phase
 23.7 GB with remat=save_experts (params 2.85, grads 2.85, Adam 5.69, activations 12.27: the
 experts' routing and grouped-GEMM outputs kept), 14.0 GB with save_dots (activations 2.58),

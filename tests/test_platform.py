@@ -95,3 +95,17 @@ def test_memory_in_use_is_null_where_the_backend_reports_none():
   assert got == dict(memory_bytes_in_use=7, memory_peak_bytes=9)
   assert platform.memory_in_use([Device(None)]) == dict(memory_bytes_in_use=None,
                                                         memory_peak_bytes=None)
+
+
+@pytest.mark.parametrize("where,dispatch", [("gpu", "pallas"), ("cpu", "gather"),
+                                            ("tpu", "gather")])
+def test_dispatch_auto_is_the_measured_fastest_and_pallas_is_refused_on_tpu(where, dispatch):
+  impl, why = platform.dispatch_impl("auto", where)
+  assert impl == dispatch and why and "\n" not in why
+  assert platform.dispatch_impl("unrolled", where) == ("unrolled", "set in the config")
+  if where == "tpu":
+    with pytest.raises(ConfigError) as e:
+      platform.dispatch_impl("pallas", where)
+    assert e.value.field == "model.dispatch_impl"
+  else:
+    assert platform.dispatch_impl("pallas", where)[0] == "pallas"

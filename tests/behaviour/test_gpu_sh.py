@@ -36,7 +36,8 @@ def _dry_run(tmp_path, sections, **env):
   subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(tmp_path / "out"),
                   sections], check=True, capture_output=True, text=True, timeout=60,
                  env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
-                          WHEELS=str(tmp_path / "no_wheels"), **env))
+                          WHEELS=str(tmp_path / "no_wheels"),
+                          WHEELS_PEER=str(tmp_path / "no_wheels"), **env))
   return [shlex.split(line) for line in log.read_text().splitlines() if line.strip()]
 
 
@@ -134,6 +135,15 @@ def test_quick_bounds_hold_the_call():
   assert 'bounded gemm_tuned "${QUICK_TUNE_S:-60}"' in text
 
 
+def test_peer_runs_grug_where_its_wheels_are_then_the_torch_peer(tmp_path):
+  """`peer`, alone: without ./.whl_peer only the torch peer runs; the Grug peer needs its
+  wheels, and neither is part of `all` or quick."""
+  calls = [c for c in _dry_run(tmp_path, "peer") if c[0] != "-"]
+  assert [c[0] for c in calls] == ["benchmarks/peer_torch.py"]
+  (tmp_path / "all").mkdir()
+  assert not any(c[0].startswith("benchmarks/peer") for c in _dry_run(tmp_path / "all", "all"))
+
+
 @pytest.mark.parametrize("tiny", [False, True])
 def test_moe_lab_runs_the_lab_then_the_step_with_its_winner(tmp_path, tiny):
   """`moe_lab`: the lab (tiny shapes under TINY=1), its table into lab.md, then the recipe's
@@ -157,10 +167,9 @@ def test_moe_lab_runs_the_lab_then_the_step_with_its_winner(tmp_path, tiny):
   assert "END=$(( $(date +%s) + LAB_S ))" in lab
 
 
-@pytest.mark.slow
 def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
-  """The CPU dry run of `moe_lab` (TINY=1): the lab's rows, its table and the step with its
-  winner, for real."""
+  """The CPU dry run of `moe_lab` (TINY=1), in the default suite (20 s): the lab's rows, its
+  table and the step with its winner, for real."""
   out = tmp_path / "out"
   run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out),
                         "moe_lab"], capture_output=True, text=True, timeout=900,

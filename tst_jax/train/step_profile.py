@@ -300,9 +300,10 @@ def source(op: Op) -> str:
   return re.sub(r"^jit\([^)]*\)/", "", name)[-160:]
 
 
-def fusion_text(hlo_text: str, names) -> str:
+def fusion_text(hlo_text: str, names, max_line: int = 2000) -> str:
   """Returns the optimized HLO of instructions `names`: each one's line and, after it, every
-  computation it calls, recursively (a fusion's body), so a slow fusion can be read alone."""
+  computation it calls, recursively (a fusion's body), so a slow fusion can be read alone.
+  Lines are cut at `max_line` characters: a kernel's custom call carries its whole binary."""
   computations, current, defining = {}, None, {}
   for line in hlo_text.splitlines():
     head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
@@ -330,7 +331,8 @@ def fusion_text(hlo_text: str, names) -> str:
       out += computations[comp]
       for line in computations[comp]:
         todo += re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line)
-  return "\n".join(out) + "\n"
+  return "\n".join(line if len(line) <= max_line else line[:max_line] + " ..."
+                   for line in out) + "\n"
 
 
 def profile_window(text: str) -> tuple[int, int] | None:
