@@ -18,7 +18,8 @@ each forward and forward+backward, timed by the median of `--repeats` calls afte
             JAX's Pallas-Triton lowering of ragged_dot, the blocked batched matmul, and a
             batched matmul over equal groups (not dropless: the ceiling a grouped GEMM can
             reach)
-  layer     route, sort, dispatch, experts (gmm), combine: the whole layer as a run gets it
+  layer     route, sort, dispatch, experts, combine: the whole layer as a run gets it
+            (`auto` expert_impl and dispatch_impl)
 A piece alone misses what XLA does around it in a step: the fusions it joins and the layouts
 its neighbours ask for. `gpu.sh moe_lab` therefore also runs the recipe's train step with the
 fastest dispatch, beside quick's step at `auto`.
@@ -49,6 +50,7 @@ from tst_jax.models import moe
 SHAPES = {   # tokens N, D, E, P, F
     "recipe": (64 * 512, 768, 64, 8, 384),
     "b10": (8 * 2048, 1024, 128, 8, 768),
+    "cpu": (4 * 512, 256, 16, 4, 128),     # configs/demo.py's batch, a CPU's MoE
     "tiny": (64, 32, 4, 2, 16),
 }
 EXPERT_IMPLS = ("tokamax", "tokamax:mosaic/mosaic/triton", "tokamax:triton/triton/triton",
@@ -191,10 +193,12 @@ def layer_flops(case: Case) -> int:
 
 
 def layer(case: Case, dispatch: str):
-  """The whole MoE layer: route, then experts_gmm with `dispatch`."""
+  """The whole MoE layer as a run gets it here: route, then the platform's expert_impl=auto
+  with `dispatch`."""
+  experts = moe.expert_fn(platform.expert_impl("auto")[0], dispatch)
   def fn(x, router, gate, up, down):
     weights, ids, aux = moe.route(x, router, case.cfg)
-    return moe.experts_gmm(x, ids, weights, gate, up, down, dispatch=dispatch), aux["lb_loss"]
+    return experts(x, ids, weights, gate, up, down), aux["lb_loss"]
   return fn
 
 
@@ -321,7 +325,8 @@ def main(argv=None):
   rows = []
   shapes = ["tiny"] if args.tiny else args.shapes.split(",")
   impls = args.impls.split(",")
-  expert_impls = (args.expert_impls.split(",") if args.expert_impls else
+  expert_impls = ([i for i in args.expert_impls.split(",") if i]
+                  if args.expert_impls is not None else
                   GPU_EXPERT_IMPLS if jax.default_backend() == "gpu" else EXPERT_IMPLS)
   for index, name in enumerate(shapes):
     case = make_case(name)
@@ -338,8 +343,6 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
     impl = platform.dispatch_impl("auto")[0]   # the layer as a run gets it
     why = None if time.perf_counter() - start <= deadline else past
-    if jax.default_backend() == "gpu" and not gm.tokamax_version():
-      why = why or "experts_gmm on a GPU needs tokamax"
     for row in measure(case, "layer", impl, layer(case, impl),
                        (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4),
                        layer_flops(case),

@@ -158,11 +158,10 @@ def test_bfloat16_rows_combine_in_float32(impl):
   np.testing.assert_allclose(np.asarray(dx, np.float64), want_dx, rtol=2 ** -8, atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", [i for i in moe_dispatch.IMPLS
-                                  if i not in ("segment_sum", "pallas")])
+@pytest.mark.parametrize("impl", [i for i in moe_dispatch.IMPLS if i != "pallas"])
 def test_differentiated_program_has_no_scatter(impl):
-  """Forward and backward of dispatch + combine: gathers, sorts and sums only (segment_sum is a
-  scatter by definition; pallas's kernels are custom calls on a GPU)."""
+  """Forward and backward of dispatch + combine: gathers, sorts and sums only (pallas's kernels
+  are custom calls on a GPU)."""
   ids = _ids(True)
 
   def f(x, w):

@@ -119,19 +119,16 @@ def _rows(table, index):
 
 
 # How dispatch and combine move rows, each a full set of the four passes (dispatch and combine,
-# forward and backward); the MoE lab (benchmarks/moe_lab.py) times them side by side.
-#   gather        the P-way sums gather [N, P, D], then reduce over P; combine's backward
-#                 gathers y again for the weights' gradient
-#   unrolled      the P-way sums add P gathers of [N, D] in one elementwise pass, no reduce
-#   materialised  the [N, P, D] gather written out apart from the reduce over P
-#   p_outer       the P-way sums gather [P, N, D], P outermost, and reduce over the major axis
-#   segment_sum   the P-way sums as jax.ops.segment_sum over the assignments, sorted by token
-#   prescaled     the weights multiply the buffer rows in expert order, then unweighted
-#                 unrolled sums; the weights' gradient is a dot per buffer row
-#   pallas        the Pallas kernels of moe_gather: one coalesced pass gathers and reduces
+# forward and backward). The MoE lab (benchmarks/moe_lab.py) times them side by side; it also
+# timed writing the gather out before the sum, P outermost, a segment_sum and weights applied
+# to the buffer rows, none faster (docs/performance.md, "GPU: one H200, 2026-11-27").
+#   gather    the P-way sums gather [N, P, D], then reduce over P; combine's backward gathers
+#             y again for the weights' gradient
+#   unrolled  the P-way sums add P gathers of [N, D] in one elementwise pass, no reduce
+#   pallas    the Pallas kernels of moe_gather: one coalesced pass gathers and reduces
 # Every set but `gather` takes the weights' gradient in buffer order: the dot of each row with
 # the token row its backward gathers anyway, then a gather of R scalars back to [N, P].
-IMPLS = ("gather", "unrolled", "materialised", "p_outer", "segment_sum", "prescaled", "pallas")
+IMPLS = ("gather", "unrolled", "pallas")
 
 
 def _check(impl: str):
@@ -146,28 +143,17 @@ def _sum_rows(table_RxD, row_NxP, weights_NxP, impl: str):
     ones = jnp.ones((n, k), jnp.float32)
     return moe_gather.gather_sum(table_RxD, row_NxP, ones if weights_NxP is None else weights_NxP)
   w_NxP = None if weights_NxP is None else weights_NxP.astype(jnp.float32)
-  if impl in ("unrolled", "prescaled"):
+  if impl == "unrolled":
     total = None
     for p in range(k):
       term = _rows(table_RxD, row_NxP[:, p]).astype(jnp.float32)
       term = term if w_NxP is None else term * w_NxP[:, p, None]
       total = term if total is None else total + term
     return total
-  if impl == "p_outer":
-    rows_PxNxD = _rows(table_RxD, row_NxP.T.reshape(-1)).reshape(k, n, -1).astype(jnp.float32)
-    if w_NxP is not None:
-      rows_PxNxD = rows_PxNxD * w_NxP.T[..., None]
-    return jnp.sum(rows_PxNxD, axis=0)
-  rows_AxD = _rows(table_RxD, row_NxP.reshape(-1))
-  if impl == "materialised":   # written out whole before the sum reads it
-    rows_AxD = jax.lax.optimization_barrier(rows_AxD)
-  rows_AxD = rows_AxD.astype(jnp.float32)
+  rows_NxPxD = _rows(table_RxD, row_NxP.reshape(-1)).reshape(n, k, -1).astype(jnp.float32)
   if w_NxP is not None:
-    rows_AxD = rows_AxD * w_NxP.reshape(-1, 1)
-  if impl == "segment_sum":
-    token_A = jax.lax.iota(jnp.int32, n * k) // k
-    return jax.ops.segment_sum(rows_AxD, token_A, num_segments=n, indices_are_sorted=True)
-  return jnp.sum(rows_AxD.reshape(n, k, -1), axis=1)
+    rows_NxPxD = rows_NxPxD * w_NxP[..., None]
+  return jnp.sum(rows_NxPxD, axis=1)
 
 
 def _gather_rows(table_TxD, index_R, scale_R, impl: str, dtype):
@@ -228,12 +214,7 @@ def _weight_rows(weights_NxP, assignment_R):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _combine(y_RxD, weights_NxP, row_A, assignment_R, impl):
   n, k = weights_NxP.shape
-  if impl == "prescaled":   # the weights in expert order, fused into the buffer's read
-    scaled_RxD = y_RxD.astype(jnp.float32) * _weight_rows(weights_NxP, assignment_R)[:, None]
-    out_NxD = _sum_rows(scaled_RxD, row_A.reshape(n, k), None, impl)
-  else:
-    out_NxD = _sum_rows(y_RxD, row_A.reshape(n, k), weights_NxP, impl)
-  return out_NxD.astype(y_RxD.dtype)
+  return _sum_rows(y_RxD, row_A.reshape(n, k), weights_NxP, impl).astype(y_RxD.dtype)
 
 
 def _combine_fwd(y_RxD, weights_NxP, row_A, assignment_R, impl):
