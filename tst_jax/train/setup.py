@@ -62,6 +62,7 @@ class Setup:
           spec.data, workdir, spec.model.vocab_size, block, say=say,
           check_store=lambda store: workdir_lib.check_store(workdir, store,
                                                             spec.train.force_resume))
+      data.check_batches(spec.data, spec.plan.phases)
       if distributed.is_primary():   # the store this workdir trains on, from now on
         workdir_lib.write_store(workdir, data.fingerprint, data.directory,
                                 data.train_tokens.count)
