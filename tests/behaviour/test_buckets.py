@@ -138,9 +138,51 @@ def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_c
 def test_a_workdir_in_a_store_other_than_gs_is_one_line(workdir, monkeypatch):
   """Orbax marks a checkpoint complete in a bucket with a commit file only on gs://."""
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
-  with pytest.raises(errors.WorkdirError) as e:
+  with pytest.raises(fileio.PathError) as e:
     cli.run(tiny_config(), workdir)
   scheme = workdir.split("://")[0]
   assert errors.one_line(e.value) == (
       f"error: --workdir {workdir}: a run's workdir is a local folder or gs://; {scheme}:// is "
       "not supported there")
+
+
+# Each tool's output in a store it cannot write: (tool, its arguments, its one error line).
+# Sweeps and ladders hold runs, so their workdir is refused as --workdir is; files written
+# whole go to gs:// or s3://, never hf://.
+REFUSED = [
+    ("sweep", ["--config", TINY_CONFIG, "--workdir", "s3://b/sweep", "--grid", "tst.ratio=0.5"],
+     "--workdir s3://b/sweep: a sweep's workdir is a local folder or gs://; s3:// is not "
+     "supported there"),
+    ("ladder", ["--config", TINY_CONFIG, "--workdir", "memory://ladder"],
+     "--workdir memory://ladder: a ladder's workdir is a local folder or gs://; memory:// is "
+     "not supported there"),
+    ("compare", ["--runs", "/nonexistent/a", "--out", "hf://me/report"],
+     "--out hf://me/report: the comparison's folder is a local folder, gs:// or s3://; hf:// "
+     "is not supported there"),
+    ("prepare", ["--source", "builtin:pystdlib", "--vocab_size", "512", "--out",
+                 "hf://datasets/me/tok"],
+     "--out hf://datasets/me/tok: a token store is a local folder, gs:// or s3://; hf:// is "
+     "not supported there"),
+    ("mutual_info", ["--data", "builtin:pystdlib", "--tokenizer", "bpe", "--max_bytes", "1",
+                     "--out", "hf://me/mi.json"],
+     "--out hf://me: the folder of --out is a local folder, gs:// or s3://; hf:// is not "
+     "supported there")]
+
+
+@pytest.mark.parametrize("tool,args,line", REFUSED, ids=[t for t, _, _ in REFUSED])
+def test_an_output_in_a_store_it_cannot_write_is_one_line(tool, args, line, tmp_path,
+                                                          monkeypatch, capsys):
+  """Refused as --workdir is, before anything is read or written."""
+  from tst_jax.analysis import mutual_info   # pylint: disable=import-outside-toplevel
+  from tst_jax.tools import compare, ladder, sweep   # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)
+  if tool == "prepare":
+    assert prepare_lib.main(args) == 2
+    assert capsys.readouterr().out == f"error: {line}\n"
+  else:
+    main = dict(sweep=sweep.main, ladder=ladder.main, compare=compare.main,
+                mutual_info=mutual_info.main)[tool]
+    with pytest.raises(SystemExit) as e:
+      errors.main(main, args)
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
+  assert os.listdir(tmp_path) == []

@@ -126,10 +126,7 @@ def check_workdir(workdir: str):
   It is made later, once the config has passed every check. In a bucket a probe object is
   written and removed: no other test shows that these credentials may write there."""
   if fileio.is_url(workdir):
-    if fileio.protocol(workdir) != "gs":   # Orbax marks a bucket's checkpoints complete on gs://
-      raise WorkdirError(f"--workdir {workdir}: a run's workdir is a local folder or gs://; "
-                         f"{fileio.protocol(workdir)}:// is not supported there")
-    fileio.check_writable(workdir, "--workdir")
+    fileio.check_output(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
     return
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
