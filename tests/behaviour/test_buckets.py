@@ -186,3 +186,39 @@ def test_an_output_in_a_store_it_cannot_write_is_one_line(tool, args, line, tmp_
       errors.main(main, args)
     assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
   assert os.listdir(tmp_path) == []
+
+
+# Prints what etils.epath, under Orbax, does with a gs:// path: whether it would use
+# tf.io.gfile, and the backend it picks, after `import tst_jax` where argv[1] says so.
+EPATH_CHOICE = (
+    "import os, sys\n"
+    "if sys.argv[1] == 'tst_jax':\n"
+    "  import tst_jax.train.checkpoint\n"
+    "from etils.epath import backend, gpath\n"
+    "path = gpath.PosixGPath('gs://bucket/run/checkpoints')\n"
+    "print(gpath._is_tf_installed(),\n"
+    "      'fsspec' if not gpath._is_tf_installed() and path._backend is backend.fsspec_backend\n"
+    "      else 'tf' if gpath._is_tf_installed() else 'other')\n")
+
+
+@pytest.mark.parametrize("tensorflow", [False, True], ids=["without_tf", "with_tf"])
+def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow, tmp_path):
+  """etils.epath picks fsspec, the client of every other file of the run, for gs:// once
+  tst_jax is imported, with TensorFlow installed or not: a package named tensorflow on the
+  path stands in for it (etils only looks it up). Without tst_jax the stand-in is seen, and
+  an EPATH_USE_TF the user set stands."""
+  (tmp_path / "tensorflow").mkdir()
+  (tmp_path / "tensorflow" / "__init__.py").write_text("")
+  env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * tensorflow + [ROOT])
+
+  def choice(*args, **extra):
+    result = subprocess.run([sys.executable, "-c", EPATH_CHOICE, *args], env=env | extra,
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+  assert choice("tst_jax") == ["False", "fsspec"]
+  assert choice("alone") == (["True", "tf"] if tensorflow else ["False", "fsspec"])
+  assert choice("tst_jax", EPATH_USE_TF="1") == (["True", "tf"] if tensorflow
+                                                  else ["False", "fsspec"])
