@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, platform
+from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
@@ -19,13 +19,7 @@ from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
-
-# Config sections that must match to resume a workdir, and the fields of `train` that place
-# the phases and the learning-rate schedule of the steps already trained. The loop's
-# cadences and policies may change. A run cannot be extended: its lr has decayed.
-RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
-RESUME_TRAIN_FIELDS = ("steps",)
-
+from tst_jax.train.sections import SAME_RUN, same_run_fields
 
 class Setup:
   """What a run builds once, before its first step (`Setup.create`): the Trainer of its
@@ -141,9 +135,11 @@ def check_workdir(workdir: str):
 
 
 def _check_workdir_config(spec, workdir: str):
-  """Refuse to resume a workdir of another config: its config.json read back through the
-  sections' declarations, leaving the platform's own choices in platform.PLATFORM_FIELDS aside.
-  A field added after the run was written compares with the value such a run had."""
+  """Refuse to resume a workdir of another run: one that differs in a field of
+  sections.SAME_RUN, its config.json read back through the sections' declarations. The loop's
+  cadences and policies may change; train.steps may not, since they place the phases and the
+  learning-rate schedule of the steps already trained. A field added after the run was
+  written compares with the value such a run had."""
   path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not fileio.exists(path):
     return
@@ -152,18 +148,12 @@ def _check_workdir_config(spec, workdir: str):
   except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
-  saved["seed"] = saved["run"].seed
-  ours = {k: spec.run.seed if k == "seed" else getattr(spec, k) for k in RESUME_KEYS}
-  diff = [k for k in RESUME_KEYS if _comparable(k, saved[k]) != _comparable(k, ours[k])]
-  moved = [f"train.{k} {getattr(saved['train'], k)} there, {getattr(spec.train, k)} here"
-           for k in RESUME_TRAIN_FIELDS
-           if getattr(saved["train"], k) != getattr(spec.train, k)]
+  there, here = same_run_fields(saved), spec.same_run()
+  changed = [k for k in there.keys() | here.keys() if there.get(k) != here.get(k)]
+  diff = [s for s in SAME_RUN if "." not in s and any(k.partition(".")[0] == s for k in changed)]
+  moved = [f"{k} {there[k]} there, {here[k]} here" for k in SAME_RUN if k in changed]
   differs = "; ".join(([f"sections {diff} differ"] if diff else []) + moved)
   if moved:
     differs += (" (a run cannot be extended or shortened: its phases and learning-rate "
                 "schedule are fixed by its steps)")
   workdir_lib.check_same_run(workdir, "config", differs, spec.train.force_resume)
-
-
-def _comparable(name: str, section):
-  return platform.unresolved(section, name) if name in ("model", "loss") else section
