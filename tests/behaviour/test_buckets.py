@@ -4,6 +4,7 @@ on the local disk; a second run on its live workdir and a bucket that does not e
 with one error line."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from tst_jax.train import cli, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
+LIBRARY_LINE = re.compile(r"^[IWEF]\d{4} ", re.M)   # absl's and glog's, C++ or Python
 KILL_AT = 9   # after checkpoint 8 is complete, before checkpoint 10: in phase 2 of 6 + 6 steps
 
 # main.py with a SIGKILL at step KILL_AT, once the checkpoint before it is complete.
@@ -88,6 +90,9 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
                            capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  # A run that is fine prints no library log line: TensorStore's credentials line and Orbax's
+  # warnings go to the log (checkpoint.quiet_storage).
+  assert not LIBRARY_LINE.search(resumed.stderr), resumed.stderr[-3000:]
   assert (f"taking over {remote}/{workdir_lib.LOCK} from a dead run: pid" in resumed.stdout
           and "its process has ended" in resumed.stdout), resumed.stdout
   assert f"resuming {remote} at step {KILL_AT - 1} of 12" in resumed.stdout

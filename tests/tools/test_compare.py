@@ -226,6 +226,20 @@ def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
 
 
+def test_runs_without_data_tokens_plot_without_a_library_warning(tmp_path, capsys):
+  """Eval lines that count no data tokens leave the equal-data panel nothing to put on its log
+  axis: the axis stays linear, and matplotlib prints no 'Data has no positive values' into the
+  table (tests/tools/conftest.py makes any warning fail)."""
+  run, _ = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)],
+                     train_tokens=1024)
+  metrics = tmp_path / "b8" / "metrics.jsonl"
+  lines = [dict(json.loads(line), data_tokens=0) for line in metrics.read_text().splitlines()]
+  metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+  assert compare.main(["--runs", run, "--out", str(tmp_path / "out")]) == 0
+  err = capsys.readouterr().err
+  assert "Warning" not in err and (tmp_path / "out" / "compare.png").stat().st_size > 0
+
+
 def test_runs_in_a_bucket_compare_as_on_the_disk(tmp_path, bucket):
   """The same finished runs read from the emulator's bucket give the same table, written
   there by --out gs://..."""

@@ -232,8 +232,9 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
     ax.set_ylabel("held-out next-token loss (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-  axes[1].set_xscale("log")
-  axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  if any((run.data_tokens > 0).any() for run in runs):   # a log axis needs a positive value
+    axes[1].set_xscale("log")
+    axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   axes[0].legend(fontsize=8)
   ax = axes[2]
   if frontier.points:

@@ -18,7 +18,7 @@ from tst_jax import data as data_lib
 from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
-from tst_jax.train import step as step_lib, workdir as workdir_lib
+from tst_jax.train import checkpoint as ckpt_lib, step as step_lib, workdir as workdir_lib
 from tst_jax.train.sections import Tst
 
 
@@ -75,6 +75,7 @@ def restore_params(directory: str, step: int, model_cfg):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = {"params": jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)}
+  ckpt_lib.quiet_storage(directory)
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
   try:
     restored = manager.restore(step, args=ocp.args.Composite(
