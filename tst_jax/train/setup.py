@@ -21,6 +21,7 @@ from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
 from tst_jax.train.sections import SAME_RUN, same_run_fields
 
+
 class Setup:
   """What a run builds once, before its first step (`Setup.create`): the Trainer of its
   steps (mesh, optimizer, model graph, shardings), its data, its checkpoints and its
