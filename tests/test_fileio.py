@@ -27,6 +27,24 @@ def root(request, tmp_path):
   return f"memory://tst-{uuid.uuid4().hex[:8]}/root"
 
 
+def test_a_staged_file_arrives_whole_or_not_at_all(root):
+  """A writer that needs a local file name, as safetensors' does, writes `path` through it."""
+  fileio.makedirs(root)
+  path = fileio.join(root, "model.safetensors")
+  with fileio.staged(path) as local:
+    assert not fileio.is_url(local) and not fileio.exists(path)
+    with open(local, "wb") as f:
+      f.write(b"weights")
+  assert fileio.read_bytes(path) == b"weights" and not os.path.exists(local)
+  with pytest.raises(KeyError):
+    with fileio.staged(fileio.join(root, "half")) as local:
+      with open(local, "wb") as f:
+        f.write(b"half")
+      raise KeyError("the writer failed")
+  assert not fileio.exists(fileio.join(root, "half")) and not os.path.exists(local)
+  assert fileio.listdir(root) == ["model.safetensors"]
+
+
 def test_files_and_folders_read_back_what_was_written(root):
   fileio.makedirs(fileio.join(root, "a", "b"))
   fileio.write_text(fileio.join(root, "a", "b", "x.txt"), "héllo\n")

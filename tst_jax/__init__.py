@@ -23,9 +23,16 @@ imports no JAX: a module that needs none pays for none.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# One storage client per workdir: with TensorFlow installed, etils.epath, under Orbax, would
+# send gs:// through tf.io.gfile while every other file of the run goes through fsspec's
+# gcsfs. This module runs before any tst_jax module imports Orbax, and etils reads the
+# variable at its first gs:// path. A user's own setting stands.
+os.environ.setdefault("EPATH_USE_TF", "false")
 
 _EXPORTS = {
     "tst_jax.superposition": ("IGNORE_INDEX", "bag_targets", "data_length", "fold", "ntp_view",

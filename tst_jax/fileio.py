@@ -13,13 +13,16 @@ a folder exists once an object lies under it.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import glob as glob_lib
 import hashlib
+import io
 import json
 import os
 import posixpath
 import re
 import shutil
+import tempfile
 import time
 import uuid
 
@@ -31,6 +34,11 @@ _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 # Listings are not cached: another process or host writes the same bucket, a lock above all.
 _OPTIONS = {"gs": dict(use_listings_cache=False), "gcs": dict(use_listings_cache=False),
             "s3": dict(use_listings_cache=False)}
+# The stores an output may go to besides the local disk. A run's workdir is on gs:// only:
+# Orbax marks a checkpoint complete in a bucket with its commit file only there. A file written
+# whole (a token store, an export, a report) goes to any store fsspec writes objects to.
+RUN_STORES = ("gs",)
+FILE_STORES = ("gs", "gcs", "s3")
 # What each store needs, as the error line names it.
 _PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "hf": "huggingface_hub"}
 _EXTRAS = {"gcsfs": "tst-jax[gcs]", "s3fs": "tst-jax[s3]", "huggingface_hub": "huggingface_hub"}
@@ -224,6 +232,31 @@ def write_json(path: str, obj, *, sort_keys: bool = False, default=None):
   write_text(path, json.dumps(obj, indent=1, sort_keys=sort_keys, default=default))
 
 
+def write_figure(path: str, fig):
+  """Writes a matplotlib figure to `path` as a PNG, whole, as `write_bytes` does."""
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=100)
+  write_bytes(path, png.getvalue())
+
+
+@contextlib.contextmanager
+def staged(path: str):
+  """Yields a local file name for a writer that needs one, such as safetensors', and makes
+  that file `path` once the block ends: a rename beside a local `path`, one upload to a store.
+  A block that raises leaves nothing at `path`."""
+  if is_url(path):
+    fd, local = tempfile.mkstemp(suffix=".tmp")
+    os.close(fd)
+  else:
+    local = path + ".tmp"
+  try:
+    yield local
+    move_in(local, path)
+  finally:
+    if os.path.exists(local):
+      os.remove(local)
+
+
 def move_in(local: str, path: str):
   """Moves the finished local file `local` to `path`: a rename on the local disk, an upload of
   one object to a store, after which the local file is removed."""
@@ -391,6 +424,22 @@ def _before_wildcard(path: str) -> str:
   if cut is None:
     return path
   return path[:cut].rsplit("/", 1)[0] if "/" in path[:cut] else "."
+
+
+def check_output(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES):
+  """Raises one PathError where the output `path`, given as `what` (a flag), cannot be: in a
+  store outside `stores` (`check_store`), or where nothing can be written (`check_writable`)."""
+  check_store(path, what, holds, stores)
+  check_writable(path, what)
+
+
+def check_store(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES):
+  """Raises one PathError where the output `path` is a URL of a store outside `stores`, before
+  anything asks that store. `holds` names the output for the error line: "a run's workdir"."""
+  if is_url(path) and protocol(path) not in stores:
+    where = ", ".join(["a local folder"] + [f"{s}://" for s in stores if s != "gcs"])
+    raise PathError(f"{what} {path}: {holds} is {' or '.join(where.rsplit(', ', 1))}; "
+                    f"{protocol(path)}:// is not supported there")
 
 
 def check_writable(path: str, what: str):

@@ -18,13 +18,12 @@ same per-row logsumexp, so the fused kernels need nothing of their own for it.
 
 from __future__ import annotations
 
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tst_jax import platform
+from tst_jax import fileio, platform
 from tst_jax.kernels import linear_mce_pallas, linear_mce_xla, sharded
 from tst_jax.superposition import IGNORE_INDEX
 
@@ -71,9 +70,8 @@ def _fitted_weights(path: str, positions: np.ndarray) -> np.ndarray:
     if path == "paper":
       fit = PAPER_FIT
     else:
-      with open(path) as f:
-        fit = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
+      fit = fileio.read_json(path)
+  except (OSError, ValueError, fileio.PathError) as e:
     raise ValueError(f"cannot read fitted weighting file {path!r}: {e}") from e
   if "weights" in fit and len(fit["weights"]) >= len(positions):
     return np.asarray(fit["weights"][:len(positions)], dtype=np.float64)

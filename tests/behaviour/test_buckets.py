@@ -4,6 +4,7 @@ on the local disk; a second run on its live workdir and a bucket that does not e
 with one error line."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from tst_jax.train import cli, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
+LIBRARY_LINE = re.compile(r"^[IWEF]\d{4} ", re.M)   # absl's and glog's, C++ or Python
 KILL_AT = 9   # after checkpoint 8 is complete, before checkpoint 10: in phase 2 of 6 + 6 steps
 
 # main.py with a SIGKILL at step KILL_AT, once the checkpoint before it is complete.
@@ -88,6 +90,9 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
                            capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  # A run that is fine prints no library log line: TensorStore's credentials line and Orbax's
+  # warnings go to the log (checkpoint.quiet_storage).
+  assert not LIBRARY_LINE.search(resumed.stderr), resumed.stderr[-3000:]
   assert (f"taking over {remote}/{workdir_lib.LOCK} from a dead run: pid" in resumed.stdout
           and "its process has ended" in resumed.stdout), resumed.stdout
   assert f"resuming {remote} at step {KILL_AT - 1} of 12" in resumed.stdout
@@ -138,9 +143,87 @@ def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_c
 def test_a_workdir_in_a_store_other_than_gs_is_one_line(workdir, monkeypatch):
   """Orbax marks a checkpoint complete in a bucket with a commit file only on gs://."""
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
-  with pytest.raises(errors.WorkdirError) as e:
+  with pytest.raises(fileio.PathError) as e:
     cli.run(tiny_config(), workdir)
   scheme = workdir.split("://")[0]
   assert errors.one_line(e.value) == (
       f"error: --workdir {workdir}: a run's workdir is a local folder or gs://; {scheme}:// is "
       "not supported there")
+
+
+# Each tool's output in a store it cannot write: (tool, its arguments, its one error line).
+# Sweeps and ladders hold runs, so their workdir is refused as --workdir is; files written
+# whole go to gs:// or s3://, never hf://.
+REFUSED = [
+    ("sweep", ["--config", TINY_CONFIG, "--workdir", "s3://b/sweep", "--grid", "tst.ratio=0.5"],
+     "--workdir s3://b/sweep: a sweep's workdir is a local folder or gs://; s3:// is not "
+     "supported there"),
+    ("ladder", ["--config", TINY_CONFIG, "--workdir", "memory://ladder"],
+     "--workdir memory://ladder: a ladder's workdir is a local folder or gs://; memory:// is "
+     "not supported there"),
+    ("compare", ["--runs", "/nonexistent/a", "--out", "hf://me/report"],
+     "--out hf://me/report: the comparison's folder is a local folder, gs:// or s3://; hf:// "
+     "is not supported there"),
+    ("prepare", ["--source", "builtin:pystdlib", "--vocab_size", "512", "--out",
+                 "hf://datasets/me/tok"],
+     "--out hf://datasets/me/tok: a token store is a local folder, gs:// or s3://; hf:// is "
+     "not supported there"),
+    ("mutual_info", ["--data", "builtin:pystdlib", "--tokenizer", "bpe", "--max_bytes", "1",
+                     "--out", "hf://me/mi.json"],
+     "--out hf://me: the folder of --out is a local folder, gs:// or s3://; hf:// is not "
+     "supported there")]
+
+
+@pytest.mark.parametrize("tool,args,line", REFUSED, ids=[t for t, _, _ in REFUSED])
+def test_an_output_in_a_store_it_cannot_write_is_one_line(tool, args, line, tmp_path,
+                                                          monkeypatch, capsys):
+  """Refused as --workdir is, before anything is read or written."""
+  from tst_jax.analysis import mutual_info   # pylint: disable=import-outside-toplevel
+  from tst_jax.tools import compare, ladder, sweep   # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)
+  if tool == "prepare":
+    assert prepare_lib.main(args) == 2
+    assert capsys.readouterr().out == f"error: {line}\n"
+  else:
+    main = dict(sweep=sweep.main, ladder=ladder.main, compare=compare.main,
+                mutual_info=mutual_info.main)[tool]
+    with pytest.raises(SystemExit) as e:
+      errors.main(main, args)
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
+  assert os.listdir(tmp_path) == []
+
+
+# Prints what etils.epath, under Orbax, does with a gs:// path: whether it would use
+# tf.io.gfile, and the backend it picks, after `import tst_jax` where argv[1] says so.
+EPATH_CHOICE = (
+    "import os, sys\n"
+    "if sys.argv[1] == 'tst_jax':\n"
+    "  import tst_jax.train.checkpoint\n"
+    "from etils.epath import backend, gpath\n"
+    "path = gpath.PosixGPath('gs://bucket/run/checkpoints')\n"
+    "print(gpath._is_tf_installed(),\n"
+    "      'fsspec' if not gpath._is_tf_installed() and path._backend is backend.fsspec_backend\n"
+    "      else 'tf' if gpath._is_tf_installed() else 'other')\n")
+
+
+@pytest.mark.parametrize("tensorflow", [False, True], ids=["without_tf", "with_tf"])
+def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow, tmp_path):
+  """etils.epath picks fsspec, the client of every other file of the run, for gs:// once
+  tst_jax is imported, with TensorFlow installed or not: a package named tensorflow on the
+  path stands in for it (etils only looks it up). Without tst_jax the stand-in is seen, and
+  an EPATH_USE_TF the user set stands."""
+  (tmp_path / "tensorflow").mkdir()
+  (tmp_path / "tensorflow" / "__init__.py").write_text("")
+  env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * tensorflow + [ROOT])
+
+  def choice(*args, **extra):
+    result = subprocess.run([sys.executable, "-c", EPATH_CHOICE, *args], env=env | extra,
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+  assert choice("tst_jax") == ["False", "fsspec"]
+  assert choice("alone") == (["True", "tf"] if tensorflow else ["False", "fsspec"])
+  assert choice("tst_jax", EPATH_USE_TF="1") == (["True", "tf"] if tensorflow
+                                                  else ["False", "fsspec"])

@@ -13,6 +13,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
+from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
 
@@ -224,3 +225,51 @@ def test_a_mixture_of_other_tokenizers_or_missing_stores_is_refused(two_stores, 
   config.data.mixture, config.data.tst_mixture = f"tokens:{code}=0.5,tokens:{other}=0.5", ""
   with pytest.raises(ConfigError, match="were made with different tokenizers"):
     run_data.prepare_data(spec_lib.check(config).data, str(tmp_path / "w"), 512, (0, 1))
+
+
+@pytest.fixture(scope="module")
+def small_stores(two_stores, tmp_path_factory):
+  """Two stores of the same 80 words of prose, of the tokenizer of `two_stores`: one whose
+  held-out split holds one window of the tiny run's eval rows but not the three a 0.4 share
+  reads, one whose training split is shorter than a window of 8-token bags."""
+  code, _ = two_stores
+  root = tmp_path_factory.mktemp("small")
+  os.makedirs(root / "text")
+  rng = np.random.default_rng(0)
+  words = "the a of to and in is it that for on with as was at by an be this from".split()
+  for i in range(8):
+    (root / "text" / f"{i}.txt").write_text(" ".join(rng.choice(words, 10)) + "\n")
+  return [prepare_lib.prepare(f"text:{root}/text/*.txt", str(root / name),
+                              tokenizer=os.path.join(code, "tokenizer.json"),
+                              val_fraction=fraction, val_piece_bytes=2048, workers=1,
+                              progress=False) for name, fraction in (("val", 0.3), ("train", 0.5))]
+
+
+def test_a_split_too_small_for_its_batches_is_one_error_naming_its_source(
+    two_stores, small_stores, tmp_path):
+  """A mixture's held-out split too small for its rows of the eval batches, a mixture's
+  training split shorter than a window, and the same store read alone: one ConfigError each,
+  from one guard, naming the source, its tokens and what would fit, before any checkpoint."""
+  code, _ = two_stores
+  small_val, small_train = small_stores
+  val, train = len(TokenStore(small_val).val), len(TokenStore(small_train).train)
+  assert 17 <= val < 3 * 17 and train < 8 * 16 + 1 <= len(TokenStore(small_train).val)
+  cases = [
+      (dict(mixture=f"tokens:{code}=0.6,tokens:{small_val}=0.4"), 2,
+       f"config.data.mixture: tokens:{small_val}: its held-out split has {val} tokens, too few "
+       "for its rows of 2 eval batches, 3 windows of 17 tokens (51): give "
+       "data.eval_batches=1, data.batch_size=2 or more data"),
+      (dict(mixture=f"tokens:{code}=0.6,tokens:{small_train}=0.4"), 8,
+       f"config.data.mixture: tokens:{small_train}: its training split has {train} tokens, "
+       "too few for the tst phase, 1 window of 129 tokens (129): give a shorter window "
+       "(data.seq_len, tst.bag_size) or more data"),
+      (dict(source=f"tokens:{small_train}", eval_batches=1, batch_size=2), 8,
+       f"config.data.source: tokens:{small_train}: its training split has {train} tokens, "
+       "too few for a tst batch, 2 windows of 129 tokens (258): give a shorter window "
+       "(data.seq_len, tst.bag_size) or more data")]
+  for k, (data, bag_size, message) in enumerate(cases):
+    workdir = tmp_path / str(k)
+    with pytest.raises(ConfigError) as caught:
+      cli.run(tiny_config(steps=4, bag_size=bag_size, data=data), str(workdir))
+    assert str(caught.value) == message
+    assert not (workdir / "checkpoints").exists() and not (workdir / "config.json").exists()

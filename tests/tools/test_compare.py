@@ -226,8 +226,23 @@ def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
 
 
+def test_runs_without_data_tokens_plot_without_a_library_warning(tmp_path, capsys):
+  """Eval lines that count no data tokens leave the equal-data panel nothing to put on its log
+  axis: the axis stays linear, and matplotlib prints no 'Data has no positive values' into the
+  table (tests/tools/conftest.py makes any warning fail)."""
+  run, _ = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)],
+                     train_tokens=1024)
+  metrics = tmp_path / "b8" / "metrics.jsonl"
+  lines = [dict(json.loads(line), data_tokens=0) for line in metrics.read_text().splitlines()]
+  metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+  assert compare.main(["--runs", run, "--out", str(tmp_path / "out")]) == 0
+  err = capsys.readouterr().err
+  assert "Warning" not in err and (tmp_path / "out" / "compare.png").stat().st_size > 0
+
+
 def test_runs_in_a_bucket_compare_as_on_the_disk(tmp_path, bucket):
-  """The same finished runs read from the emulator's bucket give the same table."""
+  """The same finished runs read from the emulator's bucket give the same table, written
+  there by --out gs://..."""
   dirs = [_fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 4.0)],
                     train_tokens=1024)[0],
           _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
@@ -239,9 +254,12 @@ def test_runs_in_a_bucket_compare_as_on_the_disk(tmp_path, bucket):
   for d in dirs:
     fs.put(d + "/", f"{root}/runs/{os.path.basename(d)}", recursive=True)
     remote.append(fileio.join(bucket, "runs", os.path.basename(d)))
-  for runs, out in ((dirs, "here"), (remote, "there")):
-    assert compare.main(["--runs", ",".join(runs), "--out", str(tmp_path / out)]) == 0
-  here, there = (json.loads((tmp_path / o / "compare.json").read_text()) for o in ("here", "there"))
+  here, there = str(tmp_path / "here"), fileio.join(bucket, "report")
+  for runs, out in ((dirs, here), (remote, there)):
+    assert compare.main(["--runs", ",".join(runs), "--out", out]) == 0
+  assert fileio.listdir(there) == sorted(os.listdir(here)) == [
+      "compare.json", "compare.md", "compare.png"]
+  here, there = (fileio.read_json(fileio.join(o, "compare.json")) for o in (here, there))
   assert there == here and [r["run"] for r in there["rows"]] == ["b8", "b16", "t"]
   assert compare.run_names([fileio.join(bucket, "a", "t"), str(tmp_path / "b" / "t")]) == [
       "a/t", "b/t"]

@@ -13,6 +13,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from tests.fixtures import trained  # noqa: E402
 from tests.fixtures.paths import TESTDATA  # noqa: E402
+from tst_jax import fileio  # noqa: E402
 from tst_jax.train import trained_run  # noqa: E402
 from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 
@@ -93,6 +94,18 @@ def test_cli_prints_the_table_and_writes_results(workdir, capsys):
   with open(path) as f:
     record = json.load(f)
   assert record["step"] == trained.FINAL_STEP and "acc,none" in record["results"]["tst_mc"]
+
+
+def test_a_run_in_a_bucket_gets_its_results_in_the_bucket(workdir, bucket, capsys):
+  """The results of a run in a bucket go into its lm_eval folder there, as on the disk."""
+  remote = trained.in_bucket(workdir, bucket)
+  tst_eval.main(["--workdir", remote, "--tasks", "tst_mc", "--include_path", TASK_DIR,
+                 "--limit", "4", "--batch_size", "4"])
+  path = fileio.join(remote, "lm_eval", f"step_{trained.FINAL_STEP}.json")
+  assert f"results: {path}" in capsys.readouterr().out
+  record = fileio.read_json(path)
+  assert record["step"] == trained.FINAL_STEP and record["workdir"] == remote
+  assert "acc,none" in record["results"]["tst_mc"]
 
 
 def test_paper_tasks_run_0_shot_and_print_the_7_task_average(workdir, capsys, monkeypatch):

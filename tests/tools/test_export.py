@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from tests.fixtures import trained
-from tst_jax import models
+from tst_jax import fileio, models
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.tools import export
 from tst_jax.data import run_data
@@ -113,10 +113,10 @@ def test_sharded_export_loads_in_transformers_with_the_runs_logits(workdir, tmp_
   them and gives the run's own logits, within bf16's rounding of the weights (2^-9 relative
   each) for bf16."""
   out = export.export(workdir, tmp_path / "hf", dtype=dtype, max_shard_size="40KB")
-  index = json.loads((out / "model.safetensors.index.json").read_text())
+  index = json.loads(fileio.read_text(os.path.join(out, "model.safetensors.index.json")))
   shards = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
   assert len(shards) >= 3 and shards == sorted(set(index["weight_map"].values()))
-  assert all(os.path.getsize(out / f) <= 40_000 + 1_000 or _one_tensor(index, f)
+  assert all(os.path.getsize(os.path.join(out, f)) <= 40_000 + 1_000 or _one_tensor(index, f)
              for f in shards)
   model = transformers.AutoModelForCausalLM.from_pretrained(out)
   assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
@@ -133,3 +133,21 @@ def test_sharded_export_loads_in_transformers_with_the_runs_logits(workdir, tmp_
 def _one_tensor(index, shard) -> bool:
   """A tensor larger than the limit gets a shard of its own."""
   return list(index["weight_map"].values()).count(shard) == 1
+
+
+def test_an_export_to_a_bucket_holds_the_bytes_of_the_local_one(workdir, hf_dir, bucket,
+                                                                 tmp_path, monkeypatch, capsys):
+  """--out gs://... of the run copied into the bucket: its objects are the local export's
+  files, byte for byte, and nothing lands on the local disk. A store it cannot write to is one
+  line, before anything is read."""
+  monkeypatch.chdir(tmp_path)
+  remote, out = trained.in_bucket(workdir, bucket), fileio.join(bucket, "hf")
+  export.main(["--workdir", remote, "--out", out])
+  assert capsys.readouterr().out == f"exported {remote} to {out}\n"
+  assert os.listdir(tmp_path) == []
+  assert {name: fileio.read_bytes(fileio.join(out, name)) for name in fileio.listdir(out)} == {
+      name: fileio.read_bytes(os.path.join(hf_dir, name)) for name in os.listdir(hf_dir)}
+  with pytest.raises(SystemExit) as e:
+    export.main(["--workdir", remote, "--out", "hf://me/model"])
+  assert e.value.code == ("export: --out hf://me/model: an export is a local folder, gs:// or "
+                          "s3://; hf:// is not supported there")

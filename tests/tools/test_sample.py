@@ -65,3 +65,11 @@ def test_cli_streams_text_and_refuses_phase1_checkpoints(workdir, capsys):
   sample.main(["--workdir", workdir, "--step", str(trained.PHASE1_STEP), "--prompt", "x",
                "--max_new_tokens", "2", "--force"])
   assert capsys.readouterr().out.startswith("x")
+
+
+def test_a_run_in_a_bucket_samples_the_text_of_the_run_on_the_disk(workdir, bucket, capsys):
+  args = ["--prompt", "def f(", "--max_new_tokens", "8", "--temperature", "0"]
+  sample.main(["--workdir", workdir, *args])
+  here = capsys.readouterr().out
+  sample.main(["--workdir", trained.in_bucket(workdir, bucket), *args])
+  assert capsys.readouterr().out == here

@@ -2,9 +2,14 @@
 N minutes besides the step cadence, and every process of a multi-process run agrees on the
 step. The step cadence, handoffs and restore: train/test_loop.py, behaviour/test_reliability.py."""
 
+import logging
+import os
+
 import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import pytest
+from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 
 from tests.fixtures.tiny import tiny_config
@@ -86,3 +91,37 @@ def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
     setup.checkpoints.save_step(state, step)
   setup.checkpoints.close()
   assert setup.checkpoints.all_steps() == [2, 4]
+
+
+def test_orbax_warnings_go_to_the_log_and_a_slow_save_is_said_once(tmp_path, monkeypatch,
+                                                                   caplog):
+  """Orbax's own warnings ("Waiting for previous save to complete took ...") show with
+  --verbosity=0 only, as info lines; a save that waits for the previous one is said once in
+  our words."""
+  shown = []
+  absl_logger = absl_logging.get_absl_logger()
+  handler = logging.Handler()
+  handler.emit = shown.append
+  absl_logger.addHandler(handler)
+  before = absl_logger.level
+  try:
+    checkpoints = ckpt_lib.Checkpoints(str(tmp_path), keep=20, every=1)
+    orbax_file = os.path.join(os.path.dirname(ocp.__file__), "checkpoint_manager.py")
+    for level in (logging.WARNING, logging.INFO):
+      absl_logger.setLevel(level)
+      absl_logger.handle(logging.LogRecord("absl", logging.WARNING, orbax_file, 1, "Waiting for "
+                                           "previous save to complete took 3.1 seconds.", (),
+                                           None))
+    assert [(r.levelname, r.getMessage()) for r in shown] == [
+        ("INFO", "Waiting for previous save to complete took 3.1 seconds.")]
+  finally:
+    absl_logger.removeHandler(handler)
+    absl_logger.setLevel(before)
+  monkeypatch.setattr(ckpt_lib, "SLOW_SAVE_S", 0.0)
+  with caplog.at_level(logging.WARNING, logger="tst_jax"):
+    for step in (1, 2):
+      checkpoints.save(step, {"w": jnp.arange(3.0)}, dict(step=step))
+    checkpoints.close()
+  said = [r.getMessage() for r in caplog.records if r.name == "tst_jax"]
+  assert len(said) == 1 and said[0].startswith("checkpoint of step 1: waited 0 s for the "
+                                               "previous one to finish writing to "), said

@@ -11,7 +11,7 @@ import sys
 from tst_jax.configlib import load_config
 from tst_jax.train import console as console_lib
 from tst_jax.train import workdir as workdir_lib
-from tst_jax.train import sections, spec as spec_lib
+from tst_jax.train import cli, defaults, sections, spec as spec_lib
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 
@@ -92,33 +92,77 @@ def test_step_line_carries_speed_mfu_and_memory_on_one_line(capsys):
 
 
 def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
-  """The run's difference from the reference only where the run read the data the reference
-  was measured on: the demo's stdlib of another Python is other data."""
+  """The run's difference from the reference only where the run is the one it was measured
+  for, on the data it was measured on: the demo's stdlib of another Python is other data, a
+  run of other steps or another optimizer another run. Otherwise the block says which
+  differs, and the command to measure it carries the run's own overrides but its tst."""
   console = console_lib.Console(300, 0, enabled=True, bar=False)
+  config = tiny_config(steps=300)
+  run = spec_lib.check(config).same_run()
   reference = sections.Reference("the equal-FLOPs baseline (r = 0)", 3.718,
-                                     "docs/demo.md: 2-core CPU, 2026-11-24",
-                                     "python main.py --config configs/demo.py:baseline",
-                                     "builtin:pystdlib@3.11")
+                                 "docs/demo.md: 2-core CPU, 2026-11-24",
+                                 "python main.py --config configs/demo.py:baseline",
+                                 "builtin:pystdlib@3.11", defaults.as_written(config))
   summary = dict(steps=300, seconds_this_session=134.0, final_eval_loss=4.3882,
                  phase1_end_eval_loss=6.1232, unigram_entropy=6.421, data="builtin:pystdlib@3.11")
   head = ("  the equal-FLOPs baseline (r = 0): held-out loss 3.7180, measured for this config as "
           "written (docs/demo.md: 2-core CPU, 2026-11-24)")
-  console.final(summary, "/tmp/w", reference)
-  lines = capsys.readouterr().out.splitlines()
-  assert lines[1] == head + "; this run +0.6702 from it"
-  assert lines[2] == "  measure it: python main.py --config configs/demo.py:baseline"
-  console.final(dict(summary, data="builtin:pystdlib@3.13"), "/tmp/w", reference)
-  lines = capsys.readouterr().out.splitlines()
-  assert lines[1] == (head + " on other data, builtin:pystdlib@3.11; this run read "
-                      "builtin:pystdlib@3.13: no difference printed")
-  assert lines[2] == "  measure it on this data: python main.py --config configs/demo.py:baseline"
-  console.final(summary, "/tmp/w", dataclasses.replace(reference, data=""))
-  lines = capsys.readouterr().out.splitlines()
-  assert lines[1] == (head + " on data it does not name (config.reference.data): no difference "
-                      "printed")
-  assert "+0.6702" not in "\n".join(lines)
-  console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""))
+
+  def final_lines(summary=summary, reference=reference, run=run):
+    console.final(summary, "/tmp/w", reference, run)
+    return capsys.readouterr().out.splitlines()[1:3]
+
+  assert final_lines() == [head + "; this run +0.6702 from it",
+                           "  measure it: python main.py --config configs/demo.py:baseline"]
+  assert final_lines(dict(summary, data="builtin:pystdlib@3.13")) == [
+      head + " on other data, builtin:pystdlib@3.11; this run read builtin:pystdlib@3.13: no "
+      "difference printed",
+      "  measure it on this data: python main.py --config configs/demo.py:baseline"]
+  assert final_lines(reference=dataclasses.replace(reference, data="")) == [
+      head + " on data it does not name (config.reference.data): no difference printed",
+      "  measure it on this data: python main.py --config configs/demo.py:baseline"]
+  other = tiny_config(steps=20, bag_size=4, optimizer=dict(name="muon"),
+                      data=dict(source="tokens:s3://b/my store"))
+  assert final_lines(run=spec_lib.check(other).same_run()) == [
+      head + "; this run differs in data.source 'tokens:s3://b/my store', not "
+      "'builtin:pystdlib', optimizer.name 'muon', not 'adamw', train.steps 20, not 300, 1 more: "
+      "no difference printed",
+      "  measure it for this run: python main.py --config configs/demo.py:baseline "
+      "'--config.data.source=tokens:s3://b/my store' --config.optimizer.name=muon "
+      "--config.train.steps=20"]
+  assert final_lines(reference=dataclasses.replace(reference, run="")) == [
+      head + "; for a run it does not record (config.reference.run): no difference printed",
+      "  measure it for this run: python main.py --config configs/demo.py:baseline"]
+  console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""), run)
   assert "measure it" not in capsys.readouterr().out
+
+
+def test_the_demo_prints_its_difference_only_as_written():
+  """configs/demo.py's reference (its baseline's loss, and the baseline arm's, TST's) is for
+  the config as written: --config.train.steps=20 differs in one field and its measure
+  command runs the baseline at 20 steps."""
+  for arg in ("", ":baseline"):
+    config = load_config(os.path.join(ROOT, "configs", "demo.py") + arg)
+    spec = spec_lib.check(config).on_platform()
+    assert spec.reference.name and spec.reference.differences(spec.same_run()) == []
+    config.train.steps = 20
+    spec = spec_lib.check(config).on_platform()
+    assert spec.reference.differences(spec.same_run()) == ["train.steps 20, not 300"]
+    assert spec.reference.command_for(spec.same_run()).endswith(" --config.train.steps=20")
+
+
+def test_a_run_of_other_steps_than_its_references_prints_no_difference(tmp_path, capsys):
+  """The tiny run of 4 steps with a reference measured for its 12: the block says why."""
+  config = tiny_config(steps=4)
+  config.reference.update(name="the baseline", loss=5.0, data="builtin:pystdlib@3.11",
+                          command="python main.py --config x.py:baseline",
+                          run=defaults.as_written(tiny_config(steps=12)))
+  summary = cli.run(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert "this run differs in train.steps 4, not 12: no difference printed" in out
+  assert "  measure it for this run: python main.py --config x.py:baseline "\
+         "--config.train.steps=4\n" in out
+  assert " from it" not in out and summary["steps"] == 4
 
 
 def test_counts_read_with_si_suffixes_up_to_yotta():

@@ -54,7 +54,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
         n: getattr(spec_lib.sections_of(written_then)[section], n) for n in names}
   assert rewritten["tst"]["schedule"] == "" and rewritten["data"]["val_piece_bytes"] == 0
   assert rewritten["reference"] == {"name": "", "loss": 0.0, "measured": "", "command": "",
-                                    "data": ""}
+                                    "data": "", "run": ""}
   for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
                          (tiny_config(), "data")):          # held out by pieces: another split
     with pytest.raises(ConfigError, match=rf"another config: sections \['{section}'\]"):

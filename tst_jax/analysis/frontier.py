@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 
 import numpy as np
 
+from tst_jax import fileio
 from tst_jax.analysis import mutual_info
 
 LENGTHS_NEEDED = "needs baselines of two or more lengths"
@@ -269,7 +269,6 @@ class Trend:
 
   @classmethod
   def load(cls, path: str) -> Trend:
-    with open(path) as f:
-      record = json.load(f)
+    record = fileio.read_json(path)
     return cls(**{k: record[k] for k in ("a", "b", "low", "high", "params", "source")},
                points=tuple(tuple(p) for p in record["points"]))

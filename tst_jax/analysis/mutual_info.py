@@ -33,14 +33,13 @@ the list.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 
 import numpy as np
 
-from tst_jax import data as data_lib
+from tst_jax import data as data_lib, fileio
 
 ESTIMATORS = ("miller_madow", "plugin")
 
@@ -167,7 +166,7 @@ def plot(result: dict, out_path: str):
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  fileio.write_figure(out_path, fig)
   plt.close(fig)
 
 
@@ -186,6 +185,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="output JSON (the plot goes next to it, .png)")
   p.add_argument("--seed", type=int, default=0, help="for the shuffled-pairs floor")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  path = fileio.absolute(args.out)
+  fileio.check_output(fileio.dirname(path), "--out", "the folder of --out")   # before the work
 
   docs, tokenizer = load_token_docs(args.data, args.tokenizer, args.vocab_size, args.max_bytes,
                                     args.tokenizer_dir)
@@ -196,10 +197,9 @@ def main(argv=None) -> int:
   out = dict(source=args.data, max_bytes=args.max_bytes, tokenizer=tokenizer,
              estimator=args.estimator, fit=fit,
              weights=weights_from_fit(fit, args.max_distance), **result)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(out, f, indent=1)
-  plot(result, os.path.splitext(args.out)[0] + ".png")
+  fileio.makedirs(fileio.dirname(path))
+  fileio.write_json(path, out)
+  plot(result, os.path.splitext(path)[0] + ".png")
   print(f"{result['tokens']:,} tokens in {result['documents']} documents; "
         f"shuffled-pairs floor: plug-in {result['shuffled']['plugin']:.4f}, "
         f"Miller-Madow {result['shuffled']['miller_madow']:.4f} nats")

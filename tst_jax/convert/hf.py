@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +45,7 @@ from flax import traverse_util
 from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.numpy import save_file
 
-from tst_jax import models
+from tst_jax import fileio, models
 from tst_jax.convert import llama_hf, qwen3_moe_hf
 
 CONFIG_FILE = "config.json"
@@ -90,11 +89,11 @@ def _family_of(model):
 
 
 def _read_config(path) -> dict:
-  path = Path(path)
-  file = path / CONFIG_FILE if path.is_dir() else path
-  if not file.is_file():
+  path = str(path)
+  file = fileio.join(path, CONFIG_FILE) if fileio.isdir(path) else path
+  if not fileio.isfile(file):
     raise FileNotFoundError(f"no {CONFIG_FILE} at {path}: not a Hugging Face checkpoint")
-  hf = json.loads(file.read_text())
+  hf = fileio.read_json(file)
   if "model_type" not in hf:
     raise ValueError(f"{file} has no 'model_type'")
   return hf
@@ -110,7 +109,7 @@ class _Tensors(Mapping):
   def __init__(self, files):
     self._entries, self.read_names = {}, set()
     for file in files:
-      with open(file, "rb") as f:
+      with fileio.open(file, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
       header.pop("__metadata__", None)
@@ -133,12 +132,12 @@ class _Tensors(Mapping):
     return len(self._entries)
 
 
-def _open_tensors(path: Path) -> _Tensors:
-  if (path / WEIGHTS_FILE).is_file():
-    return _Tensors([path / WEIGHTS_FILE])
-  if (path / INDEX_FILE).is_file():
-    weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-    return _Tensors([path / f for f in sorted(set(weight_map.values()))])
+def _open_tensors(path: str) -> _Tensors:
+  if fileio.isfile(fileio.join(path, WEIGHTS_FILE)):
+    return _Tensors([fileio.join(path, WEIGHTS_FILE)])
+  if fileio.isfile(fileio.join(path, INDEX_FILE)):
+    weight_map = fileio.read_json(fileio.join(path, INDEX_FILE))["weight_map"]
+    return _Tensors([fileio.join(path, f) for f in sorted(set(weight_map.values()))])
   raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {path} (only safetensors "
                           "checkpoints are supported)")
 
@@ -153,8 +152,12 @@ def config_from_hf(path_or_dict, **overrides):
 
 
 def from_hf(path, *, dtype: str = "float32", **overrides):
-  """Builds a tst_jax model with the weights of a Hugging Face safetensors checkpoint folder."""
-  path = Path(path)
+  """Builds a tst_jax model with the weights of a Hugging Face safetensors checkpoint folder
+  on the local disk, where its weights are memory-mapped."""
+  path = str(path)
+  if fileio.is_url(path):
+    raise ValueError(f"{path}: a Hugging Face folder is read from the local disk, where its "
+                     "weights are memory-mapped: copy it there first")
   hf = _read_config(path)
   family = converter(hf["model_type"])
   cfg = family.config_from_hf(hf, dtype=dtype, **overrides)
@@ -194,19 +197,20 @@ def _build(cfg, pure: dict):
 
 
 def to_hf(model, path, *, overwrite: bool = False, dtype: str = "float32",
-          max_shard_size: int | str = "5GB") -> Path:
+          max_shard_size: int | str = "5GB") -> str:
   """Write `model` as a Hugging Face checkpoint: config.json and its weights in `dtype`
   (float32 | bf16), in safetensors shards of at most `max_shard_size` (bytes, or "5GB").
+  `path` is a local folder or a bucket's (tst_jax.fileio), and is returned as a string.
 
   Refuses a non-empty folder unless `overwrite`, which replaces config.json and every
   model*.safetensors* file, so no shard of an earlier export is left beside the new ones.
   """
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
-  path = Path(path)
-  if path.exists() and not path.is_dir():
+  path = str(path)
+  if fileio.exists(path) and not fileio.isdir(path):
     raise ValueError(f"{path} exists and is not a folder")
-  if path.exists() and any(path.iterdir()) and not overwrite:
+  if fileio.isdir(path) and fileio.listdir(path) and not overwrite:
     raise ValueError(f"{path} is not empty; pass overwrite=True to write into it")
   family = _family_of(model)
   hf = family.config_to_hf(model.cfg)
@@ -219,13 +223,16 @@ def to_hf(model, path, *, overwrite: bool = False, dtype: str = "float32",
   split = split_state_dict_into_shards_factory(
       tensors, get_storage_size=lambda a: a.nbytes, filename_pattern=SHARD_PATTERN,
       max_shard_size=max_shard_size)
-  path.mkdir(parents=True, exist_ok=True)
-  for stale in path.glob("model*.safetensors*"):
-    stale.unlink()
+  fileio.makedirs(path)
+  for stale in fileio.glob(fileio.join(path, "model*.safetensors*")):
+    fileio.remove(stale)
   for filename, names in split.filename_to_tensors.items():
-    save_file({n: tensors[n] for n in names}, str(path / filename), metadata={"format": "pt"})
+    with fileio.staged(fileio.join(path, filename)) as local:   # safetensors writes a file
+      save_file({n: tensors[n] for n in names}, local, metadata={"format": "pt"})
   if split.is_sharded:
     index = dict(metadata=dict(split.metadata), weight_map=split.tensor_to_filename)
-    (path / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-  (path / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    fileio.write_text(fileio.join(path, INDEX_FILE),
+                      json.dumps(index, indent=2, sort_keys=True) + "\n")
+  fileio.write_text(fileio.join(path, CONFIG_FILE), json.dumps(hf, indent=2, sort_keys=True)
+                    + "\n")
   return path

@@ -166,6 +166,12 @@ class RunMixture:
         self.starts(phases, index), phase.batch_size, phase.window, seed=seed,
         num_batches=phase.steps, process_index=process_index, process_count=process_count))
 
+  def eval_rows(self, batch_size: int, num_batches: int) -> dict[str, int]:
+    """Counts the held-out rows of each main entry's source in `num_batches` eval batches:
+    its own held-out split must hold that many windows."""
+    counts = interleave(tuple(e.weight for e in self.main)).counts(num_batches * batch_size)
+    return {e.source: int(n) for e, n in zip(self.main, counts)}
+
   def eval_windows(self, vals: dict, *, batch_size: int, window: int, num_batches: int,
                    process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
     """`num_batches` int32 [B_local, W] held-out batches whose rows come from the main
@@ -176,7 +182,7 @@ class RunMixture:
     entry_g, index_g = order.select(np.arange(num_batches * batch_size))
     rows_g = np.empty((len(entry_g), window), np.int32)
     for i, e in enumerate(entries):
-      count = int((entry_g == i).sum())
+      count = self.eval_rows(batch_size, num_batches)[e.source]
       spread = pipeline.eval_windows(vals[e.source], batch_size=count, window=window,
                                      num_batches=1) if count else [np.zeros((0, window))]
       if not spread:

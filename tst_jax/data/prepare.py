@@ -93,6 +93,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
   """
   _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
   out = fileio.absolute(str(out))
+  fileio.check_store(out, "--out", "a token store")
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
                  val_piece_bytes=val_piece_bytes, max_bytes=max_bytes, shard_tokens=shard_tokens,
                  tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))

@@ -178,6 +178,22 @@ class RunData:
       return self.train.directory
     return ", ".join(split.directory for split in self.mixture.splits.values())
 
+  def check_batches(self, d: Data, phases) -> None:
+    """Refuses a training split too small for a phase's batches (`check_fits`): a store read
+    alone draws a batch's B windows at once, each source of a mixture one window at a time.
+    Phases are read by `batch_size`, `window`, `name` and `is_tst`, as train.plan.Phase has
+    them."""
+    for p in phases:
+      if self.mixture is None:
+        check_fits(d, "data.source", d.source, self.train, p.window,
+                   lambda b, k, p=p: p.batch_size * b // d.batch_size, f"a {p.name} batch")
+        continue
+      for e in self.mixture.entries(p):
+        field = ("data.tst_mixture" if p.is_tst and d.tst_mixture else
+                 "data.mixture" if d.mixture else "data.source")
+        check_fits(d, field, e.source, self.mixture.splits[e.source], p.window,
+                   lambda b, k: 1, f"the {p.name} phase")
+
   @property
   def train_tokens(self) -> TrainTokens:
     """Training tokens of the run's store, or of each store of its mixture."""
@@ -211,16 +227,12 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
     check_store(store)
   tokenizer = store.tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
+  check_fits(d, "data.source", d.source, store.val, d.seq_len + 1, lambda b, k: b * k,
+             f"{d.eval_batches} eval batches")
   index, count = block or (jax.process_index(), jax.process_count())
-  windows = []
-  if len(store.val) >= d.batch_size * (d.seq_len + 1):
-    windows = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
-                                    num_batches=d.eval_batches,
-                                    process_index=index, process_count=count)
-  if not windows:
-    raise ConfigError("data.val_fraction", f"the held-out split of {store.directory} has "
-                      f"{len(store.val)} tokens, too few for one {d.batch_size} x "
-                      f"{d.seq_len + 1} eval batch")
+  windows = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
+                                  num_batches=d.eval_batches, process_index=index,
+                                  process_count=count)
   return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
                  store.fingerprint, store.data_name)
 
@@ -244,14 +256,16 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
   tokenizer = stores[0].tokenizer(workdir)
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {stores[0].directory}")
   mix = dataclasses.replace(mix, splits={s: st.train for s, st in zip(mix.sources, stores)})
+  for e in mix.main:
+    check_fits(d, "data.mixture" if d.mixture else "data.source", e.source,
+               stores[mix.sources.index(e.source)].val, d.seq_len + 1,
+               lambda b, k, e=e: mix.eval_rows(b, k)[e.source],
+               f"its rows of {d.eval_batches} eval batches")
   index, count = block or (jax.process_index(), jax.process_count())
   windows = mix.eval_windows({s: st.val for s, st in zip(mix.sources, stores)},
                              batch_size=d.batch_size, window=d.seq_len + 1,
                              num_batches=d.eval_batches, process_index=index,
                              process_count=count)
-  if not windows:
-    raise ConfigError("data.val_fraction", f"a held-out split of {both.directory} is too "
-                      f"small for its rows of one {d.batch_size} x {d.seq_len + 1} eval batch")
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
@@ -271,16 +285,42 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
     if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
       raise ConfigError("data.eval_sets", f"{name}: the store {store.directory} was made with "
                         "another tokenizer than the run's: prepare it with the run's")
+    check_fits(d, "data.eval_sets", source, store.val, d.seq_len + 1, lambda b, k: b * k,
+               f"{d.eval_batches} eval batches of the set {name}")
     index, count = block or (jax.process_index(), jax.process_count())
     out[name] = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
                                       num_batches=d.eval_batches, process_index=index,
-                                      process_count=count
-                                      ) if len(store.val) >= d.batch_size * (d.seq_len + 1) else []
-    if not out[name]:
-      raise ConfigError("data.eval_sets", f"{name}: the held-out split of {store.directory} "
-                        f"has {len(store.val)} tokens, too few for one {d.batch_size} x "
-                        f"{d.seq_len + 1} eval batch")
+                                      process_count=count)
   return out
+
+
+def check_fits(d: Data, field: str, source: str, split, window: int,
+               rows_of: Callable[[int, int], int], need: str) -> None:
+  """Refuses a split of `source`'s store too small for its batches, held-out or training,
+  with one error naming the source, the split's tokens and what would fit.
+
+  Its reader draws `rows_of(batch_size, eval_batches)` windows of `window` tokens at once,
+  which need that many times `window` tokens (pipeline.WindowSource): `need` says which rows.
+  `field` is the config field that names the source."""
+  held_out = split.split == "val"
+  where = source if source.startswith("tokens:") else f"{source} (the store {split.directory})"
+  tokens, rows = len(split), rows_of(d.batch_size, d.eval_batches)
+  if tokens >= rows * window:
+    return
+  holds = tokens // window
+  fits = lambda b, k: 1 <= rows_of(b, k) <= holds   # a fix that reads none of it is no fix
+  fixes = [f"data.eval_batches={k}" for k in range(d.eval_batches - 1, 0, -1)
+           if held_out and fits(d.batch_size, k)][:1]
+  fixes += [f"data.batch_size={b}" for b in range(d.batch_size - 1, 0, -1)
+            if fits(b, d.eval_batches)][:1]
+  if not held_out:
+    fixes.append("a shorter window (data.seq_len, tst.bag_size)")
+  fixes.append("more data" + (f" (data.val_fraction, {d.val_fraction:g} now)"
+                              if held_out and not source.startswith("tokens:") else ""))
+  raise ConfigError(field, f"{where}: its {'held-out' if held_out else 'training'} split has "
+                    f"{tokens:,} tokens, too few for {need}, {rows:,} window"
+                    f"{'s' * (rows != 1)} of {window} tokens ({rows * window:,}): give "
+                    + (", ".join(fixes[:-1]) + " or " if len(fixes) > 1 else "") + fixes[-1])
 
 
 def _entry_workdir(workdir: str | None, k: int) -> str | None:

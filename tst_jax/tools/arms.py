@@ -7,7 +7,7 @@ from __future__ import annotations
 from tst_jax import fileio
 from tst_jax.analysis.frontier import spread
 from tst_jax.tools.compare import (METHOD, fit_text, fmt, frontier_for, frontier_notes,
-                                   report_head, run_row, save_figure)
+                                   report_head, run_row)
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.console import human
 
@@ -145,7 +145,7 @@ def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(fileio.join(out_dir, name + ".png"))
-    save_figure(fig, paths[-1])
+    fileio.write_figure(paths[-1], fig)
     plt.close(fig)
   return paths
 

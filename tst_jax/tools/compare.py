@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import math
-import os
 import sys
 
 import numpy as np
@@ -234,8 +232,9 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
     ax.set_ylabel("held-out next-token loss (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-  axes[1].set_xscale("log")
-  axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  if any((run.data_tokens > 0).any() for run in runs):   # a log axis needs a positive value
+    axes[1].set_xscale("log")
+    axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   axes[0].legend(fontsize=8)
   ax = axes[2]
   if frontier.points:
@@ -253,15 +252,8 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  save_figure(fig, out_path)
+  fileio.write_figure(out_path, fig)
   plt.close(fig)
-
-
-def save_figure(fig, path: str):
-  """Writes a matplotlib figure as a PNG to `path`, a local file or a bucket's object."""
-  png = io.BytesIO()
-  fig.savefig(png, format="png", dpi=100)
-  fileio.write_bytes(path, png.getvalue())
 
 
 def run_names(dirs: list[str]) -> list[str]:
@@ -284,6 +276,8 @@ def main(argv=None) -> int:
   p.add_argument("--verbosity", type=int, default=0,
                  help="1: tracebacks of user errors too (else one 'error:' line)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
+  out = args.out or "."
+  fileio.check_output(out, "--out", "the comparison's folder")   # before the runs are read
   dirs = [d for d in args.runs.split(",") if d]
   if args.curve and args.curve not in dirs:
     dirs.insert(0, args.curve)
@@ -294,18 +288,16 @@ def main(argv=None) -> int:
   frontier = frontier_for(tst, runs)[0] if tst else frontier_of(runs)
   table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])
   print(table)
-  out = args.out or "."
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "compare.md"), "w") as f:
-    f.write("\n".join(report_head(
-        "Runs against finished baselines",
-        command_line("tst_jax.tools.compare", sys.argv[1:] if argv is None else argv))) +
-        f"\n{METHOD}\n\n{table}\n\n![comparison](compare.png)\n")
-  fileio.write_json(os.path.join(out, "compare.json"),
+  fileio.makedirs(out)
+  fileio.write_text(fileio.join(out, "compare.md"), "\n".join(report_head(
+      "Runs against finished baselines",
+      command_line("tst_jax.tools.compare", sys.argv[1:] if argv is None else argv))) +
+      f"\n{METHOD}\n\n{table}\n\n![comparison](compare.png)\n")
+  fileio.write_json(fileio.join(out, "compare.json"),
                     dict(method=METHOD, frontier=[dict(run=n, flops=x, final_loss=y)
                                                   for x, y, n in frontier.points],
                          rows=rows, notes=notes))
-  plot(runs, rows, frontier, os.path.join(out, "compare.png"))
+  plot(runs, rows, frontier, fileio.join(out, "compare.png"))
   return 0
 
 

@@ -23,6 +23,7 @@ import argparse
 import collections
 import functools
 import json
+import multiprocessing
 import sys
 
 import jax
@@ -230,6 +231,18 @@ def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None,
                          bootstrap_iters=bootstrap_iters)
 
 
+def results_table(results: dict) -> str:
+  """Returns lm-eval's table of `results`, made in this process. Its table writer
+  (dataproperty) would fork a worker per CPU to format the cells, and a fork of a process
+  running JAX can deadlock, as JAX warns; one CPU counted is no worker."""
+  cpu_count = multiprocessing.cpu_count
+  multiprocessing.cpu_count = lambda: 1
+  try:
+    return lm_utils.make_table(results)
+  finally:
+    multiprocessing.cpu_count = cpu_count
+
+
 def write_results(results: dict, workdir: str, step: int) -> str:
   """Merge `results` into <workdir>/lm_eval/step_<step>.json (one entry per task)."""
   path = fileio.join(workdir, "lm_eval", f"step_{step}.json")
@@ -269,7 +282,7 @@ def main(argv=None):
   fewshot = 0 if paper and args.num_fewshot is None else args.num_fewshot
   results = evaluate(lm, task_list(args.tasks), num_fewshot=fewshot, limit=limit,
                      include_path=args.include_path)
-  print(lm_utils.make_table(results))
+  print(results_table(results))
   average = paper_average(results)
   if average is not None:
     print(f"the paper's average of {len(PAPER_AVERAGE)} tasks ({', '.join(PAPER_AVERAGE)}; "

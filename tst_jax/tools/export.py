@@ -19,11 +19,11 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 import tokenizers
 
 from tst_jax import fileio
+from tst_jax.errors import UserError
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
 
@@ -32,18 +32,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool = False,
-           dtype: str = "float32", max_shard_size: int | str = "5GB") -> Path:
-  """Writes checkpoint `step`, by default the latest, of the run in `workdir` to folder `out`.
+           dtype: str = "float32", max_shard_size: int | str = "5GB") -> str:
+  """Writes checkpoint `step`, by default the latest, of the run in `workdir` to folder `out`,
+  local or in a bucket, and returns `out` made absolute.
 
   The weights are in `dtype`, float32 or bf16, in shards of at most `max_shard_size`.
 
   Refuses an `out` that holds files unless `overwrite`, which replaces only the files this
   writes. Everything is read and checked before anything is written.
   """
-  out = Path(out)
-  if out.exists() and not out.is_dir():
+  out = fileio.absolute(str(out))
+  fileio.check_output(out, "--out", "an export")
+  if fileio.exists(out) and not fileio.isdir(out):
     raise ValueError(f"--out {out} exists and is not a folder")
-  if out.exists() and any(out.iterdir()) and not overwrite:
+  if fileio.isdir(out) and fileio.listdir(out) and not overwrite:
     raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
   trained = trained_run.load(workdir, step, dtype="float32")
   tokenizer_file = workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON)
@@ -59,16 +61,17 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
 
   convert_hf.to_hf(trained.model, out, overwrite=overwrite, dtype=dtype,
                    max_shard_size=max_shard_size)
-  config_file = out / convert_hf.CONFIG_FILE
-  hf = json.loads(config_file.read_text())
+  config_file = fileio.join(out, convert_hf.CONFIG_FILE)
+  hf = fileio.read_json(config_file)
   hf.update(max_position_embeddings=trained.max_length, eos_token_id=trained.tokenizer.eos_id,
             bos_token_id=None, pad_token_id=None)
-  config_file.write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-  (out / "tokenizer.json").write_bytes(tokenizer_json)
+  fileio.write_text(config_file, json.dumps(hf, indent=2, sort_keys=True) + "\n")
+  fileio.write_bytes(fileio.join(out, "tokenizer.json"), tokenizer_json)
   tokenizer_config = dict(
       tokenizer_class="PreTrainedTokenizerFast", eos_token=eos,
       model_max_length=trained.max_length, clean_up_tokenization_spaces=False)
-  (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+  fileio.write_text(fileio.join(out, "tokenizer_config.json"),
+                    json.dumps(tokenizer_config, indent=2) + "\n")
   return out
 
 
@@ -87,7 +90,7 @@ def main(argv=None):
   try:
     out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
                  max_shard_size=args.max_shard_size)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, UserError) as e:
     sys.exit(f"export: {e}")
   print(f"exported {args.workdir} to {out}")
 

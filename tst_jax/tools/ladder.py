@@ -192,7 +192,7 @@ def plot(points: list[dict], trend: Trend | None, out_path: str):
   ax.set_title("TST speed-up against run length (^ lower, v upper bounds)")
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  compare.save_figure(fig, out_path)
+  fileio.write_figure(out_path, fig)
   plt.close(fig)
 
 
@@ -223,7 +223,8 @@ def main(argv=None) -> int:
   p.add_argument("--plan_only", action="store_true",
                  help="train nothing: bring back --finished, report, say what is missing")
   args = p.parse_args(argv)
-  fileio.check_writable(args.workdir, "--workdir")     # one line, before any point starts
+  fileio.check_output(args.workdir, "--workdir", "a ladder's workdir",   # before any point
+                      fileio.RUN_STORES)
   factors = [float(f) for f in args.baseline_factors.split(",")]
   tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
   order = run_order(tst, base)

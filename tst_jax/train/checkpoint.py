@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
+import sys
+import tempfile
 import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+import tensorstore as ts
+from absl import logging as absl_logging
 from orbax.checkpoint import checkpoint_managers as policies
 
 from tst_jax import fileio
@@ -18,6 +24,73 @@ from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.spec import RunSpec
 
 log = logging.getLogger("tst_jax")
+# A save that waits this long for the previous one to finish writing is said once, in our
+# words: a run's steps stand still that long, and train.checkpoint_every is the remedy.
+SLOW_SAVE_S = 10.0
+
+
+class _OrbaxWarningsToTheLog(logging.Filter):
+  """Shows Orbax's warnings as its info lines, with --verbosity=0 only: they tell of its own
+  choices ("Waiting for previous save to complete took 1.3 seconds"), never of a run that
+  fails, which raises. The slow save that matters is said once by Checkpoints.save."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno != logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return True
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    return absl_logging.get_absl_logger().isEnabledFor(logging.INFO)
+
+
+_ORBAX_FILTER = _OrbaxWarningsToTheLog()
+
+
+def quiet_storage(directory: str):
+  """Keeps the libraries under a checkpoint folder from printing lines of a run that is fine.
+
+  Orbax's warnings go to the log (`_OrbaxWarningsToTheLog`). TensorStore, which writes the
+  arrays, logs `E... google_auth_provider.cc] Could not find the credentials file` at its
+  first request to a bucket wherever it goes on to a VM's own credentials, or to none for
+  an emulator: it is asked once per bucket here, its stderr captured, and that line goes to
+  the log. A bucket these credentials cannot write was refused before, in one line
+  (setup.check_workdir)."""
+  absl_logging.get_absl_logger().addFilter(_ORBAX_FILTER)   # once: a filter is added once
+  if fileio.protocol(directory) == "gs":
+    _ask_tensorstore_credentials(directory.split("://", 1)[1].split("/", 1)[0])
+
+
+@functools.cache
+def _ask_tensorstore_credentials(bucket: str):
+  """Reads a missing object of `bucket` through TensorStore, whose first request looks for
+  credentials, with stderr captured: its lines about them go to the log, any other to stderr."""
+  with _stderr_captured() as lines:
+    try:
+      ts.KvStore.open(dict(driver="gcs", bucket=bucket)).result().read(
+          ".tst_jax_credentials_probe").result()
+    except Exception:  # pylint: disable=broad-except  Orbax's own request says what fails
+      pass
+  for line in lines:
+    if "google_auth_provider" in line:
+      log.info("TensorStore: %s", line)
+    else:
+      sys.stderr.write(line + "\n")
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+  """Yields a list that holds, once the block ends, the lines written to file descriptor 2 in
+  it: by C++ libraries too, which Python's sys.stderr does not see."""
+  lines = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as f:
+    os.dup2(f.fileno(), 2)
+    try:
+      yield lines
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      f.seek(0)
+      lines += f.read().decode("utf-8", "replace").splitlines()
 
 
 class SaveClock:
@@ -59,7 +132,9 @@ class Checkpoints:
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0,
                clock: SaveClock | None = None):
     self.directory = fileio.absolute(directory)   # a bucket's URL: Orbax writes it itself
+    quiet_storage(self.directory)
     self.every = every
+    self.said_slow = False
     self.before_save = lambda: None
     self.clock = clock or SaveClock(0.0)
     preserve = policies.AnyPreservationPolicy(
@@ -87,6 +162,13 @@ class Checkpoints:
     if not force and not timed and not (self.every and step % self.every == 0):
       return False
     self.before_save()
+    t0 = time.monotonic()
+    self.wait()   # the previous write, which Orbax's save would wait for
+    if time.monotonic() - t0 >= SLOW_SAVE_S and not self.said_slow:
+      self.said_slow = True
+      log.warning("checkpoint of step %d: waited %.0f s for the previous one to finish writing "
+                  "to %s; a larger train.checkpoint_every saves less often", step,
+                  time.monotonic() - t0, self.directory)
     with self._write_faults():    # also reports a failure of the previous async write
       saved = self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)

@@ -82,16 +82,16 @@ class Console:
     self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}"
                + "".join(f"; {name} {x:.4f}" for name, x in (sets or {}).items()))
 
-  def final(self, summary: dict, workdir: str, reference=None):
-    """Held-out loss (beside `reference`'s, a config.reference, when it names one), where the
-    files are, how to resume or look at it."""
+  def final(self, summary: dict, workdir: str, reference=None, run: dict | None = None):
+    """Held-out loss (beside `reference`'s, a config.reference, when it names one, for the run
+    whose same-run fields are `run`), where the files are, how to resume or look at it."""
     self.close()
     lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
              f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
     if reference is not None and reference.name:
-      lines += _reference_lines(reference, summary)
+      lines += _reference_lines(reference, summary, run or {})
     where = functools.partial(workdir_lib.path, workdir)
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
               f"  metrics: {where(workdir_lib.METRICS)}, plot: {where(workdir_lib.LOSS_PLOT)}",
@@ -106,18 +106,28 @@ class Console:
       self.bar = None
 
 
-def _reference_lines(reference, summary: dict) -> list[str]:
-  """The reference's loss, and the run's difference from it where the run read the data it
-  was measured on: a loss on other data is no yardstick."""
+def _reference_lines(reference, summary: dict, run: dict) -> list[str]:
+  """The reference's loss, and the run's difference from it where the run is the one it was
+  measured for, on the same data: another run's or other data's loss is no yardstick.
+  Otherwise the lines say why, and how to measure it for this run."""
   head = (f"  {reference.name}: held-out loss {reference.loss:.4f}, measured for this config "
           f"as written ({reference.measured})")
-  if reference.data and reference.data == summary.get("data"):
+  differs = reference.differences(run) if reference.run else []
+  same_data = reference.data and reference.data == summary.get("data")
+  if same_data and reference.run and not differs:
     return [f"{head}; this run {summary['final_eval_loss'] - reference.loss:+.4f} from it",
             f"  measure it: {reference.command}"]
-  where = (f"on other data, {reference.data}; this run read {summary.get('data')}"
-           if reference.data else "on data it does not name (config.reference.data)")
-  return [f"{head} {where}: no difference printed",
-          f"  measure it on this data: {reference.command}"]
+  why = "" if same_data else (
+      f" on other data, {reference.data}; this run read {summary.get('data')}"
+      if reference.data else " on data it does not name (config.reference.data)")
+  if not reference.run:
+    why += "; for a run it does not record (config.reference.run)"
+  elif differs:
+    shown = differs[:3] + ([f"{len(differs) - 3} more"] if len(differs) > 3 else [])
+    why += f"; this run differs in {', '.join(shown)}"
+  return [f"{head}{why}: no difference printed",
+          f"  measure it {'for this run' if differs or not reference.run else 'on this data'}: "
+          f"{reference.command_for(run)}"]
 
 
 def _speed(speed: dict) -> str:

@@ -3,12 +3,14 @@
 Each field's default, rule and doc are declared once, in its section's dataclass.
 """
 
+import json
+
 import ml_collections
 
 from tst_jax import models, schema
 from tst_jax.errors import ConfigError
-from tst_jax.train.sections import Run
-from tst_jax.train.spec import SECTIONS
+from tst_jax.train.sections import Run, same_run_fields
+from tst_jax.train.spec import SECTIONS, sections_of
 
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:
@@ -18,6 +20,13 @@ def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.C
   for name, cls in SECTIONS.items():
     c[name] = schema.defaults(cls)
   return c
+
+
+def as_written(c: ml_collections.ConfigDict) -> str:
+  """Returns config.reference.run for a reference measured with config `c` as it stands: its
+  fields of sections.SAME_RUN as JSON. A config file calls it after setting its fields, so a
+  --config override of any of them is a run the reference was not measured for."""
+  return json.dumps(same_run_fields(sections_of(c)), sort_keys=True)
 
 
 def paper_base_config(family: str, preset: str) -> ml_collections.ConfigDict:

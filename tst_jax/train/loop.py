@@ -80,7 +80,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
         seconds_this_session=time.time() - t0,
         resolved=setup.spec.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
-    console.final(summary, setup.workdir, setup.spec.reference)
+    console.final(summary, setup.workdir, setup.spec.reference, setup.spec.same_run())
     return summary
   except Preempted as stop:
     setup.checkpoints.wait()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import socket
@@ -159,6 +158,4 @@ def plot_losses(records: list[dict], out_path: str, switch_step: int | None = No
   axes[0].legend(fontsize=8)
   fig.suptitle("Token-Superposition Training: phase 1 (tst) then phase 2 (ntp)")
   fig.tight_layout()
-  png = io.BytesIO()
-  fig.savefig(png, format="png", dpi=100)
-  fileio.write_bytes(out_path, png.getvalue())
+  fileio.write_figure(out_path, fig)

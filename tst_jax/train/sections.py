@@ -8,8 +8,10 @@ family's config dataclass, mesh in parallel/mesh.py and distributed in parallel/
 from __future__ import annotations
 
 import dataclasses
+import json
+import shlex
 
-from tst_jax import losses, platform, schema
+from tst_jax import losses, models, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
@@ -151,6 +153,38 @@ class Train:
                                     "<workdir>/profile ('': none)", added="")
 
 
+# What makes two runs one run: a workdir resumes only a run equal in these, and a run prints
+# its difference from config.reference only where it equals the run the reference was measured
+# for. A section stands for all its fields.
+SAME_RUN = ("seed", "model", "tst", "data", "optimizer", "loss", "train.steps")
+
+
+def same_run_fields(sections) -> dict:
+  """Returns the fields of SAME_RUN of a run's typed sections, a mapping with the keys of
+  spec.sections_of, as dotted name -> value as config.json writes it. The platform's own
+  choices (platform.PLATFORM_FIELDS) are back at `auto`: a run does not change with them."""
+  fields = {}
+  for name in SAME_RUN:
+    section, _, field = name.partition(".")
+    if section == "seed":
+      fields["seed"] = sections["run"].seed
+      continue
+    typed = sections[section]
+    values = schema.values(platform.unresolved(typed, section)
+                           if section in ("model", "loss") else typed)
+    if section == "model":
+      values = dict(family=models.family_of(typed), **values)
+    fields.update({f"{section}.{k}": v for k, v in values.items() if k == field or not field})
+  return json.loads(json.dumps(fields))   # tuples as lists, as config.json and a record hold them
+
+
+def _run_record_ok(text) -> bool:
+  try:
+    return isinstance(text, str) and (not text or isinstance(json.loads(text), dict))
+  except ValueError:
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Reference:
   """config.reference: a measured result the run's final block prints beside its own."""
@@ -166,3 +200,32 @@ class Reference:
                            "fingerprint, or builtin:pystdlib@<major.minor> for that Python's "
                            "standard library. The run prints its difference from it only on "
                            "the same data", added="")
+  run: str = schema.field("", schema.Rule(_run_record_ok, "'' or a JSON object"),
+                          "the run it was measured for: its fields of sections.SAME_RUN as "
+                          "JSON, as defaults.as_written(config) gives them. The run prints its "
+                          "difference from it only where it equals them all", added="")
+
+  def differences(self, fields: dict) -> list[str]:
+    """Names each field in which a run's `fields` (same_run_fields) differ from the run this
+    was measured for, as 'train.steps 20, not 300'."""
+    recorded = json.loads(self.run) if self.run else {}
+    return [f"{k} {_shown(fields.get(k))}, not {_shown(recorded.get(k))}"
+            for k in sorted(set(recorded) | set(fields)) if fields.get(k) != recorded.get(k)]
+
+  def command_for(self, fields: dict) -> str:
+    """Returns `command` with the run's own overrides of the fields of the run this was
+    measured for, so that it measures the reference on the run's data and settings. The tst
+    section stays the reference's own: its arm differs from the run in that."""
+    recorded = json.loads(self.run) if self.run else {}
+    overrides = [shlex.quote(f"--config.{k}={_flag_value(v)}") for k, v in fields.items()
+                 if k in recorded and recorded[k] != v and not k.startswith("tst.")]
+    return " ".join([self.command, *overrides])
+
+
+def _shown(value) -> str:
+  return repr(value) if isinstance(value, str) else str(value)
+
+
+def _flag_value(value) -> str:
+  """Writes a field's value as a --config.<field>= flag takes it."""
+  return str(tuple(value) if isinstance(value, list) else value)

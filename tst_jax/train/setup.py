@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from tst_jax import data as data_lib
-from tst_jax import fileio, platform
+from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
@@ -19,12 +19,7 @@ from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
-
-# Config sections that must match to resume a workdir, and the fields of `train` that place
-# the phases and the learning-rate schedule of the steps already trained. The loop's
-# cadences and policies may change. A run cannot be extended: its lr has decayed.
-RESUME_KEYS = ("seed", "model", "tst", "data", "optimizer", "loss")
-RESUME_TRAIN_FIELDS = ("steps",)
+from tst_jax.train.sections import SAME_RUN, same_run_fields
 
 
 class Setup:
@@ -62,6 +57,7 @@ class Setup:
           spec.data, workdir, spec.model.vocab_size, block, say=say,
           check_store=lambda store: workdir_lib.check_store(workdir, store,
                                                             spec.train.force_resume))
+      data.check_batches(spec.data, spec.plan.phases)
       if distributed.is_primary():   # the store this workdir trains on, from now on
         workdir_lib.write_store(workdir, data.fingerprint, data.directory,
                                 data.train_tokens.count)
@@ -125,10 +121,7 @@ def check_workdir(workdir: str):
   It is made later, once the config has passed every check. In a bucket a probe object is
   written and removed: no other test shows that these credentials may write there."""
   if fileio.is_url(workdir):
-    if fileio.protocol(workdir) != "gs":   # Orbax marks a bucket's checkpoints complete on gs://
-      raise WorkdirError(f"--workdir {workdir}: a run's workdir is a local folder or gs://; "
-                         f"{fileio.protocol(workdir)}:// is not supported there")
-    fileio.check_writable(workdir, "--workdir")
+    fileio.check_output(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
     return
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
@@ -143,9 +136,11 @@ def check_workdir(workdir: str):
 
 
 def _check_workdir_config(spec, workdir: str):
-  """Refuse to resume a workdir of another config: its config.json read back through the
-  sections' declarations, leaving the platform's own choices in platform.PLATFORM_FIELDS aside.
-  A field added after the run was written compares with the value such a run had."""
+  """Refuse to resume a workdir of another run: one that differs in a field of
+  sections.SAME_RUN, its config.json read back through the sections' declarations. The loop's
+  cadences and policies may change; train.steps may not, since they place the phases and the
+  learning-rate schedule of the steps already trained. A field added after the run was
+  written compares with the value such a run had."""
   path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not fileio.exists(path):
     return
@@ -154,18 +149,12 @@ def _check_workdir_config(spec, workdir: str):
   except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
                     "run: restore it, or use another --workdir") from None
-  saved["seed"] = saved["run"].seed
-  ours = {k: spec.run.seed if k == "seed" else getattr(spec, k) for k in RESUME_KEYS}
-  diff = [k for k in RESUME_KEYS if _comparable(k, saved[k]) != _comparable(k, ours[k])]
-  moved = [f"train.{k} {getattr(saved['train'], k)} there, {getattr(spec.train, k)} here"
-           for k in RESUME_TRAIN_FIELDS
-           if getattr(saved["train"], k) != getattr(spec.train, k)]
+  there, here = same_run_fields(saved), spec.same_run()
+  changed = [k for k in there.keys() | here.keys() if there.get(k) != here.get(k)]
+  diff = [s for s in SAME_RUN if "." not in s and any(k.partition(".")[0] == s for k in changed)]
+  moved = [f"{k} {there[k]} there, {here[k]} here" for k in SAME_RUN if k in changed]
   differs = "; ".join(([f"sections {diff} differ"] if diff else []) + moved)
   if moved:
     differs += (" (a run cannot be extended or shortened: its phases and learning-rate "
                 "schedule are fixed by its steps)")
   workdir_lib.check_same_run(workdir, "config", differs, spec.train.force_resume)
-
-
-def _comparable(name: str, section):
-  return platform.unresolved(section, name) if name in ("model", "loss") else section

@@ -22,7 +22,8 @@ from tst_jax.parallel.distributed import Distributed
 from tst_jax.parallel.mesh import MeshShape
 from tst_jax.train import step_profile
 from tst_jax.train.plan import Plan, bag_schedule, make_plan
-from tst_jax.train.sections import Loss, Optimizer, Reference, Run, Train, Tst
+from tst_jax.train.sections import (Loss, Optimizer, Reference, Run, Train, Tst,
+                                    same_run_fields)
 
 # Every section of a run config but the top level (`Run`) and the model (the family's config
 # dataclass, models.model_config): its name and its declaration (tst_jax/schema.py).
@@ -66,6 +67,10 @@ class RunSpec:
     record = dict(schema.values(self.run),
                   model=dict(family=self.family, **schema.values(self.model)))
     return record | {name: schema.values(getattr(self, name)) for name in SECTIONS}
+
+  def same_run(self) -> dict:
+    """Returns the fields that make this run the run it is: sections.same_run_fields."""
+    return same_run_fields({name: getattr(self, name) for name in ("run", "model", *SECTIONS)})
 
   def on_platform(self, name: str | None = None) -> RunSpec:
     """Returns this spec with every `auto` resolved on platform `name`, by default the local one."""

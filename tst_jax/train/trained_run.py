@@ -9,8 +9,6 @@ the model config and the sequence length it was trained at.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import jax
 import orbax.checkpoint as ocp
@@ -20,7 +18,7 @@ from tst_jax import data as data_lib
 from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
-from tst_jax.train import step as step_lib, workdir as workdir_lib
+from tst_jax.train import checkpoint as ckpt_lib, step as step_lib, workdir as workdir_lib
 from tst_jax.train.sections import Tst
 
 
@@ -77,6 +75,7 @@ def restore_params(directory: str, step: int, model_cfg):
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = {"params": jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)}
+  ckpt_lib.quiet_storage(directory)
   manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
   try:
     restored = manager.restore(step, args=ocp.args.Composite(
@@ -98,11 +97,10 @@ HF_FREE_FIELDS = ("dtype", "attention_impl", "remat", "matmul_precision", "init_
 def hf_params(path: str, model_cfg, family: str) -> nnx.State:
   """Reads the parameters of Hugging Face folder `path` onto the host, checked to be the model
   of `model_cfg`. A ValueError names every field in which they differ."""
-  config_file = os.path.join(path, convert_hf.CONFIG_FILE)
-  if not os.path.isfile(config_file):
+  config_file = fileio.join(path, convert_hf.CONFIG_FILE)
+  if not fileio.isfile(config_file):
     raise FileNotFoundError(f"{config_file} does not exist: not a Hugging Face model folder")
-  with open(config_file) as f:
-    hf = json.load(f)
+  hf = fileio.read_json(config_file)
   if hf.get("model_type") != family:
     raise ValueError(f"{path} holds a {hf.get('model_type')!r} model but config.model.family "
                      f"is {family!r}")

@@ -105,7 +105,8 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   args = parse_args(argv)
   args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
-  fileio.check_writable(args.workdir, "--workdir")     # one line, before any point starts
+  fileio.check_output(args.workdir, "--workdir", "a sweep's workdir",   # before any point
+                      fileio.RUN_STORES)
   fileio.makedirs(args.workdir)
   for folder in args.finished:
     names = bring_back(folder, args.workdir)

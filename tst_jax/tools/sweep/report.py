@@ -213,7 +213,7 @@ def plot_heatmap(records: list[dict], out_path: str):
     ax.set_title("final eval loss" + (f" ({', '.join(f'{k}={v}' for k, v in extras.items())})"
                                       if extras else ""), fontsize=10)
   fig.tight_layout()
-  compare.save_figure(fig, out_path)
+  fileio.write_figure(out_path, fig)
   plt.close(fig)
 
 
