@@ -16,6 +16,13 @@ log FLOPs. Two baselines more than WIDE_BRACKET apart in FLOPs around a run get 
 With three or more lengths a power law L(F) = E + A·F^(−α) is fitted as a second estimate,
 and a run where the two differ by more than FIT_DISAGREES is flagged.
 
+The Δ/slope model predicts the speed-up from Δ alone: near the run the frontier is a line in
+log FLOPs of slope s = dL/d ln F, and a gain Δ is worth the compute that moves the baseline by
+Δ along it, k = exp(Δ / s). `Frontier.slope_at` takes s from the two finished lengths next to
+the run, on the side where the run's equal loss lies. Where the equal-loss point lies in that
+same segment the model and the measurement agree; where it lies further, the frontier's bend
+is what tells them apart.
+
 Past the frontier's ends the answer is a bound: a loss below the longest baseline's gives
 > F_max / F, a loss at or above the shortest's ≤ F_min / F. One baseline length bounds a run
 that ends at or below it with fewer FLOPs, or below it with as many, by > F_base / F, as
@@ -180,6 +187,23 @@ class Frontier:
       return loss - float(self.losses[0]), "≤"
     return loss - float(self.losses[-1]), "≥"
 
+  def slope_at(self, flops: float, delta: float) -> Slope | None:
+    """Returns the slope next to `flops` toward a run's equal loss, None under two lengths.
+
+    A run ahead (Δ < 0) reaches its loss at more FLOPs: the segment from the last length at or
+    below `flops` to the next. A run behind reaches it at fewer: the segment ending at the
+    first length at or above. Past an end, the end segment, marked extrapolated."""
+    if len(self.points) < 2:
+      return None
+    x, y = self.flops, self.losses
+    if delta < 0:
+      i = int(np.searchsorted(x, flops * (1 + 1e-9), side="right"))   # first length above
+    else:
+      i = int(np.searchsorted(x, flops * (1 - 1e-9), side="left"))    # first at or above
+    j = min(max(i, 1), len(x) - 1)
+    value = float((y[j] - y[j - 1]) / math.log(x[j] / x[j - 1]))
+    return Slope(value, (float(x[j - 1]), float(x[j])), extrapolated=j != i)
+
   def equal_loss(self, loss: float, flops: float) -> EqualLoss:
     """FLOPs at which the frontier reaches `loss`, over the run's `flops`."""
     if not math.isfinite(loss):
@@ -213,6 +237,23 @@ class Frontier:
       return EqualLoss(None, note=f"one baseline length left, {len(self.dropped)} left out "
                        "(see the notes)")
     return EqualLoss(None, note=LENGTHS_NEEDED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Slope:
+  """The finished baselines' loss slope per e-fold of compute, dL/d ln F, between the two
+  lengths `bracket` (FLOPs); `extrapolated` when the run's equal loss lies past the frontier's
+  end, so that the segment is the end one, not the one around the equal-loss point."""
+  value: float
+  bracket: tuple[float, float]
+  extrapolated: bool = False
+
+  def speedup(self, delta: float) -> float:
+    """Predicts the equal-loss speed-up of a run `delta` from the frontier: exp(Δ / s)."""
+    return math.exp(delta / self.value)
+
+  def text(self, delta: float) -> str:
+    return ("~" if self.extrapolated else "") + f"{self.speedup(delta):.2f}x"
 
 
 def spread(values) -> dict | None:
