@@ -268,9 +268,10 @@ def spread(values) -> dict | None:
 
 @dataclasses.dataclass(frozen=True)
 class Trend:
-  """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one
-  recipe. It holds over the tokens per parameter it was measured on, for models within a
-  factor SIZE_RANGE of its size, since where TST pays depends on the size too."""
+  """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one TST
+  arm of one recipe. It holds over the tokens per parameter it was measured on, for models like
+  the recipe's: within a factor SIZE_RANGE of its active parameters, dense or sparse as it, at
+  its bag size, since where TST pays depends on all three."""
   a: float
   b: float
   low: float             # tokens per parameter: the measured range
@@ -278,11 +279,14 @@ class Trend:
   params: float          # active parameters of the recipe the points were measured on
   points: tuple          # (tokens per parameter, speed-up, label)
   source: str            # command, device, date: where the points come from
+  bag_size: int          # S of the TST arm
+  params_total: float    # all parameters: more than `params` for an MoE
 
   SIZE_RANGE = 2.0
 
   @classmethod
-  def fit(cls, points, params: float, source: str = "") -> Trend | None:
+  def fit(cls, points, params: float, source: str = "", bag_size: int = 0,
+          params_total: float | None = None) -> Trend | None:
     """Fits (tokens per parameter, speed-up, label) points of a `params`-parameter recipe, None
     with fewer than two distinct tokens per parameter."""
     x = np.log([p[0] for p in points])
@@ -291,26 +295,44 @@ class Trend:
     b, a = np.polyfit(x, [p[1] for p in points], 1)
     return cls(float(a), float(b), float(np.exp(x.min())), float(np.exp(x.max())),
                float(params), tuple((float(p[0]), float(p[1]), str(p[2])) for p in points),
-               source)
+               source, int(bag_size), float(params if params_total is None else params_total))
 
   def covers_size(self, params: float) -> bool:
     return self.params / self.SIZE_RANGE <= params <= self.params * self.SIZE_RANGE
+
+  def covers(self, params: float, params_total: float, bag_size: int) -> bool:
+    """Was the trend measured on a model like this one, at its bag size?"""
+    sparse = params_total > params
+    return (self.covers_size(params) and sparse == (self.params_total > self.params)
+            and bag_size == self.bag_size)
 
   def predict(self, tokens_per_param: float, params: float | None = None) -> float | None:
     """Predicts the speed-up, None outside the measured range or for a model of `params`
     parameters far from the recipe's."""
     if params is not None and not self.covers_size(params):
       return None
-    if not self.low * (1 - 1e-9) <= tokens_per_param <= self.high * (1 + 1e-9):
+    if not self.inside(tokens_per_param):
       return None
     return self.a + self.b * math.log(tokens_per_param)
+
+  def inside(self, tokens_per_param: float) -> bool:
+    return self.low * (1 - 1e-9) <= tokens_per_param <= self.high * (1 + 1e-9)
+
+  def pays_from(self) -> float | None:
+    """Returns the tokens per parameter where the fit crosses 1x, from which TST pays, None
+    where the fit does not grow with length."""
+    return math.exp((1 - self.a) / self.b) if self.b > 0 else None
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
 
   @classmethod
-  def load(cls, path: str) -> Trend:
-    with open(path) as f:
-      record = json.load(f)
-    return cls(**{k: record[k] for k in ("a", "b", "low", "high", "params", "source")},
+  def from_json(cls, record: dict) -> Trend:
+    return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name != "points"},
                points=tuple(tuple(p) for p in record["points"]))
+
+  @classmethod
+  def load_all(cls, path: str) -> list[Trend]:
+    """Reads a trends file: {"trends": [...]}, one per TST arm and recipe measured."""
+    with open(path) as f:
+      return [cls.from_json(r) for r in json.load(f)["trends"]]
