@@ -284,8 +284,8 @@ def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
 
 def format_points(points: list[dict]) -> str:
   lines = ["| run | S | seed | steps | tokens per parameter | passes | final eval loss | Δ at "
-           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seeds "
-           "| baselines |", "|---" * 13 + "|"]
+           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seed "
+           "noise | baselines |", "|---" * 13 + "|"]
   for p in points:
     lines.append(f"| {p['run']} | {p['S']} | {p['seed']} | {p['steps']} | "
                  f"{p['tokens_per_param']:.3g} | {compare.fmt(p['passes'], '.2f')} | "

@@ -186,8 +186,8 @@ def noise_text(deltas: list[float]) -> str:
   if not deltas:
     return "--"
   if len(deltas) == 1:
-    return (f"within noise (|Δ| < 2 × {SEED_SD:g}): a second seed is planned"
-            if needs_second_seed(deltas[0]) else f"outside noise (|Δ| ≥ 2 × {SEED_SD:g})")
+    return (f"within noise: Δ inside ±2 × {SEED_SD:g}, a second seed is planned"
+            if needs_second_seed(deltas[0]) else f"outside noise: Δ beyond ±2 × {SEED_SD:g}")
   mean = sum(deltas) / len(deltas)
   sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1))
   inside = abs(mean) < 2 * max(sd, SEED_SD)
