@@ -17,7 +17,8 @@ Args (a comma list; in `--arms` join parts with '+', e.g. s8+r0.5): tst (the def
 r=0.3: the best measured at this scale), baseline (r = 0, the same FLOPs per step), reinit
 (fresh embedding and head at the switch), input_only, output_only, smooth (phase 1 in stages
 of halving S: with s4, 300 steps at S=4 then 300 at S=2), s<S> (s4 or s6: the paper's
-setting, S in 4-8), r<ratio> (r1.0: never switching), <N>k (total steps).
+setting, S in 4-8), r<ratio> (r1.0: never switching), <N>k (total steps), <N>mb (data.max_bytes:
+a corpus for a longer run, as the speed-up ladder sizes one).
 
 Measured on one H100 80GB (jax 0.11.2; docs/results.md), held-out next-token loss at the
 last step on 200 MB of site-packages *.py, against finished baselines of 2k, 3k and 4k steps

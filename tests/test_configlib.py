@@ -92,6 +92,7 @@ def test_every_config_file_takes_the_arms():
     arms = configlib.load_config(path + ":s8, r0.5,4k,reinit")
     assert (arms.tst.bag_size, arms.tst.ratio, arms.train.steps) == (8, 0.5, 4000), name
     assert arms.tst.reinit_at_switch, name
+    assert configlib.load_config(path + ":4k,600mb").data.max_bytes == 600_000_000, name
     with pytest.raises(ValueError, match=f"{name}: unknown arg 'bogus'"):
       configlib.load_config(path + ":bogus")
   moe = os.path.join(ROOT, "configs", "qwen3_moe_10b_a1b.py")

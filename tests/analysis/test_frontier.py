@@ -1,7 +1,8 @@
 """The frontier of finished baselines (tst_jax/analysis/frontier.py): the final losses of
 baselines of several lengths, interpolated between them in log FLOPs, with bounds past their
-ends and from one baseline; the power law through three or more. The same through compare's
-and the sweep's tables, and the paper's Table 1: tests/tools/test_compare.py."""
+ends and from one baseline; the power law through three or more; the Δ/slope model's slope.
+The same through compare's and the sweep's tables, and the paper's Table 1:
+tests/tools/test_compare.py."""
 
 import math
 
@@ -28,6 +29,24 @@ def test_frontier_interpolates_between_lengths_in_log_flops_and_bounds_past_its_
   assert one.equal_loss(3.0, 10.0).text() == "> 1.00x"          # below it at equal FLOPs
   assert one.equal_loss(3.0, 12.0).speedup is None                # below it with more FLOPs
   assert one.equal_loss(3.0, 12.0).text() == "needs baselines of two or more lengths"
+
+
+def test_the_slope_is_the_segment_toward_the_equal_loss_and_the_end_one_past_the_ends():
+  f = Frontier.of([(10.0, 4.0, "b10"), (20.0, 3.0, "b20"), (40.0, 2.5, "b40")])
+  first, second = -1 / math.log(2), -0.5 / math.log(2)
+  assert f.slope_at(15.0, -0.1).value == pytest.approx(first)     # inside a segment
+  assert f.slope_at(15.0, +0.1).value == pytest.approx(first)
+  ahead, behind = f.slope_at(20.0, -0.1), f.slope_at(20.0, +0.1)  # at a length: the side
+  assert (ahead.value, ahead.bracket) == (pytest.approx(second), (20.0, 40.0))
+  assert (behind.value, behind.bracket) == (pytest.approx(first), (10.0, 20.0))
+  assert not ahead.extrapolated and not behind.extrapolated
+  past, before = f.slope_at(40.0, -0.1), f.slope_at(10.0, +0.1)   # toward no segment
+  assert past.bracket == (20.0, 40.0) and past.extrapolated
+  assert before.bracket == (10.0, 20.0) and before.extrapolated
+  assert before.text(0.5) == f"~{math.exp(0.5 / first):.2f}x"
+  # k = exp(Δ / s) is the measured speed-up while the equal loss stays in the segment.
+  assert f.slope_at(10.0, -0.6).speedup(-0.6) == pytest.approx(f.equal_loss(3.4, 10.0).speedup)
+  assert Frontier.of([(10.0, 4.0, "b10")]).slope_at(10.0, -0.1) is None
 
 
 def test_a_run_below_the_shortest_baselines_flops_gets_a_bound_on_its_delta():

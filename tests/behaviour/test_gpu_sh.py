@@ -259,3 +259,22 @@ def test_gpu_small_refuses_arms_that_cannot_finish_in_its_budget(tmp_path):
   assert not os.path.exists(tmp_path / "w") or not any(
       n.startswith("data_") for n in os.listdir(tmp_path / "w"))
   assert "sweep:" not in run.stdout
+
+
+def test_ladder_sh_plan_only_names_the_call_that_adds_the_most(tmp_path):
+  """`ladder.sh --plan_only` on a machine with no GPU: every named ladder's report from its
+  finished points and the one call that adds the most, at the measured rates; a GPU call that
+  names no ladder is refused."""
+  env = dict(os.environ, WORKDIR=str(tmp_path / "w"), WHEELS=str(tmp_path / "no_wheels"),
+             PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+  script = os.path.join(ROOT, "benchmarks", "ladder.sh")
+  out = subprocess.run(["bash", script, "--plan_only", str(tmp_path / "out")], env=env,
+                       check=True, capture_output=True, text=True, timeout=300).stdout
+  assert re.search(r"Next call: LADDER=moe POINTS=baseline-2k_seed0,1\.7k_seed0,"
+                   r"baseline-1\.7k_seed0 \(about \d+ s of \d+; completes 1k seed 0\)", out)
+  assert sorted(os.listdir(tmp_path / "out")) == sorted(
+      [f"{n}_ladder.{x}" for n in ("moe", "dense") for x in ("md", "json", "png")]
+      + ["env.json", "ladder.txt"])
+  refused = subprocess.run(["bash", script, str(tmp_path / "out2")], env=env,
+                           capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2 and "a GPU call names its ladder" in refused.stderr

@@ -325,6 +325,10 @@ def test_paper_table_1_at_3b_the_tst_run_matches_the_36k_baseline(tmp_path, caps
   assert tst["speedup_fit"] == pytest.approx(1.82, abs=0.05)
   assert tst["delta_equal_flops"] == pytest.approx(2.676 - 2.808)    # Table 1's Δ: -0.132
   assert "| llama_3b_20k | 0.3 | 6 | 20000 | 850E |" in printed
+  # The Δ/slope model from the 20k-36k segment, s = -0.131 / ln 1.8: 1.81x, against the 1.82x
+  # measured, whose equal loss lies just past the 36k baseline.
+  assert tst["slope"] == pytest.approx(-0.131 / np.log(1.8))
+  assert tst["speedup_predicted_text"] == "1.81x"
 
 
 def test_paper_table_1_at_270m_log_flops_and_the_wide_bracket(tmp_path, capsys):
@@ -340,6 +344,8 @@ def test_paper_table_1_at_270m_log_flops_and_the_wide_bracket(tmp_path, capsys):
   assert tst["warnings"] == ["its baselines are 5.0x apart in FLOPs, wider than 2x: add "
                              "--arms baseline+45k"]
   assert "llama_270m_20k: its baselines are 5.0x apart" in printed
+  # One segment, 20k-100k: the Δ/slope model is the log-FLOPs interpolation itself.
+  assert tst["speedup_predicted"] == pytest.approx(tst["speedup"])
 
 
 def test_paper_table_1_at_10b_a1b_one_baseline_gives_a_lower_bound(tmp_path, capsys):
@@ -419,3 +425,43 @@ def test_a_row_the_power_law_disagrees_with_is_flagged(tmp_path):
                    "t: the power law fitted to the baselines gives 3.24x, more than 10% from "
                    "5.04x"]
 
+
+
+def test_the_predicted_speed_up_takes_the_slope_next_to_the_run_not_the_naive_ones(tmp_path):
+  """exp(Δ / s) with s the slope of the finished baselines' final losses between the two
+  lengths next to the run, toward its equal loss. Baselines of 10, 20 and 40 steps end at
+  3.0, 2.7 and 2.55: slopes -0.3 / ln 2 and -0.15 / ln 2 per e-fold. The naive slopes, over
+  the whole frontier or along the longest baseline's undecayed curve (3.2 at 10 steps, 2.95 at
+  20), predict other speed-ups; the model's agrees with the measurement where the equal loss
+  lies in the run's own segment, and parts from it where the frontier bends before it."""
+  runs = []
+  curves = {10: [(10, 3.0)], 20: [(10, 3.3), (20, 2.7)], 40: [(10, 3.2), (20, 2.95), (40, 2.55)]}
+  for steps, evals in curves.items():
+    path, _ = _fake_run(tmp_path / f"b{steps}", tiny_config(steps=steps, ratio=0.0), evals)
+    runs.append(load_run(path))
+  arms = {"ahead": (10, 2.85), "far_ahead": (10, 2.6), "behind": (20, 2.8)}
+  for name, (steps, final) in arms.items():
+    path, _ = _fake_run(tmp_path / name, tiny_config(steps=steps, ratio=0.5),
+                        [(steps, final)])
+    runs.append(load_run(path))
+  rows = {r["run"]: r for r in compare.compare(runs)[0]}
+  near, far = -0.3 / np.log(2), -0.15 / np.log(2)
+  ahead = rows["ahead"]                                   # Δ = -0.15, in the first segment
+  assert ahead["slope"] == pytest.approx(near) and ahead["slope_bracket"] == (
+      pytest.approx(runs[0].total_flops), pytest.approx(runs[1].total_flops))
+  assert ahead["speedup_predicted"] == pytest.approx(np.exp(-0.15 / near))
+  assert ahead["speedup_predicted"] == pytest.approx(ahead["speedup"]) == pytest.approx(2 ** 0.5)
+  naive_global = np.exp(-0.15 / ((2.55 - 3.0) / np.log(4)))
+  naive_curve = np.exp(-0.15 / ((2.95 - 3.2) / np.log(2)))
+  for naive in (naive_global, naive_curve):
+    assert abs(naive - ahead["speedup_predicted"]) > 0.09
+  far_ahead = rows["far_ahead"]          # Δ = -0.4: its equal loss lies in the flatter segment
+  assert far_ahead["speedup_predicted"] == pytest.approx(np.exp(-0.4 / near))      # 2.52x
+  assert far_ahead["speedup"] == pytest.approx(2 * 2 ** (0.1 / 0.15))             # 3.17x
+  behind = rows["behind"]                # Δ = +0.1 at 20 steps: toward the shorter baseline
+  assert behind["slope"] == pytest.approx(near) and behind["slope"] != pytest.approx(far)
+  assert behind["speedup_predicted"] == pytest.approx(behind["speedup"])
+  assert behind["speedup_predicted_text"] == "0.79x"
+  assert all(rows[f"b{s}"]["speedup_predicted"] is None for s in curves)
+  table = compare.format_table(list(rows.values()))
+  assert "| -0.4328 | 1.41x |" in table and "| -0.4328 | 2.52x |" in table

@@ -16,6 +16,13 @@ log FLOPs. Two baselines more than WIDE_BRACKET apart in FLOPs around a run get 
 With three or more lengths a power law L(F) = E + A·F^(−α) is fitted as a second estimate,
 and a run where the two differ by more than FIT_DISAGREES is flagged.
 
+The Δ/slope model predicts the speed-up from Δ alone: near the run the frontier is a line in
+log FLOPs of slope s = dL/d ln F, and a gain Δ is worth the compute that moves the baseline by
+Δ along it, k = exp(Δ / s). `Frontier.slope_at` takes s from the two finished lengths next to
+the run, on the side where the run's equal loss lies. Where the equal-loss point lies in that
+same segment the model and the measurement agree; where it lies further, the frontier's bend
+is what tells them apart.
+
 Past the frontier's ends the answer is a bound: a loss below the longest baseline's gives
 > F_max / F, a loss at or above the shortest's ≤ F_min / F. One baseline length bounds a run
 that ends at or below it with fewer FLOPs, or below it with as many, by > F_base / F, as
@@ -180,6 +187,23 @@ class Frontier:
       return loss - float(self.losses[0]), "≤"
     return loss - float(self.losses[-1]), "≥"
 
+  def slope_at(self, flops: float, delta: float) -> Slope | None:
+    """Returns the slope next to `flops` toward a run's equal loss, None under two lengths.
+
+    A run ahead (Δ < 0) reaches its loss at more FLOPs: the segment from the last length at or
+    below `flops` to the next. A run behind reaches it at fewer: the segment ending at the
+    first length at or above. Past an end, the end segment, marked extrapolated."""
+    if len(self.points) < 2:
+      return None
+    x, y = self.flops, self.losses
+    if delta < 0:
+      i = int(np.searchsorted(x, flops * (1 + 1e-9), side="right"))   # first length above
+    else:
+      i = int(np.searchsorted(x, flops * (1 - 1e-9), side="left"))    # first at or above
+    j = min(max(i, 1), len(x) - 1)
+    value = float((y[j] - y[j - 1]) / math.log(x[j] / x[j - 1]))
+    return Slope(value, (float(x[j - 1]), float(x[j])), extrapolated=j != i)
+
   def equal_loss(self, loss: float, flops: float) -> EqualLoss:
     """FLOPs at which the frontier reaches `loss`, over the run's `flops`."""
     if not math.isfinite(loss):
@@ -215,6 +239,23 @@ class Frontier:
     return EqualLoss(None, note=LENGTHS_NEEDED)
 
 
+@dataclasses.dataclass(frozen=True)
+class Slope:
+  """The finished baselines' loss slope per e-fold of compute, dL/d ln F, between the two
+  lengths `bracket` (FLOPs); `extrapolated` when the run's equal loss lies past the frontier's
+  end, so that the segment is the end one, not the one around the equal-loss point."""
+  value: float
+  bracket: tuple[float, float]
+  extrapolated: bool = False
+
+  def speedup(self, delta: float) -> float:
+    """Predicts the equal-loss speed-up of a run `delta` from the frontier: exp(Δ / s)."""
+    return math.exp(delta / self.value)
+
+  def text(self, delta: float) -> str:
+    return ("~" if self.extrapolated else "") + f"{self.speedup(delta):.2f}x"
+
+
 def spread(values) -> dict | None:
   """Returns mean, sd with n - 1, min, max and n of `values`, None if empty.
   sd is None for one value."""
@@ -227,9 +268,10 @@ def spread(values) -> dict | None:
 
 @dataclasses.dataclass(frozen=True)
 class Trend:
-  """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one
-  recipe. It holds over the tokens per parameter it was measured on, for models within a
-  factor SIZE_RANGE of its size, since where TST pays depends on the size too."""
+  """speed-up ≈ a + b · ln(tokens per parameter), least squares over the points of one TST
+  arm of one recipe. It holds over the tokens per parameter it was measured on, for models like
+  the recipe's: within a factor SIZE_RANGE of its active parameters, dense or sparse as it, at
+  its bag size, since where TST pays depends on all three."""
   a: float
   b: float
   low: float             # tokens per parameter: the measured range
@@ -237,11 +279,14 @@ class Trend:
   params: float          # active parameters of the recipe the points were measured on
   points: tuple          # (tokens per parameter, speed-up, label)
   source: str            # command, device, date: where the points come from
+  bag_size: int          # S of the TST arm
+  params_total: float    # all parameters: more than `params` for an MoE
 
   SIZE_RANGE = 2.0
 
   @classmethod
-  def fit(cls, points, params: float, source: str = "") -> Trend | None:
+  def fit(cls, points, params: float, source: str = "", bag_size: int = 0,
+          params_total: float | None = None) -> Trend | None:
     """Fits (tokens per parameter, speed-up, label) points of a `params`-parameter recipe, None
     with fewer than two distinct tokens per parameter."""
     x = np.log([p[0] for p in points])
@@ -250,25 +295,43 @@ class Trend:
     b, a = np.polyfit(x, [p[1] for p in points], 1)
     return cls(float(a), float(b), float(np.exp(x.min())), float(np.exp(x.max())),
                float(params), tuple((float(p[0]), float(p[1]), str(p[2])) for p in points),
-               source)
+               source, int(bag_size), float(params if params_total is None else params_total))
 
   def covers_size(self, params: float) -> bool:
     return self.params / self.SIZE_RANGE <= params <= self.params * self.SIZE_RANGE
+
+  def covers(self, params: float, params_total: float, bag_size: int) -> bool:
+    """Was the trend measured on a model like this one, at its bag size?"""
+    sparse = params_total > params
+    return (self.covers_size(params) and sparse == (self.params_total > self.params)
+            and bag_size == self.bag_size)
 
   def predict(self, tokens_per_param: float, params: float | None = None) -> float | None:
     """Predicts the speed-up, None outside the measured range or for a model of `params`
     parameters far from the recipe's."""
     if params is not None and not self.covers_size(params):
       return None
-    if not self.low * (1 - 1e-9) <= tokens_per_param <= self.high * (1 + 1e-9):
+    if not self.inside(tokens_per_param):
       return None
     return self.a + self.b * math.log(tokens_per_param)
+
+  def inside(self, tokens_per_param: float) -> bool:
+    return self.low * (1 - 1e-9) <= tokens_per_param <= self.high * (1 + 1e-9)
+
+  def pays_from(self) -> float | None:
+    """Returns the tokens per parameter where the fit crosses 1x, from which TST pays, None
+    where the fit does not grow with length."""
+    return math.exp((1 - self.a) / self.b) if self.b > 0 else None
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
 
   @classmethod
-  def load(cls, path: str) -> Trend:
-    record = fileio.read_json(path)
-    return cls(**{k: record[k] for k in ("a", "b", "low", "high", "params", "source")},
+  def from_json(cls, record: dict) -> Trend:
+    return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name != "points"},
                points=tuple(tuple(p) for p in record["points"]))
+
+  @classmethod
+  def load_all(cls, path: str) -> list[Trend]:
+    """Reads a trends file: {"trends": [...]}, one per TST arm and recipe measured."""
+    return [cls.from_json(r) for r in fileio.read_json(path)["trends"]]

@@ -103,15 +103,16 @@ def format_arms(arms: list[dict], per_run: list[dict]) -> str:
                  f"{','.join(map(str, a['seeds']))} | {_spread_text(a['final_loss'])} | "
                  f"{delta_text(a)} | {speedup_text(a)} |")
   lines += ["", "| run | arm | seed | final eval loss | passes | baselines' loss at equal "
-            "FLOPs | Δ | baselines' FLOPs to equal loss | speed-up | power-law fit |",
-            "|---" * 10 + "|"]
+            "FLOPs | Δ | baselines' FLOPs to equal loss | speed-up | power-law fit | slope s "
+            "| predicted exp(Δ/s) |", "|---" * 12 + "|"]
   for r in per_run:
     lines.append(f"| {r['run']} | {r['arm']} | {r['seed']} | {r['final_loss']:.4f} | "
                  f"{fmt(r['passes'], '.2f')} | {fmt(r['frontier_loss_at_equal_flops'])} | "
                  f"{r['delta_text']} | "
                  f"{'' if r['speedup_bound'] == '=' else r['speedup_bound'] + ' '}"
                  f"{human(r['equal_loss_flops'])} | {r['speedup_text']} | "
-                 f"{fit_text(r)} |")
+                 f"{fit_text(r)} | {fmt(r['slope'], '+.4f')} | "
+                 f"{r['speedup_predicted_text']} |")
   return "\n".join(lines)
 
 

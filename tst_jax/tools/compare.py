@@ -47,7 +47,9 @@ METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished
           "'≤' are bounds past the longest and shortest baseline, or from one baseline). With "
           "three or more lengths a power law E + A·F^-α fitted to them gives a second "
           "speed-up. Both use finished runs, whose learning rate has decayed, never the "
-          "middle of a longer run's curve.")
+          "middle of a longer run's curve. The predicted speed-up is exp(Δ / s), s the "
+          "slope of those final losses per e-fold of FLOPs between the two lengths next to "
+          "the run toward its equal loss ('~': past the frontier's end, the end segment's).")
 
 
 def lengths_to_add(steps: int, have_one: bool = True) -> list[str]:
@@ -93,7 +95,8 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
 
 def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
   """Compares one run with the frontier: Δ at equal FLOPs, the equal-loss speed-up, the power
-  law's, and the row's warnings. Δ is None outside the frontier, where `delta_text` bounds it."""
+  law's, the one the Δ/slope model predicts, and the row's warnings. Δ is None outside the
+  frontier, where `delta_text` bounds it, and then nothing is predicted."""
   delta, delta_bound = frontier.delta(run.final_loss, run.total_flops)
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
@@ -116,6 +119,8 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
   if equal.fit_disagrees:
     warnings.append(f"the power law fitted to the baselines gives {equal.fit:.2f}x, more "
                     f"than {FIT_DISAGREES:.0%} from {equal.text()}")
+  slope = (frontier.slope_at(run.total_flops, delta)
+           if delta_bound == "=" and delta is not None and not run.is_baseline else None)
   return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
               is_baseline=run.is_baseline, frontier=frontier.names,
@@ -124,7 +129,11 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
               delta_text=bounded(delta, delta_bound, "+.4f"),
               equal_loss_flops=equal.flops, speedup=equal.speedup, speedup_bound=equal.bound,
               speedup_text=equal.text() + (" (see the warnings)" if warnings else ""),
-              speedup_fit=equal.fit, warnings=warnings)
+              speedup_fit=equal.fit, slope=slope.value if slope else None,
+              slope_bracket=slope.bracket if slope else None,
+              speedup_predicted=slope.speedup(delta) if slope else None,
+              speedup_predicted_text=slope.text(delta) if slope else "--",
+              warnings=warnings)
 
 
 def bounded(x, bound: str, form: str) -> str:
@@ -192,13 +201,15 @@ def report_head(title: str, command: str = "") -> list[str]:
 def format_table(rows: list[dict]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | passes | final eval loss | "
            "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) | "
-           "power-law fit |", "|---" * 11 + "|"]
+           "power-law fit | slope s per e-fold of FLOPs | predicted exp(Δ/s) |",
+           "|---" * 13 + "|"]
   for row in rows:
     lines.append(f"| {row['run']} | {row['r']:g} | {row['S']} | {row['steps']} | "
                  f"{human(row['flops'])} | {human(row['data_tokens'])} | "
                  f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | "
                  f"{row['delta_text']} | {row['speedup_text']} | "
-                 f"{fit_text(row)} |")
+                 f"{fit_text(row)} | {fmt(row['slope'], '+.4f')} | "
+                 f"{row['speedup_predicted_text']} |")
   curve = next((r["curve"] for r in rows if r.get("curve")), None)
   if curve:
     lines += ["", f"Equal data (figure 2, right): {curve}'s eval curve after as many data "

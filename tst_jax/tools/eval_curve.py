@@ -94,10 +94,15 @@ def differs(run: EvalCurve, other: EvalCurve) -> str:
 def identity_of(workdir: str, plan: Plan) -> dict:
   """Returns what a baseline must share with a run: every field of its config.json but FREE_FIELDS,
   its store's fingerprint and its model's parameter counts."""
-  flat = {}
-  _flatten(workdir_lib.read_config_json(workdir) or {}, "", flat)
-  flat = {k: v for k, v in flat.items() if not k.startswith(FREE_FIELDS)}
   fingerprint = (workdir_lib.read_store(workdir) or {}).get("fingerprint")
+  return config_identity(workdir_lib.read_config_json(workdir) or {}, plan, fingerprint)
+
+
+def config_identity(config: dict, plan: Plan, fingerprint: str | None = None) -> dict:
+  """Returns `identity_of` a run of the `config` record (config.json's contents) and `plan`."""
+  flat = {}
+  _flatten(config, "", flat)
+  flat = {k: v for k, v in flat.items() if not k.startswith(FREE_FIELDS)}
   if fingerprint:
     flat[FINGERPRINT] = fingerprint
   return flat | {"parameters": plan.params_total, "active parameters": plan.params_active}

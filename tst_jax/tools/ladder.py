@@ -1,214 +1,388 @@
-r"""The speed-up ladder: TST's equal-loss speed-up against run length, measured on one GPU.
+r"""The speed-up ladder: TST's equal-loss speed-up against run length, a rung per lent GPU call.
 
-  python -m tst_jax.tools.ladder --config configs/gpu_small.py --workdir runs/ladder \
-      --lengths 1k,2k,4k --seeds 0 --parallel 4 --deadline_s 540
+  python -m tst_jax.tools.ladder --ladder moe,dense --workdir runs/ladder --plan_only \
+      --budget_s 330                     # on any machine: the points, what is missing, and
+                                         # the one call that adds the most
+  python -m tst_jax.tools.ladder --ladder moe --workdir runs/ladder --points <as named> \
+      --deadline_s 320 --budget_s 330 --set data.source='text:...'    # that call, on a GPU
+  python -m tst_jax.tools.ladder --config configs/cpu_ladder.py --workdir runs/cpu_ladder \
+      --lengths 2k,4k --baseline_factors 0.5,1 --seeds 0          # a ladder of one's own
 
-For each length T it trains the config's TST arm, --tst_arm, for T steps and baselines of
-T/2, T, 1.5T and 2T steps, --baseline_factors, so that the frontier covers both sides of the
-TST run, whether it ends ahead or behind. Every run is a point of `tools.sweep` in W. Finished
-points are skipped and interrupted ones resume from their checkpoints, so one call of at most
-ten minutes is followed by the same command until every point is done. --deadline_s stops the
-running points with a checkpoint in time.
+A ladder (tools/ladder_plan.py: the named ones, or one of --config and --lengths) trains, at
+each length T, its TST arms for T steps and baselines of T times each factor, every run a point
+of `tools.sweep` in the ladder's workdir (W/<name> for a named one). Finished points are
+skipped, interrupted ones resume from their checkpoints, and --deadline_s stops the running
+ones with a checkpoint in time. Finished points brought back from other machines (records
+only) join with --finished, and runs whose records were not kept with the ladder's `results`:
+their sweep's results.json, each row matched to today's config of its arm by S, r, steps and
+FLOPs.
 
-Each TST run's equal-loss speed-up is measured against the finished baselines of its seed by
-tst_jax/analysis/frontier.py, at its tokens per parameter: B·L positions of every step over
-the active parameters. Writes W/ladder.{md,json,png} with every point, the fit and its plot,
-W/results.md with the sweep's table of every arm, and W/speedup_trend.json: speed-up ≈
-a + b·ln(tokens per parameter) over the measured range. The plan's "where TST pays" line reads
-that file as tst_jax/train/speedup_trend.json.
+Each TST run is measured against the finished baselines of its seed that match it
+(tools/compare.py): Δ at equal FLOPs, the equal-loss speed-up, and next to it the speed-up the
+Δ/slope model predicts from Δ and the baselines' slope, at its tokens per parameter (B·L
+positions of every step over the active parameters). A one-seed Δ inside twice gpu_small's
+seed spread gets a second seed planned. Per TST bag size, the exact speed-ups of the finished
+rungs give speed-up ≈ a + b·ln(tokens per parameter) over their range. Writes W/ladder.{md,
+json,png} and W/speedup_trends.json: the shipped trends with these in place of their recipe's,
+to copy over tst_jax/train/speedup_trends.json, which the plan's "where TST pays" line reads.
+With --budget_s and the ladder's rate, the missing points are packed into calls of that many
+seconds (tools/ladder_plan.py), and the next call of the ladder that adds the most is named.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import shlex
 import sys
+import time
 
 import numpy as np
 
 from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import arms, compare, sweep
+from tst_jax.tools.eval_curve import EvalCurve, config_identity
+from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, call_seconds,
+                                       corpus_bytes, needs_second_seed, noise_text, pack_calls,
+                                       rung_arms)
 from tst_jax.tools.sweep.points import POINT_FILE
 from tst_jax.tools.sweep.report import finished_arm_runs
-from tst_jax.train import defaults
+from tst_jax.train import defaults, outlook
 from tst_jax.train.plan import Plan
 from tst_jax.train.workdir import final_eval
 
 
-def ladder_arms(lengths: list[str], factors: list[float], tst_arm: str = "tst"
-                ) -> tuple[list[str], list[str]]:
-  """(TST arms, baseline arms) of the ladder: the TST arm at each length ('2k' or 's2+2k'),
-  and baselines of every length times every factor, without repeats, shortest first."""
-  steps = [defaults.arm_steps(length) for length in lengths]
-  bad = [length for length, n in zip(lengths, steps) if not n]
-  if bad:
-    raise errors.ConfigError("--lengths", f"{bad}: give lengths as <N>k (2k, 1.5k, 0.45k)")
-  tst = [length if tst_arm == "tst" else f"{tst_arm}+{length}" for length in lengths]
-  base = sorted({round(n * f) for n in steps for f in factors})
-  return tst, [f"baseline+{defaults.steps_arm(n)}" for n in base]
+def make_rungs(ladder: Ladder, seeds: list[int], sets: list[str]
+               ) -> tuple[list[Rung], dict[str, Plan]]:
+  """Returns the ladder's rungs for each seed and the plan of every point by name. A sized
+  ladder gives a rung the corpus its largest run needs (ladder_plan.corpus_bytes)."""
+  _, spec = sweep.resolve(ladder.config, sets)
+  arm_plans: dict[str, Plan] = {}
+
+  def plan_of(arm: str) -> Plan:
+    if arm not in arm_plans:
+      point = sweep.make_arm_points([arm], [0])[0]
+      arm_plans[arm] = sweep.resolve(point.config_arg(ladder.config), sets)[1].plan
+    return arm_plans[arm]
+
+  rungs, own = [], spec.data.max_bytes
+  for length in ladder.lengths:
+    tst, base = rung_arms(length, ladder.tst_arms, ladder.factors, spec.plan.total_steps)
+    size = own
+    if ladder.sized and own > 0:
+      most = max(plan_of(a).data_tokens_total for a in tst + base)
+      size = corpus_bytes(most, own, spec.data.val_fraction)
+      if size != own:
+        tst, base = rung_arms(length, ladder.tst_arms, ladder.factors, spec.plan.total_steps,
+                              f"{size / 1e6:.0f}mb")
+    rungs += [Rung(length, seed, tuple(tst), tuple(base), size) for seed in seeds]
+  plans = {p.name: plan_of(p.arm) for r in rungs for p in sweep.make_arm_points(
+      list(r.arms), [r.seed])}
+  return rungs, plans
 
 
-def run_order(tst: list[str], base: list[str]) -> list[str]:
-  """Rung by rung, shortest first: each TST arm, then the baselines up to twice its length
-  not yet listed, so that a call cut short leaves whole rungs."""
-  order = []
-  for arm in sorted(tst, key=lambda a: defaults.arm_steps(a.split("+")[-1])):
-    top = 2 * defaults.arm_steps(arm.split("+")[-1])
-    order += [arm] + [b for b in base if b not in order
-                      and defaults.arm_steps(b.split("+")[-1]) <= top]
-  return order + [b for b in base if b not in order]
-
-
-def ladder_points(workdir: str, tst_arms: list[str]) -> tuple[list[dict], list[str]]:
-  """(one record per finished TST run of `tst_arms`, notes): its tokens per parameter, final
-  loss, Δ at equal FLOPs and speed-up against the finished baselines of its seed."""
-  runs, _ = finished_arm_runs(workdir)
-  plans = {run.name: run.plan for _, _, run in runs}
-  _, per_run, notes = arms.summarize_arms(runs)
-  points = [dict(arm=r["arm"], seed=r["seed"], run=r["run"], steps=r["steps"],
-                 tokens_per_param=plans[r["run"]].tokens_per_param,
-                 params=plans[r["run"]].params_active, final_loss=r["final_loss"],
-                 delta_equal_flops=r["delta_equal_flops"], speedup=r["speedup"],
-                 speedup_bound=r["speedup_bound"], speedup_text=r["speedup_text"],
-                 baselines=r["frontier"])
-            for r in per_run if r["arm"] in tst_arms]
-  return sorted(points, key=lambda p: (p["tokens_per_param"], p["seed"])), notes
-
-
-def unfinished_points(workdir: str, arms: list[str], seeds: list[int]) -> list[str]:
-  """Lists the ladder's points, of every arm and seed, that have no final eval."""
-  left = []
-  for point in sweep.make_arm_points(arms, seeds):
-    meta = fileio.join(workdir, point.name, POINT_FILE)
-    if not fileio.isfile(meta):
-      left.append(point.name)
-      continue
-    steps = Plan.from_json(fileio.read_json(meta)["plan"]).total_steps
-    if final_eval(fileio.join(workdir, point.name), steps) is None:
-      left.append(point.name)
-  return left
-
-
-def rungs(tst: list[str], factors: list[float]) -> dict[str, list[str]]:
-  """Maps each TST arm's length to the arms its speed-up needs: itself and its baselines."""
-  out = {}
-  for arm in tst:
-    length = arm.split("+")[-1]
-    steps = defaults.arm_steps(length)
-    out[length] = [arm] + [f"baseline+{defaults.steps_arm(round(steps * f))}"
-                           for f in factors]
+def results_runs(path: str, ladder: Ladder, rungs: list[Rung]) -> list[tuple[str, int, EvalCurve]]:
+  """Reads (arm, seed, run) of each row of a sweep's results.json that matches an arm of the
+  ladder's config today in S, r, steps and FLOPs, named and identified as that arm: runs kept
+  as their final losses only. Its baselines of every length count, the rungs' TST arms only."""
+  record = fileio.read_json(path)
+  words = shlex.split(record.get("command", ""))
+  sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+  default = sweep.resolve(ladder.config, sets)[1].plan.total_steps
+  # The baseline arm of each row's length, as a rung names it.
+  candidates = {a for r in rungs for a in r.tst} | {
+      rung_arms(defaults.steps_arm(row["steps"]), (), (1,), default)[1][0]
+      for row in record["runs"]}
+  out = []
+  for arm in sorted(candidates):
+    point = sweep.make_arm_points([arm], [0])[0]
+    config, spec = sweep.resolve(point.config_arg(ladder.config), sets)
+    plan = spec.plan
+    identity = config_identity(json.loads(config.to_json_best_effort()), plan)
+    for row in record["runs"]:
+      if (row["r"] == plan.ratio and row["S"] == plan.phases[0].bag_size
+          and row["steps"] == plan.total_steps
+          and abs(row["flops"] / plan.flops_total - 1) < 1e-9):
+        name = sweep.make_arm_points([arm], [row["seed"]])[0].name
+        out.append((arm, row["seed"], EvalCurve(
+            name, path, np.array([row["steps"]], float), np.array([row["final_loss"]]),
+            np.array([row["data_tokens"]], float), plan, identity=identity)))
   return out
 
 
-def next_call(rung_arms: dict[str, list[str]], missing: set[str], seeds: list[int],
-              budget_s: float, estimate) -> str:
-  """Spells the one call that completes the most rungs: the shortest rungs first while the
-  `estimate(names)` seconds of their `missing` points fit `budget_s`."""
-  chosen, names = [], []
-  for length, needed in sorted(rung_arms.items(), key=lambda kv: defaults.arm_steps(kv[0])):
-    todo = [p.name for p in sweep.make_arm_points(needed, seeds)
-            if p.name in missing and p.name not in names]
-    if not todo and all(p.name not in missing for p in sweep.make_arm_points(needed, seeds)):
-      continue                                         # finished already
-    if estimate(names + todo) <= budget_s:
-      chosen.append(length)
-      names += todo
-  if not chosen:
-    return (f"No rung's missing points fit {budget_s:.0f} s: ask for more time, or a shorter "
-            "--lengths.")
-  return (f"Next call: LENGTHS={','.join(chosen)} (rungs at {', '.join(chosen)}: "
-          f"{', '.join(names) or 'nothing to train'}; about {estimate(names):.0f} s of "
-          f"{budget_s:.0f}).")
+def finished_runs(workdir: str, ladder: Ladder, rungs: list[Rung]) -> list:
+  """Lists (arm, seed, run) of every finished run of the ladder: its workdir's, then the rows
+  of its results files that the workdir does not hold."""
+  runs, _ = finished_arm_runs(workdir)
+  have = {run.name for _, _, run in runs}
+  for path in ladder.results:
+    runs += [r for r in results_runs(path, ladder, rungs) if r[2].name not in have]
+  return runs
 
 
-def fit(points: list[dict], source: str) -> Trend | None:
-  """Fits the trend over the exact speed-ups at the recipe's model size, which every point of a
-  ladder shares. Bounds are shown, not fitted."""
-  exact = [(p["tokens_per_param"], p["speedup"], f"{p['arm']} seed {p['seed']}")
-           for p in points if p["speedup"] is not None and p["speedup_bound"] == "="]
-  return Trend.fit(exact, points[0]["params"], source) if exact else None
-
-
-def write(workdir: str, points: list[dict], notes: list[str], trend: Trend | None,
-          command: str, unfinished: list[str], advice: str = "") -> dict:
-  """Writes W/ladder.{json,md,png} and, with a trend, W/speedup_trend.json. Returns the paths."""
-  paths = {k: fileio.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
-  fileio.write_json(paths["json"], dict(command=command, method=compare.METHOD, points=points,
-                                        notes=notes, unfinished=unfinished,
-                                        trend=trend.to_json() if trend else None))
-  if trend is not None:
-    paths["trend"] = fileio.join(workdir, "speedup_trend.json")
-    fileio.write_json(paths["trend"], trend.to_json())
-  lines = compare.report_head("The speed-up ladder: equal-loss speed-up against run length",
-                              command)
-  lines += [compare.METHOD, "",
-            "| run | arm | seed | steps | tokens per parameter | final eval loss | Δ at equal "
-            "FLOPs | equal-loss speed-up | baselines |", "|---" * 9 + "|"]
+def ladder_points(runs: list, rungs: list[Rung]) -> tuple[list[dict], list[str]]:
+  """Returns a record per finished TST run of the rungs, and the notes: its tokens per
+  parameter, final loss, Δ at equal FLOPs, measured and predicted speed-up against the
+  baselines of its seed and corpus, and whether its Δ stands out of the seed noise."""
+  by_name = {run.name: run for _, _, run in runs}
+  rung_of = {p: r for r in rungs for p in r.points[:len(r.tst)]}
+  _, per_run, notes = arms.summarize_arms(runs)
+  points = []
+  for row in per_run:
+    if row["run"] not in rung_of:
+      continue
+    plan, rung = by_name[row["run"]].plan, rung_of[row["run"]]
+    points.append(dict(
+        arm=row["arm"], seed=row["seed"], run=row["run"], length=rung.length, S=row["S"],
+        steps=row["steps"], tokens_per_param=plan.tokens_per_param,
+        params=plan.params_active, params_total=plan.params_total, passes=row["passes"],
+        final_loss=row["final_loss"], delta_equal_flops=row["delta_equal_flops"],
+        delta_text=row["delta_text"], speedup=row["speedup"],
+        speedup_bound=row["speedup_bound"], speedup_text=row["speedup_text"],
+        slope=row["slope"], speedup_predicted=row["speedup_predicted"],
+        speedup_predicted_text=row["speedup_predicted_text"], baselines=row["frontier"],
+        rung_done=all(p in by_name for p in rung.points)))
   for p in points:
-    lines.append(f"| {p['run']} | {p['arm']} | {p['seed']} | {p['steps']} | "
-                 f"{p['tokens_per_param']:.3g} | {p['final_loss']:.4f} | "
-                 f"{compare.fmt(p['delta_equal_flops'], '+.4f')} | {p['speedup_text']} | "
-                 f"{', '.join(p['baselines'])} |")
-  lines.append("")
-  if unfinished:
-    lines.append(f"Missing: {', '.join(unfinished)} (not run, or interrupted: the same "
-                 "command on a warm machine resumes those). No trend is fitted until every "
-                 "run is finished (a missing long baseline turns a speed-up into a bound).")
-  elif trend is None:
-    lines.append("No trend: it needs exact speed-ups at two or more tokens per parameter.")
-  else:
-    lines.append(f"Trend: speed-up ≈ {trend.a:.3f} {trend.b:+.3f} · ln(tokens per parameter), "
-                 f"least squares over {len(trend.points)} runs from {trend.low:.3g} to "
-                 f"{trend.high:.3g} tokens per parameter (W/speedup_trend.json).")
-  lines += [advice] if advice else []
-  lines += [f"Note: {n}" for n in notes]
+    p["noise"] = noise_text([q["delta_equal_flops"] for q in points
+                             if q["arm"] == p["arm"] and q["delta_equal_flops"] is not None])
+  # Baselines of another rung's corpus are no baselines of these runs, by design: counted.
+  kept = [n for n in notes if "data.max_bytes differs" not in n]
+  if len(kept) < len(notes):
+    kept.append(f"{len(notes) - len(kept)} pairs of runs on corpora of other sizes are not "
+                "compared: each rung is measured against baselines on its own corpus")
+  return sorted(points, key=lambda p: (p["tokens_per_param"], p["S"], p["seed"])), kept
+
+
+def second_seed_rungs(rungs: list[Rung], points: list[dict]) -> list[Rung]:
+  """Lists seed-1 copies of the seed-0 rungs with a TST run whose Δ is inside the seed noise,
+  where the rung has no second seed yet."""
+  seeds = {(r.length, r.seed) for r in rungs}
+  out = []
+  for rung in rungs:
+    mine = [p for p in points if p["length"] == rung.length and p["seed"] == rung.seed]
+    if (rung.seed == 0 and (rung.length, 1) not in seeds and mine
+        and any(needs_second_seed(p["delta_equal_flops"]) for p in mine)):
+      out.append(Rung(rung.length, 1, rung.tst, rung.baselines, rung.corpus_bytes))
+  return out
+
+
+def fit_trends(points: list[dict], source: str) -> list[Trend]:
+  """Fits a trend per bag size over the exact speed-ups of the finished rungs."""
+  trends = []
+  for S in sorted({p["S"] for p in points}):
+    exact = [p for p in points if p["S"] == S and p["rung_done"]
+             and p["speedup"] is not None and p["speedup_bound"] == "="]
+    trend = exact and Trend.fit([(p["tokens_per_param"], p["speedup"],
+                                  f"{p['arm']} seed {p['seed']}") for p in exact],
+                                exact[0]["params"], source, S, exact[0]["params_total"])
+    trends += [trend] if trend else []
+  return trends
+
+
+def merged_trends(trends: list[Trend]) -> list[Trend]:
+  """Returns the shipped trends, each replaced by the one of `trends` of its recipe and S."""
+  key = lambda t: (t.params, t.params_total, t.bag_size)
+  mine = {key(t) for t in trends}
+  return [t for t in outlook.measured_trends() if key(t) not in mine] + trends
+
+
+def unfinished_points(workdir: str, names: list[str], have: set[str]) -> list[str]:
+  """Lists the points of `names` that are neither in `have` nor finished in `workdir`."""
+  left = []
+  for name in names:
+    meta = fileio.join(workdir, name, POINT_FILE)
+    if name in have:
+      continue
+    if not fileio.isfile(meta):
+      left.append(name)
+    elif final_eval(fileio.join(workdir, name),
+                    Plan.from_json(fileio.read_json(meta)["plan"]).total_steps) is None:
+      left.append(name)
+  return left
+
+
+def check_budget(args, ladder: Ladder, rungs: list[Rung], plans: dict, wanted: list[str]):
+  """Refuses, in one line and before anything runs, points that do not fit --budget_s at the
+  ladder's rate (nothing to check without both)."""
+  rate = args.rate or ladder.rate
+  if not (args.budget_s and rate):
+    return
+  rung_of = {p: r for r in rungs for p in r.points}
+  names = [n for n in wanted or rung_of if n in rung_of]
+  need = call_seconds(names, rung_of, plans, args.parallel or ladder.parallel, rate)
+  if need > args.budget_s:
+    raise SystemExit(f"budget: {len(names)} points need about {need:.0f} s at {rate:.3g} "
+                     f"FLOP/s, more than the call's {args.budget_s:.0f} s: name fewer "
+                     "(--points, as --plan_only advises)")
+
+
+def train(args, ladder: Ladder, workdir: str, rungs: list[Rung], wanted: list[str]) -> int:
+  """Trains the points `wanted` (all the rungs' when empty) with `tools.sweep`, the points of
+  one seed at a time, within --deadline_s. Returns the sweep's status."""
+  points = {p.name: p for r in rungs for p in sweep.make_arm_points(list(r.arms), [r.seed])}
+  names = wanted or list(points)
+  unknown = [n for n in names if n not in points]
+  if unknown:
+    raise errors.ConfigError("--points", f"{unknown}: not points of the ladder "
+                             f"{ladder.name or ladder.config} (its: {', '.join(points)})")
+  start, status = time.time(), 0
+  for seed in sorted({points[n].seed for n in names}):
+    order = [points[n].arm for n in names if points[n].seed == seed]
+    left = None if args.deadline_s is None else args.deadline_s - (time.time() - start)
+    if left is not None and left < 1:
+      break
+    status |= sweep.main(
+        ["--config", ladder.config, "--workdir", workdir, "--arms", ",".join(order),
+         "--seeds", str(seed), "--parallel", str(args.parallel or ladder.parallel),
+         *(["--deadline_s", str(left)] if left is not None else []),
+         *(x for s in args.set for x in ("--set", s))])
+  return status
+
+
+def plan_calls(args, ladder: Ladder, rungs: list[Rung], plans: dict, missing: list[str]
+               ) -> tuple[list[Call], list[str]]:
+  """Packs the missing points into calls of --budget_s at the ladder's rate (--rate)."""
+  rate = args.rate or ladder.rate
+  if not (missing and rate and args.budget_s):
+    return [], []
+  rung_of = {p: r for r in rungs for p in r.points}
+  parallel = args.parallel or ladder.parallel
+  seconds = lambda names: call_seconds(names, rung_of, plans, parallel, rate)
+  return pack_calls(rungs, set(missing), seconds, args.budget_s)
+
+
+def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
+          trends: list[Trend], command: str, missing: list[str], plan_lines: list[str]) -> dict:
+  """Writes W/ladder.{json,md,png}. Returns the paths."""
+  paths = {k: fileio.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
+  fileio.write_json(paths["json"], dict(
+      command=command, ladder=ladder.name, config=ladder.config, method=compare.METHOD,
+      points=points, notes=notes, unfinished=missing,
+      trends=[t.to_json() for t in trends]))
+  title = f"The speed-up ladder{' ' + ladder.name if ladder.name else ''} ({ladder.config})"
+  lines = compare.report_head(f"{title}: equal-loss speed-up against run length", command)
+  lines += [compare.METHOD, "", format_points(points), ""]
+  if not trends:
+    lines.append("No trend: it needs exact speed-ups of finished rungs at two or more tokens "
+                 "per parameter.")
+  for t in trends:
+    pays = t.pays_from()
+    lines.append(f"Trend, S = {t.bag_size}: speed-up ≈ {t.a:.3f} {t.b:+.3f} · ln(tokens per "
+                 f"parameter), least squares over {len(t.points)} runs from {t.low:.3g} to "
+                 f"{t.high:.3g} tokens per parameter; 1x at "
+                 + ("no length (it does not grow)" if pays is None else
+                    f"{pays:.3g} tokens per parameter") + ".")
+  lines += plan_lines + [f"Note: {n}" for n in notes]
   lines += ["", f"![speed-up against tokens per parameter]({fileio.basename(paths['png'])})",
             ""]
   fileio.write_text(paths["md"], "\n".join(lines))
-  plot(points, trend, paths["png"])
+  plot(points, trends, paths["png"])
   return paths
 
 
-def plot(points: list[dict], trend: Trend | None, out_path: str):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(7, 4.6))
-  ax.axhline(1.0, color="gray", lw=1, ls=":")
-  marker = {"=": "o", ">": "^", "≤": "v"}
+def format_points(points: list[dict]) -> str:
+  lines = ["| run | S | seed | steps | tokens per parameter | passes | final eval loss | Δ at "
+           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seed "
+           "noise | baselines |", "|---" * 13 + "|"]
   for p in points:
-    if p["speedup"] is not None:
-      ax.plot(p["tokens_per_param"], p["speedup"], marker[p["speedup_bound"]], color="tab:blue")
-  if trend is not None:
-    x = np.geomspace(trend.low, trend.high, 50)
-    ax.plot(x, trend.a + trend.b * np.log(x), "-", color="tab:orange",
-            label=f"{trend.a:.2f} {trend.b:+.2f} ln(x)")
-    ax.legend(fontsize=8)
-  ax.set_xscale("log")
-  ax.set_xlabel("tokens per parameter (the run's B·L positions / active parameters)")
-  ax.set_ylabel("equal-loss speed-up vs finished baselines")
-  ax.set_title("TST speed-up against run length (^ lower, v upper bounds)")
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fileio.write_figure(out_path, fig)
-  plt.close(fig)
+    lines.append(f"| {p['run']} | {p['S']} | {p['seed']} | {p['steps']} | "
+                 f"{p['tokens_per_param']:.3g} | {compare.fmt(p['passes'], '.2f')} | "
+                 f"{p['final_loss']:.4f} | {p['delta_text']} | "
+                 f"{compare.fmt(p['slope'], '+.4f')} | {p['speedup_predicted_text']} | "
+                 f"{p['speedup_text']} | {p['noise']} | {', '.join(p['baselines'])} |")
+  return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
+def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
+              too_long: list[tuple[str, float]], extra: list[Rung]) -> list[str]:
+  """Says what is missing and which calls finish it, as the report's lines."""
+  lines = [""]
+  if not missing:
+    return lines + ["Every point of the ladder is finished."]
+  lines.append(f"Missing: {', '.join(missing)}.")
+  if extra:
+    lines.append("Second seeds planned (a one-seed Δ inside the noise): "
+                 f"{', '.join(r.label for r in extra)}.")
+  if not calls and not too_long:
+    return lines + ["No calls planned: give --budget_s (and --rate for a ladder without one)."]
+  rate = args.rate or ladder.rate
+  lines.append(f"Calls of at most {args.budget_s:.0f} s at {rate:.3g} FLOP/s, "
+               f"{args.parallel or ladder.parallel} runs at a time, each rung's corpus "
+               "tokenized once per call:")
+  for i, call in enumerate(calls):
+    done = f"; completes {', '.join(call.completes)}" if call.completes else ""
+    lines.append(f"{i + 1}. POINTS={','.join(call.points)}: about {call.seconds:.0f} s{done}")
+  if too_long:
+    lines.append(f"Too long for one call of {args.budget_s:.0f} s, each alone: "
+                 f"{', '.join(f'{n} (about {s:.0f} s)' for n, s in too_long)}: a faster step, a "
+                 "longer call, or a shorter baseline factor.")
+  return lines
+
+
+def measure(workdir: str, ladder: Ladder, rungs: list[Rung], plans: dict, sets: list[str]):
+  """Measures the ladder as its finished runs stand. Returns (its rungs with the second seeds
+  they need, their plans, the finished runs, the points, the notes, the second-seed rungs)."""
+  runs = finished_runs(workdir, ladder, rungs)
+  points, notes = ladder_points(runs, rungs)
+  extra = second_seed_rungs(rungs, points)
+  if extra:
+    more, more_plans = make_rungs(ladder, [1], sets)
+    extra = [r for r in more if r.length in {e.length for e in extra}]
+    rungs, plans = rungs + extra, plans | more_plans
+    points, notes = ladder_points(runs, rungs)
+  return rungs, plans, runs, points, notes, extra
+
+
+def run_ladder(args, ladder: Ladder, workdir: str, command: str
+               ) -> tuple[int, Call | None, list[Trend]]:
+  """Trains (unless --plan_only), reports and plans one ladder. Returns (status, next call,
+  trends)."""
+  fileio.check_output(workdir, "--workdir", "a ladder's workdir",   # before any point
+                      fileio.RUN_STORES)
+  fileio.makedirs(workdir)
+  seeds = [int(x) for x in args.seeds.split(",")]
+  for folder in list(ladder.finished) + args.finished:
+    names = sweep.bring_back(folder, workdir)
+    print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
+  rungs, plans = make_rungs(ladder, seeds, args.set)
+  status = 0
+  if not args.plan_only:
+    more, more_plans = measure(workdir, ladder, rungs, plans, args.set)[:2]
+    wanted = [n for n in args.points.split(",") if n]
+    check_budget(args, ladder, more, more_plans, wanted)
+    status = train(args, ladder, workdir, more, wanted)
+  rungs, plans, runs, points, notes, extra = measure(workdir, ladder, rungs, plans, args.set)
+  have = {run.name for _, _, run in runs}
+  missing = unfinished_points(workdir, list(dict.fromkeys(
+      p for r in rungs for p in r.points)), have)
+  calls, too_long = plan_calls(args, ladder, rungs, plans, missing)
+  trends = fit_trends(points, f"{command}; {datetime.date.today().isoformat()}")
+  paths = write(workdir, ladder, points, notes, trends, command, missing,
+                plan_text(ladder, args, missing, calls, too_long, extra))
+  print(fileio.read_text(paths["md"]))
+  return status, calls[0] if calls else None, trends
+
+
+def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m tst_jax.tools.ladder", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="config file[:arg], e.g. configs/gpu_small.py")
+  p.add_argument("--ladder", default="",
+                 help=f"comma list of named ladders ({', '.join(LADDERS)}), each in "
+                      "W/<name>; else --config and --lengths make one in W")
+  p.add_argument("--config", default="", help="config file[:arg], e.g. configs/gpu_small.py")
   p.add_argument("--workdir", required=True,
                  help="one subdirectory per run, the reports here: a folder or a bucket's URL")
   p.add_argument("--lengths", default="1k,2k,4k", help="TST run lengths, <N>k each")
   p.add_argument("--baseline_factors", default="0.5,1,1.5,2",
                  help="baselines of each length times these (the frontier around each TST run)")
-  p.add_argument("--tst_arm", default="tst", help="the TST arm at every length (e.g. s2)")
+  p.add_argument("--tst_arms", default="tst", help="the TST arms at every length (e.g. tst,s4)")
   p.add_argument("--seeds", default="0", help="comma list")
-  p.add_argument("--parallel", type=int, default=1, help="runs at once (subprocesses)")
+  p.add_argument("--parallel", type=int, default=None,
+                 help="runs at once (subprocesses); default the ladder's, else 1")
+  p.add_argument("--points", default="",
+                 help="comma list of the points to train (as a plan names them); default all")
   p.add_argument("--deadline_s", type=float, default=None,
                  help="stop the running points with a checkpoint after this many seconds")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -217,56 +391,77 @@ def main(argv=None) -> int:
                  help="finished points brought back from another machine (records, no "
                       "checkpoints: tools.sweep --finished), counted as W's own")
   p.add_argument("--rate", type=float, default=None, metavar="FLOP/S",
-                 help="with --budget_s: the FLOP/s of the device, to say which one call "
-                      "of --budget_s seconds completes the most rungs")
-  p.add_argument("--budget_s", type=float, default=None, help="seconds one call trains")
+                 help="the FLOP/s the runs get together on the device (default: the named "
+                      "ladder's, measured)")
+  p.add_argument("--budget_s", type=float, default=None,
+                 help="seconds one call trains: pack the missing points into such calls")
   p.add_argument("--plan_only", action="store_true",
-                 help="train nothing: bring back --finished, report, say what is missing")
-  args = p.parse_args(argv)
-  fileio.check_output(args.workdir, "--workdir", "a ladder's workdir",   # before any point
-                      fileio.RUN_STORES)
-  factors = [float(f) for f in args.baseline_factors.split(",")]
-  tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
-  order = run_order(tst, base)
-  for folder in args.finished:
-    names = sweep.bring_back(folder, args.workdir)
-    print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
-  sweep_argv = ["--config", args.config, "--workdir", args.workdir, "--arms", ",".join(order),
-                "--seeds", args.seeds, "--parallel", str(args.parallel),
-                *(["--deadline_s", str(args.deadline_s)] if args.deadline_s else []),
-                *(x for s in args.set for x in ("--set", s))]
-  status = 0 if args.plan_only else sweep.main(sweep_argv)
+                 help="train nothing: bring back --finished, report, plan the calls")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  args = parse_args(argv)
   command = compare.command_line("tst_jax.tools.ladder", argv)
-  points, notes = ladder_points(args.workdir, tst)
-  seeds = [int(x) for x in args.seeds.split(",")]
-  unfinished = unfinished_points(args.workdir, order, seeds)
-  trend = None if unfinished else fit(points, _source(command))   # no half-measured fit
-  paths = write(args.workdir, points, notes, trend, command, unfinished,
-                _advice(args, rungs(tst, factors), unfinished, seeds))
-  print(fileio.read_text(paths["md"]))
+  names = [n for n in args.ladder.split(",") if n]
+  unknown = [n for n in names if n not in LADDERS]
+  if unknown or not (names or args.config):
+    raise errors.ConfigError("--ladder", f"{unknown or 'none'}: give named ladders "
+                             f"({', '.join(LADDERS)}) or --config")
+  if names:
+    ladders = [(LADDERS[n], fileio.join(args.workdir, n)) for n in names]
+  else:
+    ladders = [(Ladder("", args.config, tuple(x for x in args.lengths.split(",") if x),
+                       tuple(args.tst_arms.split(",")),
+                       tuple(float(f) for f in args.baseline_factors.split(",")),
+                       rate=args.rate, parallel=1, sized=False), args.workdir)]
+  status, next_calls, trends = 0, {}, []
+  for ladder, workdir in ladders:
+    code, call, fitted = run_ladder(args, ladder, workdir, command)
+    status, next_calls[ladder.name], trends = status | code, call, trends + fitted
+  if trends:
+    fileio.write_json(fileio.join(args.workdir, "speedup_trends.json"),
+                      dict(trends=[t.to_json() for t in merged_trends(trends)]))
+  best = best_call(next_calls)
+  if best is not None:
+    call = next_calls[best]
+    done = f"; completes {', '.join(call.completes)}" if call.completes else ""
+    print(f"Next call: {'LADDER=' + best + ' ' if best else ''}"
+          f"POINTS={','.join(call.points)} (about {call.seconds:.0f} s of "
+          f"{args.budget_s:.0f}{done}).")
   return status
 
 
-def _source(command: str) -> str:
-  import jax   # pylint: disable=import-outside-toplevel  (costly: only for the trend's source)
-  return f"{command}; {jax.devices()[0].device_kind}; {datetime.date.today().isoformat()}"
+def plot(points: list[dict], trends: list[Trend], out_path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
 
-
-def _advice(args, rung_arms: dict[str, list[str]], unfinished: list[str],
-            seeds: list[int]) -> str:
-  """Which one call of --budget_s seconds at --rate completes the most rungs ('' without)."""
-  if not unfinished or not (args.rate and args.budget_s):
-    return ""
-  plans = {}
-  for point in sweep.make_arm_points(sorted({a for v in rung_arms.values() for a in v}), seeds):
-    if point.name in unfinished:
-      plans[point.name] = sweep.resolve(point.config_arg(args.config),
-                                        point.overrides(args.set))[1].plan
-  estimate = lambda names: sweep.estimate_s([plans[n] for n in names], args.parallel,
-                                            args.rate, sweep.OVERHEAD_S)
-  return (f"At {args.rate:.3g} FLOP/s and {sweep.OVERHEAD_S:.0f} s per wave of "
-          f"{args.parallel}: " + next_call(rung_arms, set(plans), seeds, args.budget_s,
-                                            estimate))
+  fig, ax = plt.subplots(figsize=(7, 4.6))
+  ax.axhline(1.0, color="gray", lw=1, ls=":")
+  marker = {"=": "o", ">": "^", "≤": "v"}
+  colors = {S: plt.cm.tab10(i) for i, S in enumerate(sorted({p["S"] for p in points}))}
+  for p in points:
+    if p["speedup"] is not None:
+      ax.plot(p["tokens_per_param"], p["speedup"], marker[p["speedup_bound"]],
+              color=colors[p["S"]])
+    if p["speedup_predicted"] is not None:
+      ax.plot(p["tokens_per_param"], p["speedup_predicted"], "x", color=colors[p["S"]])
+  for t in trends:
+    x = np.geomspace(t.low, t.high, 50)
+    ax.plot(x, t.a + t.b * np.log(x), "-", color=colors.get(t.bag_size, "tab:orange"),
+            label=f"S = {t.bag_size}: {t.a:.2f} {t.b:+.2f} ln(x)")
+  if trends:
+    ax.legend(fontsize=8)
+  ax.set_xscale("log")
+  ax.set_xlabel("tokens per parameter (the run's B·L positions / active parameters)")
+  ax.set_ylabel("equal-loss speed-up vs finished baselines")
+  ax.set_title("TST speed-up against run length (^ lower, v upper bounds, x predicted)")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fileio.write_figure(out_path, fig)
+  plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
     s<S>          the bag size
     r<r>          the step ratio
     <N>k          total steps in thousands, e.g. 2k, 1.5k, 0.45k
+    <N>mb         data.max_bytes in millions of bytes, e.g. 600mb: a corpus for a longer run
   `name` is the config file, for the error message.
   """
   for part in arms(arg):
@@ -85,10 +86,12 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       c.tst.ratio = float(part[1:])
     elif arm_steps(part):
       c.train.steps = arm_steps(part)
+    elif part.endswith("mb") and part[:-2].isdigit() and int(part[:-2]) > 0:
+      c.data.max_bytes = int(part[:-2]) * 1_000_000
     else:
       raise ConfigError("--config", f"{name}: unknown arg {part!r}; expected a comma list of "
                         "tst, baseline, reinit, input_only, output_only, smooth, s<S>, r<ratio>, "
-                        "<N>k")
+                        "<N>k, <N>mb")
   return c
 
 

@@ -12,29 +12,47 @@ from tst_jax.train.console import human
 from tst_jax.train.plan import Phase, Plan, PlanRecord
 
 # The measured rule of where TST starts to pay, kept where the warning decides: it takes both
-# a large enough model and a long enough next-token phase. docs/results.md has the runs.
+# a large enough model and a long enough next-token phase. docs/results.md has the runs. A
+# measured trend of a model like the run's replaces it.
 PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
 BEHIND_UP_TO_PARAMS = 1.84e6      # active parameters: every TST run this small ended behind
 BEHIND_WARNING = "TST is expected to end behind its baseline: docs/results.md"
-# The fit of the equal-loss speed-up against tokens per parameter that
-# `python -m tst_jax.tools.ladder` measured.
-TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trend.json")
+# The fits of the equal-loss speed-up against tokens per parameter that
+# `python -m tst_jax.tools.ladder` measured, one per recipe and TST arm.
+TREND_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speedup_trends.json")
+
+
+def trend_for(plan: Plan, trends) -> Trend | None:
+  """Returns the first of `trends` measured on a model like the plan's at its bag size."""
+  tst = next((p for p in plan.phases if p.is_tst), None)
+  if tst is None:
+    return None
+  return next((t for t in trends if t.covers(plan.params_active, plan.params_total,
+                                             tst.bag_size)), None)
 
 
 def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | None:
   """Warns when a TST run is expected to end behind its baseline, or returns None.
 
-  Where the measured `trend` covers the run, it warns when the trend predicts a speed-up below
-  1. Elsewhere it warns when the model is as small as every model where TST ended behind, or
-  its next-token phase is too short.
+  With the measured `trend` of a model like the run's it warns when the trend predicts a
+  speed-up below 1, or, past its measured range, when the run is shorter than where the fit
+  crosses 1x. Without one it warns when the model is as small as every model where TST ended
+  behind, or its next-token phase is too short.
   """
   ntp = plan.ntp_tokens_per_param
   if ntp is None:
     return None
-  predicted = trend.predict(plan.tokens_per_param, plan.params_active) if trend else None
-  if predicted is not None:
-    return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
-                                        f"predicts {predicted:.2f}x at this length)")
+  x = plan.tokens_per_param
+  if trend is not None:
+    predicted, pays = trend.predict(x), trend.pays_from()
+    if predicted is not None:
+      return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
+                                          f"predicts {predicted:.2f}x at this length)")
+    if pays is None or x < pays:
+      return (f"warning: {BEHIND_WARNING} (the measured trend "
+              + ("does not grow with length)" if pays is None else
+                 f"reaches 1x only from {pays:.3g} tokens per parameter, extrapolated)"))
+    return None
   if plan.params_active <= BEHIND_UP_TO_PARAMS:
     return (f"warning: {BEHIND_WARNING} (at {human(plan.params_active)} parameters: every run "
             f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, however long)")
@@ -45,29 +63,33 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
 
 
 @functools.cache
-def measured_trend() -> Trend | None:
-  """Loads the shipped fit of the ladder's points, or None when there is none."""
-  return Trend.load(TREND_FILE) if os.path.isfile(TREND_FILE) else None
+def measured_trends() -> tuple[Trend, ...]:
+  """Loads the shipped fits of the ladders' points, none when there are none."""
+  return tuple(Trend.load_all(TREND_FILE)) if os.path.isfile(TREND_FILE) else ()
 
 
 def pays_line(plan: Plan, trend: Trend | None) -> str | None:
-  """Says a TST run's tokens per parameter and the speed-up the trend predicts, or why none."""
+  """Says a TST run's tokens per parameter, the speed-up the trend of a model like its own
+  predicts there, and the length from which that trend expects TST to pay, or why neither."""
   if plan.ntp_tokens_per_param is None:
     return None
   x = plan.tokens_per_param
   line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
   if trend is None:
-    return line + "not predicted (no measured trend: python -m tst_jax.tools.ladder)"
-  if not trend.covers_size(plan.params_active):
-    return line + (f"not predicted: the measured trend is of a {human(trend.params)}-parameter "
-                   "model (docs/results.md)")
-  predicted = trend.predict(x, plan.params_active)
-  if predicted is None:
-    return line + (f"not predicted: outside the measured range ({trend.low:.3g} to "
-                   f"{trend.high:.3g} tokens per parameter, docs/results.md)")
-  return line + (f"predicted {predicted:.2f}x by the trend of {len(trend.points)} measured "
-                 f"runs ({trend.low:.3g} to {trend.high:.3g} tokens per parameter, "
-                 "docs/results.md)")
+    return line + ("not predicted: no measured trend of a model like this one at its bag size "
+                   "(python -m tst_jax.tools.ladder; docs/results.md)")
+  predicted = trend.predict(x)
+  line += (f"not predicted: outside the measured range ({trend.low:.3g} to {trend.high:.3g} "
+           "tokens per parameter)" if predicted is None else
+           f"predicted {predicted:.2f}x by the trend of {len(trend.points)} measured runs "
+           f"({trend.low:.3g} to {trend.high:.3g} tokens per parameter)")
+  pays = trend.pays_from()
+  if pays is None:
+    return line + "; the trend does not grow with length (docs/results.md)"
+  steps = pays / x * plan.total_steps      # tokens per parameter grow with the steps
+  where = "" if trend.inside(pays) else ", extrapolated"
+  return line + (f"; it reaches 1x at {pays:.3g} tokens per parameter, {steps:,.0f} steps of "
+                 f"this run's batch{where} (docs/results.md)")
 
 
 def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
@@ -146,7 +168,7 @@ def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None,
   if resolved is not None:
     lines.append(resolved.line())
   lines += data_lines(plan, tokens, max_passes)
-  trend = measured_trend()
+  trend = trend_for(plan, measured_trends())
   lines += filter(None, [pays_line(plan, trend), behind_baseline_warning(plan, trend)])
   if with_json:
     lines.append(json.dumps(PlanRecord(plan, tokens, resolved).to_json()))
