@@ -14,7 +14,8 @@ import json
 import sys
 
 LABELS = {"recipe": "MoE recipe (qwen3_moe_gpu_small)", "b10": "10B-A1B shapes, 4 layers",
-          "profile": "MoE recipe, profiled", "d270": "llama_270m", "d600": "llama_600m",
+          "profile": "MoE recipe, profiled", "d270": "llama_270m",
+          "d270_docs": "llama_270m, data.document_mask", "d600": "llama_600m",
           "gemm": "grouped GEMM alone", "gemm_tuned": "grouped GEMM, tokamax tuned"}
 # (row, phase or backend) -> (what is compared, at least / at most, value)
 TARGETS = {("recipe", "tst"): ("mfu", ">=", 0.25), ("recipe", "ntp"): ("mfu", ">=", 0.25),

@@ -56,7 +56,8 @@ def build(config, phase_name, devices=None):
   if phase is None:
     raise ValueError(f"the config has no {phase_name!r} phase (r = {spec.tst.ratio})")
   trainer = step_lib.Trainer.of(spec, devices)
-  return spec, phase, trainer, trainer.train_step(phase)
+  # Random tokens: EOS 0 splits them into documents (data.document_mask) as often as any id.
+  return spec, phase, trainer, trainer.train_step(phase, eos_id=0)
 
 
 def write_hlo(folder: str, phase: str, hlo_text: str, profile) -> None:

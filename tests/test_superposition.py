@@ -127,3 +127,41 @@ def test_fold_then_flatten_is_identity_and_targets_shift_many(s, bags, batch):
 @given(st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_superpose_is_order_free_mean_and_s1_lookup_many(s, seed):
   superpose_is_order_free_mean_and_s1_lookup(s, seed)
+
+
+EOS = 9
+
+
+def test_document_ids_count_the_eos_before_each_token():
+  window = jnp.array([[1, 2, EOS, 3, EOS, 4, 5]])
+  np.testing.assert_array_equal(sp.document_ids(window, EOS), [[0, 0, 0, 1, 1, 2, 2]])
+
+
+def test_document_view_keeps_each_position_to_its_own_documents_targets():
+  """ntp: an EOS predicts nothing (the next document's first token is no one's target);
+  tst full, S = 2: a bag is its first token's document, and of its next bag only that
+  document's tokens are targets; output_only likewise per token."""
+  window = jnp.array([[1, 2, EOS, 3, 4, 5, EOS, 6, 7]])           # W = 9: T = 8, L = 4 at S 2
+  ig = sp.IGNORE_INDEX
+  inputs, targets, docs = sp.document_view(window, EOS, sp.ntp_view)
+  np.testing.assert_array_equal(inputs, window[:, :-1])
+  np.testing.assert_array_equal(targets, [[2, EOS, ig, 4, 5, EOS, ig, 7]])
+  np.testing.assert_array_equal(docs, [[0, 0, 0, 1, 1, 1, 1, 2]])
+  view = lambda w: sp.tst_view(w, 2, "full")
+  inputs, targets, docs = sp.document_view(window, EOS, view)
+  # bags [1 2] [EOS 3] [4 5] [EOS 6]; their next bags [EOS 3] [4 5] [EOS 6] [7 -]
+  np.testing.assert_array_equal(inputs, [[[1, 2], [EOS, 3], [4, 5], [EOS, 6]]])
+  np.testing.assert_array_equal(docs, [[0, 0, 1, 1]])
+  np.testing.assert_array_equal(targets, [[[EOS, ig], [ig, ig], [EOS, ig], [ig, ig]]])
+  unmasked = sp.tst_view(window, 2, "full")[1]
+  assert not np.array_equal(unmasked, targets)                   # masks changed the targets
+  _, targets, docs = sp.document_view(window, EOS, lambda w: sp.tst_view(w, 2, "output_only"))
+  np.testing.assert_array_equal(docs, [[0, 0, 0, 1, 1, 1, 1, 2]])
+  np.testing.assert_array_equal(targets[0, 1], [EOS, ig])        # token 2: EOS, then doc 1's 3
+  np.testing.assert_array_equal(targets[0, 3], [4, 5])
+
+
+def test_document_positions_restart_at_each_document():
+  docs = jnp.array([[0, 0, 0, 1, 1, 2], [3, 3, 3, 3, 4, 4]])
+  np.testing.assert_array_equal(sp.document_positions(docs),
+                                [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])

@@ -107,6 +107,39 @@ def tst_view(window_BxW, bag_size: int, mode: str = "full",
   raise ValueError(f"tst.mode must be one of {MODES}, got {mode!r}")
 
 
+def document_ids(tokens_BxW, eos_id: int):
+  """Numbers the documents of packed rows [B, W]: the count of EOS tokens before each token, so
+  an EOS belongs to the document it ends and a row's first document is 0."""
+  is_eos = (tokens_BxW == eos_id).astype(jnp.int32)
+  return jnp.cumsum(is_eos, axis=-1) - is_eos
+
+
+def document_view(window_BxW, eos_id: int, view, ignore_index: int = IGNORE_INDEX):
+  """Applies a phase's `view` (ntp_view, or tst_view with its S and mode bound) to a packed
+  window whose documents must not see each other: returns its inputs, its targets with every
+  token of another document ignored, and the document of each model position [B, L].
+
+  A position belongs to the document of its first token, so a bag that straddles a boundary
+  is its first document's, and its tokens of the next document are no one's input. A
+  document's last position predicts nothing past the document's end, as the stream's last
+  does past the window, and a document's first token is never a target.
+  """
+  inputs, targets = view(window_BxW)
+  docs_in, docs_target = view(document_ids(window_BxW, eos_id))
+  docs_BxL = docs_in[..., 0] if docs_in.ndim == 3 else docs_in
+  mine = docs_BxL[..., None] if docs_target.ndim == 3 else docs_BxL
+  return inputs, jnp.where(docs_target == mine, targets, ignore_index), docs_BxL
+
+
+def document_positions(docs_BxL):
+  """Returns each position's offset from the first position of its document, [B, L]."""
+  length = docs_BxL.shape[-1]
+  index_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), docs_BxL.shape)
+  starts = jnp.concatenate([jnp.ones_like(docs_BxL[..., :1], bool),
+                            docs_BxL[..., 1:] != docs_BxL[..., :-1]], axis=-1)
+  return index_BxL - jax.lax.cummax(jnp.where(starts, index_BxL, 0), axis=docs_BxL.ndim - 1)
+
+
 def switch_to_next_token(tree, fresh=None, io_params=IO_PARAMS):
   """Applies the phase switch to a parameter or optimizer-state pytree.
 

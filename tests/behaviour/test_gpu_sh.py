@@ -91,7 +91,8 @@ def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   assert kept >= extra + kill + 10, (kept, extra, kill)
 
 
-QUICK_ROWS = ["env", "recipe", "b10", "profile", "d270", "d600", "gemm", "gemm_tuned"]
+QUICK_ROWS = ["env", "recipe", "b10", "profile", "d270", "d270_docs", "d600", "gemm",
+              "gemm_tuned"]
 
 
 @pytest.mark.parametrize("tiny", [False, True])
@@ -101,17 +102,19 @@ def test_quick_runs_its_rows_in_order_each_tagged_and_bounded(tmp_path, tiny):
   in gpu.jsonl tagged with its row, then its exit status and bound; the table comes last."""
   calls = _dry_run(tmp_path, "quick", **({"TINY": "1"} if tiny else {}))
   scripts = [c[0] for c in calls if c[0] != "-"]
-  assert scripts == ["benchmarks/step.py"] * 5 + ["benchmarks/grouped_matmul.py"] * 2 + [
+  assert scripts == ["benchmarks/step.py"] * 6 + ["benchmarks/grouped_matmul.py"] * 2 + [
       "benchmarks/gpu_table.py"]
   _check_step_configs(calls)
   steps = [c for c in calls if c[0] == "benchmarks/step.py"]
   assert [c[c.index("--config") + 1].split("/")[1] for c in steps] == [
       "qwen3_moe_gpu_small.py", "qwen3_moe_10b_a1b.py", "qwen3_moe_gpu_small.py",
-      "llama_270m.py", "llama_600m.py"]
-  assert [c[c.index("--phase") + 1] for c in steps] == ["both", "ntp", "ntp", "both", "ntp"]
+      "llama_270m.py", "llama_270m.py", "llama_600m.py"]
+  assert [c[c.index("--phase") + 1] for c in steps] == ["both", "ntp", "ntp", "both", "ntp",
+                                                        "ntp"]
   assert all(("--config.model.dim=32" in c) == tiny for c in steps)
   assert not any("expert_impl" in a or "remat" in a for c in steps for a in c)   # defaults
-  assert ["--profile" in c for c in steps] == [False, False, True, False, False]
+  assert ["--profile" in c for c in steps] == [False, False, True, False, False, False]
+  assert ["--config.data.document_mask=True" in c for c in steps] == [False] * 4 + [True, False]
   lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
   assert [r["row"] for r in lines if "fake" in r] == QUICK_ROWS
   assert [r["row"] for r in lines if "rc" in r] == QUICK_ROWS
@@ -234,12 +237,12 @@ def test_quick_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
   assert list(ends) == QUICK_ROWS and all(r["rc"] == 0 for r in ends.values()), ends
   timed = [(r["row"], r["phase"]) for r in lines if "step_s" in r]
   assert timed == [("recipe", "tst"), ("recipe", "ntp"), ("b10", "ntp"), ("profile", "ntp"),
-                   ("d270", "tst"), ("d270", "ntp"), ("d600", "ntp")]
+                   ("d270", "tst"), ("d270", "ntp"), ("d270_docs", "ntp"), ("d600", "ntp")]
   assert [r for r in lines if r.get("row") == "profile" and "profile" in r]
   assert [r["backend"] for r in lines if r.get("row") == "gemm" and "backend" in r] == [
       "xla", "tokamax"]
   table = run.stdout.split("| row |", 1)[1]
-  assert table.count("\n| ") == 7 + 3 and (out / "quick.md").exists()   # steps, GEMMs
+  assert table.count("\n| ") == 8 + 3 and (out / "quick.md").exists()   # steps, GEMMs
 
 
 def test_gpu_small_refuses_arms_that_cannot_finish_in_its_budget(tmp_path):

@@ -34,6 +34,31 @@ def test_interpreted_kernels_match_xla_attention(length, heads, kv_heads):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
 
 
+def test_interpreted_kernels_keep_each_document_to_itself():
+  """With documents (data.document_mask), the kernels' segment ids give what XLA attention
+  gives with the same-document mask, values and gradients; and not what it gives without."""
+  length, heads, kv_heads = 128, 4, 2
+  keys = jax.random.split(jax.random.key(1), 4)
+  q = jax.random.normal(keys[0], (2, length, heads, 64))
+  k, v = (jax.random.normal(kk, (2, length, kv_heads, 64)) for kk in keys[1:3])
+  ends = np.zeros((2, length), np.int32)
+  ends[0, [30, 31, 90]] = 1
+  ends[1, [5, 100]] = 1
+  docs = jnp.asarray(np.cumsum(ends, axis=1) - ends)   # an EOS ends its document
+  mask = docs[:, None, :, None] == docs[:, None, None, :]
+  xla = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+  splash = lambda q, k, v: splash_attention.causal_attention(q, k, v, interpret=True,
+                                                              documents_BxL=docs)
+  cotangent = jax.random.normal(keys[3], q.shape)
+  loss = lambda attend: lambda *a: jnp.sum(attend(*a) * cotangent)
+  np.testing.assert_allclose(jax.jit(splash)(q, k, v), xla(q, k, v), atol=2e-5, rtol=1e-4)
+  got = jax.jit(jax.grad(loss(splash), argnums=(0, 1, 2)))(q, k, v)
+  for g, w in zip(got, jax.grad(loss(xla), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+  plain = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  assert float(jnp.abs(jax.jit(splash)(q, k, v) - plain).max()) > 1e-2
+
+
 def test_the_train_step_lowers_for_tpu_from_this_host():
   """Both phases' steps of a tiny Llama with attention_impl=splash, lowered (not compiled)
   for TPU: the attention becomes Mosaic TPU custom calls."""

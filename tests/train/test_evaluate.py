@@ -23,3 +23,37 @@ def test_the_evaluator_is_the_mean_next_token_nll_over_every_window():
         - logits.max(-1, keepdims=True)
     nll.append(-np.take_along_axis(logp, window[:, 1:, None], -1))
   np.testing.assert_allclose(Evaluator(trainer, windows, 1)(params), np.mean(nll), rtol=1e-5)
+
+
+def _log_softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  top = logits.max(-1, keepdims=True)
+  return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+def test_with_document_masks_each_document_is_scored_alone():
+  """data.document_mask: the held-out loss is the mean NLL of every target inside its own
+  document, each document's logits those it gets alone, so no first token of a document and no
+  token past an EOS counts; it differs from the loss of the same windows unmasked."""
+  config = tiny_config()
+  config.data.document_mask = True
+  spec = spec_lib.build(config)
+  trainer = step_lib.Trainer.of(spec, jax.devices()[:1])
+  params = trainer.init_state(0).params
+  eos = 7
+  rng = np.random.default_rng(1)
+  windows = [rng.integers(8, 512, (4, 17), dtype=np.int32) for _ in range(2)]
+  for w in windows:
+    w[:, [3, 9]] = eos
+  model = nnx.merge(trainer.graphdef, params)
+  nll = []
+  for window in windows:
+    for row in window:
+      for a, end in ((0, 4), (4, 10), (10, 17)):   # each document: through its EOS
+        doc = row[a:end]
+        logp = _log_softmax(model(doc[None, :-1]))[0]
+        nll += list(-logp[np.arange(len(doc) - 1), doc[1:]])
+  got = Evaluator(trainer, windows, 1, eos_id=eos)(params)
+  np.testing.assert_allclose(got, np.mean(nll), rtol=1e-5)
+  plain = step_lib.Trainer.of(spec_lib.build(tiny_config()), jax.devices()[:1])
+  assert abs(got - Evaluator(plain, windows, 1)(params)) > 1e-3

@@ -125,3 +125,19 @@ def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path
   assert record["steps"] == 2
   assert sum(record["ms_per_step"].values()) == pytest.approx(record["step_ms"], rel=1e-6)
   assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out
+
+
+def test_a_run_with_document_masks_trains_both_phases_and_evaluates_each_document_alone(
+    tmp_path):
+  """data.document_mask with restarted positions, end to end: both phases train and evaluate
+  (each document alone: tests/train/test_evaluate.py), and config.json records both fields."""
+  config = tiny_config()
+  config.data.document_mask = config.data.document_positions = True
+  summary = cli.run(config, str(tmp_path))
+  records = workdir_lib.read_metrics(str(tmp_path))
+  assert [r["phase"] for r in records if "loss" in r] == ["tst"] * 6 + ["ntp"] * 6
+  assert all(np.isfinite(r["loss"]) for r in records if "loss" in r)
+  assert np.isfinite(summary["final_eval_loss"])
+  with open(tmp_path / "config.json") as f:
+    recorded = json.load(f)["data"]
+  assert recorded["document_mask"] and recorded["document_positions"]

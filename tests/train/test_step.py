@@ -1,11 +1,18 @@
 """The train step (tst_jax/train/step.py): both phases cost the same FLOPs in XLA's compiled
 cost analysis; the fused loss in the trainer follows the naive one."""
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.fixtures.tiny import tiny_config
+from tst_jax import superposition as sp
+from tst_jax.errors import ConfigError
+from tst_jax.models import llama, moe
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train import workdir as workdir_lib
 
@@ -40,3 +47,68 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
     losses[impl] = [r["loss"] for r in workdir_lib.read_metrics(str(workdir))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)
+
+
+EOS = 63
+SMALL = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffw_dim=48,
+             rope_theta=10_000.0, attention_impl="xla", init_std=0.3)
+
+
+def _model(family: str):
+  if family == "llama":
+    cfg = llama.LlamaConfig(**SMALL)
+  else:
+    cfg = moe.MoEConfig(**SMALL, n_experts=4, n_experts_per_token=2, moe_ffw_dim=16,
+                        expert_impl="blocked", dispatch_impl="gather")
+  return cfg.build(nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("bag_size", [1, 2])
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_packed_documents_get_the_hidden_states_and_targets_they_get_alone(family, bag_size,
+                                                                          restart):
+  """Three EOS-ended documents packed in one window, under data.document_mask: each document's
+  positions get the final hidden states and targets it gets in a window of its own, in the
+  next-token phase and in phase 1's bags (documents in whole bags). Positions restarted or not
+  agree alike (RoPE sees only offsets); without the mask the second and third differ."""
+  rng = np.random.default_rng(0)
+  lengths = (6, 4, 8)
+  docs = [np.append(rng.integers(0, EOS, n - 1), EOS).astype(np.int32) for n in lengths]
+  extra = np.array([5], np.int32)               # the token past the window's last input
+  model = _model(family)
+  view_fn = (sp.ntp_view if bag_size == 1 else
+             functools.partial(sp.tst_view, bag_size=bag_size, mode="full"))
+  documents = step_lib.Documents(EOS, restart)
+
+  def hidden_and_targets(window, masked=True):
+    inputs, targets, docs_BxL, positions = step_lib.view(
+        jnp.asarray(window)[None], view_fn, documents if masked else None)
+    hidden, _ = model.forward(inputs, docs_BxL, positions)
+    return np.asarray(hidden[0]), np.asarray(targets[0])
+
+  packed = np.concatenate(docs + [extra])
+  hidden, targets = hidden_and_targets(packed)
+  unmasked, _ = hidden_and_targets(packed, masked=False)
+  start = 0
+  for d, doc in enumerate(docs):
+    alone_hidden, alone_targets = hidden_and_targets(np.concatenate([doc, extra]))
+    span = slice(start // bag_size, (start + len(doc)) // bag_size)
+    np.testing.assert_allclose(hidden[span], alone_hidden, atol=2e-5, rtol=0)
+    np.testing.assert_array_equal(targets[span], alone_targets)
+    if d:
+      assert np.abs(unmasked[span] - alone_hidden).max() > 1e-3
+    start += len(doc)
+
+
+def test_a_document_mask_needs_the_stores_eos_and_refuses_positions_alone():
+  config = tiny_config()
+  config.data.document_mask = True
+  spec = spec_lib.build(config)
+  trainer = step_lib.Trainer.of(spec)
+  with pytest.raises(ValueError, match="EOS id"):
+    trainer.train_step(spec.plan.phases[0])
+  config.data.document_mask, config.data.document_positions = False, True
+  with pytest.raises(ConfigError) as e:
+    spec_lib.check(config)
+  assert e.value.field == "data.document_positions"

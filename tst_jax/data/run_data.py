@@ -64,6 +64,13 @@ class Data:
   batch_size: int = schema.field(16, schema.integer(1), "B: rows per step, global")
   eval_batches: int = schema.field(4, schema.integer(1), "held-out batches of B x (L + 1) "
                                    "tokens per eval")
+  document_mask: bool = schema.field(
+      False, schema.BOOL, "attend within each EOS-ended document only, in both phases and in "
+      "evals; a position (a bag: its first token) predicts only its own document's tokens "
+      "(docs/data.md)", added=False)
+  document_positions: bool = schema.field(
+      False, schema.BOOL, "with data.document_mask: positions restart at 0 at each document",
+      added=False)
   run_seed: int = 0    # derived: the run's seed (config.seed), for seed = -1
 
   @property
@@ -71,6 +78,11 @@ class Data:
     """Seed of the split, document order and BPE: data.seed, else the run's, so runs of
     several seeds with one data.seed share one tokenized corpus and held-out set."""
     return self.seed if self.seed >= 0 else self.run_seed
+
+  def __post_init__(self):
+    if self.document_positions and not self.document_mask:
+      raise ConfigError("data.document_positions", "needs data.document_mask=True: positions "
+                        "restart at documents only where attention keeps to them")
 
   def missing_fields(self) -> list[str]:
     """Lists the fields a run needs but leaves empty. A tokens: store brings its own tokenizer."""

@@ -38,15 +38,23 @@ def _kernel(length: int, group: int, interpret: bool):
     return kernel.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
-def causal_attention(q_BxLxHxG, k_BxLxKxG, v_BxLxKxG, *, interpret: bool = False):
+def causal_attention(q_BxLxHxG, k_BxLxKxG, v_BxLxKxG, *, interpret: bool = False,
+                     documents_BxL=None):
   """Computes causal softmax(q kᵀ / sqrt(G)) v as [B, L, H, G].
 
-  Query head h reads kv head h // (H/K), as jax.nn.dot_product_attention does.
+  Query head h reads kv head h // (H/K), as jax.nn.dot_product_attention does. With
+  `documents` [B, L], the kernels' segment ids keep each position to its own document.
   """
   b, length, h, g = q_BxLxHxG.shape
   k = k_BxLxKxG.shape[2]
   attend = _kernel(length, h // k, interpret)
   q_BxKxQxLxG = (q_BxLxHxG * g ** -0.5).reshape(b, length, k, h // k, g).transpose(0, 2, 3, 1, 4)
-  out = jax.vmap(jax.vmap(attend))(q_BxKxQxLxG, k_BxLxKxG.transpose(0, 2, 1, 3),
-                                   v_BxLxKxG.transpose(0, 2, 1, 3))        # [B, K, H/K, L, G]
+  k_BxKxLxG, v_BxKxLxG = k_BxLxKxG.transpose(0, 2, 1, 3), v_BxLxKxG.transpose(0, 2, 1, 3)
+  if documents_BxL is None:
+    out = jax.vmap(jax.vmap(attend))(q_BxKxQxLxG, k_BxKxLxG, v_BxKxLxG)   # [B, K, H/K, L, G]
+  else:
+    segments = lambda docs: kernel.SegmentIds(q=docs, kv=docs)
+    per_head = lambda q, k, v, docs: attend(q, k, v, segment_ids=segments(docs))
+    out = jax.vmap(jax.vmap(per_head, in_axes=(0, 0, 0, None)))(
+        q_BxKxQxLxG, k_BxKxLxG, v_BxKxLxG, documents_BxL.astype(jax.numpy.int32))
   return out.transpose(0, 3, 1, 2, 4).reshape(b, length, h, g)

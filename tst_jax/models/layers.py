@@ -125,9 +125,10 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
       self.k_norm = RMSNorm(g, cfg.norm_eps, rngs, names=("head_dim",))
 
-  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
+  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None, documents_BxL=None):
     """Attends causally over x and returns the output and the updated cache.
 
+    With `documents` [B, L], a position attends only to the positions of its own document.
     With a `cache`, x's keys and values are written into it at `positions`, consecutive per
     row, and x attends to every cached position up to its own. Without one the cache is None.
     """
@@ -145,9 +146,11 @@ class Attention(nnx.Module):
       impl = self.cfg.attention_impl      # resolved with the model's config, never `auto`
       with jax.named_scope("attention"):   # the step profile's category
         if impl == "splash":               # Pallas TPU kernels keep no [L, L] scores
-          out_BxLxHxG = splash_attention.causal_attention(q, k, v)
+          out_BxLxHxG = splash_attention.causal_attention(q, k, v, documents_BxL=documents_BxL)
         else:
-          out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+          mask = None if documents_BxL is None else (
+              documents_BxL[:, None, :, None] == documents_BxL[:, None, None, :])  # [B,1,L,L]
+          out_BxLxHxG = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
                                                      implementation=impl)
       return linear("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt), mp), None
     write = jax.vmap(lambda c, new, start: jax.lax.dynamic_update_slice(c, new, (start, 0, 0)))
@@ -189,9 +192,9 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(attn_cfg.dim, attn_cfg.norm_eps, rngs)
     self.ffw = make_ffw(rngs)
 
-  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None):
+  def __call__(self, x_BxLxD, positions_BxL, cache: KVCache | None = None, documents_BxL=None):
     """Returns the output, aux and the updated KV cache, None when none is given."""
-    attn, cache = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache)
+    attn, cache = self.attn(self.input_norm(x_BxLxD), positions_BxL, cache, documents_BxL)
     x_BxLxD = x_BxLxD + attn
     out = self.ffw(self.post_attn_norm(x_BxLxD))
     aux = {}
@@ -225,9 +228,10 @@ def _remat(fn, policy: str):
 
 
 def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
-              cache: KVCache | None = None):
+              cache: KVCache | None = None, documents_BxL=None):
   """Applies stacked blocks with lax.scan, so compile time stays flat in depth.
 
+  `documents` [B, L], where given, keeps each position's attention to its own document.
   Returns the output, the per-layer auxiliary outputs stacked on axis 0, and the updated stacked
   KV cache, scanned with the layers' parameters and None when none is given.
   """
@@ -235,7 +239,8 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
 
   if cache is None:
     def body(h, layer_state):
-      h, aux, _ = nnx.merge(graphdef, layer_state)(h, positions_BxL)
+      h, aux, _ = nnx.merge(graphdef, layer_state)(h, positions_BxL,
+                                                   documents_BxL=documents_BxL)
       return h, aux
     h, aux = jax.lax.scan(_remat(body, remat), x_BxLxD, state)
     return h, aux, None

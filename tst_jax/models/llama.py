@@ -143,9 +143,10 @@ class Llama(nnx.Module):
     """Builds the decoder stack, a hook the MoE overrides to build dense and sparse stages."""
     self.blocks = layers.stacked(self.cfg.n_layers, self.make_block, rngs)
 
-  def run_layers(self, h_BxLxD, positions_BxL, cache=None):
+  def run_layers(self, h_BxLxD, positions_BxL, cache=None, documents_BxL=None):
     """Runs the scanned stack of `make_layers`: returns h, aux and the updated KV cache or None."""
-    return layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat, cache=cache)
+    return layers.run_stack(self.blocks, h_BxLxD, positions_BxL, self.cfg.remat, cache=cache,
+                            documents_BxL=documents_BxL)
 
   def make_block(self, rngs: nnx.Rngs) -> layers.Block:
     cfg = self.cfg
@@ -155,12 +156,16 @@ class Llama(nnx.Module):
                              matmul_precision=cfg.matmul_precision),
         dtype=self.dtype, rngs=rngs)
 
-  def forward(self, tokens):
-    """Maps tokens [B, L] or bags [B, L, S] to final hidden states [B, L, D] and per-layer aux."""
+  def forward(self, tokens, documents_BxL=None, positions_BxL=None):
+    """Maps tokens [B, L] or bags [B, L, S] to final hidden states [B, L, D] and per-layer aux.
+
+    `documents` [B, L] keeps attention within each document; `positions` default to 0..L-1.
+    """
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
-    positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    h_BxLxD, aux, _ = self.run_layers(h_BxLxD, positions_BxL)
+    if positions_BxL is None:
+      positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    h_BxLxD, aux, _ = self.run_layers(h_BxLxD, positions_BxL, documents_BxL=documents_BxL)
     return self.final_norm(h_BxLxD), aux
 
   def aux_loss(self, aux):
@@ -179,8 +184,9 @@ class Llama(nnx.Module):
     logits = jnp.einsum("bld,dv->blv", h_BxLxD, head_DxV, preferred_element_type=jnp.float32)
     return constrain(logits, ("batch", "length", "vocab"))
 
-  def __call__(self, tokens, *, return_hidden: bool = False):
-    h_BxLxD, _ = self.forward(tokens)
+  def __call__(self, tokens, *, return_hidden: bool = False, documents_BxL=None,
+               positions_BxL=None):
+    h_BxLxD, _ = self.forward(tokens, documents_BxL, positions_BxL)
     return h_BxLxD if return_hidden else self.logits(h_BxLxD)
 
   def init_cache(self, batch: int, max_len: int) -> layers.KVCache:

@@ -371,12 +371,13 @@ class Period(nnx.Module):
         layers.Block(cfg.attention(qk_norm=True), make_ffw(sparse), dtype=dtype, rngs=rngs)
         for sparse in unit])
 
-  def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None):
+  def __call__(self, x_BxLxD, positions_BxL, cache: layers.KVCache | None = None,
+               documents_BxL=None):
     """Returns the output, the aux of the unit's sparse blocks and the updated caches or None."""
     auxes, caches = [], []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else layers.KVCache(cache.k[i], cache.v[i])
-      x_BxLxD, aux, layer_cache = block(x_BxLxD, positions_BxL, layer_cache)
+      x_BxLxD, aux, layer_cache = block(x_BxLxD, positions_BxL, layer_cache, documents_BxL)
       caches.append(layer_cache)
       if aux:
         auxes.append(aux)
@@ -400,7 +401,7 @@ class Qwen3MoE(llama.Llama):
         layers.stacked(repeats, lambda r, u=unit: Period(cfg, u, dtype=self.dtype, rngs=r), rngs)
         for unit, repeats in self.units])
 
-  def run_layers(self, h_BxLxD, positions_BxL, cache=None):
+  def run_layers(self, h_BxLxD, positions_BxL, cache=None, documents_BxL=None):
     """Returns h, the aux of every sparse layer in layer order, and the updated caches.
 
     There is one cache per stage, [repeats, unit, B, M, K, G], or None without a cache.
@@ -408,7 +409,8 @@ class Qwen3MoE(llama.Llama):
     auxes, caches = [], []
     for i, stage in enumerate(self.stages):
       h_BxLxD, aux, stage_cache = layers.run_stack(
-          stage, h_BxLxD, positions_BxL, self.cfg.remat, cache=None if cache is None else cache[i])
+          stage, h_BxLxD, positions_BxL, self.cfg.remat, cache=None if cache is None else cache[i],
+          documents_BxL=documents_BxL)
       caches.append(stage_cache)
       if aux:   # repeats x sparse blocks -> layers
         auxes.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), aux))

@@ -14,10 +14,11 @@ class Evaluator:
   """Returns the held-out next-token loss of a run's parameters, in nats per token."""
 
   def __init__(self, trainer: step_lib.Trainer, windows: list[np.ndarray], process_count: int,
-               sets: dict[str, list[np.ndarray]] | None = None):
+               sets: dict[str, list[np.ndarray]] | None = None, eos_id: int | None = None):
     self.trainer, self.windows, self.process_count = trainer, windows, process_count
     self.sets = sets or {}
-    self.eval_step = jax.jit(step_lib.make_eval_step(trainer.graphdef),
+    documents = step_lib.Documents.of(trainer.spec.data, eos_id)
+    self.eval_step = jax.jit(step_lib.make_eval_step(trainer.graphdef, documents),
                              in_shardings=(trainer.shardings.params, trainer.batch_sharding))
 
   def __call__(self, params) -> float:

@@ -56,7 +56,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
         continue
       if phase.first_step > 0 and start == phase.first_step:
         state = handoff(state, phase, setup.checkpoints, setup.trainer, console)
-      train_step = setup.trainer.train_step(phase)
+      train_step = setup.trainer.train_step(phase, setup.data.tokenizer.eos_id)
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
         state, metrics = window.call(train_step, state, next(batches), step + 1)

@@ -34,7 +34,8 @@ class Setup:
     self.checkpoints = ckpt_lib.RunCheckpoints(
         workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
         data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
-    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], data.eval_sets)
+    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], data.eval_sets,
+                              eos_id=data.tokenizer.eos_id)
 
   @classmethod
   def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,

@@ -9,6 +9,7 @@ cross-entropy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 from typing import Any, Callable
 
@@ -83,32 +84,63 @@ def lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, *, weighting="uniform"
                                 variant=variant, impl=loss_cfg.impl, z_loss=loss_cfg.z_loss)
 
 
-def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase,
-         loss_cfg: Loss) -> tuple[jax.Array, Any]:
+@dataclasses.dataclass(frozen=True)
+class Documents:
+  """data.document_mask of a run: its store's EOS id, and whether positions restart at each
+  document (data.document_positions)."""
+  eos_id: int
+  restart_positions: bool = False
+
+  @classmethod
+  def of(cls, data, eos_id: int | None) -> Documents | None:
+    """Returns the Documents of config.data, None without data.document_mask."""
+    if not data.document_mask:
+      return None
+    if eos_id is None:
+      raise ValueError("data.document_mask needs the token store's EOS id")
+    return cls(int(eos_id), data.document_positions)
+
+
+def view(window_BxW, view_fn, documents: Documents | None):
+  """Returns a window's inputs, targets, and the documents and positions of the model's
+  positions ([B, L] each, None without document masks) under a phase's `view_fn`."""
+  if documents is None:
+    return (*view_fn(window_BxW), None, None)
+  inputs, targets, docs_BxL = sp.document_view(window_BxW, documents.eos_id, view_fn)
+  positions_BxL = sp.document_positions(docs_BxL) if documents.restart_positions else None
+  return inputs, targets, docs_BxL, positions_BxL
+
+
+def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase, loss_cfg: Loss,
+         documents: Documents | None = None) -> tuple[jax.Array, Any]:
   """Returns (loss, aux) of a window in `phase`: superposed inputs and the MCE in tst, the
-  ordinary next-token loss in ntp, where no superposition code runs."""
+  ordinary next-token loss in ntp, where no superposition code runs. With `documents`, no
+  position sees or predicts another document's tokens (superposition.document_view)."""
   if not phase.is_tst:
-    inputs, targets_BxLxS = sp.ntp_view(window_BxW)
+    inputs, targets_BxLxS, docs_BxL, positions_BxL = view(window_BxW, sp.ntp_view, documents)
     targets_BxLxS, weighting = targets_BxLxS[..., None], {}
   else:
     if window_BxW.shape[1] != phase.window:
       raise ValueError(f"phase {phase.name}: windows of {window_BxW.shape[1]} tokens, the plan "
                        f"says {phase.window} (T + 1 = {phase.data_seq_len} + 1)")
-    inputs, targets_BxLxS = sp.tst_view(window_BxW, phase.bag_size, phase.mode)
+    inputs, targets_BxLxS, docs_BxL, positions_BxL = view(
+        window_BxW, functools.partial(sp.tst_view, bag_size=phase.bag_size, mode=phase.mode),
+        documents)
     weighting = dict(weighting=phase.weighting, variant=phase.variant)
-  hidden_BxLxD, aux = model.forward(inputs)
+  hidden_BxLxD, aux = model.forward(inputs, docs_BxL, positions_BxL)
   return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, **weighting), aux
 
 
 def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
                     tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1,
-                    mesh_rules: tuple | None = None) -> Callable:
+                    mesh_rules: tuple | None = None,
+                    documents: Documents | None = None) -> Callable:
   """Returns train_step(state, window) -> (state, metrics) of `phase`, with grads accumulated over
   micro-batches, traced under `mesh_rules`, a (mesh, logical axis rules) pair, where given."""
 
   def loss_and_aux(params, window):
     model = nnx.merge(graphdef, params)
-    value, aux = loss(model, window, phase, loss_cfg)
+    value, aux = loss(model, window, phase, loss_cfg, documents)
     aux_loss, aux_metrics = model.aux_loss(aux)
     return value + aux_loss, (value, aux_metrics)
 
@@ -150,12 +182,14 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
   return train_step
 
 
-def make_eval_step(graphdef):
-  """eval_step(params, window) -> (sum of next-token NLL, number of tokens), in nats."""
+def make_eval_step(graphdef, documents: Documents | None = None):
+  """eval_step(params, window) -> (sum of next-token NLL, number of tokens), in nats; with
+  `documents`, each document alone, its first token not counted."""
   def eval_step(params, window_BxW):
     model = nnx.merge(graphdef, params)
-    inputs_BxL, labels_BxL = sp.ntp_view(window_BxW)
-    per_token, mask = losses.mce_loss_per_position(model(inputs_BxL), labels_BxL[..., None])
+    inputs_BxL, labels_BxL, docs_BxL, positions_BxL = view(window_BxW, sp.ntp_view, documents)
+    logits = model(inputs_BxL, documents_BxL=docs_BxL, positions_BxL=positions_BxL)
+    per_token, mask = losses.mce_loss_per_position(logits, labels_BxL[..., None])
     return jnp.sum(per_token * mask), jnp.sum(mask)
   return eval_step
 
@@ -203,11 +237,13 @@ class Trainer:
                          f"the eval batch's {self.spec.data.batch_size} rows")
     mesh_lib.check_divisible(self.abstract.params, self.shardings.params)
 
-  def train_step(self, phase: Phase) -> Callable:
-    """Returns the jitted train step of `phase`, with explicit shardings and the state donated."""
+  def train_step(self, phase: Phase, eos_id: int | None = None) -> Callable:
+    """Returns the jitted train step of `phase`, with explicit shardings and the state donated.
+    `eos_id`, the token store's, splits documents under data.document_mask."""
     step = make_train_step(self.graphdef, phase, self.spec.loss, self.tx, self.schedule,
                            self.spec.optimizer.grad_accum,
-                           (self.mesh, self.spec.run.logical_axis_rules))
+                           (self.mesh, self.spec.run.logical_axis_rules),
+                           Documents.of(self.spec.data, eos_id))
     return jax.jit(step,
                    in_shardings=(self.shardings, self.batch_sharding),
                    out_shardings=(self.shardings, mesh_lib.replicated(self.mesh)),
