@@ -19,7 +19,8 @@ each forward and forward+backward, timed by the median of `--repeats` calls afte
             batched matmul over equal groups (not dropless: the ceiling a grouped GEMM can
             reach)
   layer     route, sort, dispatch, experts, combine: the whole layer as a run gets it
-            (`auto` expert_impl and dispatch_impl)
+            (`auto` expert_impl and dispatch_impl), then gmm with gate and up fused into one
+            grouped GEMM, with the rows past the groups left undefined, and with both
 A piece alone misses what XLA does around it in a step: the fusions it joins and the layouts
 its neighbours ask for. `gpu.sh moe_lab` therefore also runs the recipe's train step with the
 fastest dispatch, beside quick's step at `auto`.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -192,10 +194,17 @@ def layer_flops(case: Case) -> int:
   return 6 * case.a * case.d * case.f + 2 * case.n * case.d * case.e
 
 
-def layer(case: Case, dispatch: str):
+# The layer's candidates beside the run's: gmm with gate and up as one grouped GEMM, with the
+# rows past the groups left undefined, and with both (moe.experts_gmm's arguments).
+LAYER_VARIANTS = {"fuse_gate_up": dict(fuse_gate_up=True), "no_zero_tail": dict(zero_tail=False),
+                  "fuse_gate_up+no_zero_tail": dict(fuse_gate_up=True, zero_tail=False)}
+
+
+def layer(case: Case, dispatch: str, variant: str | None = None):
   """The whole MoE layer as a run gets it here: route, then the platform's expert_impl=auto
-  with `dispatch`."""
-  experts = moe.expert_fn(platform.expert_impl("auto")[0], dispatch)
+  with `dispatch`; or gmm with one of LAYER_VARIANTS."""
+  experts = (moe.expert_fn(platform.expert_impl("auto")[0], dispatch) if variant is None else
+             functools.partial(moe.experts_gmm, dispatch=dispatch, **LAYER_VARIANTS[variant]))
   def fn(x, router, gate, up, down):
     weights, ids, aux = moe.route(x, router, case.cfg)
     return experts(x, ids, weights, gate, up, down), aux["lb_loss"]
@@ -341,15 +350,18 @@ def main(argv=None):
                          copy_bandwidth=copy):
         rows.append(row)
         print(json.dumps(row), flush=True)
-    impl = platform.dispatch_impl("auto")[0]   # the layer as a run gets it
-    why = None if time.perf_counter() - start <= deadline else past
-    for row in measure(case, "layer", impl, layer(case, impl),
-                       (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4),
-                       layer_flops(case),
-                       0, 0, why, repeats=args.repeats, peak=peak, bandwidth=None,
-                       copy_bandwidth=None):
-      rows.append(row)
-      print(json.dumps(row), flush=True)
+    dispatch = platform.dispatch_impl("auto")[0]   # the layer as a run gets it, then the lab's
+    for variant in [None] + list(LAYER_VARIANTS):  # candidates
+      why = None if time.perf_counter() - start <= deadline else past
+      name = (f"gmm/{dispatch}+{variant}" if variant else
+              f"{platform.expert_impl('auto')[0]}/{dispatch}")
+      for row in measure(case, "layer", name,
+                         layer(case, dispatch, variant),
+                         (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4),
+                         layer_flops(case), 0, 0, why, repeats=args.repeats, peak=peak,
+                         bandwidth=None, copy_bandwidth=None):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
   print(json.dumps(dict(lab=True, shape="-", piece="winners", impl="-", winners=winners(rows),
                         wall_s=time.perf_counter() - start)), flush=True)
   print(table(rows), flush=True)

@@ -3,6 +3,7 @@ tests/convert/test_qwen3_moe_hf.py)."""
 
 import collections
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -16,7 +17,7 @@ from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
 from tests.fixtures.paths import ROOT
 from tst_jax import configlib
-from tst_jax.kernels import moe_dispatch
+from tst_jax.kernels import grouped_matmul, moe_dispatch
 from tst_jax.models import llama, moe
 from tst_jax.train import spec as spec_lib, step as step_lib
 
@@ -109,6 +110,46 @@ def test_dispatch_impls_match_dense_values_and_grads(impl, dispatch):
   """Each way of moving rows (moe_dispatch.IMPLS) gives the per-token dense reference's output,
   statistics and gradients, starved experts included."""
   test_grouped_matches_dense_values_and_grads(True, True, impl, dispatch)
+
+
+@pytest.mark.parametrize("fuse_gate_up,zero_tail", [(True, True), (False, False),
+                                                    (True, False)])
+def test_the_labs_gmm_variants_match_dense_values_and_grads(fuse_gate_up, zero_tail,
+                                                           monkeypatch):
+  """gate and up as one grouped GEMM, and rows past the groups left undefined, here NaN as a
+  kernel may leave them: the layer's output, statistics and gradients are still the dense
+  per-token reference's, so no one reads those rows."""
+  product, tails = grouped_matmul._product, []
+
+  def nan_tail(backend, kernels, name, lhs, rhs, sizes_E, out_dtype):
+    out = product(backend, kernels, name, lhs, rhs, sizes_E, out_dtype)
+    if name == "dw":
+      return out
+    tails.append(out.shape[0])
+    tail = jnp.arange(out.shape[0]) >= jnp.sum(sizes_E)
+    return jnp.where(tail[:, None], jnp.nan, out).astype(out.dtype)
+  monkeypatch.setattr(grouped_matmul, "_product", nan_tail)
+  # Rows in whole tiles of 7, as tokamax's of 64: 48 assignments in 49 rows, one past them.
+  monkeypatch.setattr(grouped_matmul, "row_tile", lambda backend: 7)
+  cfg, layer, dense, x_BxLxD = _twin_layers(True, True, "gmm", "pallas")
+  f_dense, state = _split_call(dense)
+  variant = functools.partial(moe.experts_gmm, dispatch="pallas", fuse_gate_up=fuse_gate_up,
+                              zero_tail=zero_tail)
+  cotangent = jax.random.normal(jax.random.key(4), x_BxLxD.shape)
+
+  def grads(experts):
+    def loss(st, x):
+      weights, ids, aux = moe.route(x.reshape(-1, cfg.dim), st["router"][...], cfg)
+      out = experts(x.reshape(-1, cfg.dim), ids, weights, st["gate_proj"][...],
+                    st["up_proj"][...], st["down_proj"][...])
+      return jnp.sum(out.reshape(x.shape) * cotangent) + aux["lb_loss"]
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(state, x_BxLxD)
+
+  (value, got), (want_value, want) = grads(variant), grads(moe.experts_dense)
+  assert tails and all(rows == 49 for rows in tails)
+  _close(value, want_value)
+  jax.tree.map(_close, got, want)
+  assert float(jnp.abs(got[0]["up_proj"][...]).max()) > 0
 
 
 @pytest.mark.parametrize("dispatch", moe_dispatch.IMPLS)

@@ -73,43 +73,51 @@ def row_tile(backend: str) -> int:
   return ROW_TILE if backend == "tokamax" else 1
 
 
-def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla", kernels: Kernels = Kernels()):
+def grouped_matmul(x_AxI, w_ExIxO, sizes_E, backend: str = "xla", kernels: Kernels = Kernels(),
+                   zero_tail: bool = True):
   """x [A, I] rows in group order, w [E, I, O], sizes [E] (int32) -> [A, O] in x's dtype.
 
   Rows that are not whole tiles of `row_tile(backend)` are padded here, once: x in the
   forward and, as the slice's transpose, dy in the backward, for all three products. The MoE
-  dispatch lays out whole tiles itself (`moe_dispatch.sort_by_expert`), so a step pads none."""
+  dispatch lays out whole tiles itself (`moe_dispatch.sort_by_expert`), so a step pads none.
+  Rows past the last group come out 0, and so does their part of dx; without `zero_tail` they
+  are left undefined, a select over [A, O] fewer per product, for a caller that reads none of
+  them. The cotangent's rows past the groups are zeroed either way, so dW never reads them."""
   if backend not in BACKENDS:
     raise ValueError(f"grouped matmul backend must be one of {BACKENDS}, got {backend!r}")
   rows = x_AxI.shape[0]
   pad = -rows % row_tile(backend)
   if pad:   # the padding rows lie past the last group: no expert computes them
     x_AxI = jnp.pad(x_AxI, ((0, pad), (0, 0)))
-  y = _grouped(backend, kernels, *varying.alike(x_AxI, w_ExIxO), sizes_E)
+  y = _grouped(backend, kernels, zero_tail, *varying.alike(x_AxI, w_ExIxO), sizes_E)
   return y[:rows] if pad else y
 
 
-def _rows_in_groups(y_AxO, sizes_E):
-  """Rows past the last group set to 0 (grouped GEMMs leave them undefined)."""
+def _rows_in_groups(y_AxO, sizes_E, zero: bool = True):
+  """Rows past the last group set to 0 (grouped GEMMs leave them undefined); `zero` False
+  leaves them."""
+  if not zero:
+    return y_AxO
   valid_A = jnp.arange(y_AxO.shape[0]) < jnp.sum(sizes_E)
   return jnp.where(valid_A[:, None], y_AxO, jnp.zeros((), y_AxO.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _grouped(backend, kernels, x_AxI, w_ExIxO, sizes_E):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _grouped(backend, kernels, zero_tail, x_AxI, w_ExIxO, sizes_E):
   return _rows_in_groups(_product(backend, kernels, "forward", x_AxI, w_ExIxO, sizes_E,
-                                  None), sizes_E)   # None: x's dtype (w's is the same)
+                                  None), sizes_E, zero_tail)   # None: x's dtype (w's too)
 
 
-def _grouped_fwd(backend, kernels, x_AxI, w_ExIxO, sizes_E):
-  return _grouped(backend, kernels, x_AxI, w_ExIxO, sizes_E), (x_AxI, w_ExIxO, sizes_E)
+def _grouped_fwd(backend, kernels, zero_tail, x_AxI, w_ExIxO, sizes_E):
+  return (_grouped(backend, kernels, zero_tail, x_AxI, w_ExIxO, sizes_E),
+          (x_AxI, w_ExIxO, sizes_E))
 
 
-def _grouped_bwd(backend, kernels, residuals, dy_AxO):
+def _grouped_bwd(backend, kernels, zero_tail, residuals, dy_AxO):
   x_AxI, w_ExIxO, sizes_E = residuals
   dy_AxO = _rows_in_groups(dy_AxO, sizes_E).astype(x_AxI.dtype)
   dx_AxI = _rows_in_groups(_product(backend, kernels, "dx", dy_AxO, w_ExIxO, sizes_E,
-                                    x_AxI.dtype), sizes_E)
+                                    x_AxI.dtype), sizes_E, zero_tail)
   # dW accumulates over up to A rows: float32 where XLA would otherwise add in the inputs'
   # dtype. tokamax's kernels accumulate in float32 inside and write w's dtype, as its own VJP.
   dw_ExIxO = _product(backend, kernels, "dw", x_AxI, dy_AxO, sizes_E,

@@ -148,11 +148,19 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
 _ROUTING, _GATE, _UP, _OUT = layers.EXPERT_SAVES
 
 
-def _swiglu(matmul, x, gate, up, down):
-  """Applies the experts' SwiGLU to rows in expert order, naming the three matmuls' outputs."""
-  h = jax.nn.silu(checkpoint_name(matmul(x, gate), _GATE)) * checkpoint_name(
-      matmul(x, up), _UP)
-  return checkpoint_name(matmul(h, down), _OUT)
+def _swiglu(matmul, x, gate, up, down, fuse_gate_up: bool = False):
+  """Applies the experts' SwiGLU to rows in expert order, naming the matmuls' outputs.
+
+  `fuse_gate_up` runs gate and up as one matmul against their weights side by side, [E, I,
+  2F]: the rows are read once and their two cotangents come out of one dX product.
+  """
+  if fuse_gate_up:
+    f = gate.shape[-1]
+    gate_up = matmul(x, jnp.concatenate([gate, up], axis=-1))
+    g, u = checkpoint_name(gate_up[:, :f], _GATE), checkpoint_name(gate_up[:, f:], _UP)
+  else:
+    g, u = checkpoint_name(matmul(x, gate), _GATE), checkpoint_name(matmul(x, up), _UP)
+  return checkpoint_name(matmul(jax.nn.silu(g) * u, down), _OUT)
 
 
 def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
@@ -160,7 +168,7 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-                    row_tile: int = 1, dispatch: str = "gather"):
+                    row_tile: int = 1, dispatch: str = "gather", fuse_gate_up: bool = False):
   """Sorts the N·P assignments by expert into whole row tiles, runs three matmuls, combines.
 
   `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E]; `dispatch` is one of
@@ -169,7 +177,7 @@ def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, d
   routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
   x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1], dispatch)
   y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
-                  down_ExFxD)
+                  down_ExFxD, fuse_gate_up)
   # rows past the groups: unread
   return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
@@ -191,21 +199,24 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                 backend: str | None = None, kernels: grouped_matmul.Kernels | None = None,
-                dispatch: str = "gather"):
+                dispatch: str = "gather", fuse_gate_up: bool = False, zero_tail: bool = True):
   """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
 
   The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
   with no [A, E] array. The dispatch lays out whole kernel tiles of rows, so no product pads.
   `backend` and `kernels` default to `platform.grouped_matmul_backend`: tokamax's kernels where
-  installed on a GPU, else XLA's ragged_dot.
+  installed on a GPU, else XLA's ragged_dot. `fuse_gate_up` (`_swiglu`) and `zero_tail` False
+  (`grouped_matmul`: the combine reads no row past the groups) are the MoE lab's candidates.
   """
   if backend is None:
     backend, kernels, _ = platform.grouped_matmul_backend()
   kernels = kernels or grouped_matmul.Kernels()
   return _experts_sorted(
-      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels),
+      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels,
+                                                        zero_tail),
       x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-      grouped_matmul.row_tile(backend), dispatch)
+      grouped_matmul.row_tile(backend), dispatch, fuse_gate_up)
+
 
 def blocked_matmul(block_expert, block: int):
   """Returns the matmul of rows in blocks of C, a [R, I] times w [E, I, O] -> [R, O], each
