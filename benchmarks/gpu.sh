@@ -7,7 +7,8 @@
 #
 # moe_lab  the MoE lab in one call of at most LAB_S seconds (default 195) after the wheels'
 #          install: benchmarks/moe_lab.py times every piece of one MoE layer alone at the
-#          recipe's and the 10B-A1B's shapes, each dispatch, combine and expert-GEMM
+#          recipe's shapes (LAB_SHAPES=recipe,b10 adds the 10B-A1B's: a shape's compiles take
+#          about 90 s), each dispatch, combine and expert-GEMM
 #          alternative side by side (its rows in gpu.jsonl, its table in lab.md); then the
 #          recipe's train step with the dispatch it measured fastest (--config.model.
 #          dispatch_impl), beside quick's rows of the same step at today's auto.
@@ -122,7 +123,8 @@ EOF
 QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
 SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
 SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
-SHAPE_RECIPE=() GEMM=() LAB=(python3 benchmarks/moe_lab.py --budget_s 105)
+SHAPE_RECIPE=() GEMM=()
+LAB=(python3 benchmarks/moe_lab.py --budget_s 105 --shapes "${LAB_SHAPES:-recipe}")
 if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
   SMALL=(--config.model.dim=32 --config.model.n_layers=2 --config.model.n_heads=2
          --config.model.n_kv_heads=1 --config.model.head_dim=16 --config.model.ffw_dim=64
