@@ -187,6 +187,8 @@ ONE_LINE_ERRORS = [
      "error: config.data.source: '/nonexistent/**/*.txt' matches no files"),
     ("--config.model.n_heads=abc", "error: flag --config.model.n_heads=abc"),
     ("--config.tst.nope=1", "error: --config.tst.nope: the config has no field 'nope'"),
+    ("--config.data.mixture_stages=0:a=1",
+     "error: config.data.mixture_stages: needs data.mixture"),
 ]
 
 
