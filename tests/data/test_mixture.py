@@ -1,7 +1,7 @@
 """tst_jax.data.mixture: the interleave against Grain's own MapDataset.mix, each entry's share
 of the windows, each entry's stream continued across phases, exact resume, the weights of each
-stage of data.mixture_stages and its bad values, and a mixture run killed and resumed
-against the same run in one go."""
+stage of data.mixture_stages and its bad values, and mixture runs, one of them in stages,
+killed and resumed against the same run in one go."""
 
 import json
 import os
@@ -279,6 +279,42 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   assert sorted(logged) == list(range(1, 9))
   for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 3's checkpoint
     if d.isdigit() and int(d) > 3:
+      shutil.rmtree(tmp_path / "checkpoints" / d)
+  cli.run(config, str(tmp_path))
+  again = _losses(tmp_path)
+  np.testing.assert_array_equal([again[k] for k in range(1, 9)],
+                                [logged[k] for k in range(1, 9)])
+
+
+def test_a_staged_run_resumed_inside_a_stage_logs_the_losses_of_one_in_one_go(
+    two_stores, tmp_path, capsys):
+  """Stages at steps 0, 2 and 6 of an 8-step run whose tst phase ends at step 4: the plan
+  prints each stage's weight, tokens and passes per source and plan.json records them, and
+  the run killed after step 5, inside the second stage and after the switch, logs the
+  losses of the run in one go."""
+  code, prose = two_stores
+  config = mixture_config(two_stores)
+  config.data.update(tst_mixture="", mixture_stages="0:prose_store=1;2:code=1,prose_store=1;"
+                     "6:code=0.8,prose_store=0.2")
+  cli.run(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert f"data: tokens:{code} (weight by stage 0, 0.5, 0.8): " in out
+  stages = json.loads((tmp_path / "plan.json").read_text())["data"]["stages"]
+  assert [(s["first_step"], s["steps"], s["phases"]) for s in stages] == [
+      (0, 2, ["tst"]), (2, 4, ["tst", "ntp"]), (6, 2, ["ntp"])]
+  code_rows, prose_rows = mixture.interleave((0.8, 0.2)).counts(2 * 4)
+  assert [s["tokens"] for s in stages] == [   # tst windows of 32 tokens, ntp's of 16
+      {f"tokens:{code}": 0, f"tokens:{prose}": 2 * 4 * 32},
+      {f"tokens:{code}": 4 * 32 + 4 * 16, f"tokens:{prose}": 4 * 32 + 4 * 16},
+      {f"tokens:{code}": code_rows * 16, f"tokens:{prose}": prose_rows * 16}]
+  train = {s: len(TokenStore(s[len("tokens:"):]).train) for s in stages[0]["tokens"]}
+  assert stages[1]["passes"] == {s: n / train[s] for s, n in stages[1]["tokens"].items()}
+  assert (f"data: stage 2 from step 2 (4 steps of tst S=2 and ntp): code 0.5: 192 tokens, "
+          f"{192 / train[f'tokens:{code}']:.3g} passes; prose_store 0.5: 192 tokens") in out
+  logged = _losses(tmp_path)
+  assert sorted(logged) == list(range(1, 9))
+  for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 5's checkpoint
+    if d.isdigit() and int(d) > 5:
       shutil.rmtree(tmp_path / "checkpoints" / d)
   cli.run(config, str(tmp_path))
   again = _losses(tmp_path)

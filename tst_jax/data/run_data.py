@@ -388,6 +388,15 @@ class TrainTokens:
     counts = {s: t.count for s, t in self.entries}
     return [(s, counts[s], x) for s, x in self.mixture.passes(plan.phases, counts).items()]
 
+  def stage_passes(self, plan) -> list[tuple[mixture_lib.StageRead, dict[str, float]]]:
+    """Each stage of data.mixture_stages with the passes it makes over each source's
+    training tokens; none without stages."""
+    if self.mixture is None:
+      return []
+    counts = {s: t.count for s, t in self.entries}
+    return [(read, {s: n / counts[s] for s, n in read.tokens.items()})
+            for read in self.mixture.stage_reads(plan.phases)]
+
 
 def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   """Counts the training tokens of the run's store where it exists, else bounds them by the
