@@ -1,5 +1,7 @@
 """Mixture reader benchmark: a phase's batches from one store, from a 0.7/0.3 mixture of two
-(`mixture.RunMixture.batches`), and from Grain's `MapDataset.mix` asked once per row; JSON.
+(`mixture.RunMixture.batches`), from the same mixture in two stages (0.7/0.3, then 0.3/0.7
+from the middle batch on: data.mixture_stages), and from Grain's `MapDataset.mix` asked once
+per row; JSON.
 
   python benchmarks/mixture_reader.py [--gb 0.2] [--batches 500]
 
@@ -9,6 +11,7 @@ each reader makes batches of 16 rows at the demo's phase-1 and phase-2 windows, 
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -59,6 +62,9 @@ def main():
     weights = (0.7, 0.3)
     mix = mixture.RunMixture(mixture.parse("a=0.7,b=0.3", "m"), mixture.parse("a=0.7,b=0.3", "m"),
                              dict(a=splits[0], b=splits[1]))
+    middle = args.batches // 2
+    staged = dataclasses.replace(mix, stages=mixture.stages(
+        f"0:a=0.7,b=0.3;{middle}:a=0.3,b=0.7", mix.main, "m"))
     result = dict(machine=dict(cpus=os.cpu_count(), platform=platform.platform(),
                                python=platform.python_version(), numpy=np.__version__,
                                grain=getattr(grain, "__version__", "?")),
@@ -66,9 +72,8 @@ def main():
     for name, window in (("phase1_16x513", 513), ("phase2_16x129", 129)):
       phase = types.SimpleNamespace(steps=args.batches + 1, batch_size=16, window=window,
                                     is_tst=False)
-      source = mixture.MixtureSource(mix.splits, mix.main, mix.windows([phase])[0],
-                                     mix.starts([phase], 0), 16, window, seed=0,
-                                     num_batches=phase.steps)
+      source = mix.source([phase], 0, seed=0)
+      stages = staged.source([phase], 0, seed=0)
       single = WindowSource(splits[0], 16, window, seed=0)
       per_row = per_row_mix(splits, weights, window, 16, args.batches)
       result["readers"][name] = {
@@ -76,6 +81,7 @@ def main():
                        tokens_per_s=round(16 * window / s))
           for reader, s in (("one_store", timed(single.__getitem__, args.batches)),
                             ("mixture", timed(source.__getitem__, args.batches)),
+                            ("mixture_stages", timed(stages.__getitem__, args.batches)),
                             ("grain_mix_per_row", timed(per_row, args.batches)))}
     print(json.dumps(result))
   finally:

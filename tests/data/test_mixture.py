@@ -1,9 +1,11 @@
 """tst_jax.data.mixture: the interleave against Grain's own MapDataset.mix, each entry's share
-of the windows, each entry's stream continued across phases, exact resume, and a mixture run
+of the windows, each entry's stream continued across phases, exact resume, the weights of each
+stage of data.mixture_stages and its bad values, and mixture runs, one of them in stages,
 killed and resumed against the same run in one go."""
 
 import json
 import os
+import re
 import shutil
 import types
 
@@ -23,6 +25,11 @@ WEIGHTS = [(0.7, 0.3), (0.5, 0.5), (0.2, 0.3, 0.5), (1 / 3, 2 / 3), (0.9, 0.05, 
 def phase(steps, batch_size, window, is_tst=False):
   """A phase as the mixture reads one (train.plan.Phase has these fields)."""
   return types.SimpleNamespace(steps=steps, batch_size=batch_size, window=window, is_tst=is_tst)
+
+
+def data(mix, **fields):
+  """config.data of the mixture `mix`, e.g. 's0=0.7,s1=0.3' of the sources of `streams`."""
+  return run_data.Data(mixture=mix, **fields)
 
 
 def streams(sizes):
@@ -50,8 +57,7 @@ def test_each_entry_gets_its_weight_of_a_million_training_tokens():
   weight, counted from the tokens themselves; batches equal a slow version that asks
   Grain's mix and the entry's WindowSource row by row."""
   splits = streams([300_000, 200_000])
-  mix = mixture.RunMixture.of(types.SimpleNamespace(
-      mixture="s0=0.7,s1=0.3", tst_mixture="", source=""), splits)
+  mix = mixture.RunMixture.of(data("s0=0.7,s1=0.3"), splits)
   phases = [phase(-(-1_000_000 // (16 * 64)), 16, 65)]
   batches = mix.batches(phases, 0, seed=3)
   entry_of_row = np.concatenate([next(batches)[:, 0] // 10**9 for _ in range(phases[0].steps)])
@@ -74,8 +80,7 @@ def test_each_entry_gets_its_weight_of_a_million_training_tokens():
 
 def test_resume_draws_the_same_batches_and_processes_split_the_rows():
   splits = streams([50_000, 40_000, 30_000])
-  mix = mixture.RunMixture.of(types.SimpleNamespace(
-      mixture="s0=0.5,s1=0.25,s2=0.25", tst_mixture="", source=""), splits)
+  mix = mixture.RunMixture.of(data("s0=0.5,s1=0.25,s2=0.25"), splits)
   phases = [phase(30, 8, 17)]
   full = list(mix.batches(phases, 0, seed=1))
   assert len(full) == 30
@@ -94,8 +99,7 @@ def test_a_source_continues_where_the_earlier_phase_left_it():
   """Phase 1 reads s0 alone (data.tst_mixture), phase 2 mixes s0 and s1: s0's windows of both
   phases cover one region of its stream from 0, every token a target once, and s1's from 0."""
   splits = streams([100_000, 100_000])
-  mix = mixture.RunMixture.of(types.SimpleNamespace(
-      mixture="s0=0.5,s1=0.5", tst_mixture="s0=1", source=""), splits)
+  mix = mixture.RunMixture.of(data("s0=0.5,s1=0.5", tst_mixture="s0=1"), splits)
   phases = [phase(10, 4, 33, is_tst=True), phase(20, 4, 17)]
   assert mix.starts(phases, 1) == {"s0": 10 * 4 * 32, "s1": 0}
   targets = {"s0": [], "s1": []}
@@ -111,10 +115,101 @@ def test_a_source_continues_where_the_earlier_phase_left_it():
     np.testing.assert_array_equal(got, np.arange(1, len(got) + 1))
 
 
+STAGES = "0:s0=0.7,s1=0.3;60:s0=0.2,s1=0.3,s2=0.5;150:s2=1"
+
+
+def staged_run(stages=STAGES):
+  """Three streams mixed 0.5/0.3/0.2 in data.mixture, the training weights by `stages`; a tst
+  phase of 100 steps (W = 33), then ntp (W = 17), rows of 16: the second stage spans the
+  switch."""
+  splits = streams([200_000, 200_000, 200_000])
+  mix = mixture.RunMixture.of(data("s0=0.5,s1=0.3,s2=0.2", mixture_stages=stages), splits)
+  return mix, [phase(100, 16, 33, is_tst=True), phase(100, 16, 17)]
+
+
+def test_each_stage_gets_its_weights_and_each_source_reads_on_across_stages():
+  """The entry of each window drawn, read from its tokens, counted per stage: each share
+  within 1% of its stage's weight, a source a stage leaves out never drawn in it, the tokens
+  per stage what the plan counts; each source's windows of both phases and all stages cover
+  its stream from 0, every token a target once."""
+  mix, phases = staged_run()
+  stage_of_step = np.searchsorted([0, 60, 150], np.arange(200), side="right") - 1
+  drawn = np.zeros((3, 3), np.int64)              # [stage, source] windows
+  tokens = np.zeros((3, 3), np.int64)
+  targets = {i: [] for i in range(3)}
+  for index, p in enumerate(phases):
+    for k, batch in enumerate(mix.batches(phases, index, seed=5)):
+      entry = batch[:, 0] // 10**9
+      stage = stage_of_step[index * 100 + k]
+      np.add.at(drawn[stage], entry, 1)
+      np.add.at(tokens[stage], entry, p.window - 1)
+      for e, row in zip(entry, batch):
+        targets[e].append(row[1:] % 10**9)
+  weights = [[0.7, 0.3, 0], [0.2, 0.3, 0.5], [0, 0, 1]]
+  np.testing.assert_allclose(drawn / drawn.sum(1, keepdims=True), weights, atol=0.01)
+  assert drawn[0, 2] == 0 and drawn[2, :2].sum() == 0
+  reads = mix.stage_reads(phases)
+  assert [(r.stage.first_step, r.steps, r.phases) for r in reads] == [
+      (0, 60, (0,)), (60, 90, (0, 1)), (150, 50, (1,))]
+  np.testing.assert_array_equal([list(r.tokens.values()) for r in reads], tokens)
+  for got in targets.values():
+    got = np.sort(np.concatenate(got))
+    np.testing.assert_array_equal(got, np.arange(1, len(got) + 1))
+
+
+def test_stages_resume_exactly_and_one_stage_is_the_mixture_without_stages():
+  """A phase resumed inside a stage, after a stage started within it, draws the batches of
+  the phase in one go; one stage of data.mixture's own weights draws its batches."""
+  mix, phases = staged_run()
+  full = list(mix.batches(phases, 1, seed=2))
+  resumed = mix.batches(phases, 1, seed=2)
+  resumed.set_state({**resumed.get_state(), "next_index": 57})   # step 157: the third stage
+  np.testing.assert_array_equal(np.stack(list(resumed)), np.stack(full[57:]))
+  plain, _ = staged_run(stages="")
+  same, _ = staged_run(stages="0:s0=5,s1=3,s2=2")
+  for index in range(2):
+    np.testing.assert_array_equal(np.stack(list(same.batches(phases, index, seed=2))),
+                                  np.stack(list(plain.batches(phases, index, seed=2))))
+
+
+def test_a_stage_names_a_source_by_its_short_name_or_in_full():
+  main = mixture.parse("tokens:/data/tok/dclm=0.5,jsonl:/data/c4/*.jsonl.gz=0.3,"
+                       "tokens:gs://b/fineweb/=0.2", "data.mixture")
+  stages = mixture.stages("0:c4=1,dclm=3 ; 10:fineweb=1,tokens:/data/tok/dclm=1", main, "f")
+  assert stages == (
+      mixture.Stage(0, (mixture.Entry("tokens:/data/tok/dclm", 0.75),
+                        mixture.Entry("jsonl:/data/c4/*.jsonl.gz", 0.25))),
+      mixture.Stage(10, (mixture.Entry("tokens:/data/tok/dclm", 0.5),
+                         mixture.Entry("tokens:gs://b/fineweb/", 0.5))))
+  same = mixture.parse("tokens:/x/a=1,tokens:/y/a=1", "data.mixture")
+  assert mixture.name_of("tokens:/x/a", [e.source for e in same]) == "tokens:/x/a"
+  with pytest.raises(ConfigError, match="'a' names 2 sources of data.mixture: give one in full"):
+    mixture.stages("0:a=1", same, "data.mixture_stages")
+
+
+@pytest.mark.parametrize("stages,data_fields,message", [
+    ("0:a=0.7,c=0.3", {}, "'c' is not a source of data.mixture: name one of 'a', 'b'"),
+    ("0:a=0,b=1", {}, "must be '' or '<step>:name=weight"),
+    ("0:a=-1,b=1", {}, "must be '' or '<step>:name=weight"),
+    ("5:a=1", {}, "must be '' or '<step>:name=weight"),
+    ("0:a=1;4:b=1;2:a=1", {}, "must be '' or '<step>:name=weight"),
+    ("0:a=1;0:b=1", {}, "must be '' or '<step>:name=weight"),
+    ("a=1", {}, "must be '' or '<step>:name=weight"),
+    ("0:a=1,tokens:/d/a=1", {}, "the stage at step 0 names 'tokens:/d/a' twice"),
+    ("0:a=1;8:b=1", {}, "the stage at step 8 starts after the run's last step"),
+    ("0:a=1", dict(mixture=""), "needs data.mixture"),
+    ("0:a=1", dict(tst_mixture="tokens:/d/a=1"), "data.tst_mixture would be ignored")])
+def test_a_bad_stage_is_one_error_naming_its_field(stages, data_fields, message):
+  config = tiny_config(steps=8, data={"mixture": "tokens:/d/a=0.5,tokens:/d/b=0.5",
+                                      "mixture_stages": stages, **data_fields})
+  with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+    spec_lib.check(config)
+  assert caught.value.field == "data.mixture_stages"
+
+
 def test_eval_rows_come_from_each_held_out_split_in_proportion():
   vals = streams([20_000, 20_000])
-  mix = mixture.RunMixture.of(types.SimpleNamespace(
-      mixture="s0=0.75,s1=0.25", tst_mixture="", source=""))
+  mix = mixture.RunMixture.of(data("s0=0.75,s1=0.25"))
   windows = mix.eval_windows(vals, batch_size=8, window=33, num_batches=4)
   rows = np.concatenate(windows)
   assert rows.shape == (32, 33) and (np.bincount(rows[:, 0] // 10**9) == [24, 8]).all()
@@ -184,6 +279,42 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   assert sorted(logged) == list(range(1, 9))
   for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 3's checkpoint
     if d.isdigit() and int(d) > 3:
+      shutil.rmtree(tmp_path / "checkpoints" / d)
+  cli.run(config, str(tmp_path))
+  again = _losses(tmp_path)
+  np.testing.assert_array_equal([again[k] for k in range(1, 9)],
+                                [logged[k] for k in range(1, 9)])
+
+
+def test_a_staged_run_resumed_inside_a_stage_logs_the_losses_of_one_in_one_go(
+    two_stores, tmp_path, capsys):
+  """Stages at steps 0, 2 and 6 of an 8-step run whose tst phase ends at step 4: the plan
+  prints each stage's weight, tokens and passes per source and plan.json records them, and
+  the run killed after step 5, inside the second stage and after the switch, logs the
+  losses of the run in one go."""
+  code, prose = two_stores
+  config = mixture_config(two_stores)
+  config.data.update(tst_mixture="", mixture_stages="0:prose_store=1;2:code=1,prose_store=1;"
+                     "6:code=0.8,prose_store=0.2")
+  cli.run(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert f"data: tokens:{code} (weight by stage 0, 0.5, 0.8): " in out
+  stages = json.loads((tmp_path / "plan.json").read_text())["data"]["stages"]
+  assert [(s["first_step"], s["steps"], s["phases"]) for s in stages] == [
+      (0, 2, ["tst"]), (2, 4, ["tst", "ntp"]), (6, 2, ["ntp"])]
+  code_rows, prose_rows = mixture.interleave((0.8, 0.2)).counts(2 * 4)
+  assert [s["tokens"] for s in stages] == [   # tst windows of 32 tokens, ntp's of 16
+      {f"tokens:{code}": 0, f"tokens:{prose}": 2 * 4 * 32},
+      {f"tokens:{code}": 4 * 32 + 4 * 16, f"tokens:{prose}": 4 * 32 + 4 * 16},
+      {f"tokens:{code}": code_rows * 16, f"tokens:{prose}": prose_rows * 16}]
+  train = {s: len(TokenStore(s[len("tokens:"):]).train) for s in stages[0]["tokens"]}
+  assert stages[1]["passes"] == {s: n / train[s] for s, n in stages[1]["tokens"].items()}
+  assert (f"data: stage 2 from step 2 (4 steps of tst S=2 and ntp): code 0.5: 192 tokens, "
+          f"{192 / train[f'tokens:{code}']:.3g} passes; prose_store 0.5: 192 tokens") in out
+  logged = _losses(tmp_path)
+  assert sorted(logged) == list(range(1, 9))
+  for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 5's checkpoint
+    if d.isdigit() and int(d) > 5:
       shutil.rmtree(tmp_path / "checkpoints" / d)
   cli.run(config, str(tmp_path))
   again = _losses(tmp_path)

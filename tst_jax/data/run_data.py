@@ -40,6 +40,13 @@ class Data:
   tst_mixture: str = schema.field(
       "", mixture_lib.RULE, "the mixture the tst phase reads, as data.mixture (empty: the same "
       "as the next-token phase)", added="")
+  mixture_stages: str = schema.field(
+      "", mixture_lib.STAGES_RULE, "step:name=weight,...;...: the training weights of "
+      "data.mixture's sources from each step on, across phases, e.g. "
+      "'0:dclm=0.7,fineweb=0.3;5000:dclm=0.5,fineweb=0.5' as Levanter's train_weights stages; "
+      "a name is a source's last path part or the source in full, a source left out reads "
+      "nothing, and data.mixture's weights still mix the held-out loss (empty: data.mixture's "
+      "weights throughout; docs/data.md)", added="")
   eval_sets: str = schema.field(
       "", schema.Rule(lambda v: isinstance(v, str) and _eval_sets_parse(v) is not None,
                       "'' or name=source,... with names of letters, digits, _ . -, each once"),
@@ -83,6 +90,19 @@ class Data:
     if self.document_positions and not self.document_mask:
       raise ConfigError("data.document_positions", "needs data.document_mask=True: positions "
                         "restart at documents only where attention keeps to them")
+    if self.mixture_stages and not self.mixture:
+      raise ConfigError("data.mixture_stages", "needs data.mixture, which names the sources "
+                        "the stages weigh")
+    if self.mixture_stages and self.tst_mixture:
+      raise ConfigError("data.mixture_stages", "sets every phase's weights, so "
+                        "data.tst_mixture would be ignored: leave it empty and give the tst "
+                        "phase's weights as the stage at step 0")
+    mixture_lib.RunMixture.of(self)   # each stage's names, sources of data.mixture
+
+  def alone(self, source: str, **fields) -> Data:
+    """Returns this section reading `source` alone: no mixture, stages or eval sets."""
+    return dataclasses.replace(self, source=source, mixture="", tst_mixture="",
+                               mixture_stages="", eval_sets="", **fields)
 
   def missing_fields(self) -> list[str]:
     """Lists the fields a run needs but leaves empty. A tokens: store brings its own tokenizer."""
@@ -149,8 +169,7 @@ def _check_sources(data: Data, sources: list[str], field: str) -> None:
   """Each of `sources` as `check_paths` checks data.source, an error naming `field`."""
   for source in sources:
     try:
-      check_paths(dataclasses.replace(data, source=source, mixture="", tst_mixture="",
-                                      eval_sets=""))
+      check_paths(data.alone(source))
     except ConfigError as e:
       raise ConfigError(field if e.field == "data.source" else e.field, e.message) from None
 
@@ -195,12 +214,14 @@ class RunData:
     alone draws a batch's B windows at once, each source of a mixture one window at a time.
     Phases are read by `batch_size`, `window`, `name` and `is_tst`, as train.plan.Phase has
     them."""
-    for p in phases:
-      if self.mixture is None:
+    if self.mixture is None:
+      for p in phases:
         check_fits(d, "data.source", d.source, self.train, p.window,
                    lambda b, k, p=p: p.batch_size * b // d.batch_size, f"a {p.name} batch")
-        continue
-      for e in self.mixture.entries(p):
+      return
+    for part in self.mixture.parts(phases):
+      p = phases[part.phase]
+      for e in part.entries:
         field = ("data.tst_mixture" if p.is_tst and d.tst_mixture else
                  "data.mixture" if d.mixture else "data.source")
         check_fits(d, field, e.source, self.mixture.splits[e.source], p.window,
@@ -289,9 +310,8 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
   its store, a `tokens:` one of the run's tokenizer or one prepared with it."""
   out = {}
   for name, source in eval_sets(d):
-    plain = dataclasses.replace(d, source=source, mixture="", tst_mixture="", eval_sets="",
-                                tokenizer="" if source.startswith("tokens:")
-                                else run.tokenizer.path)
+    plain = d.alone(source, tokenizer="" if source.startswith("tokens:")
+                    else run.tokenizer.path)
     store = _open_store(plain, fileio.join(workdir, "eval_sets", name),
                         run.tokenizer.vocab_size, say or (lambda text: None))
     if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
@@ -368,6 +388,15 @@ class TrainTokens:
     counts = {s: t.count for s, t in self.entries}
     return [(s, counts[s], x) for s, x in self.mixture.passes(plan.phases, counts).items()]
 
+  def stage_passes(self, plan) -> list[tuple[mixture_lib.StageRead, dict[str, float]]]:
+    """Each stage of data.mixture_stages with the passes it makes over each source's
+    training tokens; none without stages."""
+    if self.mixture is None:
+      return []
+    counts = {s: t.count for s, t in self.entries}
+    return [(read, {s: n / counts[s] for s, n in read.tokens.items()})
+            for read in self.mixture.stage_reads(plan.phases)]
+
 
 def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   """Counts the training tokens of the run's store where it exists, else bounds them by the
@@ -376,8 +405,8 @@ def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
   The store exists for a `tokens:` source or once prepared into <workdir>/data."""
   if d.mixture or d.tst_mixture:
     mix = mixture_lib.RunMixture.of(d)
-    counts = {s: training_tokens(dataclasses.replace(d, source=s, mixture="", tst_mixture=""),
-                                 _entry_workdir(workdir, k)) for k, s in enumerate(mix.sources)}
+    counts = {s: training_tokens(d.alone(s), _entry_workdir(workdir, k))
+              for k, s in enumerate(mix.sources)}
     return None if None in counts.values() else TrainTokens.of_mixture(mix, counts)
   store_dir = _store_dir(d, workdir)
   if store_dir and fileio.isfile(fileio.join(store_dir, MANIFEST)):

@@ -8,6 +8,7 @@ import json
 import os
 
 from tst_jax.analysis.frontier import Trend
+from tst_jax.data.mixture import name_of
 from tst_jax.train.console import human
 from tst_jax.train.plan import Phase, Plan, PlanRecord
 
@@ -113,21 +114,43 @@ def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
 
 
 def mixture_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
-  """Per source of a mixture: its weight in each phase, its training tokens, the tokens the
-  run reads of it and its passes, and a warning for each source the run repeats."""
-  weights = {p.name: {e.source: e.weight for e in tokens.mixture.entries(p)}
-             for p in plan.phases}
-  lines = [f"data: a mixture of {len(tokens.entries)} sources, each read from its own store"]
+  """Per source of a mixture: its weight in each phase, or in each stage of
+  data.mixture_stages, its training tokens, the tokens the run reads of it and its passes,
+  and a warning for each source the run repeats. Then per stage: the weight, tokens and
+  passes of each source."""
+  mix, stages = tokens.mixture, tokens.stage_passes(plan)
+  counts = dict(tokens.entries)
+  lines = [f"data: a mixture of {len(tokens.entries)} sources, each read from its own store"
+           + (f", in {len(stages)} stages of data.mixture_stages" if stages else "")]
   for where, count, each in tokens.passes(plan):
-    at_least = "" if dict(tokens.entries)[where].exact else ">= "
-    share = ", ".join(f"{_label(p)} {weights[p.name].get(where, 0):.3g}" for p in plan.phases)
+    at_least = "" if counts[where].exact else ">= "
+    if stages:
+      share = "weight by stage " + ", ".join(f"{_weight(read.stage.entries, where):.3g}"
+                                             for read, _ in stages)
+    else:
+      share = "weight " + ", ".join(
+          f"{_label(p)} {_weight(mix.entries(p), where):.3g}" for p in plan.phases)
     per_phase = ", ".join(f"{_label(p)} {at_least}{x:.3g}" for p, x in zip(plan.phases, each))
-    lines.append(f"data: {where} (weight {share}): {human(count)} training tokens, the run "
+    lines.append(f"data: {where} ({share}): {human(count)} training tokens, the run "
                  f"reads {human(sum(each) * count)}; passes over them: {per_phase}, the run "
                  f"{at_least}{sum(each):.3g}")
     lines += _repeat_warnings(f"the training tokens of {where}", sum(each), at_least,
                               max_passes)
+  sources = [e.source for e in mix.main]
+  for k, (read, passes) in enumerate(stages):
+    phases = " and ".join(_label(plan.phases[i]) for i in read.phases)
+    each = "; ".join(
+        f"{name_of(s, sources)} {_weight(read.stage.entries, s):.3g}: {human(n)} tokens, "
+        f"{'' if counts[s].exact else '>= '}{passes[s]:.3g} passes"
+        for s, n in read.tokens.items())
+    lines.append(f"data: stage {k + 1} from step {read.stage.first_step} ({read.steps} steps "
+                 f"of {phases}): {each}")
   return lines
+
+
+def _weight(entries, source: str) -> float:
+  """Returns the weight of `source` among a mixture's `entries`, 0 where it is not one."""
+  return next((e.weight for e in entries if e.source == source), 0.0)
 
 
 def _repeat_warnings(what: str, total: float, at_least: str, max_passes: float) -> list[str]:

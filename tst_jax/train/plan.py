@@ -248,6 +248,13 @@ class PlanRecord:
       if self.tokens.mixture is not None:     # each source's store: its passes
         data["sources"] = [dict(source=w, train_tokens=n, passes=x, passes_total=sum(x))
                            for w, n, x in self.tokens.passes(self.plan)]
+      stages = self.tokens.stage_passes(self.plan)
+      if stages:     # data.mixture_stages: what each stage reads of each source
+        data["stages"] = [dict(first_step=read.stage.first_step, steps=read.steps,
+                               phases=[self.plan.phases[i].name for i in read.phases],
+                               weights={e.source: e.weight for e in read.stage.entries},
+                               tokens=read.tokens, passes=passes)
+                          for read, passes in stages]
     return self.plan.to_json() | dict(
         data=data, resolved=self.resolved.to_json() if self.resolved else None)
 

@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 from tst_jax import losses, models, platform, schema
+from tst_jax.data.mixture import RunMixture
 from tst_jax.data.run_data import Data, check_paths as check_data_paths
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
@@ -169,6 +170,7 @@ def check(config) -> RunSpec:
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
   plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps)
   _check_profile_window(typed["train"].profile_steps, plan)
+  _check_stages(data, plan)
   return RunSpec(plan=plan, **typed)
 
 
@@ -184,6 +186,14 @@ def _check_profile_window(text: str, plan):
   _require(last <= phase.last_step, "train.profile_steps",
            f"steps {first} to {last} cross the switch from {phase.name} after step "
            f"{phase.last_step}: a trace profiles one phase's step")
+
+
+def _check_stages(data, plan):
+  """Refuses a stage of data.mixture_stages that starts after the run's last step."""
+  for stage in RunMixture.of(data).stages:
+    _require(stage.first_step < plan.total_steps, "data.mixture_stages",
+             f"the stage at step {stage.first_step} starts after the run's last step "
+             f"({plan.total_steps} steps): it would read nothing")
 
 
 def build(config, num_devices: int | None = None) -> RunSpec:
