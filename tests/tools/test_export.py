@@ -149,5 +149,5 @@ def test_an_export_to_a_bucket_holds_the_bytes_of_the_local_one(workdir, hf_dir,
       name: fileio.read_bytes(os.path.join(hf_dir, name)) for name in os.listdir(hf_dir)}
   with pytest.raises(SystemExit) as e:
     export.main(["--workdir", remote, "--out", "hf://me/model"])
-  assert e.value.code == ("export: --out hf://me/model: an export is a local folder, gs:// or "
+  assert e.value.code == ("error: --out hf://me/model: an export is a local folder, gs:// or "
                           "s3://; hf:// is not supported there")

@@ -1,7 +1,9 @@
 """Checkpoints by the clock (train.checkpoint_minutes), with a fake clock: saves at least every
 N minutes besides the step cadence, and every process of a multi-process run agrees on the
-step. The step cadence, handoffs and restore: train/test_loop.py, behaviour/test_reliability.py."""
+step. Where Orbax's own save policies and CheckpointManager.should_save would save other steps.
+The step cadence, handoffs and restore: train/test_loop.py, behaviour/test_reliability.py."""
 
+import datetime
 import logging
 import os
 
@@ -11,10 +13,13 @@ import orbax.checkpoint as ocp
 import pytest
 from absl import logging as absl_logging
 from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as policies
+from orbax.checkpoint.checkpoint_managers import save_decision_policy
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib
+from tst_jax.train.preemption import PreemptionGuard
 from tst_jax.train.setup import Setup
 
 
@@ -42,6 +47,61 @@ def test_saves_when_the_minutes_have_passed_and_after_a_cadence_save(tmp_path):
   # 3 (75 s), 4 (cadence), 7 (75 s after 4), 8, 11, 12; never a second save of one step
   assert saved == [3, 4, 7, 8, 11, 12]
   assert checkpoints.all_steps() == saved
+
+
+def test_orbax_continuous_policy_saves_other_steps_than_the_clock():
+  """Orbax's ContinuousCheckpointingPolicy on the clock of the test above, beside the same
+  cadence: it saves at step 1, a run's first step, where SaveClock waits the minute, and says
+  no while the last save is still writing, where SaveClock waits for that write and saves."""
+  policy = policies.ContinuousCheckpointingPolicy(minimum_interval_secs=60)
+  start = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+  at = lambda step: ckpt_lib._Step(step, start + datetime.timedelta(seconds=25 * step))
+
+  def context(writing):
+    return save_decision_policy.DecisionContext(
+        is_saving_in_progress=writing, reached_preemption=False,
+        multiprocessing_options=ocp.options.MultiprocessingOptions())
+  saved = []
+  for step in range(1, 15):
+    if step % 4 == 0 or policy.should_save(at(step), [at(s) for s in saved],
+                                           context=context(False)):
+      saved.append(step)
+  assert saved == [1, 4, 7, 8, 11, 12]                     # the clock's: [3, 4, 7, 8, 11, 12]
+  assert not policy.should_save(at(7), [at(4)], context=context(True))
+
+
+def test_should_save_of_orbax_refuses_a_step_below_the_latest(tmp_path):
+  """A run resumed before its latest step, which did not restore, saves the steps up to it on
+  its cadence; CheckpointManager.should_save, under the same FixedIntervalPolicy, refuses them."""
+  checkpoints = ckpt_lib.Checkpoints(str(tmp_path), keep=20, every=1)
+  state = {"w": jnp.arange(3.0)}
+  for step in (2, 4):
+    checkpoints.save(step, state, dict(step=step))
+  assert checkpoints.save(3, state, dict(step=3))
+  checkpoints.close()
+  manager = ocp.CheckpointManager(str(tmp_path), options=ocp.CheckpointManagerOptions(
+      save_decision_policy=policies.FixedIntervalPolicy(1)))
+  assert manager.all_steps() == [2, 3, 4] and not manager.should_save(3)
+  assert manager.should_save(5)
+  manager.close()
+
+
+def test_a_preemption_saves_off_the_cadence_where_orbax_hears_of_none(tmp_path):
+  """A single process's SIGTERM reaches the run's guard, which tells the policy; Orbax's own
+  reached_preemption listens to JAX's preemption service only, which a single process lacks."""
+  checkpoints = ckpt_lib.Checkpoints(str(tmp_path), keep=20, every=4)
+  guard = PreemptionGuard()
+  try:
+    guard.requested = True               # as the SIGTERM handler does
+    stop = guard.should_stop(5)
+  finally:
+    guard.close()
+  assert stop and not checkpoints.manager.reached_preemption(5)
+  state = {"w": jnp.arange(3.0)}
+  assert not checkpoints.save(5, state, dict(step=5))
+  assert checkpoints.save(5, state, dict(step=5), preempted=stop)
+  checkpoints.close()
+  assert checkpoints.all_steps() == [5]
 
 
 def test_off_by_default():

@@ -1,7 +1,7 @@
 """Export a trained run as a Hugging Face model folder that transformers loads on its own.
 
   python -m tst_jax.tools.export --workdir W --out D [--step N] [--dtype float32|bf16]
-      [--max-shard-size 5GB] [--overwrite]
+      [--max-shard-size 5GB] [--overwrite] [--push_to_hub ORG/NAME [--private] [--revision B]]
 
 D gets config.json and the weights from `tst_jax.convert.hf.to_hf`: one model.safetensors, or
 shards of at most --max-shard-size with model.safetensors.index.json, as huggingface_hub
@@ -11,6 +11,10 @@ tokenizer.json and tokenizer_config.json, so that
 tst_jax. `max_position_embeddings` is the run's data.seq_len, the length it was trained at.
 lm-eval's `--model hf` truncates contexts to it, as `python -m tst_jax.tools.eval` does. The
 reverse, `--config.init_from_hf=D`, starts a run from such a folder.
+
+--push_to_hub ORG/NAME then uploads the local D to that model repository of the Hugging Face
+Hub (tst_jax/tools/hub.py), creating it where missing: private with --private, and on branch
+--revision, created too, instead of main.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tst_jax import fileio
 from tst_jax.errors import UserError
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
+from tst_jax.tools import hub
 
 log = logging.getLogger("tst_jax")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -86,13 +91,25 @@ def main(argv=None):
   parser.add_argument("--max-shard-size", default="5GB",
                       help="the largest safetensors file, e.g. 5GB or 500MB (default: 5GB)")
   parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  parser.add_argument("--push_to_hub", metavar="ORG/NAME", default=None,
+                      help="then upload --out, a local folder, to this model repository of "
+                           "the Hugging Face Hub, created where missing")
+  parser.add_argument("--private", action="store_true",
+                      help="with --push_to_hub: a private repository (a public one is refused)")
+  parser.add_argument("--revision", default=None,
+                      help="with --push_to_hub: the branch to upload to, created where missing "
+                           "(default: main)")
   args = parser.parse_args(argv)
   try:
+    hub.check(args.push_to_hub, args.out, private=args.private, revision=args.revision)
     out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
                  max_shard_size=args.max_shard_size)
+    print(f"exported {args.workdir} to {out}", flush=True)   # before the upload, which may fail
+    if args.push_to_hub:
+      url = hub.push(out, args.push_to_hub, private=args.private, revision=args.revision)
+      print(f"pushed {out} to {url}")
   except (ValueError, FileNotFoundError, UserError) as e:
-    sys.exit(f"export: {e}")
-  print(f"exported {args.workdir} to {out}")
+    sys.exit("error: " + " ".join(str(e).split()))
 
 
 if __name__ == "__main__":

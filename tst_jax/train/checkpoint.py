@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import logging
 import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
 import tensorstore as ts
 from absl import logging as absl_logging
 from orbax.checkpoint import checkpoint_managers as policies
+from orbax.checkpoint.checkpoint_managers import save_decision_policy
 
 from tst_jax import fileio
 from tst_jax.errors import ConfigError, WorkdirError
@@ -100,6 +102,8 @@ class SaveClock:
   they agree every `agree_every` steps, a save being due when any process's clock says so
   (one all-gather, as the preemption guard's fallback). `clock`: seconds, a fake in tests.
   """
+  # Not Orbax's ContinuousCheckpointingPolicy, which saves at a run's first step, skips a step
+  # while the last save writes and asks the primary host every step (test_checkpoint).
 
   def __init__(self, minutes: float, *, clock=time.monotonic, agree_every: int = 10):
     self.minutes, self.clock, self.agree_every = minutes, clock, agree_every
@@ -118,6 +122,13 @@ class SaveClock:
     self.last = self.clock()
 
 
+class _Step(NamedTuple):
+  """A step as Orbax's save policies read it, their PolicyCheckpointInfo."""
+  step: int
+  time: datetime.datetime
+  metrics: dict | None = None
+
+
 class Checkpoints:
   """Saves periodically, keeps the latest N plus the phase handoffs, restores the latest or a step.
 
@@ -133,17 +144,22 @@ class Checkpoints:
                clock: SaveClock | None = None):
     self.directory = fileio.absolute(directory)   # a bucket's URL: Orbax writes it itself
     quiet_storage(self.directory)
-    self.every = every
     self.said_slow = False
     self.before_save = lambda: None
     self.clock = clock or SaveClock(0.0)
+    # The step cadence and the preemption save: Orbax's policies, which `_policy_saves` asks.
+    self.policy = policies.AnySavePolicy(
+        ([policies.FixedIntervalPolicy(every)] if every else [])
+        + [save_decision_policy.PreemptionCheckpointingPolicy()])
+    self.multiprocessing = ocp.options.MultiprocessingOptions()
     preserve = policies.AnyPreservationPolicy(
         [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
     self.manager = ocp.CheckpointManager(
         self.directory,
         item_handlers=dict(state=ocp.StandardCheckpointHandler(),
                            meta=ocp.JsonCheckpointHandler()),
-        options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True))
+        options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True,
+                                             multiprocessing_options=self.multiprocessing))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -151,15 +167,15 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, meta: dict, *, force: bool = False) -> bool:
-    """Saves at the step cadence or when the clock is due, unless this step exists.
-
-    `force` ignores both the cadence and the clock.
+  def save(self, step: int, state, meta: dict, *, force: bool = False,
+           preempted: bool = False) -> bool:
+    """Saves at the step cadence, when the clock is due or once `preempted`, unless this step
+    exists. `force` saves at any step.
     """
     timed = self.clock.due(step)          # before any return: every process asks each step
     if step in self.manager.all_steps():
       return False
-    if not force and not timed and not (self.every and step % self.every == 0):
+    if not (force or timed or self._policy_saves(step, preempted)):
       return False
     self.before_save()
     t0 = time.monotonic()
@@ -174,6 +190,19 @@ class Checkpoints:
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
     self.clock.saved()
     return saved
+
+  def _policy_saves(self, step: int, preempted: bool) -> bool:
+    """Asks Orbax's save policy about `step`, told of a preemption by the run's guard.
+
+    Not through CheckpointManager.should_save, which refuses a step below the latest one and
+    hears of a preemption from JAX's service alone, absent from a single process. Neither policy
+    reads the saved steps.
+    """
+    context = save_decision_policy.DecisionContext(
+        is_saving_in_progress=self.manager.is_saving_in_progress(),
+        reached_preemption=preempted, multiprocessing_options=self.multiprocessing)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return self.policy.should_save(_Step(step, now), [], context=context)
 
   def restore(self, step: int, abstract_state):
     """Restores the state and meta of `step`. `abstract_state` carries shapes, dtypes, shardings."""
@@ -239,13 +268,13 @@ class RunCheckpoints(Checkpoints):
     self.fingerprint, self.store_directory = fingerprint, store_directory
     self.abstract_state = abstract_state
 
-  def save_step(self, state, step: int, *, force: bool = False) -> bool:
+  def save_step(self, state, step: int, *, force: bool = False, preempted: bool = False) -> bool:
     """Saves `state` after `step` steps with the phase and data position it reached."""
     phase = self.plan.phase_at(max(step - 1, 0))
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
                 data_start_pos=self.plan.data_start(phase), window=phase.window,
                 data_fingerprint=self.fingerprint)
-    return self.save(step, state, meta, force=force)
+    return self.save(step, state, meta, force=force, preempted=preempted)
 
   def restore_latest(self) -> tuple[Any, int] | None:
     """Returns (state, step) of the latest checkpoint that restores, None where there is none.

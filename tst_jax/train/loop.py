@@ -67,7 +67,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
         if done % settings.eval_every == 0 or done == phase.last_step:
           _evaluate(setup, state, phase, done, step_log)
         stop = guard.should_stop(done)                # agreed by every process
-        setup.checkpoints.save_step(state, done, force=stop or done == phase.last_step)
+        setup.checkpoints.save_step(state, done, force=done == phase.last_step, preempted=stop)
         if stop:
           step_log.flush()
           raise Preempted(done)

@@ -32,7 +32,7 @@ def decay_curve(shape: str, x):
   """
   curves = {"linear": lambda x: 1.0 - x,
             "cosine": lambda x: 0.5 * (1.0 + jnp.cos(jnp.pi * x)),
-            "1-sqrt": lambda x: 1.0 - jnp.sqrt(x)}
+            "1-sqrt": lambda x: 1.0 - jnp.sqrt(x)}   # optax has no such piece (test_optim)
   return curves[shape](x)
 
 
@@ -51,6 +51,7 @@ def lr_schedule(opt_cfg, total_steps: int):
     decay, shape = round(opt_cfg.decay_fraction * total_steps), opt_cfg.decay_shape
     warmup = min(opt_cfg.warmup_steps, total_steps - decay)
 
+  # Not optax.join_schedules of its pieces: other float32 last bits move the losses (test_optim).
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
     x = jnp.clip((step - (total_steps - decay)) / max(decay, 1), 0.0, 1.0)
