@@ -67,7 +67,7 @@ def _well_formed(text) -> bool:
 
 
 RULE = schema.Rule(_well_formed, "'' or source=weight,... with each source once and weights "
-                   f"> 0, the largest at most {_MAX_RATIO} times the smallest")
+                   f"> 0, the largest at most {_MAX_RATIO} times the smallest", str)
 
 
 class Interleave:

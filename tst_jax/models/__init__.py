@@ -30,10 +30,13 @@ FAMILIES = {"llama": Family(llama.LlamaConfig, llama.Llama, llama.PRESETS),
             "qwen3_moe": Family(moe.MoEConfig, moe.Qwen3MoE, moe.PRESETS)}
 
 
+FAMILY = schema.one_of(FAMILIES)   # config.model.family's rule
+
+
 def family(name: str) -> Family:
   """Returns the family called `name`, config.model.family."""
-  if name not in FAMILIES:
-    raise ConfigError("model.family", f"must be one of {tuple(FAMILIES)}, got {name!r}")
+  if not FAMILY.ok(name):
+    raise ConfigError("model.family", f"must be {FAMILY.must}, got {name!r}")
   return FAMILIES[name]
 
 
