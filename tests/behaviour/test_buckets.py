@@ -3,11 +3,13 @@ end through main.py: killed between checkpoints and resumed, it logs the losses 
 on the local disk; a second run on its live workdir and a bucket that does not exist each stop
 with one error line."""
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import jax
 import numpy as np
@@ -137,6 +139,23 @@ def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_c
   assert errors.one_line(e.value) == (
       "error: --workdir gs://no-such-bucket-here/run cannot be written: no such bucket or "
       "folder")
+
+
+def test_a_workdir_in_a_bucket_gcs_would_not_name_is_one_line_before_anything_compiles(
+    gcs_emulator, monkeypatch):
+  """The emulator makes a bucket of any name, GCS does not: TensorStore refused "b1" at the
+  first checkpoint, after the run had written its record there."""
+  request = urllib.request.Request(f"{gcs_emulator}/storage/v1/b", method="POST",
+                                   data=json.dumps(dict(name="b1")).encode(),
+                                   headers={"Content-Type": "application/json"})
+  urllib.request.urlopen(request).close()
+  monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
+  with pytest.raises(fileio.PathError) as e:
+    cli.run(tiny_config(), "gs://b1/run")
+  assert errors.one_line(e.value).startswith(
+      "error: --workdir gs://b1/run: 'b1' is not a GCS bucket name: 3 to 63 lowercase letters")
+  with urllib.request.urlopen(f"{gcs_emulator}/storage/v1/b/b1/o") as listing:
+    assert "items" not in json.loads(listing.read())
 
 
 @pytest.mark.parametrize("workdir", ["s3://bucket/run", "memory://run", "gcs://bucket/run"])
