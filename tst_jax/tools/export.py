@@ -22,8 +22,8 @@ import sys
 
 import tokenizers
 
-from tst_jax import fileio
-from tst_jax.errors import UserError
+from tst_jax import errors, fileio
+from tst_jax.errors import WorkdirError
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
 
@@ -44,14 +44,14 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   out = fileio.absolute(str(out))
   fileio.check_output(out, "--out", "an export")
   if fileio.exists(out) and not fileio.isdir(out):
-    raise ValueError(f"--out {out} exists and is not a folder")
+    raise fileio.PathError(f"--out {out} exists and is not a folder")
   if fileio.isdir(out) and fileio.listdir(out) and not overwrite:
-    raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
+    raise fileio.PathError(f"--out {out} is not empty; pass --overwrite to write into it")
   trained = trained_run.load(workdir, step, dtype="float32")
   tokenizer_file = workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON)
   if not fileio.isfile(tokenizer_file):
-    raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
-                            "tokenizer.json can be exported")
+    raise WorkdirError(f"{tokenizer_file} does not exist: only a run with a HF "
+                       "tokenizer.json can be exported")
   tokenizer_json = fileio.read_bytes(tokenizer_file)   # the run's copy, maybe in a bucket
   eos = tokenizers.Tokenizer.from_str(tokenizer_json.decode()).id_to_token(
       trained.tokenizer.eos_id)
@@ -87,13 +87,10 @@ def main(argv=None):
                       help="the largest safetensors file, e.g. 5GB or 500MB (default: 5GB)")
   parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
   args = parser.parse_args(argv)
-  try:
-    out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
-                 max_shard_size=args.max_shard_size)
-  except (ValueError, FileNotFoundError, UserError) as e:
-    sys.exit(f"export: {e}")
+  out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
+               max_shard_size=args.max_shard_size)
   print(f"exported {args.workdir} to {out}")
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(errors.main(main))

@@ -225,6 +225,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   fileio.check_output(args.workdir, "--workdir", "a ladder's workdir",   # before any point
                       fileio.RUN_STORES)
+  sweep.resolve(args.config, args.set)   # the config and --set, also where nothing trains
   factors = [float(f) for f in args.baseline_factors.split(",")]
   tst, base = ladder_arms([x for x in args.lengths.split(",") if x], factors, args.tst_arm)
   order = run_order(tst, base)
