@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
+import functools
 import glob as glob_lib
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import re
@@ -69,12 +72,51 @@ def filesystem(url: str):
   """Returns the fsspec filesystem of `url` and the path within it, 'bucket/x' for gs://bucket/x."""
   check_bucket_name(url)
   scheme = protocol(url)
+  if scheme in ("gs", "gcs"):
+    _gcsfs_to_the_log()
   try:
     return fsspec.core.url_to_fs(url, **_OPTIONS.get(scheme, {}))
   except ImportError as e:
     package = _PACKAGES.get(scheme, scheme)
     raise PathError(f"{url}: {scheme}:// paths need {package}: pip install "
                     f"'{_EXTRAS.get(package, package)}'") from e
+
+
+class _ClientLinesToTheLog(logging.Filter):
+  """Shows a store client's log records as info lines, with --verbosity=0 only. gcsfs logs each
+  request it gives up on with its traceback, and the error that follows says it in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno > logging.INFO:
+      record.levelno, record.levelname = logging.INFO, "INFO"
+    return logging.getLogger(record.name).isEnabledFor(record.levelno)
+
+
+@functools.cache
+def _gcsfs_to_the_log():
+  logging.getLogger("gcsfs").addFilter(_ClientLinesToTheLog())
+
+
+# A store that stopped answering, as the OSError of its connection says it.
+_UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                          errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE})
+# The packages whose errors are a store's: its client, HTTP and credentials.
+_CLIENTS = ("aiohttp", "gcsfs", "google", "s3fs", "botocore", "aiobotocore", "huggingface_hub",
+            "requests", "urllib3")
+
+
+def store_error(e: BaseException) -> BaseException | None:
+  """Returns the failure of a store behind `e`, itself or what it was raised from: a PathError,
+  a connection refused, lost or timed out, or an error of a store's client. None for an error
+  of the code."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if (isinstance(e, PathError) or type(e).__module__.split(".")[0] in _CLIENTS
+        or (isinstance(e, OSError) and e.errno in _UNREACHABLE)):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def check_bucket_name(path: str, what: str = ""):

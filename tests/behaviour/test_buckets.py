@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.fixtures import events, subprocess_env
+from tests.fixtures import buckets, events, subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
@@ -131,6 +132,79 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
       local) == [6, 8, 10, 12]
 
 
+# main.py that stops before saving step PAUSE_AT, once the checkpoint before it is complete,
+# writes the file $PAUSED and goes on once the file $GO exists: the test stops the store there.
+PAUSE_AT = 9
+PAUSED = (
+    "import os, runpy, sys, time\n"
+    "from tst_jax.train import checkpoint\n"
+    "real = checkpoint.RunCheckpoints.save_step\n"
+    "def save_step(self, state, step, **kw):\n"
+    f"  if step == {PAUSE_AT}:\n"
+    "    self.wait()\n"
+    "    open(os.environ['PAUSED'], 'w').close()\n"
+    "    while not os.path.exists(os.environ['GO']):\n"
+    "      time.sleep(0.05)\n"
+    "  return real(self, state, step, **kw)\n"
+    "checkpoint.RunCheckpoints.save_step = save_step\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("outage", [
+    "short",
+    pytest.param("long", marks=pytest.mark.slow)])
+def test_a_run_whose_bucket_stops_answering_waits_or_stops_and_resumes_bit_for_bit(
+    outage, gcs_emulator, tmp_path, monkeypatch):
+  """The store of a run's workdir stops after checkpoint 8, in phase 2 of 6 + 6 steps, and
+  starts again with its buckets. For 3 s: gcsfs's and TensorStore's retries wait, and the run
+  goes on. Until the run gives up (gcsfs's retries take about 35 s): it stops with one line
+  that names checkpoint 8, and the same command resumes from it. Either way the run logs the
+  losses of the same run on the local disk, bit for bit, started beside it."""
+  data = spec_lib.check(tiny_config()).data
+  store = str(tmp_path / "store")
+  prepare_lib.prepare(out=store, workers=1, progress=False, **run_data.store_request(data, 512))
+  emulator = buckets.Emulator(tmp_path / "gcs")
+  emulator.start()
+  try:
+    for name, value in emulator.env().items():   # this test's reads too
+      monkeypatch.setenv(name, value)
+    remote = fileio.join(buckets.make_bucket(emulator.url, "outage"), "run")
+    env = _env() | dict(PAUSED=str(tmp_path / "paused"), GO=str(tmp_path / "go"))
+    args = [f"--config.data.source=tokens:{store}", "--workdir"]
+    local = subprocess.Popen(CMD + args + [str(tmp_path / "local")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen([sys.executable, "-c", PAUSED, *CMD[1:], *args, remote], env=env,
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (tmp_path / "paused").exists():
+      assert run.poll() is None, run.communicate()
+      time.sleep(0.05)
+    emulator.stop()
+    (tmp_path / "go").touch()
+    deadline = time.monotonic() + (3 if outage == "short" else 150)
+    while time.monotonic() < deadline and run.poll() is None:
+      time.sleep(0.1)
+    emulator.start()
+    out, err = run.communicate(timeout=300)
+    assert local.wait(timeout=300) == 0, local.stdout.read()[-3000:]
+    if outage == "short":
+      assert run.returncode == 0 and not LIBRARY_LINE.search(err), err[-3000:]
+    else:
+      assert run.returncode == 2, err[-3000:]
+      assert err.splitlines() == [err.strip()] and err.startswith("error: "), err[-3000:]
+      assert (f"step {PAUSE_AT - 1} in {remote}/checkpoints is the last complete checkpoint: "
+              "run the same command again to resume from it") in err, err
+      assert workdir_lib.checkpoint_steps(remote)[-1] == PAUSE_AT - 1
+      resumed = subprocess.run(CMD + args + [remote], env=env, capture_output=True, text=True)
+      assert resumed.returncode == 0, resumed.stderr[-3000:]
+      assert f"resuming {remote} at step {PAUSE_AT - 1} of 12" in resumed.stdout
+    logged = _logged(remote)
+    assert logged == _logged(str(tmp_path / "local"))
+    assert sorted(s for s, kind in logged if kind == "loss") == list(range(1, 13))
+  finally:
+    emulator.stop()
+
+
 def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_compiles(
     gcs_emulator, monkeypatch):
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
@@ -145,10 +219,7 @@ def test_a_workdir_in_a_bucket_gcs_would_not_name_is_one_line_before_anything_co
     gcs_emulator, monkeypatch):
   """The emulator makes a bucket of any name, GCS does not: TensorStore refused "b1" at the
   first checkpoint, after the run had written its record there."""
-  request = urllib.request.Request(f"{gcs_emulator}/storage/v1/b", method="POST",
-                                   data=json.dumps(dict(name="b1")).encode(),
-                                   headers={"Content-Type": "application/json"})
-  urllib.request.urlopen(request).close()
+  buckets.make_bucket(gcs_emulator, "b1")
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
   with pytest.raises(fileio.PathError) as e:
     cli.run(tiny_config(), "gs://b1/run")
