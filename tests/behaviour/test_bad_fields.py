@@ -4,7 +4,7 @@ and an unknown choice, each read off the field's rule (tst_jax/schema.py), never
 
 Each bad value goes in two ways, checked in this process: as the text of `--config.<field>=`
 (configlib reads it with main.py's parser) and as a config.json value. Each must be one
-ConfigError naming its field, before anything is built. A few go through main.py itself, for
+ConfigError naming its field, before anything is built. One goes through main.py itself, for
 the `error:` line, exit status 2 and a workdir never made."""
 
 import collections
@@ -130,32 +130,16 @@ def test_a_bad_value_is_one_config_error_naming_its_field(name):
   assert not failures, "\n".join(failures)
 
 
-def _main_cases() -> list[tuple[str, str]]:
-  """One flag of each kind of bad value, each in another section: (flag, field)."""
-  picked, seen = [], set()
-  for what in ("wrong type", "below its range", "unknown choice"):
-    name, _, value = next(
-        (name, w, value) for name, w, value in CASES
-        if w == what and "." in name and name.split(".")[0] not in seen | {"model"}
-        and _as_flag_text(name, value) is not None)
-    seen.add(name.split(".")[0])
-    picked.append((f"--config.{name}={value}", name))
-  return picked
-
-
 def test_main_py_says_one_line_and_exits_2(tmp_path):
-  """Three cases from the sweep run at once through main.py."""
-  env = subprocess_env.one_cpu_device()
-  runs = []
-  for i, (flag, name) in enumerate(_main_cases()):
-    workdir = tmp_path / f"run{i}"
-    runs.append((flag, name, workdir, subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG, "--workdir",
-         str(workdir), flag], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)))
-  for flag, name, workdir, proc in runs:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 2, (flag, err)
-    assert err.splitlines() == [err.strip()] and err.startswith("error: "), (flag, err)
-    assert name.rpartition(".")[2] in err, (flag, err)
-    assert not out and not workdir.exists(), flag
+  """The first value below a range, through main.py (test_user_errors.py's ONE_LINE_ERRORS
+  runs a wrong type and an unknown choice there)."""
+  name, _, value = next(c for c in CASES if c[1] == "below its range" and "." in c[0])
+  workdir = tmp_path / "run"
+  result = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config",
+                           TINY_CONFIG, "--workdir", str(workdir), f"--config.{name}={value}"],
+                          env=subprocess_env.one_cpu_device(), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+  assert result.stderr.startswith(f"error: config.{name}: must be "), result.stderr
+  assert not result.stdout and not workdir.exists()
