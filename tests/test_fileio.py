@@ -248,6 +248,23 @@ def test_a_missing_bucket_is_named(bucket):
     fileio.check_writable(missing + "/run", "--workdir")
 
 
+@pytest.mark.parametrize("name", ["b1", "Bucket", "-abc", "abc-", "a..b", "ab.-c", "a" * 64,
+                                  "x" * 63 + "." + "y" * 63 + "." + "z" * 95, "a b", ""])
+def test_a_bucket_name_gcs_refuses_is_one_line_naming_the_rule(name):
+  """TensorStore refuses such a name only once a checkpoint is written."""
+  with pytest.raises(fileio.PathError, match=f"^--workdir gs://{re.escape(name)}/run: "
+                     f"'{re.escape(name)}' is not a GCS bucket name: 3 to 63 lowercase"):
+    fileio.check_output(f"gs://{name}/run", "--workdir", "a run's workdir", fileio.RUN_STORES)
+  with pytest.raises(fileio.PathError, match=f"^gs://{re.escape(name)}/x: '"):
+    fileio.exists(f"gs://{name}/x")
+
+
+@pytest.mark.parametrize("name", ["abc", "my-bucket_1", "a.b.c", "0" * 63, "a" * 63 + ".b"])
+def test_a_bucket_name_gcs_takes_passes(name):
+  fileio.check_bucket_name(f"gs://{name}/run", "--workdir")
+  fileio.check_bucket_name(f"s3://{name.upper()}/run", "--out")   # S3 has its own rule
+
+
 class _Refusing(fsspec.AbstractFileSystem):
   """A store whose every call fails as a real one does without credentials or permission."""
   protocol = "refusing"

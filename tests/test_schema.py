@@ -19,7 +19,7 @@ class Section:
   rate: float = schema.field(0.5, schema.number(0.0, 1.0, open_lo=True), "a rate in (0, 1]")
   mode: str = schema.field("fast", schema.one_of(("fast", "slow")), "which way")
   limit: int | None = schema.field(None, schema.Rule(lambda v: v is None or v > 0,
-                                                     "None or > 0"), "an optional limit")
+                                                     "None or > 0", int), "an optional limit")
   late: bool = schema.field(True, schema.BOOL, "a field added later", added=False)
   derived: int = 0          # not a config field: given to parse
 

@@ -11,7 +11,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from tst_jax.errors import ConfigError
+from tst_jax.errors import ConfigError, UserError
 
 
 def load_config(path_arg: str) -> ml_collections.ConfigDict:
@@ -23,10 +23,16 @@ def load_config(path_arg: str) -> ml_collections.ConfigDict:
   name = "_tst_config_" + os.path.splitext(os.path.basename(path))[0]
   module_spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ConfigError("--config", f"{path_arg}: {path!r} defines no get_config()")
-  return module.get_config(arg) if arg else module.get_config()
+  try:
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+      raise ConfigError("--config", f"{path_arg}: {path!r} defines no get_config()")
+    return module.get_config(arg) if arg else module.get_config()
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  the file's own error, as main.py says it
+    raise ConfigError("--config", f"{path_arg}: {path!r} raised {type(e).__name__}: "
+                      f"{' '.join(str(e).split())}") from e
 
 
 def parse_override(text: str, flag: str = "--set") -> tuple[str, str]:

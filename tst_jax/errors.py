@@ -54,6 +54,13 @@ class WorkdirError(UserError):
   A checkpoint write that failed is one, and leaves the last complete checkpoint as it was."""
 
 
+class StoreError(WorkdirError):
+  """The disk or bucket of a running run's workdir that failed under it: a write that did not
+  go through, a bucket that stopped answering. The run stops at once and asks nothing more of
+  it, and the message names the run's last complete checkpoint, which the same command resumes
+  from."""
+
+
 def one_line(e: BaseException) -> str | None:
   """Returns the `error: ...` line of a user error or an environment OSError, None for a bug."""
   if isinstance(e, UserError):

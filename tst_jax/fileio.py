@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
+import functools
 import glob as glob_lib
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import re
@@ -40,6 +43,8 @@ _OPTIONS = {"gs": dict(use_listings_cache=False), "gcs": dict(use_listings_cache
 RUN_STORES = ("gs",)
 FILE_STORES = ("gs", "gcs", "s3")
 # What each store needs, as the error line names it.
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_BUCKET_CHARS = _ALNUM | {"-", "_"}   # of each dot-separated part of a GCS bucket's name
 _PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "hf": "huggingface_hub"}
 _EXTRAS = {"gcsfs": "tst-jax[gcs]", "s3fs": "tst-jax[s3]", "huggingface_hub": "huggingface_hub"}
 _LOGINS = {"gs": "run gcloud auth application-default login or set "
@@ -65,13 +70,68 @@ def protocol(path: str) -> str:
 
 def filesystem(url: str):
   """Returns the fsspec filesystem of `url` and the path within it, 'bucket/x' for gs://bucket/x."""
+  check_bucket_name(url)
   scheme = protocol(url)
+  if scheme in ("gs", "gcs"):
+    _gcsfs_to_the_log()
   try:
     return fsspec.core.url_to_fs(url, **_OPTIONS.get(scheme, {}))
   except ImportError as e:
     package = _PACKAGES.get(scheme, scheme)
     raise PathError(f"{url}: {scheme}:// paths need {package}: pip install "
                     f"'{_EXTRAS.get(package, package)}'") from e
+
+
+class _ClientLinesToTheLog(logging.Filter):
+  """Shows a store client's log records as info lines, with --verbosity=0 only. gcsfs logs each
+  request it gives up on with its traceback, and the error that follows says it in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno > logging.INFO:
+      record.levelno, record.levelname = logging.INFO, "INFO"
+    return logging.getLogger(record.name).isEnabledFor(record.levelno)
+
+
+@functools.cache
+def _gcsfs_to_the_log():
+  logging.getLogger("gcsfs").addFilter(_ClientLinesToTheLog())
+
+
+# A store that stopped answering, as the OSError of its connection says it.
+_UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                          errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE})
+# The packages whose errors are a store's: its client, HTTP and credentials.
+_CLIENTS = ("aiohttp", "gcsfs", "google", "s3fs", "botocore", "aiobotocore", "huggingface_hub",
+            "requests", "urllib3")
+
+
+def store_error(e: BaseException) -> BaseException | None:
+  """Returns the failure of a store behind `e`, itself or what it was raised from: a PathError,
+  a connection refused, lost or timed out, or an error of a store's client. None for an error
+  of the code."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if (isinstance(e, PathError) or type(e).__module__.split(".")[0] in _CLIENTS
+        or (isinstance(e, OSError) and e.errno in _UNREACHABLE)):
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def check_bucket_name(path: str, what: str = ""):
+  """Raises one PathError where `path` is in a GCS bucket whose name GCS refuses. TensorStore,
+  which writes a run's checkpoints, refuses it before any request, after the run has begun."""
+  if protocol(path) not in ("gs", "gcs"):
+    return
+  name = path.split("://", 1)[1].split("/", 1)[0]
+  parts = name.split(".")
+  if not (3 <= len(name) <= 222 and all(
+      part and len(part) <= 63 and part[0] in _ALNUM and part[-1] in _ALNUM
+      and set(part) <= _BUCKET_CHARS for part in parts)):
+    raise PathError(f"{what + ' ' if what else ''}{path}: {name!r} is not a GCS bucket name: "
+                    "3 to 63 lowercase letters, digits, '-' and '_' (or such parts joined by "
+                    "dots), starting and ending with a letter or digit")
 
 
 def _full(fs, url: str, path: str) -> str:
@@ -400,6 +460,7 @@ def check_readable(path: str, what: str):
   """Raises one PathError naming `what` and `path` and why it cannot be read: missing, no
   such bucket, no credentials, not permitted, or no package for its store. A glob is checked
   up to the folder before its first wildcard."""
+  check_bucket_name(path, what)
   fixed = _before_wildcard(path)
   try:
     if is_url(fixed):
@@ -434,12 +495,14 @@ def check_output(path: str, what: str, holds: str, stores: tuple[str, ...] = FIL
 
 
 def check_store(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES):
-  """Raises one PathError where the output `path` is a URL of a store outside `stores`, before
-  anything asks that store. `holds` names the output for the error line: "a run's workdir"."""
+  """Raises one PathError where the output `path` is a URL of a store outside `stores`, or in
+  a bucket GCS refuses the name of, before anything asks that store. `holds` names the output
+  for the error line: "a run's workdir"."""
   if is_url(path) and protocol(path) not in stores:
     where = ", ".join(["a local folder"] + [f"{s}://" for s in stores if s != "gcs"])
     raise PathError(f"{what} {path}: {holds} is {' or '.join(where.rsplit(', ', 1))}; "
                     f"{protocol(path)}:// is not supported there")
+  check_bucket_name(path, what)
 
 
 def check_writable(path: str, what: str):

@@ -27,15 +27,24 @@ MISSING = dataclasses.MISSING
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What every value of a field must be: `ok(value)`, and the words for it."""
+  """What every value of a field must be: `ok(value)`, and the words for it.
+
+  The rest says the same as data, for what reads a rule without calling it, as the sweep of
+  bad values does (tests/behaviour/test_bad_fields.py): `kind`, the type of its values, `lo`
+  and `hi`, the bounds of a range, and `options`, the choices of a field that has them.
+  """
   ok: Callable[[Any], bool]
   must: str
+  kind: type
+  lo: float | None = None
+  hi: float | None = None
+  options: tuple = ()
 
 
 def integer(lo: int, hi: int | None = None) -> Rule:
   return Rule(lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo
                          and (hi is None or v <= hi)),
-              f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+              f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""), int, lo, hi)
 
 
 def number(lo: float, hi: float = math.inf, *, open_lo: bool = False,
@@ -46,16 +55,18 @@ def number(lo: float, hi: float = math.inf, *, open_lo: bool = False,
     return (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi)
   interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
   return Rule(ok, f"a number > {lo:g}" if hi == math.inf and open_lo
-              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}")
+              else f"a number >= {lo:g}" if hi == math.inf else f"a number in {interval}",
+              float, lo, hi)
 
 
 def one_of(options) -> Rule:
   options = tuple(options)
-  return Rule(lambda v: isinstance(v, str) and v in options, f"one of {options}")
+  return Rule(lambda v: isinstance(v, str) and v in options, f"one of {options}", str,
+              options=options)
 
 
-BOOL = Rule(lambda v: isinstance(v, bool), "True or False")
-STRING = Rule(lambda v: isinstance(v, str), "a string")
+BOOL = Rule(lambda v: isinstance(v, bool), "True or False", bool)
+STRING = Rule(lambda v: isinstance(v, str), "a string", str)
 
 
 def field(default, rule: Rule, doc: str, *, added=MISSING):

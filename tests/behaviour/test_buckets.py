@@ -3,25 +3,30 @@ end through main.py: killed between checkpoints and resumed, it logs the losses 
 on the local disk; a second run on its live workdir and a bucket that does not exist each stop
 with one error line."""
 
+import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from tests.fixtures import events, subprocess_env
+from tests.fixtures import buckets, events, subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
 from tst_jax.tools import export
-from tst_jax.train import cli, spec as spec_lib, trained_run
+from tst_jax.train import checkpoint, cli, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
@@ -129,6 +134,93 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
       local) == [6, 8, 10, 12]
 
 
+# The bucket stops answering before step PAUSE_AT is saved, once checkpoint PAUSE_AT - 1 is
+# complete: in phase 2 of 6 + 6 steps.
+PAUSE_AT = 9
+# main.py that writes the file $PAUSED there and goes on once the file $GO exists.
+PAUSED = (
+    "import os, runpy, sys, time\n"
+    "from tst_jax.train import checkpoint\n"
+    "real = checkpoint.RunCheckpoints.save_step\n"
+    "def save_step(self, state, step, **kw):\n"
+    f"  if step == {PAUSE_AT}:\n"
+    "    self.wait()\n"
+    "    open(os.environ['PAUSED'], 'w').close()\n"
+    "    while not os.path.exists(os.environ['GO']):\n"
+    "      time.sleep(0.05)\n"
+    "  return real(self, state, step, **kw)\n"
+    "checkpoint.RunCheckpoints.save_step = save_step\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_a_run_whose_bucket_stops_answering_for_seconds_waits_and_goes_on(
+    gcs_server, bucket, tmp_path, monkeypatch, caplog):
+  """The bucket stops answering for 3 s: the retries of gcsfs and TensorStore wait, and the
+  run goes on to log the losses of the same run on the local disk, bit for bit."""
+  caplog.set_level(logging.DEBUG, logger="gcsfs")
+  config = tiny_config(data=dict(source=f"tokens:{_store(tmp_path / 'store')}"))
+  local, remote = str(tmp_path / "local"), fileio.join(bucket, "run")
+  cli.run(config, local)
+  real = checkpoint.RunCheckpoints.save_step
+
+  def save_step(self, state, step, **kw):
+    if step == PAUSE_AT:
+      self.wait()
+      gcs_server.stop()
+      threading.Timer(3.0, gcs_server.start).start()
+    return real(self, state, step, **kw)
+
+  monkeypatch.setattr(checkpoint.RunCheckpoints, "save_step", save_step)
+  cli.run(config, remote)
+  assert any("retrying after exception: Cannot connect" in r.getMessage()
+             for r in caplog.records), "no request met the outage"
+  assert _logged(remote) == _logged(local)
+  assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_run_whose_bucket_stops_answering_stops_with_one_line_and_resumes_bit_for_bit(
+    gcs_emulator, tmp_path, monkeypatch):
+  """The bucket of a main.py run stops answering until the run gives up, when gcsfs's retries
+  end (about 35 s): it stops with one line that names checkpoint 8 and asks nothing more of
+  the bucket. Once the bucket is back, the same command resumes from checkpoint 8 and ends
+  with the losses of the same run on the local disk, bit for bit, started beside it."""
+  store = _store(tmp_path / "store")
+  emulator = buckets.Emulator(tmp_path / "gcs")    # this run's own, to stop and start again
+  emulator.start()
+  try:
+    for name, value in emulator.env().items():   # this test's reads too
+      monkeypatch.setenv(name, value)
+    remote = fileio.join(buckets.make_bucket(emulator.url, "outage"), "run")
+    env = _env() | dict(PAUSED=str(tmp_path / "paused"), GO=str(tmp_path / "go"))
+    args = [f"--config.data.source=tokens:{store}", "--workdir"]
+    local = subprocess.Popen(CMD + args + [str(tmp_path / "local")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen([sys.executable, "-c", PAUSED, *CMD[1:], *args, remote], env=env,
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not (tmp_path / "paused").exists():
+      assert run.poll() is None, run.communicate()
+      time.sleep(0.05)
+    emulator.stop()
+    (tmp_path / "go").touch()
+    _, err = run.communicate(timeout=300)
+    emulator.start()
+    assert local.wait(timeout=300) == 0, local.stdout.read()[-3000:]
+    assert run.returncode == 2, err[-3000:]
+    assert err.splitlines() == [err.strip()] and err.startswith("error: "), err[-3000:]
+    assert (f"step {PAUSE_AT - 1} in {remote}/checkpoints is the last complete checkpoint: "
+            "run the same command again to resume from it") in err, err
+    assert workdir_lib.checkpoint_steps(remote)[-1] == PAUSE_AT - 1
+    resumed = subprocess.run(CMD + args + [remote], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {remote} at step {PAUSE_AT - 1} of 12" in resumed.stdout
+    assert _logged(remote) == _logged(str(tmp_path / "local"))
+    assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
+  finally:
+    emulator.stop()
+
+
 def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_compiles(
     gcs_emulator, monkeypatch):
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
@@ -137,6 +229,20 @@ def test_a_workdir_in_a_bucket_that_does_not_exist_is_one_line_before_anything_c
   assert errors.one_line(e.value) == (
       "error: --workdir gs://no-such-bucket-here/run cannot be written: no such bucket or "
       "folder")
+
+
+def test_a_workdir_in_a_bucket_gcs_would_not_name_is_one_line_before_anything_compiles(
+    gcs_emulator, monkeypatch):
+  """The emulator makes a bucket of any name, GCS does not: TensorStore refused "b1" at the
+  first checkpoint, after the run had written its record there."""
+  buckets.make_bucket(gcs_emulator, "b1")
+  monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
+  with pytest.raises(fileio.PathError) as e:
+    cli.run(tiny_config(), "gs://b1/run")
+  assert errors.one_line(e.value).startswith(
+      "error: --workdir gs://b1/run: 'b1' is not a GCS bucket name: 3 to 63 lowercase letters")
+  with urllib.request.urlopen(f"{gcs_emulator}/storage/v1/b/b1/o") as listing:
+    assert "items" not in json.loads(listing.read())
 
 
 @pytest.mark.parametrize("workdir", ["s3://bucket/run", "memory://run", "gcs://bucket/run"])
@@ -181,15 +287,11 @@ def test_an_output_in_a_store_it_cannot_write_is_one_line(tool, args, line, tmp_
   from tst_jax.analysis import mutual_info   # pylint: disable=import-outside-toplevel
   from tst_jax.tools import compare, ladder, sweep   # pylint: disable=import-outside-toplevel
   monkeypatch.chdir(tmp_path)
-  if tool == "prepare":
-    assert prepare_lib.main(args) == 2
-    assert capsys.readouterr().out == f"error: {line}\n"
-  else:
-    main = dict(sweep=sweep.main, ladder=ladder.main, compare=compare.main,
-                mutual_info=mutual_info.main)[tool]
-    with pytest.raises(SystemExit) as e:
-      errors.main(main, args)
-    assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
+  main = dict(sweep=sweep.main, ladder=ladder.main, compare=compare.main,
+              mutual_info=mutual_info.main, prepare=prepare_lib.main)[tool]
+  with pytest.raises(SystemExit) as e:
+    errors.main(main, args)
+  assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
   assert os.listdir(tmp_path) == []
 
 

@@ -179,8 +179,8 @@ def test_failed_checkpoint_write_stops_clearly_and_resumes_from_the_last_complet
 
   monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", failing_write)
   workdir = tmp_path / "run"
-  with pytest.raises(errors.WorkdirError, match=rf"a checkpoint write failed \({reason}\); "
-                                                r"step 4 in .* is intact: .* resume") as e:
+  with pytest.raises(errors.StoreError, match=rf"a checkpoint write failed \({reason}\); "
+                     r"step 4 in .* is the last complete checkpoint: .* resume") as e:
     cli.run(config, str(workdir))
   assert errors.one_line(e.value).startswith(f"error: {workdir}/checkpoints/6.orbax-checkpoint")
   complete = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.corpus import bad_files
-from tst_jax import fileio
+from tst_jax import errors, fileio
 from tst_jax.data import TokenStore, make_batches, output_shards, prepare as prepare_lib
 from tst_jax.data.sources import BadFile
 
@@ -143,7 +143,7 @@ def test_cli_names_a_missing_bucket_in_one_line(local_store, tmp_path, capsys):
           f"--tokenizer={tok}", "--workers=1"]
   (tmp_path / "none.jsonl").write_text('{"text": "a document"}\n')
   pytest.importorskip("gcsfs")
-  assert prepare_lib.main(argv) == 2
-  out = capsys.readouterr().out
-  assert out == "error: --out gs://tst-no-such-bucket/s cannot be written: no such bucket or " \
-                "folder\n"
+  with pytest.raises(SystemExit) as stop:
+    errors.main(prepare_lib.main, argv)
+  assert stop.value.code == 2 and capsys.readouterr().err == (
+      "error: --out gs://tst-no-such-bucket/s cannot be written: no such bucket or folder\n")

@@ -13,6 +13,7 @@ import pytest
 from tests.fixtures.corpus import bad_files
 from tests.fixtures.reference import TokenStream
 from tests.fixtures.tiny import tiny_config
+from tst_jax import errors
 from tst_jax.data import (
     DataError, TokenStore, WindowSource, eval_windows, load_documents, make_batches,
     split_documents)
@@ -498,15 +499,18 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
   assert prepare_lib.main(argv) == 0
   printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert printed["fingerprint"] == TokenStore(str(out)).fingerprint
-  assert prepare_lib.main([f"--source=text:{tmp_path}/none/*.txt", f"--out={tmp_path}/t",
-                           "--vocab_size=300"]) == 2
-  assert capsys.readouterr().out.strip() == f"error: data.source 'text:{tmp_path}/none/*.txt' " \
-                                            "matched no files"
+  with pytest.raises(SystemExit) as stop:
+    errors.main(prepare_lib.main, [f"--source=text:{tmp_path}/none/*.txt", f"--out={tmp_path}/t",
+                                   "--vocab_size=300"])
+  assert stop.value.code == 2 and capsys.readouterr().err == (
+      f"error: data.source 'text:{tmp_path}/none/*.txt' matched no files\n")
   bad = bad_files(tmp_path / "bad")["truncated.jsonl.gz"]
   argv = [f"--source=jsonl:{bad}", f"--out={tmp_path}/b", "--vocab_size=300", "--workers=1"]
-  assert prepare_lib.main(argv) == 2
-  printed = capsys.readouterr().out
+  with pytest.raises(SystemExit) as stop:
+    errors.main(prepare_lib.main, argv)
+  printed = capsys.readouterr().err
   assert printed.startswith(f"error: {bad}: cannot be read to its end") and printed.count("\n") == 1
+  assert not os.path.exists(f"{tmp_path}/t") and not os.path.exists(f"{tmp_path}/b")
   good = [f"--source=jsonl:{tmp_path}/bad/*.jsonl*", f"--out={tmp_path}/g", "--vocab_size=300",
           "--workers=1", "--skip_bad_files"]
   (tmp_path / "bad" / "ok.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"

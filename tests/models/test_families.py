@@ -67,7 +67,7 @@ class GeluLlama(llama.Llama):
 def gelu_family():
   models.register("gelu_llama", models.Family(GeluConfig, GeluLlama, llama.PRESETS))
   yield
-  del models.FAMILIES["gelu_llama"]
+  models.unregister("gelu_llama")
 
 
 def test_a_family_registered_in_a_test_file_trains_end_to_end(tmp_path, gelu_family):

@@ -13,7 +13,8 @@ import torch
 import transformers
 
 from tests.fixtures import trained
-from tst_jax import fileio, models
+from tst_jax import errors, fileio, models
+from tst_jax.errors import WorkdirError
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.tools import export
 from tst_jax.data import run_data
@@ -63,7 +64,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
 
 
 def test_export_refuses_missing_step_tokenizer_and_nonempty_out(workdir, tmp_path, capsys):
-  with pytest.raises(ValueError, match=r"no checkpoint of step 5; available steps: \[4, 6, 8\]"):
+  with pytest.raises(WorkdirError, match=r"no checkpoint of step 5; available steps: \[4, 6, 8\]"):
     export.export(workdir, tmp_path / "a", step=5)
   assert not (tmp_path / "a").exists()
 
@@ -71,14 +72,25 @@ def test_export_refuses_missing_step_tokenizer_and_nonempty_out(workdir, tmp_pat
   no_tokenizer.mkdir()
   shutil.copy(os.path.join(workdir, "config.json"), no_tokenizer)
   shutil.copytree(os.path.join(workdir, "checkpoints"), no_tokenizer / "checkpoints")
-  with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+  with pytest.raises(WorkdirError, match="no tokenizer.json"):
     export.export(str(no_tokenizer), tmp_path / "b")
   assert not (tmp_path / "b").exists()
+
+  corrupt = tmp_path / "run_with_a_corrupt_checkpoint"
+  shutil.copytree(workdir, corrupt)
+  for root, _, files in os.walk(corrupt / "checkpoints" / "8" / "state"):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  with pytest.raises(errors.DataError, match=f"^{corrupt}/checkpoints/8: the checkpoint cannot "
+                     r"be restored \(.*\); give another --step of \[4, 6, 8\]"):
+    export.export(str(corrupt), tmp_path / "d")
+  assert not (tmp_path / "d").exists()
 
   out = tmp_path / "c"
   out.mkdir()
   (out / "config.json").write_text("mine")
-  with pytest.raises(SystemExit, match="not empty; pass --overwrite"):
+  with pytest.raises(fileio.PathError, match="not empty; pass --overwrite"):
     export.main(["--workdir", workdir, "--out", str(out)])
   assert os.listdir(out) == ["config.json"] and (out / "config.json").read_text() == "mine"
   export.main(["--workdir", workdir, "--out", str(out), "--step", "6", "--overwrite"])
@@ -148,6 +160,7 @@ def test_an_export_to_a_bucket_holds_the_bytes_of_the_local_one(workdir, hf_dir,
   assert {name: fileio.read_bytes(fileio.join(out, name)) for name in fileio.listdir(out)} == {
       name: fileio.read_bytes(os.path.join(hf_dir, name)) for name in os.listdir(hf_dir)}
   with pytest.raises(SystemExit) as e:
-    export.main(["--workdir", remote, "--out", "hf://me/model"])
-  assert e.value.code == ("error: --out hf://me/model: an export is a local folder, gs:// or "
-                          "s3://; hf:// is not supported there")
+    errors.main(export.main, ["--workdir", remote, "--out", "hf://me/model"])
+  assert e.value.code == 2 and capsys.readouterr().err == (
+      "error: --out hf://me/model: an export is a local folder, gs:// or s3://; hf:// is not "
+      "supported there\n")

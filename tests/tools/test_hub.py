@@ -10,6 +10,7 @@ import pytest
 from huggingface_hub import hf_api, utils as hub_utils
 
 from tests.fixtures import trained
+from tst_jax import errors
 from tst_jax.tools import export
 
 REPO = "me/tiny"
@@ -127,7 +128,7 @@ FAILURES = {
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_a_hub_failure_is_one_error_line_and_the_export_stays(workdir, tmp_path, hub,
-                                                              monkeypatch, failure):
+                                                              monkeypatch, capsys, failure):
   fake_args, said = FAILURES[failure]
   if fake_args is None:   # the real client, at a port nothing listens on
     real = hf_api.HfApi(endpoint=f"http://127.0.0.1:{_closed_port()}", token="hf_test")
@@ -137,8 +138,9 @@ def test_a_hub_failure_is_one_error_line_and_the_export_stays(workdir, tmp_path,
   monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
   out = tmp_path / "hf"
   with pytest.raises(SystemExit) as e:
-    _export(workdir, out, "--private")
-  line = e.value.code
+    errors.main(_export, workdir, out, "--private")
+  line = capsys.readouterr().err.rstrip("\n")
+  assert e.value.code == errors.EXIT_STATUS
   assert line.startswith(f"error: --push_to_hub {REPO}: {said}") and "\n" not in line, line
   assert line.endswith(f"the export in {out} stays: run the same command with --overwrite to "
                        "try again")
@@ -159,10 +161,13 @@ def test_a_hub_failure_is_one_error_line_and_the_export_stays(workdir, tmp_path,
                                                          "local --out, and gs://bucket/hf is "
                                                          "in a bucket"),
 ])
-def test_bad_hub_flags_are_one_error_line_before_anything(workdir, tmp_path, hub, flags, said):
+def test_bad_hub_flags_are_one_error_line_before_anything(workdir, tmp_path, hub, capsys,
+                                                          flags, said):
   fake = hub()
   out = tmp_path / "hf"
   with pytest.raises(SystemExit) as e:
-    export.main(["--workdir", workdir, "--out", str(out), *flags])
-  assert e.value.code.startswith(said) and "\n" not in e.value.code, e.value.code
+    errors.main(export.main, ["--workdir", workdir, "--out", str(out), *flags])
+  line = capsys.readouterr().err
+  assert e.value.code == errors.EXIT_STATUS
+  assert line.startswith(said) and line.count("\n") == 1, line
   assert not out.exists() and fake.calls == []

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from tests.fixtures import trained
+from tst_jax import errors
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
@@ -60,8 +61,12 @@ def test_cli_streams_text_and_refuses_phase1_checkpoints(workdir, capsys):
                "--temperature", "0"])
   out = capsys.readouterr().out
   assert out.startswith("def f(") and len(out) > len("def f(\n")
-  with pytest.raises(SystemExit, match="predicts bags, not next tokens"):
-    sample.main(["--workdir", workdir, "--step", str(trained.PHASE1_STEP), "--prompt", "x"])
+  with pytest.raises(SystemExit) as stop:
+    errors.main(sample.main, ["--workdir", workdir, "--step", str(trained.PHASE1_STEP),
+                              "--prompt", "x"])
+  err = capsys.readouterr().err
+  assert stop.value.code == 2 and err.startswith("error: --step: step 4 of ") and err.count(
+      "\n") == 1 and "predicts bags, not next tokens" in err
   sample.main(["--workdir", workdir, "--step", str(trained.PHASE1_STEP), "--prompt", "x",
                "--max_new_tokens", "2", "--force"])
   assert capsys.readouterr().out.startswith("x")

@@ -89,6 +89,19 @@ def test_a_dead_runs_lock_is_taken_over_with_a_line(root, fields, why):
   assert not fileio.exists(file)
 
 
+def test_a_lock_abandoned_after_its_store_failed_is_taken_over_in_the_same_process(root):
+  """A run whose bucket failed leaves its lock without a word to the store; another run of
+  this live process takes it over, as one of another process would once that one ended."""
+  workdir = fileio.join(root, "run")
+  abandoned = lock_lib.Lock.take(workdir)
+  abandoned.abandon()
+  said = []
+  lock = lock_lib.Lock.take(workdir, say=said.append)
+  assert len(said) == 1 and said[0].endswith("it stopped in this process after its store failed")
+  assert _held(fileio.join(workdir, workdir_lib.LOCK))["token"] == lock.record["token"]
+  lock.release()
+
+
 def test_an_unreadable_lock_is_judged_by_its_age(tmp_path):
   """A lock that is not JSON names no holder: it counts as live until its file is stale."""
   file = _lock_of(str(tmp_path))

@@ -39,7 +39,7 @@ import sys
 
 import numpy as np
 
-from tst_jax import data as data_lib, fileio
+from tst_jax import data as data_lib, errors, fileio
 
 ESTIMATORS = ("miller_madow", "plugin")
 
@@ -217,4 +217,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(errors.main(main))

@@ -3,6 +3,7 @@ Parquet. A file that cannot be read to its end is one BadFile naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -36,10 +37,20 @@ class BadFile(DataError):
                 reason=self.reason if self.line is None else f"line {self.line}: {self.reason}")
 
 
-def open_text(path: str) -> io.TextIOBase:
-  """Opens plain, .gz and .zst files as text, local or through fsspec."""
+@contextlib.contextmanager
+def open_text(path: str) -> Iterator[io.TextIOBase]:
+  """Opens plain, .gz and .zst files as text, local or through fsspec, for a `with` block.
+  The block closes the file, a .gz file's own too: gzip leaves open a file it was handed."""
   if path.endswith(".gz"):
-    return gzip.open(fileio.open(path, "rb"), "rt", encoding="utf-8", errors="replace")
+    with fileio.open(path, "rb") as raw, gzip.open(raw, "rt", encoding="utf-8",
+                                                   errors="replace") as text:
+      yield text
+    return
+  with _open_text(path) as text:
+    yield text
+
+
+def _open_text(path: str) -> io.TextIOBase:
   if path.endswith(".zst"):
     try:
       import zstandard  # pylint: disable=g-import-not-at-top

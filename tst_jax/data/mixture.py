@@ -73,7 +73,7 @@ def _well_formed(text) -> bool:
 
 
 RULE = schema.Rule(_well_formed, "'' or source=weight,... with each source once and weights "
-                   f"> 0, the largest at most {_MAX_RATIO} times the smallest")
+                   f"> 0, the largest at most {_MAX_RATIO} times the smallest", str)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _stages_well_formed(text) -> bool:
 STAGES_RULE = schema.Rule(
     _stages_well_formed, "'' or '<step>:name=weight,...;...', the first stage at step 0 and "
     "the steps increasing, each stage's names once with weights > 0, the largest at most "
-    f"{_MAX_RATIO} times the smallest")
+    f"{_MAX_RATIO} times the smallest", str)
 
 
 def short_name(source: str) -> str:

@@ -23,21 +23,23 @@ skips what is done, and manifest.json, written last, makes the store readable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 
 import numpy as np
 import tqdm
 
-from tst_jax import fileio
+from tst_jax import errors, fileio
 from tst_jax.data import output_shards, sources as sources_lib
 from tst_jax.data import store as store_lib
-from tst_jax.errors import DataError, UserError
+from tst_jax.errors import ConfigError, DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
 
 log = logging.getLogger("tst_jax")
@@ -45,15 +47,21 @@ SHARD_TOKENS = 2**28              # tokens per output shard, 0.5 GB as uint16
 BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on: the first train docs
 _ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
 _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
+PENDING = "prepare.json"          # the request of a prepare under way in its --out
 
 
 def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size):
-  sources_lib.check_val_fraction(val_fraction)
-  sources_lib.check_max_bytes(max_bytes)
+  """Refuses an argument out of its range, naming its flag, before anything is read."""
+  for flag, check, value in (("--val_fraction", sources_lib.check_val_fraction, val_fraction),
+                             ("--max_bytes", sources_lib.check_max_bytes, max_bytes)):
+    try:
+      check(value)
+    except ValueError as e:
+      raise ConfigError(flag, str(e)) from None
   if val_piece_bytes < 0:
-    raise ValueError(f"val_piece_bytes must be >= 0, got {val_piece_bytes}")
+    raise ConfigError("--val_piece_bytes", f"must be >= 0, got {val_piece_bytes}")
   if tokenizer == "bpe" and not vocab_size:
-    raise ValueError("tokenizer 'bpe' needs --vocab_size")
+    raise ConfigError("--vocab_size", "tokenizer 'bpe' needs it")
 
 
 def _tokenize_inputs(pool, jobs, tasks, work, bad: list[dict], progress: bool
@@ -97,47 +105,48 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
                  val_piece_bytes=val_piece_bytes, max_bytes=max_bytes, shard_tokens=shard_tokens,
                  tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))
-  if _claim(out, request):
+  if _finished(out, request):
     return out
-  shards = sources_lib.input_shards(source, text_field)
-  bad = [] if skip_bad_files else None      # records of the files left out
-  budgets = sources_lib.byte_budgets(shards, max_bytes, bad)
-  tasks = [(i, s, b) for i, (s, b) in enumerate(zip(shards, budgets)) if b != 0]
-  split = (seed, val_fraction, val_piece_bytes)
-  tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes,
-                       skip_bad_files)
-  dtype = store_lib.token_dtype(tok.vocab_size)
-  work = work_folder(out, request)
-  os.makedirs(work, exist_ok=True)
-  for name in os.listdir(work):     # half-written files of an interrupted run
-    if ".tmp" in name:
-      os.remove(os.path.join(work, name))
-  jobs = [(t, tok.path, dtype, split, work, skip_bad_files) for t in tasks
-          if _to_read(work, t[0])]
-  t0 = time.time()
-  with _pool(workers, len(jobs)) as pool:
-    inputs, bad = _tokenize_inputs(pool, jobs, tasks, work, bad or [], progress)
-    if not any(d["docs"] for d in inputs):
-      raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents"
-                      + (f"; {len(bad)} bad files left out)" if bad else ")"))
-    plan = output_shards.plan(inputs, val_fraction, shard_tokens)
-    output_shards.forget_another_plan(out, work, plan, inputs)
-    outputs = [(split, k, count, inputs, plan["moved"], seed, val_fraction, out, work, tok.eos_id,
-                dtype, tok.vocab_size) for split, count in plan["shards"].items()
-               for k in range(count)]
-    written = list(pool.imap(output_shards.write, outputs))
-  seconds = time.time() - t0
-  docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
-  text_bytes = sum(d["text_bytes"] for d in inputs)
-  log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
-           "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
-           tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
-  if bad:
-    log.warning("left out %d bad files, listed in %s", len(bad),
-                fileio.join(out, store_lib.MANIFEST))
-  _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad)
-  shutil.rmtree(work)
-  fileio.remove(fileio.join(out, "prepare.json"))
+  shards = sources_lib.input_shards(source, text_field)   # a source of no files writes nothing
+  with _claimed(out, request):
+    bad = [] if skip_bad_files else None      # records of the files left out
+    budgets = sources_lib.byte_budgets(shards, max_bytes, bad)
+    tasks = [(i, s, b) for i, (s, b) in enumerate(zip(shards, budgets)) if b != 0]
+    split = (seed, val_fraction, val_piece_bytes)
+    tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes,
+                         skip_bad_files)
+    dtype = store_lib.token_dtype(tok.vocab_size)
+    work = work_folder(out, request)
+    os.makedirs(work, exist_ok=True)
+    for name in os.listdir(work):     # half-written files of an interrupted run
+      if ".tmp" in name:
+        os.remove(os.path.join(work, name))
+    jobs = [(t, tok.path, dtype, split, work, skip_bad_files) for t in tasks
+            if _to_read(work, t[0])]
+    t0 = time.time()
+    with _pool(workers, len(jobs)) as pool:
+      inputs, bad = _tokenize_inputs(pool, jobs, tasks, work, bad or [], progress)
+      if not any(d["docs"] for d in inputs):
+        raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents"
+                        + (f"; {len(bad)} bad files left out)" if bad else ")"))
+      plan = output_shards.plan(inputs, val_fraction, shard_tokens)
+      output_shards.forget_another_plan(out, work, plan, inputs)
+      outputs = [(split, k, count, inputs, plan["moved"], seed, val_fraction, out, work,
+                  tok.eos_id, dtype, tok.vocab_size) for split, count in plan["shards"].items()
+                 for k in range(count)]
+      written = list(pool.imap(output_shards.write, outputs))
+    seconds = time.time() - t0
+    docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
+    text_bytes = sum(d["text_bytes"] for d in inputs)
+    log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
+             "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
+             tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
+    if bad:
+      log.warning("left out %d bad files, listed in %s", len(bad),
+                  fileio.join(out, store_lib.MANIFEST))
+    _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad)
+    shutil.rmtree(work)
+    fileio.remove(fileio.join(out, PENDING))
   return out
 
 
@@ -164,40 +173,63 @@ def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> 
   # "spec" is the store format's key for the tokenizer's name in manifests on disk
   if name == "bpe":
     return dict(spec="bpe", vocab_size=vocab_size, sample_bytes=sample_bytes)
+  fileio.check_readable(name, "--tokenizer")
   if not fileio.isfile(name):
-    raise ValueError(f"tokenizer file {name!r} does not exist")
+    raise fileio.PathError(f"--tokenizer {name} is a folder: give a tokenizer.json or .model")
   return dict(spec=fileio.basename(name),
               fingerprint=get_tokenizer(name, workdir=None, vocab_size=0).fingerprint())
 
 
-def _claim(out: str, request: dict) -> bool:
-  """Returns True when `out` already holds this store, else records the request in `out`.
+def _finished(out: str, request: dict) -> bool:
+  """Returns whether `out` holds the store of `request`. Another store there is refused, with
+  nothing touched."""
+  if not fileio.exists(fileio.join(out, store_lib.MANIFEST)):
+    return False
+  manifest = store_lib.read_manifest(out)
+  if manifest["request"] == request:
+    return True
+  raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}): "
+                  "nothing was changed; write this one elsewhere (another --out, or another "
+                  "--workdir for a run), or delete that store to prepare it again")
 
-  `out` may be fresh or a resumed run's. A folder that holds or is making another store is
-  refused, with nothing touched.
-  """
-  manifest_path = fileio.join(out, store_lib.MANIFEST)
-  if fileio.exists(manifest_path):
-    manifest = store_lib.read_manifest(out)
-    if manifest["request"] == request:
-      return True
-    raise DataError(f"{out} holds another store ({_differs(manifest['request'], request)}): "
-                    "nothing was changed; write this one elsewhere (another --out, or another "
-                    "--workdir for a run), or delete that store to prepare it again")
-  pending = fileio.join(out, "prepare.json")
+
+@contextlib.contextmanager
+def _claimed(out: str, request: dict):
+  """Records the request in `out`, new or empty, for the block that writes the store there,
+  or resumes an unfinished prepare of it. A folder that is making another store, or holds
+  other files, is refused with nothing touched. A block that raises before an input shard is
+  done leaves a new `out` as it found it: such a start has kept nothing a rerun would not redo
+  at once, and the finished input shards of a later stop are kept for the rerun."""
+  pending = fileio.join(out, PENDING)
   if fileio.exists(pending):
     saved = fileio.read_json(pending)
     if saved != request:
       raise DataError(f"{out} holds an unfinished prepare of another store "
                       f"({_differs(saved, request)}); choose another --out or delete it")
-    return False
+    yield
+    return
   if fileio.isdir(out) and fileio.listdir(out):
     raise DataError(f"{out} is not empty and holds no store: choose a new or empty --out "
                     "(prepare writes and deletes files there)")
   fileio.check_writable(out, "--out")
+  existed = fileio.exists(out)
   fileio.makedirs(out)
   fileio.write_json(pending, request)
-  return False
+  try:
+    yield
+  except Exception:
+    work = work_folder(out, request)
+    if not (os.path.isdir(work) and any(n.endswith(".done.json") for n in os.listdir(work))):
+      fileio.rmtree(work)
+      for name in fileio.listdir(out):      # each written by this prepare: `out` was empty
+        path = fileio.join(out, name)
+        if fileio.isdir(path):
+          fileio.rmtree(path)
+        else:
+          fileio.remove(path)
+      if not existed and not fileio.is_url(out):
+        os.rmdir(out)
+    raise
 
 
 def _differs(saved: dict, request: dict) -> str:
@@ -394,16 +426,12 @@ def main(argv=None) -> int:
                       "corrupt): each is named, and listed in the manifest")
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-  try:
-    out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                  seed=args.seed, val_fraction=args.val_fraction,
-                  val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
-                  text_field=args.text_field, workers=args.workers,
-                  shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
-                  skip_bad_files=args.skip_bad_files)
-  except (ValueError, UserError) as e:
-    print(f"error: {e}", flush=True)
-    return 2
+  out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                seed=args.seed, val_fraction=args.val_fraction,
+                val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
+                text_field=args.text_field, workers=args.workers,
+                shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
+                skip_bad_files=args.skip_bad_files)
   manifest = store_lib.read_manifest(out)
   print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
                         **{f"{s}_tokens": manifest["splits"][s]["tokens"]
@@ -413,4 +441,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  sys.exit(errors.main(main))

@@ -49,7 +49,8 @@ class Data:
       "weights throughout; docs/data.md)", added="")
   eval_sets: str = schema.field(
       "", schema.Rule(lambda v: isinstance(v, str) and _eval_sets_parse(v) is not None,
-                      "'' or name=source,... with names of letters, digits, _ . -, each once"),
+                      "'' or name=source,... with names of letters, digits, _ . -, each once",
+                      str),
       "name=source,...: more held-out sets evaluated at every eval, logged as "
       "eval_loss/<name>: a tokens: store's held-out split, or a source prepared into "
       "<workdir>/eval_sets/<name> with the run's tokenizer (docs/data.md)", added="")

@@ -67,6 +67,7 @@ def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
 def matching_files(source: str, pattern: str) -> dict[str, int]:
   """Returns {path: bytes} of the files `pattern` matches, local or in a bucket or the Hub, in
   sorted order. None matching, or a store that refuses, is one DataError naming the source."""
+  fileio.check_bucket_name(pattern, "data.source")
   try:
     files = fileio.glob_files(pattern)
   except fileio.PathError:

@@ -84,9 +84,13 @@ FAMILIES = {"llama": Family(llama.LlamaConfig, llama.Llama, llama.PRESETS),
             "qwen3_moe": Family(moe.MoEConfig, moe.Qwen3MoE, moe.PRESETS)}
 
 
+FAMILY = schema.one_of(FAMILIES)   # config.model.family's rule, made again by `register`
+
+
 def register(name: str, family_: Family) -> None:
   """Adds model family `name`: from then on config.model.family may name it. Its config class
   must be a frozen dataclass of schema fields that meets FamilyConfig."""
+  global FAMILY   # pylint: disable=global-statement  (the rule lists the registered names)
   if name in FAMILIES and FAMILIES[name] != family_:
     raise ValueError(f"model family {name!r} is registered already")
   missing = [m for m in ("build", "param_counts", "matmul_params", "flops_per_token")
@@ -94,12 +98,20 @@ def register(name: str, family_: Family) -> None:
   if missing:
     raise TypeError(f"family {name!r}: its config lacks {', '.join(missing)} (FamilyConfig)")
   FAMILIES[name] = family_
+  FAMILY = schema.one_of(FAMILIES)
+
+
+def unregister(name: str) -> None:
+  """Removes model family `name`, as a test that registered one does after it."""
+  global FAMILY   # pylint: disable=global-statement
+  del FAMILIES[name]
+  FAMILY = schema.one_of(FAMILIES)
 
 
 def family(name: str) -> Family:
   """Returns the family called `name`, config.model.family."""
-  if name not in FAMILIES:
-    raise ConfigError("model.family", f"must be one of {tuple(FAMILIES)}, got {name!r}")
+  if not FAMILY.ok(name):
+    raise ConfigError("model.family", f"must be {FAMILY.must}, got {name!r}")
   return FAMILIES[name]
 
 

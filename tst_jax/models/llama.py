@@ -29,7 +29,7 @@ def _positive_numbers(v) -> bool:
 
 _ROPE_SCALING = schema.Rule(lambda v: v is None or _positive_numbers(v),
                             "None or 4 numbers > 0 (factor, low_freq_factor, "
-                            "high_freq_factor, original_len)")
+                            "high_freq_factor, original_len)", tuple)
 
 
 @dataclasses.dataclass(frozen=True)

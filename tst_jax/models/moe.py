@@ -33,7 +33,7 @@ from tst_jax.models import layers, llama
 from tst_jax.parallel import logical
 
 _LAYERS = schema.Rule(lambda v: isinstance(v, (tuple, list)) and all(
-    isinstance(i, int) and not isinstance(i, bool) for i in v), "a tuple of layer indices")
+    isinstance(i, int) and not isinstance(i, bool) for i in v), "a tuple of layer indices", tuple)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ log = logging.getLogger("tst_jax")
 MODES = ("auto", "on", "off")
 _DEVICE_IDS = schema.Rule(
     lambda v: isinstance(v, str) and (not v or all(p.strip().isdigit() for p in v.split(","))),
-    "a comma list of device numbers, or ''")
+    "a comma list of device numbers, or ''", str)
 
 
 @dataclasses.dataclass(frozen=True)

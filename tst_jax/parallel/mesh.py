@@ -17,7 +17,7 @@ from tst_jax.parallel.logical import logical_to_pspec, mesh_axes
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 _AXIS = schema.Rule(
     lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
-    "an integer >= 1, or -1 (all remaining devices)")
+    "an integer >= 1, or -1 (all remaining devices)", int, lo=-1)
 
 
 @dataclasses.dataclass(frozen=True)

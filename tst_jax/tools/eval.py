@@ -40,7 +40,7 @@ try:
 except ImportError as e:   # an optional dependency
   raise ImportError("tst_jax.tools.eval needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)") from e
 
-from tst_jax import fileio
+from tst_jax import errors, fileio
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
@@ -243,9 +243,14 @@ def results_table(results: dict) -> str:
     multiprocessing.cpu_count = cpu_count
 
 
+def results_folder(workdir: str) -> str:
+  """Returns the folder of the run in `workdir` that its lm-eval results go to."""
+  return fileio.join(workdir, "lm_eval")
+
+
 def write_results(results: dict, workdir: str, step: int) -> str:
   """Merge `results` into <workdir>/lm_eval/step_<step>.json (one entry per task)."""
-  path = fileio.join(workdir, "lm_eval", f"step_{step}.json")
+  path = fileio.join(results_folder(workdir), f"step_{step}.json")
   record = fileio.read_json(path) if fileio.exists(path) else {}
   for section in ("results", "versions", "n-shot", "higher_is_better", "n-samples", "configs"):
     record.setdefault(section, {}).update(results.get(section, {}))
@@ -270,10 +275,9 @@ def main(argv=None):
   parser.add_argument("--max_length", type=int, default=None,
                       help="context length (default: the run's data.seq_len)")
   args = parser.parse_args(argv)
-  try:
-    trained = trained_run.load(args.workdir, args.step)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"eval: {e}")
+  fileio.check_readable(args.workdir, "--workdir")
+  fileio.check_writable(results_folder(fileio.absolute(args.workdir)), "--workdir")
+  trained = trained_run.load(args.workdir, args.step)
   if trained.phase1_only:
     print(f"eval: warning: {sample.phase1_message(trained)}", file=sys.stderr)
   lm = TstJaxLM(trained=trained, batch_size=args.batch_size, max_length=args.max_length)
@@ -291,4 +295,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(errors.main(main))

@@ -119,6 +119,7 @@ def _flatten(record: dict, prefix: str, out: dict):
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   """Reads the eval curve and plan of a run directory of `main.py`. An unfinished run is an
   error."""
+  fileio.check_readable(workdir, "the run")
   if not fileio.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
   plan, train_tokens = workdir_lib.plan_and_tokens(workdir)

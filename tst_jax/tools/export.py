@@ -26,8 +26,8 @@ import sys
 
 import tokenizers
 
-from tst_jax import fileio
-from tst_jax.errors import UserError
+from tst_jax import errors, fileio
+from tst_jax.errors import WorkdirError
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.convert import hf as convert_hf
 from tst_jax.tools import hub
@@ -49,14 +49,14 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   out = fileio.absolute(str(out))
   fileio.check_output(out, "--out", "an export")
   if fileio.exists(out) and not fileio.isdir(out):
-    raise ValueError(f"--out {out} exists and is not a folder")
+    raise fileio.PathError(f"--out {out} exists and is not a folder")
   if fileio.isdir(out) and fileio.listdir(out) and not overwrite:
-    raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it")
+    raise fileio.PathError(f"--out {out} is not empty; pass --overwrite to write into it")
   trained = trained_run.load(workdir, step, dtype="float32")
   tokenizer_file = workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON)
   if not fileio.isfile(tokenizer_file):
-    raise FileNotFoundError(f"{tokenizer_file} does not exist: only a run with a HF "
-                            "tokenizer.json can be exported")
+    raise WorkdirError(f"{tokenizer_file} does not exist: only a run with a HF "
+                       "tokenizer.json can be exported")
   tokenizer_json = fileio.read_bytes(tokenizer_file)   # the run's copy, maybe in a bucket
   eos = tokenizers.Tokenizer.from_str(tokenizer_json.decode()).id_to_token(
       trained.tokenizer.eos_id)
@@ -100,17 +100,14 @@ def main(argv=None):
                       help="with --push_to_hub: the branch to upload to, created where missing "
                            "(default: main)")
   args = parser.parse_args(argv)
-  try:
-    hub.check(args.push_to_hub, args.out, private=args.private, revision=args.revision)
-    out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
-                 max_shard_size=args.max_shard_size)
-    print(f"exported {args.workdir} to {out}", flush=True)   # before the upload, which may fail
-    if args.push_to_hub:
-      url = hub.push(out, args.push_to_hub, private=args.private, revision=args.revision)
-      print(f"pushed {out} to {url}")
-  except (ValueError, FileNotFoundError, UserError) as e:
-    sys.exit("error: " + " ".join(str(e).split()))
+  hub.check(args.push_to_hub, args.out, private=args.private, revision=args.revision)
+  out = export(args.workdir, args.out, args.step, overwrite=args.overwrite, dtype=args.dtype,
+               max_shard_size=args.max_shard_size)
+  print(f"exported {args.workdir} to {out}", flush=True)   # before the upload, which may fail
+  if args.push_to_hub:
+    url = hub.push(out, args.push_to_hub, private=args.private, revision=args.revision)
+    print(f"pushed {out} to {url}")
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(errors.main(main))

@@ -416,6 +416,10 @@ def main(argv=None) -> int:
                        tuple(args.tst_arms.split(",")),
                        tuple(float(f) for f in args.baseline_factors.split(",")),
                        rate=args.rate, parallel=1, sized=False), args.workdir)]
+  fileio.check_output(args.workdir, "--workdir", "a ladder's workdir",   # before any point
+                      fileio.RUN_STORES)
+  for ladder, _ in ladders:   # each config and --set, also where nothing trains
+    sweep.resolve(ladder.config, args.set)
   status, next_calls, trends = 0, {}, []
   for ladder, workdir in ladders:
     code, call, fitted = run_ladder(args, ladder, workdir, command)

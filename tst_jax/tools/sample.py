@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tst_jax import errors
+from tst_jax.errors import ConfigError
 from tst_jax.train import trained_run
 
 
@@ -156,13 +158,10 @@ def main(argv=None):
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--force", action="store_true", help="sample a phase-1 checkpoint")
   args = parser.parse_args(argv)
-  try:
-    trained = trained_run.load(args.workdir, args.step)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"sample: {e}")
+  trained = trained_run.load(args.workdir, args.step)
   if trained.phase1_only and not args.force:
-    sys.exit(f"sample: {phase1_message(trained)} Its samples are not text: choose a later "
-             "--step, or pass --force to sample anyway.")
+    raise ConfigError("--step", f"{phase1_message(trained)} Its samples are not text: choose "
+                      "a later --step, or pass --force to sample anyway.")
   tok = trained.tokenizer
   prompt = [tok.eos_id] + tok.encode(args.prompt)
   sys.stdout.write(args.prompt)
@@ -173,4 +172,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(errors.main(main))

@@ -96,6 +96,13 @@ class Appender:
     if self._local is not None:
       self._local.close()
 
+  def abandon(self):
+    """Closes without uploading the bytes not yet in the file: after its store failed, for a
+    run that stops, whose resumption drops them anyway."""
+    self._pending = []
+    if self._local is not None:
+      self._local.close()
+
   def __enter__(self) -> Appender:
     return self
 

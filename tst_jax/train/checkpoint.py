@@ -20,7 +20,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from orbax.checkpoint.checkpoint_managers import save_decision_policy
 
 from tst_jax import fileio
-from tst_jax.errors import ConfigError, WorkdirError
+from tst_jax.errors import ConfigError, StoreError
 from tst_jax.parallel import distributed
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.spec import RunSpec
@@ -160,6 +160,9 @@ class Checkpoints:
                            meta=ocp.JsonCheckpointHandler()),
         options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True,
                                              multiprocessing_options=self.multiprocessing))
+    # The last step whose write has finished, known without asking a store that may have
+    # failed, and the step being written.
+    self.complete, self._writing = self.manager.latest_step(), None
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -177,7 +180,6 @@ class Checkpoints:
       return False
     if not (force or timed or self._policy_saves(step, preempted)):
       return False
-    self.before_save()
     t0 = time.monotonic()
     self.wait()   # the previous write, which Orbax's save would wait for
     if time.monotonic() - t0 >= SLOW_SAVE_S and not self.said_slow:
@@ -185,9 +187,12 @@ class Checkpoints:
       log.warning("checkpoint of step %d: waited %.0f s for the previous one to finish writing "
                   "to %s; a larger train.checkpoint_every saves less often", step,
                   time.monotonic() - t0, self.directory)
+    self.before_save()
     with self._write_faults():    # also reports a failure of the previous async write
       saved = self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+    if saved:
+      self._writing = step
     self.clock.saved()
     return saved
 
@@ -224,6 +229,13 @@ class Checkpoints:
   def wait(self):
     with self._write_faults():
       self.manager.wait_until_finished()
+    if self._writing is not None:
+      self.complete, self._writing = self._writing, None
+
+  def last_complete(self) -> str:
+    """Says which checkpoint is the last complete one, without asking the store."""
+    return (f"step {self.complete} in {self.directory} is the last complete checkpoint"
+            if self.complete is not None else "there is no complete checkpoint yet")
 
   def close(self):
     try:
@@ -233,25 +245,25 @@ class Checkpoints:
 
   @contextlib.contextmanager
   def _write_faults(self):
-    """Turns a checkpoint write that fails on the file system into a WorkdirError.
+    """Turns a checkpoint write that fails on the file system or in its store into a
+    StoreError.
 
-    Full disks and permissions are such failures. The error names the last complete
-    checkpoint, which is left as it was, since orbax writes each step into a temporary folder
-    and renames it only once complete.
+    Full disks, permissions and a bucket that stopped answering are such failures. The error
+    names the last complete checkpoint, which is left as it was: orbax writes each step into a
+    temporary folder and renames it once complete, or in a bucket marks it complete last.
     """
     try:
       yield
     except Exception as e:  # orbax re-raises the background write's error, maybe wrapped
-      cause = _os_error(e)
+      cause = _os_error(e) or fileio.store_error(e)
       if cause is None:
         raise
-      complete = sorted(int(p) for p in fileio.listdir(self.directory) if p.isdigit())
-      last = (f"step {complete[-1]} in {self.directory} is intact" if complete else
-              "there is no complete checkpoint yet")
-      raise WorkdirError(
-          f"{cause.filename or self.directory}: a checkpoint write failed "
-          f"({cause.strerror or cause}); {last}: free space or fix permissions, then run the "
-          "same command again to resume") from e
+      where = getattr(cause, "filename", None) or self.directory
+      why = getattr(cause, "strerror", None) or fileio.reason(cause, self.directory)
+      raise StoreError(
+          f"{where}: a checkpoint write failed ({why}); {self.last_complete()}: free space, "
+          "fix permissions or wait for the store to answer, then run the same command again "
+          "to resume from it") from e
 
 
 class RunCheckpoints(Checkpoints):

@@ -9,12 +9,13 @@ or the run's data is prepared and its loop trains or evaluates.
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 
 from tst_jax import fileio
 from tst_jax.data import run_data
-from tst_jax.errors import ConfigError, WorkdirError
+from tst_jax.errors import ConfigError, StoreError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
 from tst_jax.train import fit, lock as lock_lib, loop, spec as spec_lib
 from tst_jax.train.outlook import format_plan
@@ -59,7 +60,9 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
     distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise
   finally:   # a preemption returns, so this covers a normal end, an error and a stop
-    if lock is not None:
+    if lock is not None and isinstance(sys.exc_info()[1], StoreError) and fileio.is_url(workdir):
+      lock.abandon()    # a bucket that failed is asked nothing more: a restart takes it over
+    elif lock is not None:
       lock.release()
   distributed.finished()          # the other processes' watchdogs stop waiting for this one
   return result

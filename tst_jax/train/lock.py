@@ -30,6 +30,7 @@ log = logging.getLogger("tst_jax")
 LOCK_BEAT_S = 30.0
 LOCK_STALE_S = 300.0   # a heartbeat this old is a dead run's, whatever its host
 LOCK_GIVE_UP_S = 200.0   # the holder's own limit: it stops well before others may take over
+_ABANDONED = set()       # the tokens of this process's locks left behind by `Lock.abandon`
 
 
 class Lock:
@@ -91,6 +92,13 @@ class Lock:
     if self.made_workdir and not fileio.is_url(workdir) and not os.listdir(workdir):
       os.rmdir(workdir)   # a run refused before it wrote leaves nothing
     # A bucket has no folders: the lock was the workdir's one object, and it is gone.
+
+  def abandon(self):
+    """Stops the heartbeat without a word to the store, which failed: the lock stays, and a
+    restart on this host takes it over from the run it names, whose process has ended or, in
+    this process, is this one."""
+    self._stop.set()
+    _ABANDONED.add(self.record["token"])
 
   def _renew(self):
     while not self._stop.wait(LOCK_BEAT_S) and not self.lost:
@@ -159,6 +167,8 @@ def _mtime(file: str) -> float:
 
 def _dead(held: dict) -> str:
   """Says why the holder is dead, '' where it may be alive."""
+  if held.get("token") in _ABANDONED:
+    return "it stopped in this process after its store failed"
   if held.get("host") == socket.gethostname() and not _pid_alive(held.get("pid", -1)):
     return "its process has ended"
   age = time.time() - held.get("heartbeat", 0)

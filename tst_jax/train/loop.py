@@ -8,6 +8,7 @@ global step alone decides the phase, so a resumed run continues exactly where it
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -16,7 +17,8 @@ import time
 import jax
 import numpy as np
 
-from tst_jax import platform
+from tst_jax import fileio, platform
+from tst_jax.errors import StoreError, UserError
 from tst_jax.parallel import distributed
 from tst_jax.train import metrics as metrics_lib, step_profile, tracker as tracker_lib
 from tst_jax.train.console import Console
@@ -87,9 +89,30 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
     console.print(f"preempted: checkpoint of step {stop.step} written to "
                   f"{setup.checkpoints.directory}; run the same command again to resume")
     return dict(preempted_at_step=stop.step)
+  except StoreError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  a store's failure, of any client
+    stopped = _store_stopped(e, setup.checkpoints)
+    if stopped is None:
+      raise
+    raise stopped from e
   finally:   # also after an error, which stays the one reported
-    _close(window, guard, console, writer, setup.checkpoints,
-           raising=sys.exc_info()[0] is None)
+    failed = isinstance(sys.exc_info()[1], StoreError)   # a failed store is asked nothing more
+    _close(window.close, guard.close, console.close,
+           functools.partial(writer.close, upload=not failed),
+           *([] if failed else [setup.checkpoints.close]), raising=sys.exc_info()[0] is None)
+
+
+def _store_stopped(e: Exception, checkpoints) -> StoreError | None:
+  """Returns the one error of a run whose workdir's disk or bucket failed under it, naming its
+  last complete checkpoint; None for an error of another kind."""
+  cause = fileio.store_error(e)
+  if cause is None:
+    return None
+  what = (str(e) if isinstance(e, UserError)
+          else f"{checkpoints.directory}: {fileio.reason(cause, checkpoints.directory)}")
+  return StoreError(f"{what}; {checkpoints.last_complete()}: run the same command again to "
+                    "resume from it once the store answers")
 
 
 def _writer(setup: Setup, start: int, record: PlanRecord) -> metrics_lib.MetricsWriter:
@@ -125,11 +148,12 @@ def _profile_window(setup: Setup, console: Console, primary: bool) -> step_profi
   return step_profile.Window(window, traced, done, console.print)
 
 
-def _close(*closables, raising: bool):
-  """Finish pending checkpoint writes and flush the metrics (also after an error)."""
-  for c in closables:
+def _close(*closes, raising: bool):
+  """Calls each of `closes`: finish pending checkpoint writes and flush the metrics, also after
+  an error."""
+  for close in closes:
     try:
-      c.close()
+      close()
     except Exception as e:  # pylint: disable=broad-except
       if raising:
         raise
@@ -205,8 +229,8 @@ class _NoWriter:
   def sync(self):
     pass
 
-  def close(self):
-    pass
+  def close(self, upload: bool = True):
+    del upload
 
 
 def _scalars(metrics: dict) -> dict:

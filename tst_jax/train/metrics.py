@@ -102,14 +102,17 @@ class MetricsWriter:
     if self.tb is not None:
       self.tb.out.flush()
 
-  def close(self):
-    """Closes metrics.jsonl, the event file and the tracker, each even where one before failed."""
+  def close(self, upload: bool = True):
+    """Closes metrics.jsonl, the event file and the tracker, each even where one before failed.
+    Without `upload`, after the workdir's store failed, the lines and events not yet in the
+    files are dropped: a resumed run drops every line past its checkpoint."""
+    end = "close" if upload else "abandon"
     try:
-      self.file.close()
+      getattr(self.file, end)()
     finally:
       try:
         if self.tb is not None:
-          self.tb.out.close()
+          getattr(self.tb.out, end)()
       finally:
         if self.tracker is not None:
           self.tracker.close()

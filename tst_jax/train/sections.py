@@ -30,7 +30,7 @@ _RULES = schema.Rule(
     lambda rules: isinstance(rules, (tuple, list)) and all(
         isinstance(r, (tuple, list)) and len(r) == 2 and isinstance(r[0], str)
         and _axes_ok(r[1]) for r in rules),
-    f"(logical name, None | a mesh axis of {MESH_AXES} | a tuple of them) pairs")
+    f"(logical name, None | a mesh axis of {MESH_AXES} | a tuple of them) pairs", tuple)
 
 
 def _window_ok(text) -> bool:
@@ -44,7 +44,7 @@ def _window_ok(text) -> bool:
 
 
 TRACKERS = ("none", "wandb", "trackio")   # train.tracker: tracker.py starts each
-_WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1")
+_WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1", str)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +200,7 @@ class Reference:
                            "fingerprint, or builtin:pystdlib@<major.minor> for that Python's "
                            "standard library. The run prints its difference from it only on "
                            "the same data", added="")
-  run: str = schema.field("", schema.Rule(_run_record_ok, "'' or a JSON object"),
+  run: str = schema.field("", schema.Rule(_run_record_ok, "'' or a JSON object", str),
                           "the run it was measured for: its fields of sections.SAME_RUN as "
                           "JSON, as defaults.as_written(config) gives them. The run prints its "
                           "difference from it only where it equals them all", added="")

@@ -12,7 +12,7 @@ import numpy as np
 from tst_jax import data as data_lib
 from tst_jax import fileio
 from tst_jax.data import run_data
-from tst_jax.errors import ConfigError, DataError, WorkdirError
+from tst_jax.errors import ConfigError, WorkdirError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
@@ -142,14 +142,9 @@ def _check_workdir_config(spec, workdir: str):
   cadences and policies may change; train.steps may not, since they place the phases and the
   learning-rate schedule of the steps already trained. A field added after the run was
   written compares with the value such a run had."""
-  path = workdir_lib.path(workdir, workdir_lib.CONFIG)
-  if not fileio.exists(path):
+  if not fileio.exists(workdir_lib.path(workdir, workdir_lib.CONFIG)):
     return
-  try:
-    saved = workdir_lib.read_config(workdir)
-  except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
-    raise DataError(f"{path}: cannot be read ({e}); it records the config of this workdir's "
-                    "run: restore it, or use another --workdir") from None
+  saved = workdir_lib.read_config(workdir)
   there, here = same_run_fields(saved), spec.same_run()
   changed = [k for k in there.keys() | here.keys() if there.get(k) != here.get(k)]
   diff = [s for s in SAME_RUN if "." not in s and any(k.partition(".")[0] == s for k in changed)]

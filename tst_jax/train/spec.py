@@ -108,8 +108,8 @@ def help_text() -> str:
   """Every field of a run config: name, default, doc and rule (`main.py --help-config`)."""
   lines = ["Every field of a run config (set one with --config.<section>.<field>=VALUE):", ""]
   lines += schema.help_lines(Run, "")
-  lines += ["", f"{'model.family':<34} {repr('llama'):<20} the model family: one of "
-            f"{tuple(models.FAMILIES)} (base_config(family, preset) sets it with a preset)"]
+  lines += ["", f"{'model.family':<34} {repr('llama'):<20} the model family: "
+            f"{models.FAMILY.must} (base_config(family, preset) sets it with a preset)"]
   for family in models.FAMILIES:
     lines += ["", f"model (family {family}; a preset gives the sizes):"]
     lines += schema.help_lines(models.FAMILIES[family].config, "model")

@@ -18,6 +18,7 @@ from tst_jax import data as data_lib
 from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
+from tst_jax.errors import DataError, WorkdirError
 from tst_jax.train import checkpoint as ckpt_lib, step as step_lib, workdir as workdir_lib
 from tst_jax.train.sections import Tst
 
@@ -48,10 +49,11 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   """Loads the run in `workdir` at checkpoint `step`, by default the latest.
 
   `dtype` overrides the model's compute dtype (e.g. float32 for exact comparisons).
-  Raises a ValueError naming the available steps if `step` has no checkpoint, and a
-  FileNotFoundError if the workdir has no config.json or no tokenizer.
+  A workdir that is missing or holds no run, no tokenizer or no checkpoint of `step` (the
+  error names the steps there), or a checkpoint that does not restore, is a UserError.
   """
   workdir = fileio.absolute(workdir)
+  fileio.check_readable(workdir, "--workdir")
   sections = workdir_lib.read_config(workdir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
@@ -59,11 +61,17 @@ def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> 
   tokenizer = workdir_lib.read_tokenizer(workdir, model_cfg.vocab_size)
   steps = workdir_lib.checkpoint_steps(workdir)
   if not steps:
-    raise ValueError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
+    raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
   step = steps[-1] if step is None else int(step)
   if step not in steps:
-    raise ValueError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
-  params, meta = restore_params(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), step, model_cfg)
+    raise WorkdirError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
+  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
+  try:
+    params, meta = restore_params(directory, step, model_cfg)
+  except Exception as e:  # pylint: disable=broad-except  Orbax's and TensorStore's, of any kind
+    raise DataError(f"{directory}/{step}: the checkpoint cannot be restored "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    f"give another --step of {steps}") from e
   graphdef, _ = step_lib.abstract_model(model_cfg)
   return Trained(workdir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
                  tokenizer, step, meta)

@@ -17,7 +17,7 @@ import ml_collections
 from tst_jax import fileio
 from tst_jax.data import run_data, tokenizer as tokenizer_lib
 from tst_jax.data.store import TokenStore
-from tst_jax.errors import ConfigError, DataError
+from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.train import appending, spec as spec_lib
 from tst_jax.train.plan import Plan, PlanRecord
 
@@ -47,10 +47,20 @@ def path(workdir: str, name: str) -> str:
 
 
 def _read_json(workdir: str, name: str) -> dict | None:
+  """Returns the record `name` of the run in `workdir`, None where there is none. One that is
+  not a JSON object is a DataError naming it."""
   file = path(workdir, name)
   if not fileio.isfile(file):
     return None
-  return json.loads(fileio.read_text(file))
+  try:
+    record = json.loads(fileio.read_text(file))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise DataError(f"{file}: cannot be read as JSON ({e}); it is a record of the run in "
+                    f"{workdir}: restore it from a copy") from None
+  if not isinstance(record, dict):
+    raise DataError(f"{file}: holds a {type(record).__name__}, not a JSON object; it is a "
+                    f"record of the run in {workdir}: restore it from a copy")
+  return record
 
 
 def write_config(workdir: str, config: dict):
@@ -64,12 +74,18 @@ def read_config_json(workdir: str) -> dict | None:
 
 
 def read_config(workdir: str) -> dict:
-  """Returns the typed sections of the run in `workdir`, read from its config.json."""
+  """Returns the typed sections of the run in `workdir`, read from its config.json. A workdir
+  without one is a WorkdirError, a config.json that does not check a DataError naming it."""
   config = _read_json(workdir, CONFIG)
   if config is None:
-    raise FileNotFoundError(f"{path(workdir, CONFIG)} does not exist: {workdir} is not a "
-                            "tst_jax run directory")
-  return spec_lib.sections_of(config)
+    raise WorkdirError(f"{path(workdir, CONFIG)} does not exist: {workdir} is not a "
+                       "tst_jax run directory")
+  try:
+    return spec_lib.sections_of(config)
+  except (ValueError, KeyError, TypeError) as e:   # a field that does not check, a section lost
+    raise DataError(f"{path(workdir, CONFIG)}: cannot be read ({e}); it records the config "
+                    f"of the run in {workdir}: restore it from a copy, or use another "
+                    "--workdir") from None
 
 
 def write_plan(workdir: str, record: PlanRecord):
@@ -98,7 +114,14 @@ def read_metrics(workdir: str) -> list[dict]:
   file = path(workdir, METRICS)
   if not fileio.exists(file):
     return []
-  return [json.loads(line) for line in fileio.read_text(file).split("\n") if line.strip()]
+  records = []
+  for number, line in enumerate(fileio.read_text(file).split("\n"), 1):
+    try:
+      records += [json.loads(line)] if line.strip() else []
+    except ValueError as e:
+      raise DataError(f"{file}:{number}: cannot be read as JSON ({e}); it is the run's log of "
+                      "losses: restore it from a copy") from None
+  return records
 
 
 def final_eval(workdir: str, steps: int) -> float | None:
@@ -165,8 +188,8 @@ def read_tokenizer(workdir: str, vocab_size: int) -> tokenizer_lib.Tokenizer:
   for name in (TOKENIZER_JSON, TOKENIZER_MODEL):
     if fileio.isfile(path(workdir, name)):
       return tokenizer_lib.get_tokenizer(path(workdir, name), workdir=None, vocab_size=vocab_size)
-  raise FileNotFoundError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
-                          "tokenizer is missing")
+  raise WorkdirError(f"{workdir} has no tokenizer.json (or tokenizer.model): the run's "
+                     "tokenizer is missing")
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

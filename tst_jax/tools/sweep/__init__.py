@@ -107,14 +107,14 @@ def main(argv=None) -> int:
   args.deadline = None if args.deadline_s is None else time.time() + args.deadline_s
   fileio.check_output(args.workdir, "--workdir", "a sweep's workdir",   # before any point
                       fileio.RUN_STORES)
+  arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+  points = _points(args, arms)
+  # Every point's config, before anything is written: a misspelt arm or override fails here.
+  specs = [resolve(p.config_arg(args.config), p.overrides(args.set))[1] for p in points]
   fileio.makedirs(args.workdir)
   for folder in args.finished:
     names = bring_back(folder, args.workdir)
     print(f"brought back from {folder}: {', '.join(names) or 'nothing new'}", flush=True)
-  arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-  points = _points(args, arms)
-  # Every point's config, before anything runs: a misspelt arm or override fails here.
-  specs = [resolve(p.config_arg(args.config), p.overrides(args.set))[1] for p in points]
   if args.budget_s is not None:
     print(check_budget(args, points, specs), flush=True)
   if args.dry_run:

@@ -22,8 +22,8 @@ from tst_jax.train.workdir import final_eval, plan_and_tokens, read_summary
 def points_under(workdir: str):
   """(name, sweep_point.json, its plan typed, its store's training tokens or None) of every
   point directory under `workdir`, by name: the plan the run recorded (plan.json), else the
-  one the sweep wrote as it started it."""
-  for name in fileio.listdir(workdir):
+  one the sweep wrote as it started it. A workdir not made yet has none."""
+  for name in fileio.listdir(workdir) if fileio.isdir(workdir) else []:
     path = fileio.join(workdir, name, POINT_FILE)
     if fileio.isfile(path):
       meta = fileio.read_json(path)

@@ -33,8 +33,8 @@ def finished(point_dir: str, steps: int) -> bool:
     return False
   done = summary["steps"]
   if done != steps:
-    raise RuntimeError(f"{point_dir} finished {done} steps but this sweep asks for {steps}: "
-                       "use another --workdir")
+    raise errors.WorkdirError(f"{point_dir} finished {done} steps but this sweep asks for "
+                              f"{steps}: use another --workdir")
   return workdir_lib.final_eval(point_dir, steps) is not None
 
 
