@@ -334,6 +334,13 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
   workdir_lib.write_store(workdir, data.fingerprint, data.train.directory, len(data.train))
   assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
+  # Held-out windows of another width (a tst phase's S·L + 1) are drawn as the eval's are;
+  # a width no batch of which fits in the split gives none.
+  wide = data.held_out.windows(2, 4 * 8 + 1)
+  for got, want in zip(wide, eval_windows(one_shard.val, batch_size=2, window=33,
+                                          num_batches=2), strict=True):
+    assert np.array_equal(got, want)
+  assert data.held_out.windows(2, len(one_shard.val)) == []
   assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
   with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
     run_data.prepare_data(_data(config), workdir, 299, (0, 1))

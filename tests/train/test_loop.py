@@ -5,12 +5,15 @@ metrics."""
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
-from tst_jax.train import cli, loop, spec as spec_lib
+from tst_jax.data import TokenStore, eval_windows
+from tst_jax.train import cli, loop, spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 
@@ -43,6 +46,25 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert summary["resolved"]["model.attention_impl"]["value"] == "xla"  # auto on CPU
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["attention_impl"] == "xla"
+  _check_the_held_out_bag_loss(str(tmp_path), records, summary)
+
+
+def _check_the_held_out_bag_loss(workdir, records, summary):
+  """Phase 1's evals log eval_bag_loss, phase 2's do not; at the switch it is the training loss
+  function of the tst phase on the checkpoint's parameters, averaged over data.eval_batches
+  batches of B held-out windows of S·L + 1 = 33 tokens spread over the held-out split."""
+  evals = {r["step"]: r for r in records if "eval_loss" in r}
+  assert [s for s, r in evals.items() if "eval_bag_loss" in r] == [4, 6]
+  assert summary["phase1_end_eval_bag_loss"] == evals[6]["eval_bag_loss"]
+  spec = spec_lib.build(tiny_config())
+  phase = spec.plan.phases[0]
+  graphdef, _ = step_lib.abstract_model(spec.model)
+  params, _ = trained_run.restore_params(os.path.join(workdir, "checkpoints"), 6, spec.model)
+  model = nnx.merge(graphdef, params)
+  windows = eval_windows(TokenStore(os.path.join(workdir, "data")).val, batch_size=4,
+                         window=33, num_batches=2)
+  losses = [float(step_lib.loss(model, jnp.asarray(w), phase, spec.loss)[0]) for w in windows]
+  assert evals[6]["eval_bag_loss"] == pytest.approx(np.mean(losses), rel=1e-5)
 
 
 def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():

@@ -123,7 +123,8 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
            if delta_bound == "=" and delta is not None and not run.is_baseline else None)
   return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
-              is_baseline=run.is_baseline, frontier=frontier.names,
+              phase1_bag_loss=run.phase1_bag_loss, is_baseline=run.is_baseline,
+              frontier=frontier.names,
               frontier_loss_at_equal_flops=frontier.loss_at(run.total_flops),
               delta_equal_flops=delta if delta_bound == "=" else None, delta_bound=delta_bound,
               delta_text=bounded(delta, delta_bound, "+.4f"),
@@ -200,13 +201,15 @@ def report_head(title: str, command: str = "") -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | passes | final eval loss | "
+           "phase-1 held-out bag loss | "
            "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) | "
            "power-law fit | slope s per e-fold of FLOPs | predicted exp(Δ/s) |",
-           "|---" * 13 + "|"]
+           "|---" * 14 + "|"]
   for row in rows:
     lines.append(f"| {row['run']} | {row['r']:g} | {row['S']} | {row['steps']} | "
                  f"{human(row['flops'])} | {human(row['data_tokens'])} | "
                  f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | "
+                 f"{fmt(row['phase1_bag_loss'])} | "
                  f"{row['delta_text']} | {row['speedup_text']} | "
                  f"{fit_text(row)} | {fmt(row['slope'], '+.4f')} | "
                  f"{row['speedup_predicted_text']} |")

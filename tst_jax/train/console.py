@@ -77,10 +77,16 @@ class Console:
       print(f"step {step:>{width}}/{self.total}  {_phase_name(phase):<8} loss "
             f"{metrics['loss']:.4f}  {_speed(speed)}  ETA {duration(eta)}", flush=True)
 
-  def eval(self, step: int, loss: float, sets: dict | None = None):
-    """Prints the held-out loss, then each set of data.eval_sets by name."""
-    self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}"
-               + "".join(f"; {name} {x:.4f}" for name, x in (sets or {}).items()))
+  def eval(self, step: int, record: dict, phase=None):
+    """Prints an eval's `record` (`Evaluator.record`): the held-out loss, each set of
+    data.eval_sets by name, and in a tst `phase` its held-out bag loss."""
+    sets = {k.partition("/")[2]: x for k, x in record.items() if k.startswith("eval_loss/")}
+    line = (f"eval  step {step}: held-out next-token loss {record['eval_loss']:.4f}"
+            + "".join(f"; {name} {x:.4f}" for name, x in sets.items()))
+    if "eval_bag_loss" in record:
+      line += (f"; held-out bag loss {record['eval_bag_loss']:.4f} (the {_phase_name(phase)} "
+               "task)")
+    self.print(line)
 
   def final(self, summary: dict, workdir: str, reference=None, run: dict | None = None):
     """Held-out loss (beside `reference`'s, a config.reference, when it names one, for the run
@@ -89,7 +95,10 @@ class Console:
     lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
              f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
     if summary.get("phase1_end_eval_loss") is not None:
-      lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
+      lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f}"
+      if summary.get("phase1_end_eval_bag_loss") is not None:
+        lines[-1] += f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+      lines[-1] += ")"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary, run or {})
     where = functools.partial(workdir_lib.path, workdir)

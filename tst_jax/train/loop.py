@@ -103,11 +103,10 @@ def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
   """Writes and prints the held-out losses after step `done`, its time kept out of step_s."""
   step_log.flush()
   t0 = time.time()
-  loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
-  step_log.writer.write(dict(step=done, phase=phase.name, eval_loss=loss,
-                             **setup.spec.plan.tokens_at(done),
-                             **{f"eval_loss/{name}": x for name, x in sets.items()}))
-  step_log.console.eval(done, loss, sets)
+  record = setup.evaluate.record(state.params, phase)
+  step_log.writer.write(dict(step=done, phase=phase.name, **record,
+                             **setup.spec.plan.tokens_at(done)))
+  step_log.console.eval(done, record, phase)
   step_log.t_last += time.time() - t0
 
 

@@ -4,6 +4,7 @@ state the first step starts from and each phase's batches."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
@@ -21,6 +22,8 @@ from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
 from tst_jax.train.sections import SAME_RUN, same_run_fields
 
+log = logging.getLogger("tst_jax")
+
 
 class Setup:
   """What a run builds once, before its first step (`Setup.create`): the Trainer of its
@@ -34,8 +37,24 @@ class Setup:
     self.checkpoints = ckpt_lib.RunCheckpoints(
         workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
         data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
-    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], data.eval_sets,
-                              eos_id=data.tokenizer.eos_id)
+    d = spec.data
+    sets = {name: held.windows(d.batch_size, d.seq_len + 1)
+            for name, held in data.eval_sets.items()}
+    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], sets,
+                              eos_id=data.tokenizer.eos_id, bags=self._bag_windows())
+
+  def _bag_windows(self) -> dict:
+    """Returns each tst phase's held-out windows for eval_bag_loss, of its S·L + 1 tokens in
+    its batches' rows, from the held-out split(s) eval_loss reads. A split too short for one
+    batch of them is said once, and that phase logs no eval_bag_loss."""
+    bags = {}
+    for phase in (p for p in self.spec.plan.phases if p.is_tst):
+      bags[phase] = self.data.held_out.windows(phase.batch_size, phase.window)
+      if not bags[phase] and distributed.is_primary():
+        log.warning("no eval_bag_loss in phase %s S=%d: its held-out split holds fewer than "
+                    "one batch of %d windows of %d tokens", phase.name, phase.bag_size,
+                    phase.batch_size, phase.window)
+    return bags
 
   @classmethod
   def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,
