@@ -179,6 +179,25 @@ class HeldOut:
   num_batches: int                   # data.eval_batches
   block: tuple[int, int]             # (index, count): this process's rows of each batch
   mixture: mixture_lib.RunMixture | None = None   # rows drawn from its main entries
+  byte_splits: dict | None = None    # source -> the bytes under each token of its split; None
+                                     # where a store does not record them
+
+  @classmethod
+  def of(cls, stores: dict, num_batches: int, block: tuple[int, int],
+         mixture: mixture_lib.RunMixture | None = None) -> HeldOut:
+    """Returns the HeldOut of `stores`, source -> TokenStore, with their tokens' bytes where
+    every one of them records them."""
+    known = all(st.val_bytes is not None for st in stores.values())
+    return cls({s: st.val for s, st in stores.items()}, num_batches, block, mixture,
+               {s: st.val_bytes for s, st in stores.items()} if known else None)
+
+  def token_bytes(self, batch_size: int, window: int) -> list[np.ndarray] | None:
+    """Returns the UTF-8 bytes of text under each token of `windows(batch_size, window)`,
+    [B_local, W] each, or None where a store does not record them."""
+    if self.byte_splits is None:
+      return None
+    return dataclasses.replace(self, splits=self.byte_splits, byte_splits=None).windows(
+        batch_size, window)
 
   def windows(self, batch_size: int, window: int) -> list[np.ndarray]:
     """Returns this process's rows [B_local, W] of each batch of `batch_size` windows of
@@ -273,8 +292,8 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   check_fits(d, "data.source", d.source, store.val, d.seq_len + 1, lambda b, k: b * k,
              f"{d.eval_batches} eval batches")
-  held_out = HeldOut({d.source: store.val}, d.eval_batches,
-                     block or (jax.process_index(), jax.process_count()))
+  held_out = HeldOut.of({d.source: store}, d.eval_batches,
+                        block or (jax.process_index(), jax.process_count()))
   return RunData(tokenizer, store.train, store.val, held_out.windows(d.batch_size, d.seq_len + 1),
                  held_out, store.unigram_entropy, store.fingerprint, store.data_name)
 
@@ -303,8 +322,8 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
                stores[mix.sources.index(e.source)].val, d.seq_len + 1,
                lambda b, k, e=e: mix.eval_rows(b, k)[e.source],
                f"its rows of {d.eval_batches} eval batches")
-  held_out = HeldOut({s: st.val for s, st in zip(mix.sources, stores)}, d.eval_batches,
-                     block or (jax.process_index(), jax.process_count()), mix)
+  held_out = HeldOut.of(dict(zip(mix.sources, stores)), d.eval_batches,
+                        block or (jax.process_index(), jax.process_count()), mix)
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val,
@@ -327,8 +346,8 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
                         "another tokenizer than the run's: prepare it with the run's")
     check_fits(d, "data.eval_sets", source, store.val, d.seq_len + 1, lambda b, k: b * k,
                f"{d.eval_batches} eval batches of the set {name}")
-    out[name] = HeldOut({source: store.val}, d.eval_batches,
-                        block or (jax.process_index(), jax.process_count()))
+    out[name] = HeldOut.of({source: store}, d.eval_batches,
+                           block or (jax.process_index(), jax.process_count()))
   return out
 
 
@@ -448,8 +467,12 @@ def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
                         progress=False)
     store = TokenStore(out)
   seconds = time.time() - t0
+  text = store.val_text_bytes
   say(f"data: {len(store.train):,} training and {len(store.val):,} held-out tokens in "
-      f"{store.directory}" + (f" (prepared in {seconds:.0f} s)" if seconds >= 1 else ""))
+      f"{store.directory}" + (f" (prepared in {seconds:.0f} s)" if seconds >= 1 else "")
+      + ("; held-out bytes unknown: the store was prepared before stores recorded them, so "
+         "no bits per byte (prepare it again for them)" if text is None else
+         f"; {text / max(len(store.val), 1):.3g} bytes of text per held-out token"))
   return store
 
 

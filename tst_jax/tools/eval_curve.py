@@ -35,6 +35,7 @@ class EvalCurve:
   train_tokens: int | None = None   # of the store it read (None: unknown)
   identity: dict = dataclasses.field(default_factory=dict)   # `identity_of` its workdir
   phase1_bag_loss: float | None = None   # the last eval_bag_loss: phase 1's task at its end
+  final_bpb: float | None = None         # bits per byte of the final eval (None: bytes unknown)
 
   @property
   def r(self) -> float:
@@ -142,4 +143,5 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,
                    train_tokens=train_tokens, identity=identity_of(workdir, plan),
-                   phase1_bag_loss=bags[-1] if bags else None)
+                   phase1_bag_loss=bags[-1] if bags else None,
+                   final_bpb=rows[-1].get("eval_bpb"))

@@ -80,9 +80,9 @@ class Console:
   def eval(self, step: int, record: dict, phase=None):
     """Prints an eval's `record` (`Evaluator.record`): the held-out loss, each set of
     data.eval_sets by name, and in a tst `phase` its held-out bag loss."""
-    sets = {k.partition("/")[2]: x for k, x in record.items() if k.startswith("eval_loss/")}
-    line = (f"eval  step {step}: held-out next-token loss {record['eval_loss']:.4f}"
-            + "".join(f"; {name} {x:.4f}" for name, x in sets.items()))
+    names = [k.partition("/")[2] for k in record if k.startswith("eval_loss/")]
+    line = (f"eval  step {step}: held-out next-token loss {_with_bpb(record, '')}"
+            + "".join(f"; {name} {_with_bpb(record, '/' + name)}" for name in names))
     if "eval_bag_loss" in record:
       line += (f"; held-out bag loss {record['eval_bag_loss']:.4f} (the {_phase_name(phase)} "
                "task)")
@@ -93,7 +93,9 @@ class Console:
     whose same-run fields are `run`), where the files are, how to resume or look at it."""
     self.close()
     lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
-             f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
+             f"this session); held-out loss " + _with_bpb(dict(
+                 eval_loss=summary["final_eval_loss"], eval_bpb=summary.get("final_eval_bpb")),
+                 "")]
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f}"
       if summary.get("phase1_end_eval_bag_loss") is not None:
@@ -137,6 +139,14 @@ def _reference_lines(reference, summary: dict, run: dict) -> list[str]:
   return [f"{head}{why}: no difference printed",
           f"  measure it {'for this run' if differs or not reference.run else 'on this data'}: "
           f"{reference.command_for(run)}"]
+
+
+def _with_bpb(record: dict, suffix: str) -> str:
+  """Formats the held-out loss eval_loss<suffix> of an eval's record with its bits per byte,
+  or 'bytes unknown' where the store does not record them."""
+  bpb = record.get(f"eval_bpb{suffix}")
+  return (f"{record[f'eval_loss{suffix}']:.4f}, "
+          + ("bytes unknown" if bpb is None else f"{bpb:.4f} bits/byte"))
 
 
 def _speed(speed: dict) -> str:

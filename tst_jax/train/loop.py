@@ -74,8 +74,10 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
       step_log.flush()
       start = phase.last_step
     setup.checkpoints.wait()
+    final = setup.evaluate(state.params)
     summary = metrics_lib.summarize(
-        setup.workdir, plan, setup.evaluate(state.params), write=primary,
+        setup.workdir, plan, final, write=primary,
+        final_eval_bpb=setup.evaluate.bits_per_byte(final),
         unigram_entropy=setup.data.unigram_entropy, data=setup.data.data_name,
         seconds_this_session=time.time() - t0,
         resolved=setup.spec.resolved.to_json())

@@ -37,11 +37,13 @@ class Setup:
     self.checkpoints = ckpt_lib.RunCheckpoints(
         workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
         data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
-    d = spec.data
-    sets = {name: held.windows(d.batch_size, d.seq_len + 1)
-            for name, held in data.eval_sets.items()}
-    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], sets,
-                              eos_id=data.tokenizer.eos_id, bags=self._bag_windows())
+    shape = (spec.data.batch_size, spec.data.seq_len + 1)
+    self.evaluate = Evaluator(
+        trainer, data.eval_windows, data_block[1],
+        {name: held.windows(*shape) for name, held in data.eval_sets.items()},
+        eos_id=data.tokenizer.eos_id, bags=self._bag_windows(),
+        token_bytes=data.held_out.token_bytes(*shape),
+        set_bytes={name: held.token_bytes(*shape) for name, held in data.eval_sets.items()})
 
   def _bag_windows(self) -> dict:
     """Returns each tst phase's held-out windows for eval_bag_loss, of its S·L + 1 tokens in
