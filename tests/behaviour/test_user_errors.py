@@ -153,6 +153,8 @@ def test_config_overrides_plan_or_name_a_field_many():
     ([("logical_axis_rules", "((\"batch\", \"bogus\"),)")], "config.logical_axis_rules"),
     ([("data.seed", None)], "config.data.seed: must be an integer >= -1, got None"),
     ([("data.text_field", None)], "config.data.text_field: must be a string"),
+    ([("data.mixture", "bogus")], "config.data.mixture: must be '' or source=weight"),
+    ([("data.tst_mixture", "a=0")], "config.data.tst_mixture: must be '' or source=weight"),
 ])
 def test_examples_name_their_field(picks, message):
   config = tiny_config()

@@ -60,8 +60,8 @@ def parse(text: str, field: str) -> tuple[Entry, ...]:
 def _well_formed(text) -> bool:
   if not isinstance(text, str):
     return False
-  try:
-    return not text or bool(parse(text, ""))
+  try:   # ConfigError needs a field; schema names the real one where the rule fails
+    return not text or bool(parse(text, "data.mixture"))
   except ConfigError:
     return False
 
