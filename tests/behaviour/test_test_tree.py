@@ -32,7 +32,6 @@ ELSEWHERE = {
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
     "train/cli.py": ["train/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
-    "train/downstream.py": ["tools/test_eval.py"],
     "train/defaults.py": ["train/test_plan_schedule.py", "train/test_loop.py"],
     "train/sections.py": ["train/test_spec.py", "train/test_console.py"],
     "train/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],

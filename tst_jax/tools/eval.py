@@ -27,8 +27,8 @@ import sys
 from lm_eval import utils as lm_utils   # an optional dependency, as train/downstream.py says
 
 from tst_jax.train import trained_run
-from tst_jax.train.downstream import (PAPER_AVERAGE, TstJaxLM, evaluate, paper_average,
-                                      task_list, write_results)
+from tst_jax.train.downstream import (PAPER_AVERAGE, TstJaxLM, evaluate, fewshot,
+                                      paper_average, task_list, write_results)
 from tst_jax.tools import sample
 
 
@@ -67,15 +67,14 @@ def main(argv=None):
     print(f"eval: warning: {sample.phase1_message(trained)}", file=sys.stderr)
   lm = TstJaxLM(trained=trained, batch_size=args.batch_size, max_length=args.max_length)
   limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-  paper = "paper" in args.tasks.split(",")
-  fewshot = 0 if paper and args.num_fewshot is None else args.num_fewshot
-  results = evaluate(lm, task_list(args.tasks), num_fewshot=fewshot, limit=limit,
+  shots = fewshot(args.tasks, args.num_fewshot)
+  results = evaluate(lm, task_list(args.tasks), num_fewshot=shots, limit=limit,
                      include_path=args.include_path)
   print(results_table(results))
   average = paper_average(results)
   if average is not None:
     print(f"the paper's average of {len(PAPER_AVERAGE)} tasks ({', '.join(PAPER_AVERAGE)}; "
-          f"{fewshot}-shot): {average:.4f}")
+          f"{shots}-shot): {average:.4f}")
   print(f"results: {write_results(results, trained.workdir, trained.step)}")
 
 

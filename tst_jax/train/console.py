@@ -88,6 +88,19 @@ class Console:
                "task)")
     self.print(line)
 
+  def tasks(self, step: int, record: dict, seconds: float):
+    """Prints the scores of train.eval_tasks (`downstream.task_metrics`), their standard
+    errors left to metrics.jsonl."""
+    scores = {}
+    for key, value in record.items():
+      _, task, metric = key.split("/", 2) if key.count("/") >= 2 else ("", key, "")
+      if "_stderr" not in metric and key != "tasks/paper_average":
+        scores.setdefault(task, []).append(f"{metric} {value:.4f}")
+    line = "; ".join(f"{task} {', '.join(parts)}" for task, parts in scores.items())
+    if "tasks/paper_average" in record:
+      line += f"; the paper's average {record['tasks/paper_average']:.4f}"
+    self.print(f"tasks step {step} ({duration(seconds)}): {line}")
+
   def final(self, summary: dict, workdir: str, reference=None, run: dict | None = None):
     """Held-out loss (beside `reference`'s, a config.reference, when it names one, for the run
     whose same-run fields are `run`), where the files are, how to resume or look at it."""

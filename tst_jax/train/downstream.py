@@ -1,5 +1,6 @@
 """lm-eval's tasks scored on a tst_jax model in JAX: the adapter, lm-eval's model `tst_jax`,
-and the paper's preset of tasks. `python -m tst_jax.tools.eval` scores a checkpoint with it.
+the paper's preset of tasks, and `InRun`, the tasks of train.eval_tasks scored on the live
+parameters. `python -m tst_jax.tools.eval` scores a checkpoint with the same adapter.
 
 lm-eval is an optional dependency (`pip install -e '.[eval]'`): import this module only where
 tasks are scored.
@@ -27,8 +28,11 @@ except ImportError as e:   # an optional dependency
                     "install lm-eval)") from e
 
 from tst_jax import fileio
+from tst_jax.errors import ConfigError
 from tst_jax.models.sampling import Sampler, padded_length
+from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import trained_run, workdir as workdir_lib
+from tst_jax.train.plan import Phase
 
 
 # The paper's downstream tasks (section 4: lm-eval, 0-shot) as lm-eval names them, each with
@@ -44,6 +48,12 @@ def task_list(text: str) -> list[str]:
   """--tasks' comma list, with 'paper' standing for PAPER_TASKS."""
   names = [t for t in text.split(",") if t]
   return list(dict.fromkeys(n for t in names for n in (PAPER_TASKS if t == "paper" else [t])))
+
+
+def fewshot(text: str, asked: int | None = None) -> int | None:
+  """Returns the shots of a --tasks or train.eval_tasks list: `asked`, else 0 with 'paper'
+  (the paper's protocol), else None, each task's own."""
+  return 0 if asked is None and "paper" in text.split(",") else asked
 
 
 def paper_average(results: dict) -> float | None:
@@ -207,14 +217,15 @@ def task_manager(tasks, include_path=None):
   return TaskManager(include_path=include_path)
 
 
-def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None,
+def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None, manager=None,
              bootstrap_iters: int = 100_000) -> dict:
-  """Runs lm-eval's `simple_evaluate` of `lm` on `tasks`, local ones from `include_path`."""
+  """Runs lm-eval's `simple_evaluate` of `lm` on `tasks`, names or loaded tasks, local ones
+  from `include_path`, or from `manager`, the TaskManager that loaded them."""
   from lm_eval import simple_evaluate   # pylint: disable=g-import-not-at-top
   tasks = list(tasks)
   return simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
-                         task_manager=task_manager(tasks, include_path), log_samples=False,
-                         bootstrap_iters=bootstrap_iters)
+                         task_manager=manager or task_manager(tasks, include_path),
+                         log_samples=False, bootstrap_iters=bootstrap_iters)
 
 
 def write_results(results: dict, workdir: str, step: int) -> str:
@@ -230,3 +241,77 @@ def write_results(results: dict, workdir: str, step: int) -> str:
   return path
 
 
+
+
+def task_metrics(results: dict, names: list[str]) -> dict:
+  """Returns the scores of each task or group of `names` in lm-eval's `results`, as
+  metrics.jsonl names them: tasks/<task>/<metric>, with ',none' (no filter) dropped and a
+  filter's name after a '/', and tasks/paper_average where all its tasks ran."""
+  record = {}
+  for name in names:
+    scores = results.get("results", {}).get(name) or results.get("groups", {}).get(name, {})
+    for key, value in scores.items():
+      if "," in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+        metric, _, kept = key.partition(",")
+        record[f"tasks/{name}/{metric}" + ("" if kept == "none" else f"/{kept}")] = value
+  average = paper_average(results)
+  return record | ({} if average is None else {"tasks/paper_average": average})
+
+
+class InRun:
+  """The tasks of train.eval_tasks, loaded once as the run starts, scored on the run's live
+  parameters in its ntp phase: every train.eval_tasks_every steps and after its last step.
+
+  A phase-1 model is not scored: it has seen only bags and predicts the next bag, where
+  lm-eval's scores are next-token log-likelihoods of single tokens (docs/evaluation.md).
+  """
+
+  def __init__(self, spec, trainer, tokenizer, workdir: str):
+    """`spec` is the run's RunSpec and `trainer` its step.Trainer."""
+    self.settings, self.trainer, self.workdir = spec.train, trainer, workdir
+    self.spec, self.tokenizer = spec, tokenizer
+    self.names = task_list(spec.train.eval_tasks)
+    self.shots = fewshot(spec.train.eval_tasks)
+    try:
+      self.manager = task_manager(self.names, spec.train.eval_tasks_include or None)
+      self.tasks = [t for name in self.names for t in _loaded(self.manager, name)]
+    except Exception as e:  # pylint: disable=broad-except
+      # lm-eval raises what its task files and datasets raise: a name it does not know, a
+      # dataset it cannot download.
+      raise ConfigError("train.eval_tasks", f"lm-eval cannot load its tasks: "
+                        f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+
+  def due(self, step: int, phase: Phase) -> bool:
+    """Says whether the tasks are scored after `step` of `phase`."""
+    every, last = self.settings.eval_tasks_every, self.spec.plan.total_steps
+    return not phase.is_tst and (step == last or bool(every) and step % every == 0)
+
+  def __call__(self, params, step: int, phase: Phase) -> tuple[dict, dict]:
+    """Scores the tasks on `params` after `step`. Returns (metrics.jsonl's fields,
+    `task_metrics`, and lm-eval's results)."""
+    lm = TstJaxLM(trained=self.trained(params, step, phase),
+                  batch_size=self.spec.data.batch_size)
+    with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
+      results = evaluate(lm, self.tasks, num_fewshot=self.shots,
+                         limit=self.settings.eval_tasks_limit or None, manager=self.manager)
+    return task_metrics(results, self.names), results
+
+  def trained(self, params, step: int, phase: Phase) -> trained_run.Trained:
+    """Returns the run's model with `params` after `step` of `phase`, as a checkpoint loads."""
+    model = nnx.merge(self.trainer.graphdef, params)
+    return trained_run.Trained(self.workdir, self.spec.data, self.spec.tst, model,
+                               self.tokenizer, step, dict(phase=phase.name))
+
+  def write(self, results: dict, step: int) -> str:
+    """Writes lm-eval's `results` of `step` as tools.eval does; returns the file's path."""
+    return write_results(results, self.workdir, step)
+
+
+def _loaded(manager, name: str) -> list:
+  """Returns the task or group that `name` names, loaded by `manager`, or a tag's tasks."""
+  loaded = manager.load([name])
+  if name in loaded["groups"]:
+    return [loaded["groups"][name]]
+  if name in loaded["tasks"]:
+    return [loaded["tasks"][name]]
+  return list(loaded["tasks"].values())

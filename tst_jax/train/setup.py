@@ -22,6 +22,11 @@ from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
 from tst_jax.train.sections import SAME_RUN, same_run_fields
 
+try:
+  from tst_jax.train import downstream
+except ImportError:   # lm-eval, an optional dependency: train.eval_tasks needs it
+  downstream = None
+
 log = logging.getLogger("tst_jax")
 
 
@@ -44,6 +49,17 @@ class Setup:
         eos_id=data.tokenizer.eos_id, bags=self._bag_windows(),
         token_bytes=data.held_out.token_bytes(*shape),
         set_bytes={name: held.token_bytes(*shape) for name, held in data.eval_sets.items()})
+
+  def load_tasks(self):
+    """Returns train.eval_tasks' tasks loaded for the run (downstream.InRun), None without
+    them: every process scores them, on its part of the parameters. A task lm-eval cannot
+    load is a ConfigError before the first step."""
+    if not self.spec.train.eval_tasks:
+      return None
+    if downstream is None:
+      raise ConfigError("train.eval_tasks", "needs lm-eval: pip install -e '.[eval]' (or pip "
+                        "install lm-eval)")
+    return downstream.InRun(self.spec, self.trainer, self.data.tokenizer, self.workdir)
 
   def _bag_windows(self) -> dict:
     """Returns each tst phase's held-out windows for eval_bag_loss, of its S·L + 1 tokens in
