@@ -32,8 +32,8 @@ def test_non_finite_step_leaves_state_untouched(monkeypatch):
   ntp = spec_lib.check(config).plan.phases[-1]
   ntp_loss = step_lib.loss
 
-  def loss(model, window, phase, loss_cfg):   # NaN when the window's first token is 0
-    value, aux = ntp_loss(model, window, phase, loss_cfg)
+  def loss(model, window, phase, loss_cfg, documents=None):   # NaN where token 0 starts it
+    value, aux = ntp_loss(model, window, phase, loss_cfg, documents)
     return jnp.where(window[0, 0] == 0, jnp.nan, value), aux
 
   monkeypatch.setattr(step_lib, "loss", loss)
