@@ -27,6 +27,7 @@ ELSEWHERE = {
     "convert/reading.py": ["convert/test_llama_hf.py"],
     "data/run_data.py": ["train/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
+    "models/sampling.py": ["tools/test_sample.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],

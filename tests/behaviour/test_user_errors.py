@@ -155,6 +155,15 @@ def test_config_overrides_plan_or_name_a_field_many():
     ([("data.text_field", None)], "config.data.text_field: must be a string"),
     ([("data.mixture", "bogus")], "config.data.mixture: must be '' or source=weight"),
     ([("data.tst_mixture", "a=0")], "config.data.tst_mixture: must be '' or source=weight"),
+    ([("train.eval_tasks", "arc_easy,a b")], "config.train.eval_tasks: must be '' or a comma"),
+    ([("train.eval_tasks", "arc_easy,,boolq")], "config.train.eval_tasks: must be '' or a"),
+    ([("train.eval_tasks_every", "-1")], "config.train.eval_tasks_every: must be an integer"),
+    ([("train.eval_tasks_every", "100")], "config.train.eval_tasks_every: needs train.eval_tas"),
+    ([("train.eval_tasks_include", None)], "config.train.eval_tasks_include: must be a string"),
+    ([("train.eval_tasks_include", "/x")], "config.train.eval_tasks_include: needs train.eval"),
+    ([("train.eval_tasks_limit", "-3")], "config.train.eval_tasks_limit: must be an integer"),
+    ([("train.eval_tasks", "paper"), ("tst.ratio", "1.0")],
+     "config.train.eval_tasks: the run has no next-token phase"),
 ])
 def test_examples_name_their_field(picks, message):
   config = tiny_config()
@@ -189,6 +198,8 @@ ONE_LINE_ERRORS = [
     ("--config.tst.nope=1", "error: --config.tst.nope: the config has no field 'nope'"),
     ("--config.data.mixture_stages=0:a=1",
      "error: config.data.mixture_stages: needs data.mixture"),
+    ("--config.train.eval_tasks_every=4",
+     "error: config.train.eval_tasks_every: needs train.eval_tasks"),
 ]
 
 

@@ -277,6 +277,7 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   assert [s["source"] for s in record["sources"]] == [f"tokens:{prose}", f"tokens:{code}"]
   logged = _losses(tmp_path)
   assert sorted(logged) == list(range(1, 9))
+  _check_the_bytes_under_the_held_out_rows(config, str(tmp_path))
   for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 3's checkpoint
     if d.isdigit() and int(d) > 3:
       shutil.rmtree(tmp_path / "checkpoints" / d)
@@ -320,6 +321,21 @@ def test_a_staged_run_resumed_inside_a_stage_logs_the_losses_of_one_in_one_go(
   again = _losses(tmp_path)
   np.testing.assert_array_equal([again[k] for k in range(1, 9)],
                                 [logged[k] for k in range(1, 9)])
+
+
+def _check_the_bytes_under_the_held_out_rows(config, workdir):
+  """A mixture's held-out rows come with the bytes under each of their tokens, read from the
+  store of the row's own source (a token of whole characters: the bytes of its text), and
+  every eval logs eval_bpb."""
+  data = run_data.prepare_data(spec_lib.check(config).data, workdir, 512, (0, 1))
+  rows = np.concatenate(data.eval_windows)
+  under = np.concatenate(data.held_out.token_bytes(4, 17))
+  pieces = [data.tokenizer.decode([t]) for t in rows.ravel().tolist()]
+  want = [0 if t == data.tokenizer.eos_id else len(p.encode()) for t, p in
+          zip(rows.ravel().tolist(), pieces)]
+  whole = np.array(["\ufffd" not in p for p in pieces])
+  assert (under.ravel()[whole] == np.array(want)[whole]).all() and whole.mean() > 0.9
+  assert all(r["eval_bpb"] > 0 for r in workdir_lib.read_metrics(workdir) if "eval_loss" in r)
 
 
 def test_the_plan_warns_per_source_that_repeats(two_stores, capsys):

@@ -54,8 +54,9 @@ def local_store(tmp_path_factory):
 
 
 def _shards(store: TokenStore) -> dict[str, bytes]:
+  """Returns every shard of `store` by name: its tokens, and the bytes under its held-out ones."""
   return {fileio.basename(f): fileio.read_bytes(f)
-          for split in (store.train, store.val) for f in split.files}
+          for split in (store.train, store.val, store.val_bytes) for f in split.files}
 
 
 def test_prepare_into_a_bucket_writes_the_local_store_and_resumes(local_store, bucket,
@@ -99,9 +100,8 @@ def test_tokens_from_a_bucket_are_the_local_stores_windows(local_store, bucket):
   """The windows read by range requests from the bucket equal the memory-mapped local ones,
   across shard ends and the wrap around the end, through Grain and after pickling."""
   _, local, _ = local_store
-  for split in ("train", "val"):
-    for f in getattr(local, split).files:
-      fileio.write_bytes(f"{bucket}/s/{fileio.basename(f)}", fileio.read_bytes(f))
+  for name, shard in _shards(local).items():
+    fileio.write_bytes(f"{bucket}/s/{name}", shard)
   for name in ("manifest.json", "tokenizer.json"):
     fileio.write_bytes(f"{bucket}/s/{name}", fileio.read_bytes(fileio.join(local.directory, name)))
   remote = TokenStore(f"{bucket}/s")
@@ -113,6 +113,7 @@ def test_tokens_from_a_bucket_are_the_local_stores_windows(local_store, bucket):
   assert (remote.train.gather(starts, 65) == want).all() and want.dtype == np.int32
   assert (pickle.loads(pickle.dumps(remote.train)).gather(starts, 65) == want).all()
   assert (remote.val.read(len(local.val) - 2, 9) == local.val.read(len(local.val) - 2, 9)).all()
+  assert (remote.val_bytes.gather(starts[:3], 17) == local.val_bytes.gather(starts[:3], 17)).all()
   kw = dict(batch_size=4, window=33, start_pos=5, seed=3, num_batches=6)
   for a, b in zip(make_batches(remote.train, **kw), make_batches(local.train, **kw)):
     assert (a == b).all()

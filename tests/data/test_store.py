@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.fixtures.corpus import bad_files
+from tests.fixtures.corpus import bad_files, prepared_before_bytes
 from tests.fixtures.reference import TokenStream
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors
@@ -105,6 +105,39 @@ def test_store_equals_the_in_ram_stream(corpus, one_shard):
   counts = np.bincount(train.tokens)
   p = counts[counts > 0] / len(train)
   assert one_shard.unigram_entropy == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-12)
+
+
+def test_the_held_out_split_records_the_bytes_of_text_under_each_token(corpus, one_shard,
+                                                                        tmp_path):
+  """Each held-out token carries the UTF-8 bytes of text under it, EOS none: for this ASCII
+  corpus and a byte-level BPE, the length of its text. The manifest's total is the held-out
+  documents' bytes; the training split records none. A store as a prepare before bytes were
+  recorded left it reads the same tokens, its bytes unknown."""
+  _, source, _ = corpus
+  tok = one_shard.tokenizer()
+  tokens = one_shard.val.read(0, len(one_shard.val))
+  under = one_shard.val_bytes.read(0, len(one_shard.val))
+  assert under.tolist() == [0 if t == tok.eos_id else len(tok.decode([t]).encode())
+                            for t in tokens.tolist()]
+  _, val_docs = split_documents(load_documents(source), 0.1, 1)
+  assert one_shard.val_text_bytes == sum(len(d.encode()) for d in val_docs) == under.sum()
+  assert "bytes" not in one_shard.manifest["splits"]["train"]
+  old = TokenStore(prepared_before_bytes(one_shard.directory, str(tmp_path / "old")))
+  assert old.val_bytes is None and old.val_text_bytes is None
+  assert np.array_equal(old.val.read(0, len(old.val)), tokens)
+
+
+def test_a_held_out_document_moved_there_by_the_plan_has_its_bytes(tmp_path):
+  """With no document's hash below val_fraction, the one of the least hash moves to the
+  held-out split (output_shards.plan): pass 1 counted the bytes under its tokens too, in
+  whichever of the three input shards it is."""
+  docs = make_docs(30, seed=4)
+  source = write_jsonl(str(tmp_path / "src"), docs)
+  store = prepare(source, tmp_path / "s", val_fraction=1e-9)
+  _, val = split_documents(load_documents(source), 1e-9, 1)
+  assert len(val) == 1 and store.val.num_docs == 1
+  assert store.val_text_bytes == len(val[0].encode()) == store.val_bytes.read(
+      0, len(store.val)).sum()
 
 
 def test_first_batches_and_eval_windows_are_identical_either_way(corpus, one_shard):
@@ -335,6 +368,13 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
   workdir_lib.write_store(workdir, data.fingerprint, data.train.directory, len(data.train))
   assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
+  # Held-out windows of another width (a tst phase's S·L + 1) are drawn as the eval's are;
+  # a width no batch of which fits in the split gives none.
+  wide = data.held_out.windows(2, 4 * 8 + 1)
+  for got, want in zip(wide, eval_windows(one_shard.val, batch_size=2, window=33,
+                                          num_batches=2), strict=True):
+    assert np.array_equal(got, want)
+  assert data.held_out.windows(2, len(one_shard.val)) == []
   assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
   with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
     run_data.prepare_data(_data(config), workdir, 299, (0, 1))

@@ -8,6 +8,7 @@ import pytest
 
 from tests.fixtures.corpus import CORPUS
 from tst_jax.data import get_tokenizer
+from tst_jax.data.tokenizer import token_bytes
 
 
 def test_bpe_round_trips_any_text(tok):
@@ -67,3 +68,20 @@ def test_a_tokenizer_and_a_workdir_in_a_bucket(bpe_dir, tok, bucket):
   assert again.fingerprint() == trained.fingerprint() and again.path == f"{bucket}/bpe/tokenizer.json"
   with pytest.raises(ValueError, match="differs"):
     get_tokenizer(trained.path, workdir=f"{bucket}/run", vocab_size=0)
+
+
+def test_encode_with_bytes_gives_each_token_the_bytes_of_text_under_it(tok):
+  """The ids of `encode`, and under each token the UTF-8 bytes of its text, which sum to the
+  text's: a token of whole characters holds exactly its own, and a character cut into several
+  byte-level tokens counts under the last of them (their offsets go back)."""
+  texts = CORPUS[:6] + ["ü😀x", "  \n\t"]
+  for text, (ids, under) in zip(texts, tok.encode_with_bytes(texts), strict=True):
+    assert ids == tok.encode(text) and under.dtype == np.uint32
+    assert under.sum() == len(text.encode("utf-8"))
+    for token, n in zip(ids, under):
+      piece = tok.decode([token])
+      if "\ufffd" not in piece:
+        assert n == len(piece.encode("utf-8"))
+  assert token_bytes(np.array([0, 3, 3, 1, 7]), 9).tolist() == [3, 0, 0, 4, 2]
+  assert token_bytes(np.array([2, 5]), 5).tolist() == [5, 0]
+  assert token_bytes(np.zeros(0, np.int64), 4).tolist() == []

@@ -20,19 +20,20 @@ from tst_jax.train import workdir as workdir_lib
 
 def _fake_run(path, config, evals, train_tokens=None, plan=None):
   """A run directory as main.py left it before it wrote plan.json: config.json, eval lines of
-  metrics.jsonl and, with `train_tokens`, the store.json that names its store's training
-  tokens; with `plan`, also the plan.json of that plan, as main.py leaves it now."""
+  metrics.jsonl, (step, eval_loss) or (step, eval_loss, {more fields}), and, with
+  `train_tokens`, the store.json that names its store's training tokens; with `plan`, also
+  the plan.json of that plan, as main.py leaves it now."""
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
   if plan is not None:
     workdir_lib.write_plan(str(path), plan_lib.PlanRecord(plan))
   plan = plan or spec_lib.check(config).plan
   lines = []
-  for step, loss in evals:
+  for step, loss, *more in evals:
     data = sum(min(max(step - p.first_step, 0), p.steps) * p.data_tokens_per_step
                for p in plan.phases)
     lines.append(json.dumps(dict(step=step, phase=plan.phase_at(step - 1).name, eval_loss=loss,
-                                 data_tokens=data, equivalent_tokens=0)))
+                                 data_tokens=data, equivalent_tokens=0, **dict(*more))))
   (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
   fileio.write_json(str(path / "summary.json"),
                     metrics_lib.summarize(str(path), plan, evals[-1][1], write=False))
@@ -198,12 +199,13 @@ def test_a_longer_baseline_that_ends_higher_is_left_out_and_named(tmp_path):
 
 def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   short, plan8 = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0),
-                           [(4, 5.0), (8, 4.0)], train_tokens=1024)
+                           [(4, 5.0), (8, 4.0, dict(eval_bpb=1.25))], train_tokens=1024)
   long, _ = _fake_run(tmp_path / "b16", tiny_config(steps=16, ratio=0.0),
                       [(4, 5.0), (8, 4.2), (12, 3.6), (16, 3.0)], train_tokens=1024)
   # TST of 8 steps (4 at S = 2 read 2x the data: 12 baseline steps' worth) ending at 3.4.
   tst, _ = _fake_run(tmp_path / "t", tiny_config(steps=8, ratio=0.5, bag_size=2),
-                     [(4, 6.0), (8, 3.4)], train_tokens=1024)
+                     [(2, 6.5, dict(eval_bag_loss=6.0)), (4, 6.0, dict(eval_bag_loss=5.5)),
+                      (8, 3.4)], train_tokens=1024)
   out = tmp_path / "out"
   assert compare.main(["--runs", f"{short},{long},{tst}", "--out", str(out)]) == 0
   result = json.loads((out / "compare.json").read_text())
@@ -222,8 +224,36 @@ def test_compare_command_tables_json_and_plot(tmp_path, capsys):
   assert rows["t"]["curve"] == "b16" and rows["t"]["curve_loss_at_equal_data"] == pytest.approx(3.6)
   printed = capsys.readouterr().out
   assert "| t | 0.5 | 2 | 8 |" in printed and "| -0.6000 | 1.52x | -- |" in printed
+  # Phase 1's held-out bag loss at its end, the switch; a baseline has none.
+  assert rows["t"]["phase1_bag_loss"] == 5.5 and rows["b8"]["phase1_bag_loss"] is None
+  assert "| 3.4000 | bytes unknown | 5.5000 | -0.6000 |" in printed
+  assert "| 4.0000 | 1.2500 | -- | " in printed and rows["b8"]["final_bpb"] == 1.25
   assert "mid-run" in printed and "finished" in result["method"]
   assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").exists()
+
+
+def test_rank_bpb_orders_runs_of_other_tokenizers_by_bits_per_byte(tmp_path, capsys):
+  """--rank bpb: the rows lowest bits per byte first, those whose bytes are unknown last. A
+  TST run of another tokenizer, which no baseline matches, is ranked too, with no Δ and no
+  speed-up; compared by loss it is an error."""
+  base, _ = _fake_run(tmp_path / "b8", tiny_config(steps=8, ratio=0.0),
+                      [(4, 5.0), (8, 4.0, dict(eval_bpb=1.25))])
+  other = tiny_config(steps=8, ratio=0.5, bag_size=2,
+                      data=dict(tokenizer="/tok/other.json"), model=dict(vocab_size=600))
+  tst, _ = _fake_run(tmp_path / "t", other, [(4, 6.0), (8, 4.4, dict(eval_bpb=1.125))])
+  unknown, _ = _fake_run(tmp_path / "u", tiny_config(steps=8, ratio=0.0), [(4, 5.0), (8, 3.9)])
+  out = tmp_path / "out"
+  with pytest.raises(errors.DataError, match="t: no baseline among the runs matches it"):
+    compare.main(["--runs", f"{base},{tst},{unknown}", "--out", str(out)])
+  assert compare.main(["--runs", f"{base},{tst},{unknown}", "--out", str(out),
+                       "--rank", "bpb"]) == 0
+  rows = json.loads((out / "compare.json").read_text())["rows"]
+  assert [r["run"] for r in rows] == ["t", "b8", "u"]
+  assert rows[0]["speedup"] is None and rows[0]["delta_equal_flops"] is None
+  printed = capsys.readouterr().out
+  assert printed.index("| t |") < printed.index("| b8 |") < printed.index("| u |")
+  assert "| 3.9000 | bytes unknown |" in printed and "| 4.4000 | 1.1250 |" in printed
+  assert [r["run"] for r in compare.ranked(rows, "loss")] == ["u", "b8", "t"]
 
 
 def test_runs_without_data_tokens_plot_without_a_library_warning(tmp_path, capsys):

@@ -14,7 +14,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from tests.fixtures import trained  # noqa: E402
 from tests.fixtures.paths import TESTDATA  # noqa: E402
 from tst_jax import fileio  # noqa: E402
-from tst_jax.train import trained_run  # noqa: E402
+from tst_jax.train import downstream, trained_run  # noqa: E402
 from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 
 TASK_DIR = os.path.join(TESTDATA, "mc_task")
@@ -117,7 +117,7 @@ def test_paper_tasks_run_0_shot_and_print_the_7_task_average(workdir, capsys, mo
 
   def fake_evaluate(lm, tasks, **kwargs):
     asked.update(tasks=tasks, **kwargs)
-    return {"results": {t: {f"{tst_eval.PAPER_TASKS[t]},none": v, "alias": t}
+    return {"results": {t: {f"{downstream.PAPER_TASKS[t]},none": v, "alias": t}
                         for t, v in scores.items()}}
 
   monkeypatch.setattr(tst_eval, "evaluate", fake_evaluate)

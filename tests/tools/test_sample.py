@@ -8,6 +8,7 @@ from flax import nnx
 
 from tests.fixtures import trained
 from tst_jax import errors
+from tst_jax.models import sampling
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
@@ -38,13 +39,13 @@ def test_greedy_sampling_equals_repeated_full_forward(final):
   tok = final.tokenizer
   prompts = [[tok.eos_id] + tok.encode(text)
              for text in ("def main(", "import os\nimport sys\n\nclass Foo(object):\n    def")]
-  got = sample.Sampler(final.model).generate(prompts, 12, temperature=0.0)
+  got = sampling.Sampler(final.model).generate(prompts, 12, temperature=0.0)
   for prompt, new in zip(prompts, got):
     assert new == _greedy_by_full_forward(final.model, prompt, 12)
 
 
 def test_sampling_is_seeded_and_top_p_narrows_to_greedy(final):
-  sampler = sample.Sampler(final.model)
+  sampler = sampling.Sampler(final.model)
   prompt = [[final.tokenizer.eos_id] + final.tokenizer.encode("for i in")]
   a = sampler.generate(prompt, 10, temperature=1.0, top_p=0.9, seed=3)
   assert a == sampler.generate(prompt, 10, temperature=1.0, top_p=0.9, seed=3)
@@ -52,7 +53,7 @@ def test_sampling_is_seeded_and_top_p_narrows_to_greedy(final):
   assert (sampler.generate(prompt, 10, temperature=1.0, top_p=1e-6, seed=3)
           == sampler.generate(prompt, 10, temperature=0.0))
   logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-  kept = np.isfinite(sample.filter_top_p(logits, jnp.float32(0.75)))
+  kept = np.isfinite(sampling.filter_top_p(logits, jnp.float32(0.75)))
   assert kept.tolist() == [[True, True, False, False]]
 
 

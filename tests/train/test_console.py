@@ -45,14 +45,18 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
                         rf"{equiv}  \d+ ms/step  ETA \d+(m\d\ds|s)", line), line   # no MFU on CPU
   evals = [r for r in records if "eval_loss" in r]
   assert [l for l in lines if l.startswith("eval ")] == [
-      f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}" for r in evals]
+      f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}, "
+      f"{r['eval_bpb']:.4f} bits/byte"
+      + (f"; held-out bag loss {r['eval_bag_loss']:.4f} (the tst S=2 task)"
+         if r["phase"] == "tst" else "") for r in evals]
   assert "phase switch at step 6: restored the tst checkpoint, now ntp" in lines
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["data"] == f"builtin:pystdlib@{sys.version_info[0]}.{sys.version_info[1]}"
   final = lines[lines.index(next(l for l in lines if l.startswith("done: "))):]
   assert final[0].startswith(f"done: 12 steps (") and final[0].endswith(
-      f"held-out loss {summary['final_eval_loss']:.4f} "
-      f"(end of phase 1: {summary['phase1_end_eval_loss']:.4f})")
+      f"held-out loss {summary['final_eval_loss']:.4f}, {summary['final_eval_bpb']:.4f} "
+      f"bits/byte (end of phase 1: {summary['phase1_end_eval_loss']:.4f}; its held-out bag loss "
+      f"{summary['phase1_end_eval_bag_loss']:.4f})")
   assert f"tensorboard --logdir {workdir}/tensorboard" in final[3]
   assert "the same command resumes" in final[4]
   # Resumed (finished): one line saying so instead of the plan, then the final block.
@@ -70,10 +74,12 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   for step in range(1, 5):
     console.step(step, plan.phases[0], dict(loss=5.0 + step), dict(data_tokens_per_s=1e3),
                  logged=True)
-  console.eval(4, 4.5)
+  console.eval(4, {"eval_loss": 4.5, "eval_bpb": 1.25, "eval_loss/old": 4.75,
+                   "eval_bag_loss": 5.25}, plan.phases[0])
   console.close()
   text = out.getvalue()
-  assert "eval  step 4: held-out next-token loss 4.5000\n" in text
+  assert ("eval  step 4: held-out next-token loss 4.5000, 1.2500 bits/byte; old 4.7500, bytes "
+          "unknown; held-out bag loss 5.2500 (the tst S=2 task)\n") in text
   assert "tst S=2" in text and "loss=9.000" in text and "4/12" in text
   assert not re.search(r"^step ", text, re.M)          # no per-step lines with a bar
   assert console_lib.duration(3725) == "1h02m" and console_lib.duration(65) == "1m05s"

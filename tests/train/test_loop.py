@@ -5,12 +5,16 @@ metrics."""
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from tests.fixtures.corpus import prepared_before_bytes
 from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
-from tst_jax.train import cli, loop, spec as spec_lib
+from tst_jax.data import TokenStore, eval_windows
+from tst_jax.train import cli, loop, spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 
@@ -43,6 +47,25 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   assert summary["resolved"]["model.attention_impl"]["value"] == "xla"  # auto on CPU
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["attention_impl"] == "xla"
+  _check_the_held_out_bag_loss(str(tmp_path), records, summary)
+
+
+def _check_the_held_out_bag_loss(workdir, records, summary):
+  """Phase 1's evals log eval_bag_loss, phase 2's do not; at the switch it is the training loss
+  function of the tst phase on the checkpoint's parameters, averaged over data.eval_batches
+  batches of B held-out windows of S·L + 1 = 33 tokens spread over the held-out split."""
+  evals = {r["step"]: r for r in records if "eval_loss" in r}
+  assert [s for s, r in evals.items() if "eval_bag_loss" in r] == [4, 6]
+  assert summary["phase1_end_eval_bag_loss"] == evals[6]["eval_bag_loss"]
+  spec = spec_lib.build(tiny_config())
+  phase = spec.plan.phases[0]
+  graphdef, _ = step_lib.abstract_model(spec.model)
+  params, _ = trained_run.restore_params(os.path.join(workdir, "checkpoints"), 6, spec.model)
+  model = nnx.merge(graphdef, params)
+  windows = eval_windows(TokenStore(os.path.join(workdir, "data")).val, batch_size=4,
+                         window=33, num_batches=2)
+  losses = [float(step_lib.loss(model, jnp.asarray(w), phase, spec.loss)[0]) for w in windows]
+  assert evals[6]["eval_bag_loss"] == pytest.approx(np.mean(losses), rel=1e-5)
 
 
 def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():
@@ -77,9 +100,11 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
 
 
 def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
-  """Two sets in data.eval_sets: the training store itself (its held-out split: the headline
-  windows, so the same loss) and prose tokenized with the run's tokenizer; both at every
-  eval, in metrics.jsonl, TensorBoard's scalars and the console; the headline unchanged."""
+  """Three sets in data.eval_sets: the training store itself (its held-out split: the headline
+  windows, so the same loss and bits per byte), prose tokenized with the run's tokenizer, and
+  the training store as a prepare before stores recorded bytes left it (the same loss, its
+  bytes unknown); each at every eval, in metrics.jsonl, TensorBoard's scalars and the console;
+  the headline unchanged."""
   from tst_jax.data import prepare as prepare_lib   # pylint: disable=g-import-not-at-top
   store = prepare_lib.prepare("builtin:pystdlib", str(tmp_path / "store"), vocab_size=300,
                               max_bytes=120_000, val_fraction=0.1, val_piece_bytes=2048,
@@ -89,9 +114,11 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
   rng = np.random.default_rng(0)
   for i in range(40):
     (tmp_path / "prose" / f"{i}.txt").write_text(" ".join(rng.choice(words, 200)) + "\n")
+  old = prepared_before_bytes(store, str(tmp_path / "old"))
   config = tiny_config(steps=8, train=dict(eval_every=4),
                        data=dict(source=f"tokens:{store}",
-                                 eval_sets=f"same=tokens:{store},prose=text:{tmp_path}/prose/*.txt"))
+                                 eval_sets=f"same=tokens:{store},prose=text:{tmp_path}/prose/*.txt,"
+                                           f"old=tokens:{old}"))
   summary = cli.run(config, str(tmp_path / "run"))
   evals = [r for r in workdir_lib.read_metrics(str(tmp_path / "run"))
            if "eval_loss" in r]
@@ -99,9 +126,17 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
   for r in evals:
     assert r["eval_loss/same"] == r["eval_loss"] and np.isfinite(r["eval_loss/prose"])
     assert r["eval_loss/prose"] != r["eval_loss"]
+    assert r["eval_bpb/same"] == r["eval_bpb"] and 0 < r["eval_bpb/prose"] != r["eval_bpb"]
+    assert r["eval_loss/old"] == r["eval_loss"] and "eval_bpb/old" not in r
   assert summary["final_eval_loss"] == evals[-1]["eval_loss"]
+  assert summary["final_eval_bpb"] == evals[-1]["eval_bpb"]
   out = capsys.readouterr().out
-  assert f"eval  step 8: held-out next-token loss {evals[-1]['eval_loss']:.4f}; same " in out
+  last = evals[-1]
+  assert (f"eval  step 8: held-out next-token loss {last['eval_loss']:.4f}, "
+          f"{last['eval_bpb']:.4f} bits/byte; same {last['eval_loss']:.4f}, "
+          f"{last['eval_bpb']:.4f} bits/byte; prose ") in out
+  assert f"; old {last['eval_loss']:.4f}, bytes unknown\n" in out
+  assert "held-out bytes unknown: the store was prepared before stores recorded them" in out
   assert os.path.exists(tmp_path / "run" / "eval_sets" / "prose" / "data" / "manifest.json")
   pytest.importorskip("tensorboardX")
   events = b"".join(p.read_bytes() for p in (tmp_path / "run" / "tensorboard").iterdir())

@@ -78,7 +78,7 @@ def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_pa
 
   setup_lib._check_workdir_config(spec_lib.build(tiny_config(steps=4)), str(tmp_path))  # pylint: disable=protected-access
   evaluated = cli.run(tiny_config(steps=4), str(tmp_path), mode="eval")
-  assert evaluated["step"] == 4 and evaluated["eval_loss"] > 0
+  assert evaluated["step"] == 4 and evaluated["eval_loss"] > 0 and evaluated["eval_bpb"] > 0
   assert json.loads(path.read_text())["model"]["attention_impl"] == "cudnn"   # not rewritten
   loaded = trained_run.load(str(tmp_path))
   assert loaded.model.cfg.attention_impl == "xla"               # this platform's kernel

@@ -44,14 +44,18 @@ def plan(inputs: list[dict], val_fraction: float, shard_tokens: int) -> dict:
 
 def write(job) -> dict:
   """Pass 2 for output shard k of a split: its documents from every input shard, in a
-  seeded order, each followed by EOS, then a done marker. A shard already done is skipped."""
+  seeded order, each followed by EOS, then a done marker. A held-out shard also writes the
+  UTF-8 bytes under each of its tokens, 0 under EOS. A shard already done is skipped."""
   split, k, count, inputs, moved, seed, val_fraction, out, work, eos, dtype, vocab = job
   name = f"{split}-{k:05d}"
   path, marker = fileio.join(out, name + ".bin"), done_path(work, name)
   staged = os.path.join(work, name + ".bin.tmp")    # local: a store takes the file in one put
+  held_out = split == "val"
   if os.path.exists(marker) and fileio.exists(path):
-    return dict(split=split, **fileio.read_json(marker))
-  picked = []                    # (input shard, offsets, lengths) in corpus order
+    done = fileio.read_json(marker)
+    if not held_out or "bytes_file" in done:
+      return dict(split=split, **done)
+  picked = []                    # (input shard, offsets, lengths, bytes_at) in corpus order
   for d in inputs:
     table = np.load(os.path.join(work, f"in-{d['index']:05d}.idx.npy"))
     is_val = table["u"] < val_fraction
@@ -60,20 +64,24 @@ def write(job) -> dict:
       if i == d["index"]:
         is_val[doc] = to == "val"
     bucket = np.floor(_bucket_hash(seed, d["index"], len(table)) * count).astype(np.int64)
-    mine = (is_val == (split == "val")) & (bucket == k)
-    picked.append((d["index"], table["offset"][mine], table["length"][mine]))
-  source = np.concatenate([np.full(len(o), i) for i, o, _ in picked]).astype(np.int64)
-  offsets = np.concatenate([o for _, o, _ in picked])
-  lengths = np.concatenate([n for _, _, n in picked])
+    mine = (is_val == held_out) & (bucket == k)
+    picked.append((d["index"], table["offset"][mine], table["length"][mine],
+                   table["bytes_at"][mine]))
+  source = np.concatenate([np.full(len(o), i) for i, o, _, _ in picked]).astype(np.int64)
+  offsets, lengths, bytes_at = (np.concatenate([p[c] for p in picked]) for c in (1, 2, 3))
+  if held_out and (bytes_at < 0).any():
+    raise RuntimeError(f"{name}: pass 1 wrote no bytes of held-out documents it was to count")
   order = np.random.default_rng(seed if count == 1 else [seed, k]).permutation(len(offsets))
   sha, counts, tokens = hashlib.sha256(), np.zeros(vocab, np.int64), 0
   eos_1 = np.array([eos], dtype=dtype)
-  with _InputReader(work, dtype) as inputs_bin, open(staged, "wb") as f:
+  with _InputReader(work, dtype) as inputs_bin, open(staged, "wb") as f, \
+       _TokenBytes(work, name, out, held_out) as under:
     pieces, buffered = [], 0
     for j in order.tolist() + [None]:
       if j is not None:
         pieces += [inputs_bin.read(int(source[j]), int(offsets[j]), int(lengths[j])), eos_1]
         buffered += int(lengths[j]) + 1
+        under.add(int(source[j]), int(bytes_at[j]), int(lengths[j]))
       if pieces and (buffered >= _WRITE_TOKENS or j is None):
         chunk = np.concatenate(pieces)
         f.write(chunk.tobytes())
@@ -81,27 +89,74 @@ def write(job) -> dict:
         counts += np.bincount(chunk, minlength=vocab)[:vocab]
         tokens += len(chunk)
         pieces, buffered = [], 0
+        under.flush()
   fileio.move_in(staged, path)
   np.save(os.path.join(work, name + ".counts.npy"), counts)
   done = dict(file=fileio.basename(path), tokens=tokens, docs=len(order),
-              sha256=sha.hexdigest())
+              sha256=sha.hexdigest(), **under.done())
   fileio.write_json(marker, done)
   return dict(split=split, **done)
 
 
-class _InputReader:
-  """Reads documents of the pass-1 token files with pread: their pages are not kept mapped
-  (a memory map would count every page touched in this process's RSS), and at most
-  _OPEN_FILES files are open at once."""
+class _TokenBytes:
+  """Writes the bytes under each token of a held-out output shard, beside its tokens, from
+  pass 1's in-NNNNN.bytes.bin, and a 0 under each document's EOS. Does nothing for a
+  training shard."""
 
-  def __init__(self, work: str, dtype: str):
-    self.work, self.dtype, self.fds = work, np.dtype(dtype), {}
+  def __init__(self, work: str, name: str, out: str, on: bool):
+    self.on, self.work = on, work
+    self.path = fileio.join(out, name + store_lib.BYTES_SUFFIX)
+    self.staged = os.path.join(work, name + store_lib.BYTES_SUFFIX + ".tmp")
+    self.pieces, self.total, self.sha = [], 0, hashlib.sha256()
+    self.reader = _InputReader(work, store_lib.BYTES_DTYPE, store_lib.BYTES_SUFFIX)
+
+  def __enter__(self):
+    self.file = open(self.staged, "wb") if self.on else None
+    return self
+
+  def add(self, index: int, at: int, length: int):
+    """Adds the bytes of a document of `length` tokens at `at` of input shard `index`'s file."""
+    if self.on:
+      self.pieces += [self.reader.read(index, at, length), np.zeros(1, store_lib.BYTES_DTYPE)]
+
+  def flush(self):
+    if self.pieces:
+      chunk = np.concatenate(self.pieces)
+      self.file.write(chunk.tobytes())
+      self.sha.update(chunk.tobytes())
+      self.total += int(chunk.sum(dtype=np.int64))
+      self.pieces = []
+
+  def done(self) -> dict:
+    """Moves the file into the store; returns what the manifest records of it."""
+    if not self.on:
+      return {}
+    self.file.close()
+    fileio.move_in(self.staged, self.path)
+    return dict(bytes_file=fileio.basename(self.path), bytes=self.total,
+                bytes_sha256=self.sha.hexdigest())
+
+  def __exit__(self, *exc):
+    self.reader.close()
+    if self.file is not None:
+      self.file.close()
+    return False
+
+
+class _InputReader:
+  """Reads documents of the pass-1 token files, or of their bytes files with `suffix`, with
+  pread: their pages are not kept mapped (a memory map would count every page touched in
+  this process's RSS), and at most _OPEN_FILES files are open at once."""
+
+  def __init__(self, work: str, dtype: str, suffix: str = ".bin"):
+    self.work, self.dtype, self.suffix, self.fds = work, np.dtype(dtype), suffix, {}
 
   def read(self, index: int, offset: int, length: int) -> np.ndarray:
     if index not in self.fds:
       if len(self.fds) >= _OPEN_FILES:
         self.close()
-      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}.bin"), os.O_RDONLY)
+      self.fds[index] = os.open(os.path.join(self.work, f"in-{index:05d}{self.suffix}"),
+                                os.O_RDONLY)
     size = self.dtype.itemsize
     return np.frombuffer(os.pread(self.fds[index], length * size, offset * size), self.dtype)
 

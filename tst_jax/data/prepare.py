@@ -10,10 +10,13 @@ text. Then two passes whose memory does not grow with the corpus:
      out a piece when its hash of seed, document digest and k is below val_fraction, where a
      one-piece document hashes seed and text. It tokenizes the held-out pieces and the runs of
      training pieces between them, as `sources.segments` does, into work/in-NNNNN.bin with an
-     index of offset, length and split hash.
+     index of offset, length and split hash. Of each held-out document, and of each one that
+     `output_shards.plan` may move to the held-out split, it also writes the UTF-8 bytes of
+     text under each token (`Tokenizer.encode_with_bytes`) to work/in-NNNNN.bytes.bin.
   2. One worker per output shard gathers the documents of its split, as `split_documents`
      assigns them, whose seeded bucket hash falls in its range. It shuffles them by seed and
-     writes each followed by EOS.
+     writes each followed by EOS; a held-out shard writes its tokens' bytes beside it, 0 for
+     EOS.
 A split of one shard is exactly the documents of `split_documents(...)` tokenized in memory,
 the tests' reference: the documents in corpus order permuted by np.random.default_rng(seed).
 Every file is written under a .tmp name and renamed when complete, with a done marker. A rerun
@@ -46,7 +49,9 @@ log = logging.getLogger("tst_jax")
 SHARD_TOKENS = 2**28              # tokens per output shard, 0.5 GB as uint16
 BPE_SAMPLE_BYTES = 64_000_000     # text a `bpe` tokenizer is trained on: the first train docs
 _ENCODE_CHARS = 1_000_000         # text per encode_batch call: bounds its results' memory
-_INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8")])
+# A document of pass 1: its tokens' offset and count in in-NNNNN.bin, its split hash, and the
+# offset of its tokens' bytes in in-NNNNN.bytes.bin (-1: none written).
+_INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8"), ("bytes_at", "<i8")])
 PENDING = "prepare.json"          # the request of a prepare under way in its --out
 
 
@@ -310,10 +315,10 @@ def _input_done(work: str, index: int) -> dict | None:
 
 
 def _to_read(work: str, index: int) -> bool:
-  """Whether input shard `index` is to tokenize: not done, or a bad file left out by an
-  earlier run, which every rerun reads again."""
+  """Whether input shard `index` is to tokenize: not done, a bad file left out by an earlier
+  run, which every rerun reads again, or done without its held-out tokens' bytes."""
   done = _input_done(work, index)
-  return done is None or "skipped" in done
+  return done is None or "skipped" in done or "token_bytes" not in done
 
 
 def _tokenize_shard(job) -> dict:
@@ -335,13 +340,26 @@ def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> d
   tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
   name = os.path.join(work, f"in-{index:05d}")
   rows, offset, batch, hashes, chars, text_bytes = [], 0, [], [], 0, 0
-  with open(name + ".bin.tmp", "wb") as f:
+  least, at = 1.0, 0          # the least hash so far; bytes written to in-NNNNN.bytes.bin
+  with open(name + ".bin.tmp", "wb") as f, open(name + ".bytes.tmp", "wb") as f_bytes:
     def flush():
-      nonlocal offset
-      for u, ids in zip(hashes, tok.encode_batch(batch)):
-        rows.append((offset, len(ids), u))
+      nonlocal offset, least, at
+      # Bytes of the held-out documents, and of each that holds the least hash so far: the
+      # plan may move this shard's least one into a held-out split that has none.
+      want = []
+      for u in hashes:
+        want.append(u < val_fraction or u < least)
+        least = min(least, u)
+      plain = iter(tok.encode_batch([t for t, w in zip(batch, want) if not w]))
+      counted = iter(tok.encode_with_bytes([t for t, w in zip(batch, want) if w]))
+      for u, w in zip(hashes, want):
+        ids, nbytes = next(counted) if w else (next(plain), None)
+        rows.append((offset, len(ids), u, at if w else -1))
         np.asarray(ids, dtype=dtype).tofile(f)
         offset += len(ids)
+        if w:
+          nbytes.astype(store_lib.BYTES_DTYPE).tofile(f_bytes)
+          at += len(nbytes)
     for doc, num_bytes in sources_lib.take(sources_lib.raw_documents(shard), budget):
       for text, u in sources_lib.segments(doc, *split):
         batch.append(text)
@@ -356,10 +374,11 @@ def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> d
   with open(name + ".idx.tmp", "wb") as f:
     np.save(f, table)
   os.replace(name + ".bin.tmp", name + ".bin")
+  os.replace(name + ".bytes.tmp", name + ".bytes.bin")
   os.replace(name + ".idx.tmp", name + ".idx.npy")
   u = table["u"]
   done = dict(docs=len(table), tokens=offset, num_bytes=_size((index, shard, budget)),
-              text_bytes=text_bytes,
+              text_bytes=text_bytes, token_bytes=at,
               shard=shard.name,
               val_docs=int((u < val_fraction).sum()),
               val_tokens=int(table["length"][u < val_fraction].sum()),
@@ -374,9 +393,13 @@ def _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes,
   for split in store_lib.SPLITS:
     mine = [w for w in written if w["split"] == split]
     offsets = np.cumsum([0] + [w["tokens"] for w in mine]).tolist()
+    bytes_of = ("bytes_file", "bytes", "bytes_sha256") if split == "val" else ()
     entry = dict(docs=sum(w["docs"] for w in mine), tokens=offsets[-1],
                  shards=[dict(file=w["file"], tokens=w["tokens"], offset=o, docs=w["docs"],
-                              sha256=w["sha256"]) for w, o in zip(mine, offsets)])
+                              sha256=w["sha256"], **{k: w[k] for k in bytes_of})
+                         for w, o in zip(mine, offsets)])
+    if bytes_of:   # the UTF-8 bytes of the split's text, each token's in its bytes_file
+      entry["bytes"] = sum(w["bytes"] for w in mine)
     if split == "train":
       counts = sum(np.load(os.path.join(work, w["file"][:-4] + ".counts.npy"))
                    for w in mine)

@@ -192,16 +192,67 @@ def eval_sets(d: Data) -> tuple[tuple[str, str], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class HeldOut:
+  """A held-out split, or one per store of a mixture, read as `num_batches` batches of
+  windows spread evenly over it (`pipeline.eval_windows`), the same at every eval."""
+  splits: dict                       # source -> its store's held-out StoreSplit
+  num_batches: int                   # data.eval_batches
+  block: tuple[int, int]             # (index, count): this process's rows of each batch
+  mixture: mixture_lib.RunMixture | None = None   # rows drawn from its main entries
+  byte_splits: dict | None = None    # source -> the bytes under each token of its split; None
+                                     # where a store does not record them
+
+  @classmethod
+  def of(cls, stores: dict, num_batches: int, block: tuple[int, int],
+         mixture: mixture_lib.RunMixture | None = None) -> HeldOut:
+    """Returns the HeldOut of `stores`, source -> TokenStore, with their tokens' bytes where
+    every one of them records them."""
+    known = all(st.val_bytes is not None for st in stores.values())
+    return cls({s: st.val for s, st in stores.items()}, num_batches, block, mixture,
+               {s: st.val_bytes for s, st in stores.items()} if known else None)
+
+  def token_bytes(self, batch_size: int, window: int) -> list[np.ndarray] | None:
+    """Returns the UTF-8 bytes of text under each token of `windows(batch_size, window)`,
+    [B_local, W] each, or None where a store does not record them."""
+    if self.byte_splits is None:
+      return None
+    return dataclasses.replace(self, splits=self.byte_splits, byte_splits=None).windows(
+        batch_size, window)
+
+  def windows(self, batch_size: int, window: int) -> list[np.ndarray]:
+    """Returns this process's rows [B_local, W] of each batch of `batch_size` windows of
+    `window` tokens: fewer batches, or none, where the split is short."""
+    if not self.fits(batch_size, window):
+      return []
+    index, count = self.block
+    draw = dict(batch_size=batch_size, window=window, num_batches=self.num_batches,
+                process_index=index, process_count=count)
+    if self.mixture is None:
+      (split,) = self.splits.values()
+      return pipeline.eval_windows(split, **draw)
+    return self.mixture.eval_windows(self.splits, **draw)
+
+  def fits(self, batch_size: int, window: int) -> bool:
+    """Says whether each split holds its rows of one batch, the least `windows` draws: a
+    store read alone gives a batch's rows, each source of a mixture all its rows at once."""
+    if self.mixture is None:
+      return all(len(split) >= batch_size * window for split in self.splits.values())
+    rows = self.mixture.eval_rows(batch_size, self.num_batches)
+    return all(len(self.splits[source]) >= n * window for source, n in rows.items())
+
+
+@dataclasses.dataclass(frozen=True)
 class RunData:
   tokenizer: tokenizer_lib.Tokenizer
   train: object                      # StoreSplit: the training stream, memory-mapped
   val: object                        # StoreSplit: the held-out stream
   eval_windows: list[np.ndarray]     # this process's rows of each eval batch, [B_local, W]
+  held_out: HeldOut                  # where eval_windows come from, for windows of other widths
   unigram_entropy: float
   fingerprint: str                   # of the token store: a workdir resumes on the same one
   data_name: str                     # what config.reference.data names: store.data_name
   mixture: mixture_lib.RunMixture | None = None    # data.mixture's stores, the first as `train`
-  eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its eval_windows
+  eval_sets: dict = dataclasses.field(default_factory=dict)   # name -> its HeldOut
 
   @property
   def directory(self) -> str:
@@ -263,12 +314,10 @@ def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, 
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
   check_fits(d, "data.source", d.source, store.val, d.seq_len + 1, lambda b, k: b * k,
              f"{d.eval_batches} eval batches")
-  index, count = block or (jax.process_index(), jax.process_count())
-  windows = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
-                                  num_batches=d.eval_batches, process_index=index,
-                                  process_count=count)
-  return RunData(tokenizer, store.train, store.val, windows, store.unigram_entropy,
-                 store.fingerprint, store.data_name)
+  held_out = HeldOut.of({d.source: store}, d.eval_batches,
+                        block or (jax.process_index(), jax.process_count()))
+  return RunData(tokenizer, store.train, store.val, held_out.windows(d.batch_size, d.seq_len + 1),
+                 held_out, store.unigram_entropy, store.fingerprint, store.data_name)
 
 
 def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
@@ -295,20 +344,18 @@ def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
                stores[mix.sources.index(e.source)].val, d.seq_len + 1,
                lambda b, k, e=e: mix.eval_rows(b, k)[e.source],
                f"its rows of {d.eval_batches} eval batches")
-  index, count = block or (jax.process_index(), jax.process_count())
-  windows = mix.eval_windows({s: st.val for s, st in zip(mix.sources, stores)},
-                             batch_size=d.batch_size, window=d.seq_len + 1,
-                             num_batches=d.eval_batches, process_index=index,
-                             process_count=count)
+  held_out = HeldOut.of(dict(zip(mix.sources, stores)), d.eval_batches,
+                        block or (jax.process_index(), jax.process_count()), mix)
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
-  return RunData(tokenizer, stores[0].train, stores[0].val, windows, entropy,
+  return RunData(tokenizer, stores[0].train, stores[0].val,
+                 held_out.windows(d.batch_size, d.seq_len + 1), held_out, entropy,
                  both.fingerprint, both.fingerprint, mix)
 
 
 def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
-  """name -> this process's eval windows of each set of data.eval_sets: the held-out split of
-  its store, a `tokens:` one of the run's tokenizer or one prepared with it."""
+  """name -> the HeldOut of each set of data.eval_sets: the held-out split of its store, a
+  `tokens:` one of the run's tokenizer or one prepared with it."""
   out = {}
   for name, source in eval_sets(d):
     plain = d.alone(source, tokenizer="" if source.startswith("tokens:")
@@ -320,10 +367,8 @@ def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
                         "another tokenizer than the run's: prepare it with the run's")
     check_fits(d, "data.eval_sets", source, store.val, d.seq_len + 1, lambda b, k: b * k,
                f"{d.eval_batches} eval batches of the set {name}")
-    index, count = block or (jax.process_index(), jax.process_count())
-    out[name] = pipeline.eval_windows(store.val, batch_size=d.batch_size, window=d.seq_len + 1,
-                                      num_batches=d.eval_batches, process_index=index,
-                                      process_count=count)
+    out[name] = HeldOut.of({source: store}, d.eval_batches,
+                           block or (jax.process_index(), jax.process_count()))
   return out
 
 
@@ -452,8 +497,12 @@ def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
                         progress=False)
     store = TokenStore(out)
   seconds = time.time() - t0
+  text = store.val_text_bytes
   say(f"data: {len(store.train):,} training and {len(store.val):,} held-out tokens in "
-      f"{store.directory}" + (f" (prepared in {seconds:.0f} s)" if seconds >= 1 else ""))
+      f"{store.directory}" + (f" (prepared in {seconds:.0f} s)" if seconds >= 1 else "")
+      + ("; held-out bytes unknown: the store was prepared before stores recorded them, so "
+         "no bits per byte (prepare it again for them)" if text is None else
+         f"; {text / max(len(store.val), 1):.3g} bytes of text per held-out token"))
   return store
 
 

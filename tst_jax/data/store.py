@@ -5,6 +5,8 @@ Layout of a store folder (written by `python -m tst_jax.data.prepare`):
   tokenizer.json            the tokenizer the tokens were made with (or tokenizer.model)
   train-00000.bin, ...      raw little-endian uint16 (vocab <= 65536) or uint32 tokens
   val-00000.bin, ...
+  val-00000.bytes.bin, ...  uint32 per held-out token: the UTF-8 bytes of text under it, 0
+                            under EOS (a store prepared before they were recorded has none)
 Each split is one stream: its shards concatenated in order. Stream position p of a split is
 token p - offset of the shard that holds it.
 
@@ -29,6 +31,8 @@ VERSION = 2              # 2: the held-out split may cut documents (request.val_
 READS = (1, 2)           # a version-1 store is a whole-document split: val_piece_bytes 0
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
+BYTES_DTYPE = "uint32"          # the bytes under a held-out token: a long one can pass 65535
+BYTES_SUFFIX = ".bytes.bin"     # of a held-out shard's bytes file, val-00000.bytes.bin
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -78,17 +82,21 @@ def read_manifest(directory: str) -> dict:
 
 class StoreSplit:
   """One split of a store as a read-only stream of N tokens, memory-mapped shard by shard, or
-  read by range requests from a bucket.
+  read by range requests from a bucket; with `token_bytes`, the held-out split's stream of
+  the UTF-8 bytes under each of its tokens, read alike.
 
   Nothing is read at open but the file sizes. `gather` reads the windows asked for, which may
   span shards and wrap around the end. Picklable: the maps and the bucket's client reopen lazily.
   """
 
-  def __init__(self, directory: str, manifest: dict, split: str, sizes: dict[str, int]):
+  def __init__(self, directory: str, manifest: dict, split: str, sizes: dict[str, int],
+               token_bytes: bool = False):
     """`sizes` gives {path: bytes} of the store's shards that exist (`_sizes`)."""
     entry = manifest["splits"][split]
-    self.directory, self.split, self.dtype = directory, split, np.dtype(manifest["dtype"])
-    self.files = [fileio.join(directory, s["file"]) for s in entry["shards"]]
+    self.directory, self.split = directory, split
+    self.dtype = np.dtype(BYTES_DTYPE if token_bytes else manifest["dtype"])
+    self.files = [fileio.join(directory, s["bytes_file" if token_bytes else "file"])
+                  for s in entry["shards"]]
     self.remote = fileio.is_url(directory)
     counts = np.array([s["tokens"] for s in entry["shards"]], dtype=np.int64)
     self.ends = np.cumsum(counts)            # shard i holds positions [ends[i-1], ends[i])
@@ -172,10 +180,13 @@ class TokenStore:
     self.manifest = read_manifest(self.directory)
     self.fingerprint = self.manifest["fingerprint"]
     self.data_name = data_name(self.manifest)
-    sizes = _sizes(self.directory, [fileio.join(self.directory, shard["file"]) for split in SPLITS
-                                    for shard in self.manifest["splits"][split]["shards"]])
+    shards = [shard for split in SPLITS for shard in self.manifest["splits"][split]["shards"]]
+    sizes = _sizes(self.directory, [fileio.join(self.directory, shard[key]) for shard in shards
+                                    for key in ("file", "bytes_file") if key in shard])
     self.train = StoreSplit(self.directory, self.manifest, "train", sizes)
     self.val = StoreSplit(self.directory, self.manifest, "val", sizes)
+    self.val_bytes = (StoreSplit(self.directory, self.manifest, "val", sizes, token_bytes=True)
+                      if "bytes" in self.manifest["splits"]["val"] else None)
     self.unigram_entropy = self.manifest["splits"]["train"]["unigram_entropy"]
     tok = self.manifest["tokenizer"]
     self.tokenizer_path = fileio.join(self.directory, tok["file"])
@@ -189,6 +200,12 @@ class TokenStore:
                       "was made with (its fingerprint differs from the manifest's); prepare the "
                       "store again")
     return get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0) if workdir else tok
+
+  @property
+  def val_text_bytes(self) -> int | None:
+    """Counts the UTF-8 bytes of the held-out split's text, None where the store does not
+    record them (prepared before stores did)."""
+    return self.manifest["splits"]["val"].get("bytes")
 
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"

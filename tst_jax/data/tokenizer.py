@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -51,6 +52,20 @@ class Tokenizer:
       return [e.ids for e in encs]
     return self._sp.encode(list(texts))
 
+  def encode_with_bytes(self, texts: Sequence[str]) -> list[tuple[list[int], np.ndarray]]:
+    """Encodes each text as `encode` does, with the UTF-8 bytes of the text under each token
+    [n] (`token_bytes`), which sum to the text's bytes."""
+    if self._hf is not None:
+      encs = self._hf.encode_batch(list(texts), add_special_tokens=False)
+      return [(e.ids, token_bytes(_char_to_byte(text)[[a for a, _ in e.offsets]],
+                                  len(text.encode("utf-8", errors="surrogatepass"))))
+              for text, e in zip(texts, encs)]
+    protos = self._sp.encode(list(texts), out_type="immutable_proto")
+    return [([p.id for p in proto.pieces],   # SentencePiece's offsets are in bytes already
+             token_bytes(np.array([p.begin for p in proto.pieces], np.int64),
+                         len(text.encode("utf-8", errors="surrogatepass"))))
+            for text, proto in zip(texts, protos)]
+
   def decode(self, ids: Sequence[int]) -> str:
     ids = [int(i) for i in ids]
     if self._hf is not None:
@@ -73,6 +88,31 @@ class Tokenizer:
 
   def __repr__(self):
     return f"Tokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id}, path={self.path!r})"
+
+
+def token_bytes(starts: np.ndarray, total: int) -> np.ndarray:
+  """Returns the bytes of text under each token [n] (uint32) from the byte offset where each
+  starts in a text of `total` bytes: from its start to the next token's, the first from 0,
+  the last to the end.
+
+  The counts sum to `total` whatever the offsets, so the bytes of any run of a store's tokens
+  are those of its text. Offsets that go back (a character cut into several byte-level
+  tokens shares one offset) are taken at their running maximum: such a character counts
+  under the last of its tokens.
+  """
+  if not len(starts):
+    return np.zeros(0, np.uint32)
+  at = np.maximum.accumulate(np.clip(np.asarray(starts, np.int64), 0, total))
+  at[0] = 0
+  return np.diff(np.append(at, total)).astype(np.uint32)
+
+
+def _char_to_byte(text: str) -> np.ndarray:
+  """Returns the byte offset of each character of `text` in its UTF-8 form, and its length
+  last [len(text) + 1]: HF tokenizers give offsets in characters."""
+  points = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), np.uint32)
+  width = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+  return np.concatenate([[0], np.cumsum(width, dtype=np.int64)])
 
 
 def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,

@@ -19,6 +19,11 @@ left is an error. For every run:
   equal data             the longest baseline's eval curve after as many data tokens, as in
                          figure 2's right panel: a point in the middle of a run whose learning
                          rate has not decayed, so never a speed-up.
+  bits per byte          its final held-out loss per byte of text, which runs of other
+                         tokenizers share ('bytes unknown': a store prepared before stores
+                         recorded them); `--rank bpb` orders the table by it, and keeps
+                         a run no baseline matches, such as one of another tokenizer.
+  phase-1 bag loss       its held-out MCE on phase 1's bags at the switch (eval_bag_loss).
 Writes DIR/compare.{md,json,png}. tools/arms.py makes the same comparison per seed and
 summarises it per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
 """
@@ -123,7 +128,9 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
            if delta_bound == "=" and delta is not None and not run.is_baseline else None)
   return dict(run=run.name, r=run.r, S=run.S, steps=run.total_steps, flops=run.total_flops,
               data_tokens=run.total_data_tokens, passes=run.passes, final_loss=run.final_loss,
-              is_baseline=run.is_baseline, frontier=frontier.names,
+              final_bpb=run.final_bpb, phase1_bag_loss=run.phase1_bag_loss,
+              is_baseline=run.is_baseline,
+              frontier=frontier.names,
               frontier_loss_at_equal_flops=frontier.loss_at(run.total_flops),
               delta_equal_flops=delta if delta_bound == "=" else None, delta_bound=delta_bound,
               delta_text=bounded(delta, delta_bound, "+.4f"),
@@ -152,17 +159,18 @@ def frontier_notes(frontier: Frontier, runs: list[EvalCurve], label: str = "") -
           for _, loss, name, shorter in frontier.dropped]
 
 
-def compare(runs: list[EvalCurve], curve: EvalCurve | None = None
-            ) -> tuple[list[dict], list[str]]:
+def compare(runs: list[EvalCurve], curve: EvalCurve | None = None, *,
+            need_baselines: bool = True) -> tuple[list[dict], list[str]]:
   """(one row per run against the frontier of its own baselines, the notes), plus figure 2's
   equal-data view on `curve`'s eval curve (default: the longest baseline). A TST run that no
-  baseline among `runs` matches is an error."""
+  baseline among `runs` matches is an error, unless not `need_baselines`, as when runs of
+  other tokenizers are ranked by bits per byte: its row then has no Δ and no speed-up."""
   curve = curve or max((r for r in runs if r.is_baseline), key=lambda r: r.total_flops,
                        default=None)
   rows, notes = [], []
   for run in runs:
     frontier, left_out = frontier_for(run, runs)
-    if left_out and not frontier.points:
+    if left_out and not frontier.points and need_baselines:
       more = f" ({len(left_out) - 1} more left out)" if len(left_out) > 1 else ""
       raise errors.DataError(f"{run.name}: no baseline among the runs matches it: "
                              f"{left_out[0]}{more}")
@@ -174,6 +182,18 @@ def compare(runs: list[EvalCurve], curve: EvalCurve | None = None
           curve.data_tokens, curve.loss, run.total_data_tokens))
     rows.append(row)
   return rows, list(dict.fromkeys(notes))
+
+
+RANKS = ("", "loss", "bpb")   # --rank: the order given, or by final loss or bits per byte
+
+
+def ranked(rows: list[dict], by: str) -> list[dict]:
+  """Orders `rows` by their final held-out loss or bits per byte, lowest first, rows whose
+  bytes are unknown last; '' keeps their order."""
+  if not by:
+    return rows
+  key = "final_loss" if by == "loss" else "final_bpb"
+  return sorted(rows, key=lambda row: (row[key] is None, row[key] or 0.0))
 
 
 def fmt(x, form: str = ".4f") -> str:
@@ -200,13 +220,16 @@ def report_head(title: str, command: str = "") -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
   lines = ["| run | r | S | steps | FLOPs | data tokens | passes | final eval loss | "
+           "bits per byte | phase-1 held-out bag loss | "
            "Δ at equal FLOPs (finished baselines) | equal-loss speed-up (finished baselines) | "
            "power-law fit | slope s per e-fold of FLOPs | predicted exp(Δ/s) |",
-           "|---" * 13 + "|"]
+           "|---" * 15 + "|"]
   for row in rows:
+    bpb = "bytes unknown" if row["final_bpb"] is None else f"{row['final_bpb']:.4f}"
     lines.append(f"| {row['run']} | {row['r']:g} | {row['S']} | {row['steps']} | "
                  f"{human(row['flops'])} | {human(row['data_tokens'])} | "
-                 f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | "
+                 f"{fmt(row['passes'], '.2f')} | {row['final_loss']:.4f} | {bpb} | "
+                 f"{fmt(row['phase1_bag_loss'])} | "
                  f"{row['delta_text']} | {row['speedup_text']} | "
                  f"{fit_text(row)} | {fmt(row['slope'], '+.4f')} | "
                  f"{row['speedup_predicted_text']} |")
@@ -284,6 +307,8 @@ def main(argv=None) -> int:
                  help="the run whose eval curve gives the equal-data view (default: the "
                       "longest baseline)")
   p.add_argument("--out", default="", help="output directory (default: the current one)")
+  p.add_argument("--rank", default="", choices=RANKS,
+                 help="order the table by final loss or bits per byte (default: as given)")
   p.add_argument("--verbosity", type=int, default=0,
                  help="1: tracebacks of user errors too (else one 'error:' line)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -294,7 +319,8 @@ def main(argv=None) -> int:
     dirs.insert(0, args.curve)
   runs = [load_run(d, name) for d, name in zip(dirs, run_names(dirs))]
   curve = runs[dirs.index(args.curve)] if args.curve else None
-  rows, notes = compare(runs, curve)
+  rows, notes = compare(runs, curve, need_baselines=args.rank != "bpb")
+  rows = ranked(rows, args.rank)
   tst = next((r for r in runs if not r.is_baseline), None)
   frontier = frontier_for(tst, runs)[0] if tst else frontier_of(runs)
   table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])

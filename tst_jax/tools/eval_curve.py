@@ -34,6 +34,8 @@ class EvalCurve:
   plan: Plan
   train_tokens: int | None = None   # of the store it read (None: unknown)
   identity: dict = dataclasses.field(default_factory=dict)   # `identity_of` its workdir
+  phase1_bag_loss: float | None = None   # the last eval_bag_loss: phase 1's task at its end
+  final_bpb: float | None = None         # bits per byte of the final eval (None: bytes unknown)
 
   @property
   def r(self) -> float:
@@ -136,8 +138,11 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
         f"{workdir}: unfinished (its last eval is at step {rows[-1]['step']} of "
         f"{plan.total_steps}): compare finished runs, whose learning rate has decayed; "
         "the same command resumes it")
+  bags = [r["eval_bag_loss"] for r in rows if "eval_bag_loss" in r]
   return EvalCurve(name or fileio.basename(fileio.absolute(workdir)), workdir,
                    np.array([r["step"] for r in rows], float),
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,
-                   train_tokens=train_tokens, identity=identity_of(workdir, plan))
+                   train_tokens=train_tokens, identity=identity_of(workdir, plan),
+                   phase1_bag_loss=bags[-1] if bags else None,
+                   final_bpb=rows[-1].get("eval_bpb"))

@@ -97,8 +97,10 @@ def plan(spec, flags, workdir: str, target) -> dict:
 
 
 def evaluate_latest(setup: Setup) -> dict:
-  """Prints and returns the held-out loss of the run's latest checkpoint, as a JSON line."""
+  """Prints and returns the held-out loss of the run's latest checkpoint and its bits per
+  byte (None where the store does not record its bytes), as a JSON line."""
   state, step = setup.restore_or_init()
-  result = dict(step=step, eval_loss=setup.evaluate(state.params))
+  loss = setup.evaluate(state.params)
+  result = dict(step=step, eval_loss=loss, eval_bpb=setup.evaluate.bits_per_byte(loss))
   print(json.dumps(result))
   return result

@@ -77,19 +77,43 @@ class Console:
       print(f"step {step:>{width}}/{self.total}  {_phase_name(phase):<8} loss "
             f"{metrics['loss']:.4f}  {_speed(speed)}  ETA {duration(eta)}", flush=True)
 
-  def eval(self, step: int, loss: float, sets: dict | None = None):
-    """Prints the held-out loss, then each set of data.eval_sets by name."""
-    self.print(f"eval  step {step}: held-out next-token loss {loss:.4f}"
-               + "".join(f"; {name} {x:.4f}" for name, x in (sets or {}).items()))
+  def eval(self, step: int, record: dict, phase=None):
+    """Prints an eval's `record` (`Evaluator.record`): the held-out loss, each set of
+    data.eval_sets by name, and in a tst `phase` its held-out bag loss."""
+    names = [k.partition("/")[2] for k in record if k.startswith("eval_loss/")]
+    line = (f"eval  step {step}: held-out next-token loss {_with_bpb(record, '')}"
+            + "".join(f"; {name} {_with_bpb(record, '/' + name)}" for name in names))
+    if "eval_bag_loss" in record:
+      line += (f"; held-out bag loss {record['eval_bag_loss']:.4f} (the {_phase_name(phase)} "
+               "task)")
+    self.print(line)
+
+  def tasks(self, step: int, record: dict, seconds: float):
+    """Prints the scores of train.eval_tasks (`downstream.task_metrics`), their standard
+    errors left to metrics.jsonl."""
+    scores = {}
+    for key, value in record.items():
+      _, task, metric = key.split("/", 2) if key.count("/") >= 2 else ("", key, "")
+      if "_stderr" not in metric and key != "tasks/paper_average":
+        scores.setdefault(task, []).append(f"{metric} {value:.4f}")
+    line = "; ".join(f"{task} {', '.join(parts)}" for task, parts in scores.items())
+    if "tasks/paper_average" in record:
+      line += f"; the paper's average {record['tasks/paper_average']:.4f}"
+    self.print(f"tasks step {step} ({duration(seconds)}): {line}")
 
   def final(self, summary: dict, workdir: str, reference=None, run: dict | None = None):
     """Held-out loss (beside `reference`'s, a config.reference, when it names one, for the run
     whose same-run fields are `run`), where the files are, how to resume or look at it."""
     self.close()
     lines = [f"done: {summary['steps']} steps ({duration(summary['seconds_this_session'])} "
-             f"this session); held-out loss {summary['final_eval_loss']:.4f}"]
+             f"this session); held-out loss " + _with_bpb(dict(
+                 eval_loss=summary["final_eval_loss"], eval_bpb=summary.get("final_eval_bpb")),
+                 "")]
     if summary.get("phase1_end_eval_loss") is not None:
-      lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f})"
+      lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f}"
+      if summary.get("phase1_end_eval_bag_loss") is not None:
+        lines[-1] += f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+      lines[-1] += ")"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary, run or {})
     where = functools.partial(workdir_lib.path, workdir)
@@ -128,6 +152,14 @@ def _reference_lines(reference, summary: dict, run: dict) -> list[str]:
   return [f"{head}{why}: no difference printed",
           f"  measure it {'for this run' if differs or not reference.run else 'on this data'}: "
           f"{reference.command_for(run)}"]
+
+
+def _with_bpb(record: dict, suffix: str) -> str:
+  """Formats the held-out loss eval_loss<suffix> of an eval's record with its bits per byte,
+  or 'bytes unknown' where the store does not record them."""
+  bpb = record.get(f"eval_bpb{suffix}")
+  return (f"{record[f'eval_loss{suffix}']:.4f}, "
+          + ("bytes unknown" if bpb is None else f"{bpb:.4f} bits/byte"))
 
 
 def _speed(speed: dict) -> str:

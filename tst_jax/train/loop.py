@@ -51,6 +51,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
   setup.checkpoints.before_save = step_log.sync   # a checkpoint's lines are in metrics.jsonl
   guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
+  tasks = setup.load_tasks()          # train.eval_tasks: loaded, or refused, before step 1
   t0 = time.time()
   try:
     for phase in plan.phases:
@@ -68,6 +69,8 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
         done = step + 1
         if done % settings.eval_every == 0 or done == phase.last_step:
           _evaluate(setup, state, phase, done, step_log)
+        if tasks is not None and tasks.due(done, phase):
+          _score_tasks(tasks, setup, state, phase, done, step_log)
         stop = guard.should_stop(done)                # agreed by every process
         setup.checkpoints.save_step(state, done, force=done == phase.last_step, preempted=stop)
         if stop:
@@ -76,8 +79,10 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
       step_log.flush()
       start = phase.last_step
     setup.checkpoints.wait()
+    final = setup.evaluate(state.params)
     summary = metrics_lib.summarize(
-        setup.workdir, plan, setup.evaluate(state.params), write=primary,
+        setup.workdir, plan, final, write=primary,
+        final_eval_bpb=setup.evaluate.bits_per_byte(final),
         unigram_entropy=setup.data.unigram_entropy, data=setup.data.data_name,
         seconds_this_session=time.time() - t0,
         resolved=setup.spec.resolved.to_json())
@@ -126,11 +131,35 @@ def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
   """Writes and prints the held-out losses after step `done`, its time kept out of step_s."""
   step_log.flush()
   t0 = time.time()
-  loss, sets = setup.evaluate(state.params), setup.evaluate.of_sets(state.params)
-  step_log.writer.write(dict(step=done, phase=phase.name, eval_loss=loss,
-                             **setup.spec.plan.tokens_at(done),
-                             **{f"eval_loss/{name}": x for name, x in sets.items()}))
-  step_log.console.eval(done, loss, sets)
+  record = setup.evaluate.record(state.params, phase)
+  step_log.writer.write(dict(step=done, phase=phase.name, **record,
+                             **setup.spec.plan.tokens_at(done)))
+  step_log.console.eval(done, record, phase)
+  step_log.t_last += time.time() - t0
+
+
+def _score_tasks(tasks, setup: Setup, state, phase, done: int, step_log: StepLog):
+  """Writes and prints the scores of train.eval_tasks after step `done` (`tasks`, a
+  downstream.InRun), lm-eval's results in <workdir>/lm_eval/step_<done>.json, their time
+  kept out of step_s. A scoring that fails is said in one line, and training goes on."""
+  step_log.flush()
+  t0 = time.time()
+  try:
+    record, results = tasks(state.params, done, phase)
+  except Exception as e:  # pylint: disable=broad-except
+    # lm-eval's tasks are its code and data: a request it cannot score (a continuation
+    # longer than data.seq_len) costs that step's scores, not the run.
+    log.warning("tasks step %d: not scored: %s: %s", done, type(e).__name__, e)
+    step_log.console.print(f"tasks step {done}: not scored: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())}")
+    step_log.t_last += time.time() - t0
+    return
+  seconds = time.time() - t0
+  step_log.writer.write(dict(step=done, phase=phase.name, **record, tasks_s=seconds,
+                             **setup.spec.plan.tokens_at(done)))
+  if distributed.is_primary():
+    tasks.write(results, done)
+  step_log.console.tasks(done, record, seconds)
   step_log.t_last += time.time() - t0
 
 

@@ -119,15 +119,17 @@ class MetricsWriter:
 
 
 def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
-  """Returns the run's summary: final held-out loss, the phase-1-end eval, steps, token counts
-  and `fields`. With `write`, also writes <workdir>/summary.json and the plot <workdir>/loss.png."""
+  """Returns the run's summary: final held-out loss, the phase-1-end evals (next-token, and
+  the bag loss of its task), steps, token counts and `fields`. With `write`, also writes
+  <workdir>/summary.json and the plot <workdir>/loss.png."""
   records = workdir_lib.read_metrics(workdir)
-  evals = {r["step"]: r["eval_loss"] for r in records if "eval_loss" in r}
+  evals = {r["step"]: r for r in records if "eval_loss" in r}
   tst = [p for p in plan.phases if p.is_tst]     # phase 1: one or more tst phases
   switch = tst[-1].last_step if tst and len(tst) < len(plan.phases) else None
   summary = dict(final_eval_loss=final_eval, steps=plan.total_steps,
-                 phase1_end_eval_loss=evals.get(switch), **fields,
-                 **plan.tokens_at(plan.total_steps))
+                 phase1_end_eval_loss=evals.get(switch, {}).get("eval_loss"),
+                 phase1_end_eval_bag_loss=evals.get(switch, {}).get("eval_bag_loss"),
+                 **fields, **plan.tokens_at(plan.total_steps))
   if write:
     workdir_lib.write_summary(workdir, summary)
     plot_losses(records, workdir_lib.path(workdir, workdir_lib.LOSS_PLOT), switch_step=switch)
@@ -135,11 +137,13 @@ def summarize(workdir: str, plan, final_eval: float, write: bool = True, **field
 
 
 def plot_losses(records: list[dict], out_path: str, switch_step: int | None = None):
-  """Plots metrics.jsonl's train and eval loss vs step and vs data tokens, the switch marked."""
+  """Plots metrics.jsonl's train and eval losses vs step and vs data tokens, the switch
+  marked: the held-out next-token loss, and in phase 1 the held-out bag loss of its task."""
   from matplotlib.figure import Figure   # no pyplot: leaves notebooks' backends alone
 
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
+  bags = [r for r in records if "eval_bag_loss" in r]
   fig = Figure(figsize=(12, 4.5))
   axes = fig.subplots(1, 2)
   for ax, x_key, label in ((axes[0], "step", "step"), (axes[1], "data_tokens", "data tokens")):
@@ -151,6 +155,9 @@ def plot_losses(records: list[dict], out_path: str, switch_step: int | None = No
     if evals:
       ax.plot([r[x_key] for r in evals], [r["eval_loss"] for r in evals], "k.-",
               label="held-out next-token loss")
+    if bags:
+      ax.plot([r[x_key] for r in bags], [r["eval_bag_loss"] for r in bags], "s--",
+              color="tab:red", ms=4, label="held-out bag loss (MCE, phase 1's task)")
     if switch_step is not None:
       switch = [r[x_key] for r in train if r["step"] == switch_step]
       if switch:

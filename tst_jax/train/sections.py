@@ -43,8 +43,16 @@ def _window_ok(text) -> bool:
   return True
 
 
+def _task_names_ok(text) -> bool:
+  names = text.split(",") if isinstance(text, str) and text else []
+  return isinstance(text, str) and all(
+      n and n.replace("_", "a").replace(".", "a").replace("-", "a").isalnum() for n in names)
+
+
 TRACKERS = ("none", "wandb", "trackio")   # train.tracker: tracker.py starts each
 _WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1", str)
+_TASKS = schema.Rule(_task_names_ok, "'' or a comma list of lm-eval task names or 'paper' "
+                     "(letters, digits, _ . -)", str)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +159,19 @@ class Train:
   profile_steps: str = schema.field("", _WINDOW, "'<first>,<count>': a jax.profiler trace of "
                                     "these steps and their milliseconds by category, in "
                                     "<workdir>/profile ('': none)", added="")
+  eval_tasks: str = schema.field("", _TASKS, "lm-eval tasks scored on the live parameters in "
+                                 "the next-token phase, never a phase-1 model, which predicts "
+                                 "bags: comma list, 'paper' the paper's eight 0-shot ('': "
+                                 "none; needs lm-eval; docs/evaluation.md)", added="")
+  eval_tasks_every: int = schema.field(0, schema.integer(0), "steps between eval_tasks' "
+                                       "scorings, in the next-token phase; always after the "
+                                       "last step (0: then only)", added=0)
+  eval_tasks_include: str = schema.field("", schema.STRING, "a folder of task YAMLs lm-eval "
+                                         "does not ship, as tools.eval's --include_path ('': "
+                                         "none)", added="")
+  eval_tasks_limit: int = schema.field(0, schema.integer(0), "documents per eval_tasks task, "
+                                       "lm-eval's --limit, for a quick look; its scores are "
+                                       "not the task's (0: all)", added=0)
 
 
 # What makes two runs one run: a workdir resumes only a run equal in these, and a run prints

@@ -4,6 +4,7 @@ state the first step starts from and each phase's batches."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
@@ -21,6 +22,13 @@ from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
 from tst_jax.train.sections import SAME_RUN, same_run_fields
 
+try:
+  from tst_jax.train import downstream
+except ImportError:   # lm-eval, an optional dependency: train.eval_tasks needs it
+  downstream = None
+
+log = logging.getLogger("tst_jax")
+
 
 class Setup:
   """What a run builds once, before its first step (`Setup.create`): the Trainer of its
@@ -34,8 +42,37 @@ class Setup:
     self.checkpoints = ckpt_lib.RunCheckpoints(
         workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
         data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
-    self.evaluate = Evaluator(trainer, data.eval_windows, data_block[1], data.eval_sets,
-                              eos_id=data.tokenizer.eos_id)
+    shape = (spec.data.batch_size, spec.data.seq_len + 1)
+    self.evaluate = Evaluator(
+        trainer, data.eval_windows, data_block[1],
+        {name: held.windows(*shape) for name, held in data.eval_sets.items()},
+        eos_id=data.tokenizer.eos_id, bags=self._bag_windows(),
+        token_bytes=data.held_out.token_bytes(*shape),
+        set_bytes={name: held.token_bytes(*shape) for name, held in data.eval_sets.items()})
+
+  def load_tasks(self):
+    """Returns train.eval_tasks' tasks loaded for the run (downstream.InRun), None without
+    them: every process scores them, on its part of the parameters. A task lm-eval cannot
+    load is a ConfigError before the first step."""
+    if not self.spec.train.eval_tasks:
+      return None
+    if downstream is None:
+      raise ConfigError("train.eval_tasks", "needs lm-eval: pip install -e '.[eval]' (or pip "
+                        "install lm-eval)")
+    return downstream.InRun(self.spec, self.trainer, self.data.tokenizer, self.workdir)
+
+  def _bag_windows(self) -> dict:
+    """Returns each tst phase's held-out windows for eval_bag_loss, of its S·L + 1 tokens in
+    its batches' rows, from the held-out split(s) eval_loss reads. A split too short for one
+    batch of them is said once, and that phase logs no eval_bag_loss."""
+    bags = {}
+    for phase in (p for p in self.spec.plan.phases if p.is_tst):
+      bags[phase] = self.data.held_out.windows(phase.batch_size, phase.window)
+      if not bags[phase] and distributed.is_primary():
+        log.warning("no eval_bag_loss in phase %s S=%d: its held-out split holds fewer than "
+                    "one batch of %d windows of %d tokens", phase.name, phase.bag_size,
+                    phase.batch_size, phase.window)
+    return bags
 
   @classmethod
   def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,

@@ -11,9 +11,10 @@ built. Code after `check` reads the typed sections only.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
-from tst_jax import losses, models, platform, schema
+from tst_jax import fileio, losses, models, platform, schema
 from tst_jax.data.mixture import RunMixture
 from tst_jax.data.run_data import Data, check_paths as check_data_paths
 from tst_jax.errors import ConfigError
@@ -96,8 +97,16 @@ class RunSpec:
              f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")
 
   def check_paths(self) -> None:
-    """Checks that the files a train or eval run reads exist. Plan mode does not need them."""
+    """Checks that the files a train or eval run reads exist, and lm-eval for
+    train.eval_tasks. Plan mode does not need them."""
     check_data_paths(self.data)
+    if self.train.eval_tasks:
+      _require(importlib.util.find_spec("lm_eval") is not None, "train.eval_tasks",
+               "needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)")
+    include = self.train.eval_tasks_include
+    _require(not include or not fileio.is_url(include) and fileio.isdir(include),
+             "train.eval_tasks_include", f"{include!r} is not a local folder: give the folder "
+             "of lm-eval task YAMLs (lm-eval reads them from the disk)")
     if self.run.init_from_hf:
       _require(os.path.isdir(self.run.init_from_hf), "init_from_hf",
                f"{self.run.init_from_hf!r} is not a folder: give a Hugging Face model folder "
@@ -171,7 +180,20 @@ def check(config) -> RunSpec:
   plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps)
   _check_profile_window(typed["train"].profile_steps, plan)
   _check_stages(data, plan)
+  _check_eval_tasks(typed["train"], plan)
   return RunSpec(plan=plan, **typed)
+
+
+def _check_eval_tasks(train, plan):
+  """Refuses train.eval_tasks' other fields without tasks, and tasks in a run with no
+  next-token phase, whose model predicts bags only (docs/evaluation.md)."""
+  for name, unset in (("eval_tasks_every", 0), ("eval_tasks_include", ""),
+                      ("eval_tasks_limit", 0)):
+    _require(getattr(train, name) == unset or train.eval_tasks, f"train.{name}",
+             "needs train.eval_tasks: the lm-eval tasks to score")
+  _require(not train.eval_tasks or any(not p.is_tst for p in plan.phases), "train.eval_tasks",
+           "the run has no next-token phase (tst.ratio=1), and a phase-1 model, which "
+           "predicts bags, is not scored on next-token tasks")
 
 
 def _check_profile_window(text: str, plan):

@@ -194,6 +194,29 @@ def make_eval_step(graphdef, documents: Documents | None = None):
   return eval_step
 
 
+def make_scored_step(documents: Documents | None = None):
+  """scored_step(window, bytes) -> (the targets eval_step scores, the UTF-8 bytes of text
+  under them), `bytes` [B, W] holding the bytes under each token of `window`: with
+  `documents`, no document's first token, as eval_step."""
+  def scored_step(window_BxW, bytes_BxW):
+    _, labels_BxL, _, _ = view(window_BxW, sp.ntp_view, documents)
+    mask_BxL = labels_BxL != sp.IGNORE_INDEX
+    return jnp.sum(mask_BxL), jnp.sum(jnp.where(mask_BxL, bytes_BxW[:, 1:], 0))
+  return scored_step
+
+
+def make_bag_eval_step(graphdef, phase: Phase, loss_cfg: Loss,
+                       documents: Documents | None = None):
+  """bag_eval_step(params, window) -> the loss of tst `phase` on a window of its S·L + 1
+  tokens, as its train step computes it (`loss`), without the z-loss and MoE's auxiliary
+  losses, which regularise training and are no part of the task."""
+  loss_cfg = dataclasses.replace(loss_cfg, z_loss=0.0)
+
+  def bag_eval_step(params, window_BxW):
+    return loss(nnx.merge(graphdef, params), window_BxW, phase, loss_cfg, documents)[0]
+  return bag_eval_step
+
+
 @dataclasses.dataclass(frozen=True)
 class Trainer:
   """Builds each phase's jitted train step of a run from what they all share, made from its

@@ -35,6 +35,7 @@ TRACKER = "tracker.json"      # train.tracker: which tracker run this workdir lo
 PROFILE = "profile"           # train.profile_steps: the jax.profiler trace and its table
 PROFILE_TABLE = PROFILE + "/step_profile.txt"   # milliseconds per step by category
 PROFILE_JSON = PROFILE + "/step_profile.json"    # the same, with the top ops
+LM_EVAL = "lm_eval"           # lm-eval's results, step_<N>.json: tools.eval's and train.eval_tasks'
 # Written by the data layer, which names them: the token store prepared from data.source and
 # the copy of the run's tokenizer that export reads.
 DATA = run_data.PREPARED_DIR
@@ -170,6 +171,11 @@ def write_store(workdir: str, fingerprint: str, directory: str, train_tokens: in
 def read_store(workdir: str) -> dict | None:
   """Returns store.json, or None where the run has not recorded its store."""
   return _read_json(workdir, STORE)
+
+
+def lm_eval_path(workdir: str, step: int) -> str:
+  """Returns the path of the lm-eval results of checkpoint or step `step`."""
+  return fileio.join(path(workdir, LM_EVAL), f"step_{step}.json")
 
 
 def write_summary(workdir: str, summary: dict):
