@@ -42,6 +42,7 @@ _OPTIONS = {"gs": dict(use_listings_cache=False), "gcs": dict(use_listings_cache
 # whole (a token store, an export, a report) goes to any store fsspec writes objects to.
 RUN_STORES = ("gs",)
 FILE_STORES = ("gs", "gcs", "s3")
+NEW_FOLDER = "give a new directory"   # what to do about a file where an output folder goes
 # What each store needs, as the error line names it.
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _BUCKET_CHARS = _ALNUM | {"-", "_"}   # of each dot-separated part of a GCS bucket's name
@@ -487,11 +488,13 @@ def _before_wildcard(path: str) -> str:
   return path[:cut].rsplit("/", 1)[0] if "/" in path[:cut] else "."
 
 
-def check_output(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES):
-  """Raises one PathError where the output `path`, given as `what` (a flag), cannot be: in a
-  store outside `stores` (`check_store`), or where nothing can be written (`check_writable`)."""
+def check_output(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES, *,
+                 remedy: str = NEW_FOLDER):
+  """Raises one PathError where the output folder `path`, given as `what` (a flag), cannot
+  be: in a store outside `stores` (`check_store`), or where nothing can be written
+  (`check_writable`, whose `remedy` is said of a file in its place)."""
   check_store(path, what, holds, stores)
-  check_writable(path, what)
+  check_writable(path, what, remedy=remedy)
 
 
 def check_store(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE_STORES):
@@ -505,15 +508,19 @@ def check_store(path: str, what: str, holds: str, stores: tuple[str, ...] = FILE
   check_bucket_name(path, what)
 
 
-def check_writable(path: str, what: str):
-  """Raises one PathError naming `what` and `path` and why nothing can be written there. In a
-  store it writes and removes a probe object, the one sure test of write permission."""
+def check_writable(path: str, what: str, *, remedy: str = NEW_FOLDER):
+  """Raises one PathError naming `what` and `path` and why no folder can be written there: a
+  file in its place (the error line ends with `remedy`), a file above it, no permission, or in
+  a store no bucket or no credentials. In a store it writes and removes a probe object, the one
+  sure test of write permission."""
   try:
     if is_url(path):
       probe = join(path, f".tst_jax_write_probe_{uuid.uuid4().hex}")
       write_bytes(probe, b"")
       remove(probe)
       return
+    if os.path.exists(absolute(path)) and not os.path.isdir(absolute(path)):
+      raise PathError(f"{what} {path}: is a file, not a directory: {remedy}")
     parent = existing_parent(path)
     if not os.path.isdir(parent):
       raise NotADirectoryError(20, "a file is in the way", parent)

@@ -15,7 +15,7 @@ ROOT = pathlib.Path(paths.ROOT)
 # (module prefix, layer): the longest matching prefix wins. The package's __init__ (the public
 # API) may import from any layer.
 LAYERS = [
-    ("tst_jax.errors", 0), ("tst_jax.fileio", 0), ("tst_jax.schema", 0),
+    ("tst_jax.errors", 0), ("tst_jax.fileio", 0), ("tst_jax.rundir", 0), ("tst_jax.schema", 0),
     ("tst_jax.platform", 1), ("tst_jax.superposition", 1), ("tst_jax.kernels", 1),
     ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
     ("tst_jax.models", 2),

@@ -54,7 +54,7 @@ def quiet_storage(directory: str):
   first request to a bucket wherever it goes on to a VM's own credentials, or to none for
   an emulator: it is asked once per bucket here, its stderr captured, and that line goes to
   the log. A bucket these credentials cannot write was refused before, in one line
-  (setup.check_workdir)."""
+  (RunDir.check_writable)."""
   absl_logging.get_absl_logger().addFilter(_ORBAX_FILTER)   # once: a filter is added once
   if fileio.protocol(directory) == "gs":
     _ask_tensorstore_credentials(directory.split("://", 1)[1].split("/", 1)[0])

@@ -17,9 +17,10 @@ from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, StoreError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
+from tst_jax.rundir import RunDir
 from tst_jax.train import fit, lock as lock_lib, loop, spec as spec_lib
 from tst_jax.train.outlook import format_plan
-from tst_jax.train.setup import Setup, check_workdir
+from tst_jax.train.setup import Setup
 
 MODES = ("train", "plan", "eval")
 
@@ -48,10 +49,11 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   if not workdir:
     raise ConfigError("--workdir", "required for train and eval: give a new directory, or a "
                       "run's to resume it")
-  workdir = fileio.absolute(workdir)   # once, so the check, the lock and the run see one path
+  rundir = RunDir(workdir)   # once, so the check, the lock and the run see one path
+  workdir = rundir.root
   spec.check_devices(jax.device_count())
   spec.check_paths()
-  check_workdir(workdir)
+  rundir.check_writable()
   lock = hold_workdir(workdir) if mode == "train" else None   # an eval only reads
   try:
     setup = Setup.create(spec, workdir, record=mode == "train")

@@ -5,7 +5,6 @@ state the first step starts from and each phase's batches."""
 from __future__ import annotations
 
 import logging
-import os
 
 import jax
 import numpy as np
@@ -13,7 +12,7 @@ import numpy as np
 from tst_jax import data as data_lib
 from tst_jax import fileio
 from tst_jax.data import run_data
-from tst_jax.errors import ConfigError, WorkdirError
+from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import checkpoint as ckpt_lib
@@ -152,25 +151,6 @@ class Setup:
     for local in iterator:
       yield jax.make_array_from_process_local_data(self.trainer.batch_sharding, local,
                                                    (phase.batch_size, phase.window))
-
-
-def check_workdir(workdir: str):
-  """Checks that the workdir is a directory this process may write to, or can be made as one.
-  It is made later, once the config has passed every check. In a bucket a probe object is
-  written and removed: no other test shows that these credentials may write there."""
-  if fileio.is_url(workdir):
-    fileio.check_output(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
-    return
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise WorkdirError(f"--workdir {workdir}: is a file, not a directory: give a new "
-                       "directory, or a run's directory to resume it")
-  existing = fileio.existing_parent(workdir)
-  if not os.path.isdir(existing):
-    raise WorkdirError(f"--workdir {workdir}: {existing} is a file, so the workdir cannot be "
-                       "made: give another directory")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise WorkdirError(f"--workdir {workdir}: {existing} is not writable: fix its permissions "
-                       "or give another directory")
 
 
 def _check_workdir_config(spec, workdir: str):
