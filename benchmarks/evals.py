@@ -27,6 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tst_jax import configlib  # noqa: E402
+from tst_jax.rundir import RunDir  # noqa: E402
 from tst_jax.train import setup as setup_lib, spec as spec_lib  # noqa: E402
 from tst_jax.train.evaluate import Evaluator  # noqa: E402
 
@@ -55,7 +56,7 @@ def main():
   config = configlib.load_config(args.config)
   config.train.update(eval_tasks="tst_mc", eval_tasks_include=TASK_DIR)
   spec = spec_lib.check(config).on_platform()
-  setup = setup_lib.Setup.create(spec, args.workdir, record=False)
+  setup = setup_lib.Setup.create(spec, RunDir(args.workdir), record=False)
   params = setup.trainer.init_state(0).params
   ev, plan = setup.evaluate, spec.plan
   tst, ntp = plan.phases[0], plan.phases[-1]

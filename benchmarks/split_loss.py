@@ -21,6 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
@@ -52,7 +53,7 @@ def main(argv=None):
   p.add_argument("--windows", type=int, default=512, help="windows per split")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
-  trained = trained_run.load(args.workdir, args.step, dtype="float32")
+  trained = trained_run.load(RunDir(args.workdir), args.step, dtype="float32")
   source = trained.data.source
   store = TokenStore(source[len("tokens:"):] if source.startswith("tokens:")
                      else os.path.join(args.workdir, "data"))

@@ -14,6 +14,7 @@ from flax import nnx
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models, schema
 from tst_jax.models import layers, llama
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, workdir as workdir_lib
 
 
@@ -77,7 +78,7 @@ def test_a_family_registered_in_a_test_file_trains_end_to_end(tmp_path, gelu_fam
                                    "ffw_dim")})
   summary = cli.run(config, str(tmp_path))
   assert np.isfinite(summary["final_eval_loss"])
-  records = workdir_lib.read_metrics(str(tmp_path))
+  records = workdir_lib.read_metrics(RunDir(tmp_path))
   assert [r["phase"] for r in records if "loss" in r] == ["tst"] * 6 + ["ntp"] * 6
   with open(tmp_path / "config.json") as f:
     recorded = json.load(f)["model"]

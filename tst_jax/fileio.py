@@ -197,11 +197,26 @@ def makedirs(path: str):
     os.makedirs(path, exist_ok=True)
 
 
+def remove_empty_folder(path: str):
+  """Removes the local folder `path` where it is empty. A store's folder goes with its last
+  object."""
+  if not is_url(path) and os.path.isdir(path) and not os.listdir(path):
+    os.rmdir(path)
+
+
 def getsize(path: str) -> int:
   if not is_url(path):
     return os.path.getsize(path)
   fs, p = filesystem(path)
   return int(fs.size(p))
+
+
+def mtime(path: str) -> float:
+  """Returns the time `path` was last written, in seconds since the epoch."""
+  if not is_url(path):
+    return os.path.getmtime(path)
+  fs, p = filesystem(path)
+  return fs.modified(p).timestamp()
 
 
 def remove(path: str):
@@ -316,6 +331,14 @@ def staged(path: str):
   finally:
     if os.path.exists(local):
       os.remove(local)
+
+
+def upload_folder(local: str, path: str):
+  """Copies the local folder `local` and everything under it to `path` in a store, then
+  removes `local`."""
+  fs, p = filesystem(path)
+  fs.put(local.rstrip("/") + "/", p, recursive=True)
+  rmtree(local)
 
 
 def move_in(local: str, path: str):

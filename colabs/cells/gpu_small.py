@@ -35,6 +35,7 @@ import jax
 import matplotlib.pyplot as plt
 
 from tst_jax import configlib
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, workdir as workdir_lib
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.outlook import format_plan
@@ -101,7 +102,7 @@ At equal FLOPs per step, the step axis is the compute axis. The dashed line is T
 # (inline again: cli.run switched matplotlib to Agg to write each run's loss.png)
 fig, ax = plt.subplots(figsize=(8, 4.5))
 for (label, workdir), color in zip(runs.items(), ("tab:orange", "tab:blue")):
-  evals = [r for r in workdir_lib.read_metrics(workdir) if "eval_loss" in r]
+  evals = [r for r in workdir_lib.read_metrics(RunDir(workdir)) if "eval_loss" in r]
   ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", color=color,
           label=f"{label}: held-out next-token loss")
 switch = plan.phases[0].last_step

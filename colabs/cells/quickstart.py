@@ -26,6 +26,7 @@ import jax
 import matplotlib.pyplot as plt
 
 from tst_jax import configlib
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
 from tst_jax.train import cli, workdir as workdir_lib
@@ -89,7 +90,7 @@ tokens (right), TST's phase 1 reads S times more text per step.
 # (inline again: cli.run switched matplotlib to Agg to write each run's loss.png)
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 for (label, workdir), color in zip(runs.items(), ("tab:orange", "tab:blue")):
-  records = workdir_lib.read_metrics(workdir)
+  records = workdir_lib.read_metrics(RunDir(workdir))
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
   axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], color=color, alpha=0.35,
@@ -119,7 +120,7 @@ for label, s in summary.items():
     ("code", '''
 prompt = "def main("
 for label, workdir in runs.items():
-  trained = trained_run.load(workdir)
+  trained = trained_run.load(RunDir(workdir))
   tok = trained.tokenizer
   [new] = Sampler(trained.model).generate(
       [[tok.eos_id] + tok.encode(prompt)], 24 if TST_SMALL else 150, temperature=0.7,

@@ -25,6 +25,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
+from tst_jax.rundir import RunDir
 from tst_jax.tools import export
 from tst_jax.train import checkpoint, cli, spec as spec_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
@@ -63,7 +64,7 @@ def _store(folder: str) -> str:
 
 def _logged(workdir) -> dict:
   """Returns {(step, kind): loss} of every train and eval line of metrics.jsonl."""
-  lines = workdir_lib.read_metrics(workdir)
+  lines = workdir_lib.read_metrics(RunDir(workdir))
   logged = {(r["step"], k): r[k] for r in lines for k in ("loss", "eval_loss") if k in r}
   assert len(logged) == len(lines), "a step logged twice"
   return logged
@@ -89,8 +90,8 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   # The killed run's record is whole: every line up to its last checkpoint, none after.
   assert max(step for step, _ in _logged(remote)) == KILL_AT - 1
-  assert workdir_lib.checkpoint_steps(remote)[-1] == KILL_AT - 1
-  assert fileio.exists(fileio.join(remote, workdir_lib.LOCK))
+  assert workdir_lib.checkpoint_steps(RunDir(remote))[-1] == KILL_AT - 1
+  assert fileio.exists(RunDir(remote).lock)
 
   resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
                            capture_output=True, text=True)
@@ -98,25 +99,23 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   # A run that is fine prints no library log line: TensorStore's credentials line and Orbax's
   # warnings go to the log (checkpoint.quiet_storage).
   assert not LIBRARY_LINE.search(resumed.stderr), resumed.stderr[-3000:]
-  assert (f"taking over {remote}/{workdir_lib.LOCK} from a dead run: pid" in resumed.stdout
+  assert (f"taking over {RunDir(remote).lock} from a dead run: pid" in resumed.stdout
           and "its process has ended" in resumed.stdout), resumed.stdout
   assert f"resuming {remote} at step {KILL_AT - 1} of 12" in resumed.stdout
   assert _logged(remote) == _logged(local)
   assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
-  names = fileio.listdir(remote)
-  for name in (workdir_lib.CONFIG, workdir_lib.PLAN, workdir_lib.STORE, workdir_lib.SUMMARY,
-               workdir_lib.LOSS_PLOT, workdir_lib.CHECKPOINTS, workdir_lib.TENSORBOARD,
-               workdir_lib.TOKENIZER_JSON):
-    assert name in names, names
-  assert workdir_lib.LOCK not in names
-  assert workdir_lib.read_summary(remote) == {
-      **workdir_lib.read_summary(local), "seconds_this_session":
-      workdir_lib.read_summary(remote)["seconds_this_session"]}
+  run, names = RunDir(remote), fileio.listdir(remote)
+  for path in (run.config, run.plan, run.store, run.summary, run.loss_plot, run.checkpoints,
+               run.tensorboard, run.tokenizer_json):
+    assert fileio.basename(path) in names, names
+  assert fileio.basename(run.lock) not in names
+  assert workdir_lib.read_summary(run) == {
+      **workdir_lib.read_summary(RunDir(local)), "seconds_this_session":
+      workdir_lib.read_summary(run)["seconds_this_session"]}
   # TensorBoard: the killed session's events up to its last checkpoint, then the resumed one's.
-  assert events.steps(workdir_lib.path(remote, workdir_lib.TENSORBOARD), "loss",
-                      shown=False) == list(range(1, 13))
+  assert events.steps(run.tensorboard, "loss", shown=False) == list(range(1, 13))
   # Read back as export, eval and sample read a run: the same weights as the local run's.
-  there, here = trained_run.load(remote), trained_run.load(local)
+  there, here = trained_run.load(RunDir(remote)), trained_run.load(RunDir(local))
   assert there.step == here.step == 12
   assert there.tokenizer.fingerprint() == here.tokenizer.fingerprint()
   for a, b in zip(*(jax.tree.leaves(nnx.state(t.model)) for t in (there, here))):
@@ -127,11 +126,11 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
       f.name: f.read_bytes() for f in (tmp_path / "hf_here").iterdir()}
   # Orbax marks a checkpoint complete with its commit file on a disk too, so a run trained
   # on disk and copied into a bucket keeps its checkpoints there.
-  copied = fileio.join(bucket, "copied", workdir_lib.CHECKPOINTS)
-  fs, at = fileio.filesystem(copied)
-  fs.put(os.path.join(local, workdir_lib.CHECKPOINTS), at, recursive=True)
-  assert workdir_lib.checkpoint_steps(fileio.dirname(copied)) == workdir_lib.checkpoint_steps(
-      local) == [6, 8, 10, 12]
+  copied = RunDir(fileio.join(bucket, "copied"))
+  fs, at = fileio.filesystem(copied.checkpoints)
+  fs.put(RunDir(local).checkpoints, at, recursive=True)
+  assert workdir_lib.checkpoint_steps(copied) == workdir_lib.checkpoint_steps(
+      RunDir(local)) == [6, 8, 10, 12]
 
 
 # The bucket stops answering before step PAUSE_AT is saved, once checkpoint PAUSE_AT - 1 is
@@ -211,7 +210,7 @@ def test_a_run_whose_bucket_stops_answering_stops_with_one_line_and_resumes_bit_
     assert err.splitlines() == [err.strip()] and err.startswith("error: "), err[-3000:]
     assert (f"step {PAUSE_AT - 1} in {remote}/checkpoints is the last complete checkpoint: "
             "run the same command again to resume from it") in err, err
-    assert workdir_lib.checkpoint_steps(remote)[-1] == PAUSE_AT - 1
+    assert workdir_lib.checkpoint_steps(RunDir(remote))[-1] == PAUSE_AT - 1
     resumed = subprocess.run(CMD + args + [remote], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {remote} at step {PAUSE_AT - 1} of 12" in resumed.stdout

@@ -14,6 +14,7 @@ import pytest
 
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli
 from tst_jax.train import workdir as workdir_lib
 
@@ -84,10 +85,10 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
                if f"summary of process {i}: " in line]
 
   expected = cli.run(tiny_config(mesh=dict(data=1), **FIELDS), str(tmp_path / "one"))
-  records = workdir_lib.read_metrics(str(workdir))
+  records = workdir_lib.read_metrics(RunDir(workdir))
   losses = {r["step"]: r["loss"] for r in records if "loss" in r}
   reference = {r["step"]: r["loss"] for r in workdir_lib.read_metrics(
-      str(tmp_path / "one")) if "loss" in r}
+      RunDir(tmp_path / "one")) if "loss" in r}
   assert [r["step"] for r in records if "loss" in r] == list(range(1, 9))  # each step once
   assert sorted(losses) == sorted(reference)
   np.testing.assert_allclose([losses[s] for s in sorted(losses)],
@@ -100,7 +101,7 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(str(workdir))
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(RunDir(workdir))
           if "loss" in r}
 
 
@@ -153,5 +154,5 @@ def test_killing_one_process_stops_the_other_and_both_resume(tmp_path, two_proce
 
   _finish(_launch(workdir, cache, logs, "resumed", heartbeat), logs, "resumed")
   assert _losses(workdir) == two_process_reference
-  steps = [r["step"] for r in workdir_lib.read_metrics(str(workdir)) if "loss" in r]
+  steps = [r["step"] for r in workdir_lib.read_metrics(RunDir(workdir)) if "loss" in r]
   assert steps == list(range(1, 9))

@@ -18,6 +18,7 @@ from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, models
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.setup import Setup
 from tst_jax.train import workdir as workdir_lib
@@ -59,7 +60,7 @@ def test_divergence_stops_with_step_metric_and_last_good_checkpoint(tmp_path, po
                      r"the update was not applied. Last good checkpoint: step \d+ in .*"
                      rf"{count} non-finite steps"):
     cli.run(config, str(tmp_path))
-  run = Setup.create(spec_lib.build(config), str(tmp_path))
+  run = Setup.create(spec_lib.build(config), RunDir(tmp_path))
   state, step = run.restore_or_init()
   assert step > 0 and all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
@@ -69,7 +70,7 @@ ENV = subprocess_env.one_cpu_device()
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir)
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(RunDir(workdir))
           if "loss" in r}
 
 
@@ -112,14 +113,14 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, interr
     out, _ = proc.communicate(timeout=300)
     assert ("from a dead run: pid" in out) == killed, out
     killed = sig == signal.SIGKILL
-    assert (tmp_path / workdir_lib.LOCK).exists() == killed
+    assert os.path.exists(RunDir(tmp_path).lock) == killed
     if sig == signal.SIGTERM:
       assert proc.returncode == 0, out
       assert "preempted: checkpoint of step" in out
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  steps = [r["step"] for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
-  assert steps == list(range(1, 13)) and not (tmp_path / workdir_lib.LOCK).exists()
+  steps = [r["step"] for r in workdir_lib.read_metrics(RunDir(tmp_path)) if "loss" in r]
+  assert steps == list(range(1, 13)) and not os.path.exists(RunDir(tmp_path).lock)
 
 
 def test_second_signal_exits_at_once():
@@ -143,7 +144,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   for p in victims:                      # truncate the array data of the latest step
     with open(p, "r+b") as f:
       f.truncate(p.stat().st_size // 3)
-  run = Setup.create(spec_lib.build(config), str(tmp_path))
+  run = Setup.create(spec_lib.build(config), RunDir(tmp_path))
   with caplog.at_level("WARNING", logger="tst_jax"):
     state, step = run.restore_or_init()
   assert step == 6
@@ -211,6 +212,6 @@ def test_kill_during_the_phase_switch_checkpoint_resumes_into_phase_2(tmp_path, 
   assert "6" not in names and any(n.startswith("6.orbax-checkpoint-tmp") for n in names), names
   subprocess.run(CMD + ["--workdir", str(tmp_path)], check=True, env=ENV, capture_output=True)
   assert _losses(tmp_path) == uninterrupted
-  phases = {r["step"]: r["phase"] for r in workdir_lib.read_metrics(str(tmp_path))
+  phases = {r["step"]: r["phase"] for r in workdir_lib.read_metrics(RunDir(tmp_path))
             if "loss" in r}
   assert [phases[s] for s in range(1, 13)] == ["tst"] * 6 + ["ntp"] * 6

@@ -10,6 +10,7 @@ import pytest
 
 from tests.fixtures import trained
 from tests.fixtures.paths import ROOT
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
@@ -23,7 +24,7 @@ def workdir(tmp_path_factory):
 
 def test_split_ce_is_the_mean_next_token_ce_of_its_windows(workdir, capsys):
   split_loss = runpy.run_path(SCRIPT)
-  run = trained_run.load(workdir, dtype="float32")
+  run = trained_run.load(RunDir(workdir), dtype="float32")
   val = TokenStore(os.path.join(workdir, "data")).val
   got = split_loss["split_ce"](run, val, windows=3, seed=5, batch=2)
   starts = np.random.default_rng(5).integers(0, len(val) - 33, size=3)

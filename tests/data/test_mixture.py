@@ -17,6 +17,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
 
 WEIGHTS = [(0.7, 0.3), (0.5, 0.5), (0.2, 0.3, 0.5), (1 / 3, 2 / 3), (0.9, 0.05, 0.05)]
@@ -262,7 +263,7 @@ def mixture_config(two_stores, **train):
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir)
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(RunDir(workdir))
           if "loss" in r}
 
 
@@ -335,7 +336,8 @@ def _check_the_bytes_under_the_held_out_rows(config, workdir):
           zip(rows.ravel().tolist(), pieces)]
   whole = np.array(["\ufffd" not in p for p in pieces])
   assert (under.ravel()[whole] == np.array(want)[whole]).all() and whole.mean() > 0.9
-  assert all(r["eval_bpb"] > 0 for r in workdir_lib.read_metrics(workdir) if "eval_loss" in r)
+  assert all(r["eval_bpb"] > 0 for r in workdir_lib.read_metrics(RunDir(workdir))
+             if "eval_loss" in r)
 
 
 def test_the_plan_warns_per_source_that_repeats(two_stores, capsys):

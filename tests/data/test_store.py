@@ -20,6 +20,7 @@ from tst_jax.data import (
 from tst_jax.data import output_shards, prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
 from tst_jax.data.sources import BadFile
 from tst_jax.errors import ConfigError
@@ -363,10 +364,10 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   config.data.seq_len, config.data.batch_size, config.data.eval_batches = 8, 2, 2
   workdir = str(tmp_path / "w")
   before = shard_bytes(one_shard.directory)
-  check = functools.partial(workdir_lib.check_store, workdir, force=False)
+  check = functools.partial(workdir_lib.check_store, RunDir(workdir), force=False)
   data = run_data.prepare_data(_data(config), workdir, 512, (0, 1), check_store=check)
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
-  workdir_lib.write_store(workdir, data.fingerprint, data.train.directory, len(data.train))
+  workdir_lib.write_store(RunDir(workdir), data.fingerprint, data.train.directory, len(data.train))
   assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
   # Held-out windows of another width (a tst phase's S·L + 1) are drawn as the eval's are;
   # a width no batch of which fits in the split gives none.
@@ -414,7 +415,7 @@ def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
   config.model.vocab_size = 300
   workdir = tmp_path / "w"
   cli.run(config, str(workdir))
-  os.remove(workdir / workdir_lib.STORE)
+  os.remove(RunDir(workdir).store)
   tokenizer = shutil.copy(store / "tokenizer.json", tmp_path / "tokenizer.json")
   shutil.rmtree(store)
   other = prepare(source, store, seed=2, tokenizer=str(tokenizer))   # same tokenizer

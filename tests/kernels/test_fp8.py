@@ -19,6 +19,7 @@ from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.models import layers
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, sections, spec as spec_lib, workdir as workdir_lib
 from tst_jax.train import step as step_lib
 
@@ -170,7 +171,7 @@ def test_both_phases_train_with_fp8_as_the_default_does(tmp_path):
     workdir = tmp_path / precision
     summaries[precision] = cli.run(tiny_config(model=dict(matmul_precision=precision)),
                                     str(workdir))
-    records[precision] = [r for r in workdir_lib.read_metrics(str(workdir))
+    records[precision] = [r for r in workdir_lib.read_metrics(RunDir(workdir))
                           if "loss" in r]
   assert [r["phase"] for r in records["fp8"]] == ["tst"] * 6 + ["ntp"] * 6
   for phase in ("tst", "ntp"):

@@ -15,6 +15,7 @@ from tst_jax.kernels import moe_dispatch, moe_gather
 from tst_jax.models import moe
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
+from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train.setup import Setup
@@ -43,7 +44,7 @@ def train_losses(config, workdir, init=None):
   Returns (per-step losses, first batch of each phase, final state). `init` (a host copy of
   a TrainState) is put on the mesh instead of a sharded init, to save its compilation.
   """
-  run = Setup.create(spec_lib.build(config), str(workdir))
+  run = Setup.create(spec_lib.build(config), RunDir(workdir))
   plan = run.spec.plan
   if init is None:
     state = run.trainer.init_state(config.seed)
@@ -84,7 +85,7 @@ def reference(tmp_path_factory):
   def get(family):
     if family not in cache:
       config = mesh_config(family=family)
-      run = Setup.create(spec_lib.build(config), str(tmp_path_factory.mktemp("init")))
+      run = Setup.create(spec_lib.build(config), RunDir(str(tmp_path_factory.mktemp("init"))))
       init = jax.device_get(run.trainer.init_state(config.seed))
       losses, _, _ = train_losses(config, tmp_path_factory.mktemp(family), init)
       cache[family] = init, losses
@@ -206,7 +207,7 @@ def test_fsdp_shards_params_and_optimizer_state(tmp_path, record_property):
   scalars stay replicated), initialised directly into their shards."""
   def state_on(mesh):
     config = mesh_config(mesh)
-    run = Setup.create(spec_lib.build(config), str(tmp_path / str(mesh[1])))
+    run = Setup.create(spec_lib.build(config), RunDir(str(tmp_path / str(mesh[1]))))
     return run.trainer.init_state(config.seed)
 
   one, fsdp = state_on((1, 1, 1, 1)), state_on((1, 8, 1, 1))

@@ -12,6 +12,7 @@ from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib, errors, fileio
 from tst_jax.analysis.frontier import Frontier
+from tst_jax.rundir import RunDir
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
 from tst_jax.train import metrics as metrics_lib, plan as plan_lib, spec as spec_lib
@@ -26,7 +27,7 @@ def _fake_run(path, config, evals, train_tokens=None, plan=None):
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
   if plan is not None:
-    workdir_lib.write_plan(str(path), plan_lib.PlanRecord(plan))
+    workdir_lib.write_plan(RunDir(path), plan_lib.PlanRecord(plan))
   plan = plan or spec_lib.check(config).plan
   lines = []
   for step, loss, *more in evals:
@@ -36,7 +37,7 @@ def _fake_run(path, config, evals, train_tokens=None, plan=None):
                                  data_tokens=data, equivalent_tokens=0, **dict(*more))))
   (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
   fileio.write_json(str(path / "summary.json"),
-                    metrics_lib.summarize(str(path), plan, evals[-1][1], write=False))
+                    metrics_lib.summarize(RunDir(path), plan, evals[-1][1], write=False))
   if train_tokens:
     (path / "store.json").write_text(json.dumps(dict(fingerprint="f", directory="gone",
                                                      train_tokens=train_tokens)))
@@ -310,7 +311,7 @@ def test_a_run_is_read_from_its_plan_json_not_from_its_config(tmp_path):
   assert run.passes == pytest.approx(768 / 1024)
   assert run.total_flops == pytest.approx(8 * recorded.phases[1].flops_per_step)
   assert run.flops_at(6) == pytest.approx(6 * recorded.phases[1].flops_per_step)
-  os.remove(workdir_lib.path(str(path), workdir_lib.PLAN))
+  os.remove(RunDir(path).plan)
   with pytest.raises(ValueError, match="unfinished .*step 8 of 16"):
     load_run(path)
 

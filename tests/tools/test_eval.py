@@ -14,6 +14,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from tests.fixtures import trained  # noqa: E402
 from tests.fixtures.paths import TESTDATA  # noqa: E402
 from tst_jax import fileio  # noqa: E402
+from tst_jax.rundir import RunDir
 from tst_jax.train import downstream, trained_run  # noqa: E402
 from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 
@@ -29,7 +30,7 @@ def workdir(tmp_path_factory):
 def models(workdir, tmp_path_factory):
   """(native, hf): the final checkpoint in JAX, and its export through transformers."""
   hf_dir = export.export(workdir, tmp_path_factory.mktemp("lm_eval") / "hf")
-  native = tst_eval.TstJaxLM(trained=trained_run.load(workdir), batch_size=4)
+  native = tst_eval.TstJaxLM(trained=trained_run.load(RunDir(workdir)), batch_size=4)
   hf = HFLM(pretrained=str(hf_dir), dtype="float32", batch_size=4, device="cpu")
   assert hf.max_length == native.max_length == trained.config().data.seq_len
   return native, hf

@@ -15,6 +15,7 @@ import transformers
 from tests.fixtures import trained
 from tst_jax import errors, fileio, models
 from tst_jax.errors import WorkdirError
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run, workdir as workdir_lib
 from tst_jax.tools import export
 from tst_jax.data import run_data
@@ -49,7 +50,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
                                         "tokenizer_config.json"]
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-  ours = workdir_lib.read_tokenizer(workdir, model.config.vocab_size)
+  ours = workdir_lib.read_tokenizer(RunDir(workdir), model.config.vocab_size)
   assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.eos_token_id == ours.eos_id
   assert model.config.eos_token_id == ours.eos_id
   assert model.config.max_position_embeddings == trained.config().data.seq_len
@@ -102,7 +103,7 @@ def test_init_from_hf_starts_where_the_export_ended(workdir, hf_dir, tmp_path):
   config = trained.config()
   config.init_from_hf = hf_dir
   config.data.tokenizer = os.path.join(hf_dir, "tokenizer.json")
-  run = Setup.create(spec_lib.build(config), str(tmp_path / "run"))
+  run = Setup.create(spec_lib.build(config), RunDir(tmp_path / "run"))
   state, step = run.restore_or_init()
   assert step == 0 and int(state.step) == 0
   assert run.evaluate(state.params) == pytest.approx(
@@ -134,7 +135,7 @@ def test_sharded_export_loads_in_transformers_with_the_runs_logits(workdir, tmp_
   assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
   assert index["metadata"]["total_size"] == sum(p.numel() for p in model.parameters()) * (
       2 if dtype == "bf16" else 4)
-  ours = trained_run.load(workdir, dtype="float32").model
+  ours = trained_run.load(RunDir(workdir), dtype="float32").model
   tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(2, 32))
   want = np.asarray(ours(jnp.asarray(tokens)), np.float64)
   with torch.no_grad():

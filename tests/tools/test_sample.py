@@ -9,6 +9,7 @@ from flax import nnx
 from tests.fixtures import trained
 from tst_jax import errors
 from tst_jax.models import sampling
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
@@ -20,7 +21,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def final(workdir):
-  return trained_run.load(workdir)
+  return trained_run.load(RunDir(workdir))
 
 
 def _greedy_by_full_forward(model, prompt, n):

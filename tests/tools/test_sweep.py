@@ -15,9 +15,10 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib, errors, fileio
 from tst_jax.data import prepare as prepare_lib, run_data
+from tst_jax.rundir import RunDir
 from tst_jax.tools import ladder, sweep
 from tst_jax.tools.sweep.brought_back import RECORDS, bring_back
-from tst_jax.tools.sweep.points import POINT_FILE
+from tst_jax.tools.sweep.points import point_dir
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train import spec as spec_lib
 
@@ -89,14 +90,14 @@ def _check_tables(workdir, expected):
   md = fileio.read_text(fileio.join(workdir, "sweep.md"))
   for name, (ratio, bag) in expected.items():
     row = rows[name]
-    records = workdir_lib.read_metrics(fileio.join(workdir, name))
+    records = workdir_lib.read_metrics(RunDir(fileio.join(workdir, name)))
     final = [r["eval_loss"] for r in records if "eval_loss" in r and r["step"] == STEPS]
     last = [r for r in records if "loss" in r][-1]
     assert float(row["final_eval_loss"]) == final[-1]
     assert f"{final[-1]:.4f}" in md
     assert (int(row["data_tokens"]), int(row["equivalent_tokens"])) == (
         last["data_tokens"], last["equivalent_tokens"])
-    store = run_data.TokenStore(workdir_lib.read_store(fileio.join(workdir, name))["directory"])
+    store = run_data.TokenStore(workdir_lib.read_store(point_dir(workdir, name))["directory"])
     assert float(row["passes"]) == pytest.approx(last["data_tokens"] / len(store.train))
     plan = spec_lib.check(tiny_config(steps=STEPS, ratio=ratio, bag_size=bag)).plan.to_json()
     assert float(row["flops"]) == plan["flops_total"]
@@ -143,31 +144,31 @@ def test_sweep_1x2_in_a_bucket_reads_one_store_in_place_and_rerun_skips(bucket, 
   store = run_data.TokenStore(fileio.join(workdir, shared[0], "data"))
   for name in expected:
     point = fileio.join(workdir, name)
-    assert workdir_lib.read_store(point)["fingerprint"] == store.fingerprint
-    assert workdir_lib.read_store(point)["directory"] == store.directory
+    assert workdir_lib.read_store(RunDir(point))["fingerprint"] == store.fingerprint
+    assert workdir_lib.read_store(RunDir(point))["directory"] == store.directory
     assert not fileio.exists(fileio.join(point, "data"))           # no copy of its own
-    assert fileio.read_json(fileio.join(point, POINT_FILE))["status"] == "done"
+    assert fileio.read_json(RunDir(point).sweep_point)["status"] == "done"
   # A point without its summary is unfinished: the same command resumes it from its last
   # checkpoint, which passes the checks that the run and its token store are the same.
   point = fileio.join(workdir, "ratio0.5_bag_size4_seed0")
-  loss = workdir_lib.final_eval(point, STEPS)
-  fileio.remove(fileio.join(point, workdir_lib.SUMMARY))
+  loss = workdir_lib.final_eval(RunDir(point), STEPS)
+  fileio.remove(RunDir(point).summary)
   monkeypatch.undo()
   capsys.readouterr()
   assert sweep.main(["--config", TINY_CONFIG, "--grid", "tst.ratio=0.5;tst.bag_size=2,4",
                      "--workdir", workdir, *FAST]) == 0
   out = capsys.readouterr().out
   assert out.count("finished, skipped") == 1 and "ratio0.5_bag_size4_seed0: training" in out
-  assert workdir_lib.read_summary(point)["final_eval_loss"] == loss
+  assert workdir_lib.read_summary(RunDir(point))["final_eval_loss"] == loss
 
 
 def test_a_point_log_in_a_bucket_is_appended_after_each_trainer(bucket):
   """In a bucket each trainer's output goes to a local file, appended to sweep_log.txt once
   it ends, after what earlier trainers of the point left there."""
   for text in (b"first run\n", b"resumed\n"):
-    with sweep.run._log_file(bucket) as log:     # pylint: disable=protected-access
+    with sweep.run._log_file(RunDir(bucket)) as log:     # pylint: disable=protected-access
       log.write(text)
-  assert fileio.read_bytes(fileio.join(bucket, "sweep_log.txt")) == b"first run\nresumed\n"
+  assert fileio.read_bytes(RunDir(bucket).sweep_log) == b"first run\nresumed\n"
 
 
 @pytest.mark.parametrize("tool", ["sweep", "ladder"])
@@ -315,11 +316,12 @@ def test_finished_points_are_brought_back_from_a_bucket(tmp_path, bucket):
     write_point(back, TINY_CONFIG, point, [], {6: 3.0, 12: 2.0})
   assert bring_back(back, str(tmp_path)) == ["baseline_seed0", "tst_seed0"]
   for name in ("baseline_seed0", "tst_seed0"):
-    for f in RECORDS:
-      assert (tmp_path / name / f).read_bytes() == fileio.read_bytes(fileio.join(back, name, f))
-    record = json.loads((tmp_path / name / POINT_FILE).read_text())
+    for member in RECORDS:
+      assert fileio.read_bytes(getattr(RunDir(tmp_path / name), member)) == fileio.read_bytes(
+          getattr(RunDir(fileio.join(back, name)), member))
+    record = json.loads((tmp_path / name / "sweep_point.json").read_text())
     assert record["brought_from"] == fileio.join(back, name) and record["status"] == "done"
-    assert workdir_lib.final_eval(str(tmp_path / name), 12) == 2.0
+    assert workdir_lib.final_eval(RunDir(tmp_path / name), 12) == 2.0
   assert bring_back(back, str(tmp_path)) == []
 
 

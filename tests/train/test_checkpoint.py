@@ -17,6 +17,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from orbax.checkpoint.checkpoint_managers import save_decision_policy
 
 from tests.fixtures.tiny import tiny_config
+from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib
 from tst_jax.train.preemption import PreemptionGuard
@@ -141,7 +142,7 @@ def test_processes_agree_every_k_steps_when_any_clock_is_due(two_processes):
 def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
   """The run's own save path: train.checkpoint_minutes=1 and a step cadence of 100."""
   config = tiny_config(train=dict(checkpoint_minutes=1.0, checkpoint_every=100))
-  setup = Setup.create(spec_lib.build(config), str(tmp_path), record=False)
+  setup = Setup.create(spec_lib.build(config), RunDir(tmp_path), record=False)
   clock = FakeClock()
   setup.checkpoints.clock.clock = clock
   setup.checkpoints.clock.saved()

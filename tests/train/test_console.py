@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from tst_jax.configlib import load_config
+from tst_jax.rundir import RunDir
 from tst_jax.train import console as console_lib
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train import cli, defaults, sections, spec as spec_lib
@@ -34,7 +35,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   assert lines[0].startswith(f"data: tokenizing builtin:pystdlib into {workdir}/data")
   assert re.match(r"data: [\d,]+ training and [\d,]+ held-out tokens in ", lines[1])
   assert lines[2].startswith("parameters: ") and not any(l.startswith("{") for l in lines)
-  records = workdir_lib.read_metrics(str(workdir))
+  records = workdir_lib.read_metrics(RunDir(workdir))
   train = [r for r in records if "loss" in r]
   steps = [l for l in lines if l.startswith("step ")]
   assert len(steps) == len(train) == 12
@@ -115,7 +116,7 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
           "written (docs/demo.md: 2-core CPU, 2026-11-24)")
 
   def final_lines(summary=summary, reference=reference, run=run):
-    console.final(summary, "/tmp/w", reference, run)
+    console.final(summary, RunDir("/tmp/w"), reference, run)
     return capsys.readouterr().out.splitlines()[1:3]
 
   assert final_lines() == [head + "; this run +0.6702 from it",
@@ -139,7 +140,7 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
   assert final_lines(reference=dataclasses.replace(reference, run="")) == [
       head + "; for a run it does not record (config.reference.run): no difference printed",
       "  measure it for this run: python main.py --config configs/demo.py:baseline"]
-  console.final(summary, "/tmp/w", sections.Reference("", 0.0, "", ""), run)
+  console.final(summary, RunDir("/tmp/w"), sections.Reference("", 0.0, "", ""), run)
   assert "measure it" not in capsys.readouterr().out
 
 

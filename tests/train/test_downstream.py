@@ -15,6 +15,7 @@ from tests.fixtures.paths import TESTDATA  # noqa: E402
 from tests.fixtures.tiny import tiny_config  # noqa: E402
 from tst_jax import errors  # noqa: E402
 from tst_jax.errors import ConfigError  # noqa: E402
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, downstream, spec as spec_lib, trained_run  # noqa: E402
 from tst_jax.train import workdir as workdir_lib  # noqa: E402
 
@@ -44,13 +45,13 @@ def test_tasks_are_scored_in_the_run_as_tools_eval_scores_its_checkpoint(tmp_pat
     return score(self, params, step, phase)
   monkeypatch.setattr(downstream.InRun, "__call__", fail_at_step_8)
   cli.run(tasks_config(eval_tasks_every=2), str(tmp_path))
-  scored = [r for r in workdir_lib.read_metrics(str(tmp_path)) if "tasks_s" in r]
+  scored = [r for r in workdir_lib.read_metrics(RunDir(tmp_path)) if "tasks_s" in r]
   assert [(r["step"], r["phase"]) for r in scored] == [(10, "ntp"), (12, "ntp")]
   for r in scored:
     assert 0 <= r["tasks/tst_mc/acc"] <= 1 and 0 <= r["tasks/tst_mc/acc_norm"] <= 1
     assert "tasks/tst_mc/acc_stderr" in r and r["data_tokens"] > 0
-  assert sorted(os.listdir(tmp_path / workdir_lib.LM_EVAL)) == ["step_10.json", "step_12.json"]
-  with open(workdir_lib.lm_eval_path(str(tmp_path), 12)) as f:
+  assert sorted(os.listdir(RunDir(tmp_path).lm_eval)) == ["step_10.json", "step_12.json"]
+  with open(RunDir(tmp_path).lm_eval_step(12)) as f:
     assert json.load(f)["results"]["tst_mc"]["sample_len"] == 10
   out = capsys.readouterr().out
   assert ("tasks step 8: not scored: ValueError: bad request: 8 context and 40 continuation "
@@ -58,7 +59,7 @@ def test_tasks_are_scored_in_the_run_as_tools_eval_scores_its_checkpoint(tmp_pat
   last = scored[-1]
   assert (f"tasks step 12 (") in out and (f"tst_mc acc {last['tasks/tst_mc/acc']:.4f}, "
                                           f"acc_norm {last['tasks/tst_mc/acc_norm']:.4f}") in out
-  lm = downstream.TstJaxLM(trained=trained_run.load(str(tmp_path), 12), batch_size=4)
+  lm = downstream.TstJaxLM(trained=trained_run.load(RunDir(tmp_path), 12), batch_size=4)
   tool = downstream.evaluate(lm, ["tst_mc"], include_path=TASK_DIR)["results"]["tst_mc"]
   assert last["tasks/tst_mc/acc"] == tool["acc,none"]
   assert last["tasks/tst_mc/acc_norm"] == tool["acc_norm,none"]
@@ -76,7 +77,7 @@ def test_a_task_lm_eval_cannot_load_is_one_config_error(tmp_path):
                                     "'no such dataset: gone.jsonl')\n")
   spec = spec_lib.check(tasks_config(eval_tasks="tst_gone", eval_tasks_include=str(tmp_path)))
   with pytest.raises(ConfigError) as caught:
-    downstream.InRun(spec, None, None, str(tmp_path))
+    downstream.InRun(spec, None, None, RunDir(tmp_path))
   assert caught.value.field == "train.eval_tasks"
   assert "FileNotFoundError: no such dataset: gone.jsonl" in str(caught.value)
   assert errors.one_line(caught.value).count("\n") == 0

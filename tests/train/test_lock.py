@@ -19,6 +19,7 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, lock as lock_lib, loop, workdir as workdir_lib
 
 
@@ -35,7 +36,7 @@ def _lock_of(workdir, **fields):
   record = dict(host=socket.gethostname(), pid=os.getpid(), started="2026-01-01T00:00:00Z",
                 heartbeat=time.time(), token="theirs") | fields
   fileio.makedirs(workdir)
-  file = fileio.join(workdir, workdir_lib.LOCK)
+  file = RunDir(workdir).lock
   fileio.write_json(file, record)
   return file
 
@@ -60,7 +61,7 @@ def test_a_live_runs_lock_stops_a_second_run_with_one_line_before_it_writes(root
   line = errors.one_line(e.value)
   assert line.startswith(f"error: --workdir {workdir}: a live run holds it: pid {os.getpid()} "
                          f"on host {socket.gethostname()}, started 2026-01-01T00:00:00Z"), line
-  assert fileio.listdir(workdir) == [workdir_lib.LOCK] and fileio.read_text(file) == held
+  assert fileio.listdir(workdir) == ["lock.json"] and fileio.read_text(file) == held
 
 
 @pytest.mark.parametrize("fields,why", [
@@ -76,10 +77,10 @@ def test_a_dead_runs_lock_is_taken_over_with_a_line(root, fields, why):
   said = []
   if why is None:
     with pytest.raises(WorkdirError, match="a live run holds it: pid -1 on host elsewhere"):
-      lock_lib.Lock.take(workdir, say=said.append)
+      lock_lib.Lock.take(RunDir(workdir), say=said.append)
     assert not said and _held(file)["token"] == "theirs"
     return
-  lock = lock_lib.Lock.take(workdir, say=said.append)
+  lock = lock_lib.Lock.take(RunDir(workdir), say=said.append)
   assert len(said) == 1 and said[0].startswith(f"taking over {file} from a dead run: pid ")
   assert why in said[0]
   held = _held(file)
@@ -93,12 +94,12 @@ def test_a_lock_abandoned_after_its_store_failed_is_taken_over_in_the_same_proce
   """A run whose bucket failed leaves its lock without a word to the store; another run of
   this live process takes it over, as one of another process would once that one ended."""
   workdir = fileio.join(root, "run")
-  abandoned = lock_lib.Lock.take(workdir)
+  abandoned = lock_lib.Lock.take(RunDir(workdir))
   abandoned.abandon()
   said = []
-  lock = lock_lib.Lock.take(workdir, say=said.append)
+  lock = lock_lib.Lock.take(RunDir(workdir), say=said.append)
   assert len(said) == 1 and said[0].endswith("it stopped in this process after its store failed")
-  assert _held(fileio.join(workdir, workdir_lib.LOCK))["token"] == lock.record["token"]
+  assert _held(RunDir(workdir).lock)["token"] == lock.record["token"]
   lock.release()
 
 
@@ -108,29 +109,29 @@ def test_an_unreadable_lock_is_judged_by_its_age(tmp_path):
   with open(file, "w") as f:
     f.write('{"host": "half a')
   with pytest.raises(WorkdirError, match=r"a live run holds it: pid -1 on host \?, started \?"):
-    lock_lib.Lock.take(str(tmp_path))
+    lock_lib.Lock.take(RunDir(tmp_path))
   old = time.time() - lock_lib.LOCK_STALE_S - 60
   os.utime(file, (old, old))
   said = []
-  lock_lib.Lock.take(str(tmp_path), say=said.append).release()
+  lock_lib.Lock.take(RunDir(tmp_path), say=said.append).release()
   assert len(said) == 1 and "its heartbeat is" in said[0] and os.listdir(tmp_path) == []
 
 
 def test_the_holder_renews_its_heartbeat_and_releases_only_its_own_lock(root, monkeypatch):
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.05)
   workdir = fileio.join(root, "run")
-  lock = lock_lib.Lock.take(workdir)
-  file = fileio.join(workdir, workdir_lib.LOCK)
+  lock = lock_lib.Lock.take(RunDir(workdir))
+  file = RunDir(workdir).lock
   first = _held(file)["heartbeat"]
   deadline = time.time() + 5
   while _held(file)["heartbeat"] == first and time.time() < deadline:
     time.sleep(0.05)
   assert _held(file)["heartbeat"] > first
   with pytest.raises(WorkdirError, match=f"a live run holds it: pid {os.getpid()}"):
-    lock_lib.Lock.take(workdir)                    # a second run in this very process
+    lock_lib.Lock.take(RunDir(workdir))                    # a second run in this very process
   lock.release()
   assert not fileio.exists(file) and not lock._beat.is_alive()  # pylint: disable=protected-access
-  other = lock_lib.Lock.take(workdir)
+  other = lock_lib.Lock.take(RunDir(workdir))
   _lock_of(workdir, token="another run's, after a take-over")
   other.release()                                     # leaves the other run's lock alone
   assert _held(file)["token"] == "another run's, after a take-over"
@@ -140,13 +141,13 @@ def test_a_second_main_py_on_a_live_runs_workdir_exits_2_with_one_line(root):
   """Two processes: this one holds the workdir, on a disk or in the bucket, and main.py stops
   before it writes anything."""
   workdir = fileio.join(root, "run")
-  lock = lock_lib.Lock.take(workdir)
+  lock = lock_lib.Lock.take(RunDir(workdir))
   try:
     result = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), "--config",
                              TINY_CONFIG, "--workdir", workdir],
                             env=subprocess_env.one_cpu_device(), capture_output=True,
                             text=True, timeout=300)
-    assert fileio.listdir(workdir) == [workdir_lib.LOCK]    # main.py wrote nothing
+    assert fileio.listdir(workdir) == ["lock.json"]    # main.py wrote nothing
   finally:
     lock.release()
   assert result.returncode == 2, result.stderr
@@ -193,7 +194,7 @@ def test_a_beat_in_flight_never_overwrites_a_lock_another_run_took(root, monkeyp
   """The holder's heartbeat write is under way when another run removes and re-creates the
   lock: the write is refused, the other run's lock stays, and the holder learns it lost."""
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
-  holder = lock_lib.Lock.take(fileio.join(root, "run"))
+  holder = lock_lib.Lock.take(RunDir(fileio.join(root, "run")))
   gate, waiting = threading.Event(), threading.Event()
   write = fileio.write_if_unchanged
 
@@ -237,7 +238,7 @@ def test_a_heartbeat_that_fails_is_retried_and_stops_the_run_before_others_may_t
     return write(path, data, seen)
 
   monkeypatch.setattr(fileio, "write_if_unchanged", flaky)
-  lock = lock_lib.Lock.take(fileio.join(root, "run"))
+  lock = lock_lib.Lock.take(RunDir(fileio.join(root, "run")))
   first = _held(lock.file)["heartbeat"]
   _wait_for(lambda: len(failures) >= 3, "three failed beats")
   assert lock._beat.is_alive() and not lock.lost   # pylint: disable=protected-access
@@ -271,7 +272,7 @@ def test_a_retried_write_whose_first_try_went_through_is_the_runs_own(root, monk
     return None
 
   monkeypatch.setattr(fileio, "write_if_unchanged", write_then_refuse_the_retry)
-  lock = lock_lib.Lock.take(fileio.join(root, "run"), say=said.append)
+  lock = lock_lib.Lock.take(RunDir(fileio.join(root, "run")), say=said.append)
   assert not said and _held(lock.file)["token"] == lock.record["token"]
   first = _held(lock.file)["heartbeat"]
   _wait_for(lambda: len(retried) >= 2, "two beats")
@@ -292,7 +293,7 @@ def test_a_dead_runs_lock_is_taken_over_where_a_rename_copies_the_file(tmp_path,
   _lock_of(str(tmp_path), pid=_dead_pid())
   monkeypatch.setattr(os, "rename", copy_then_remove)
   said = []
-  lock = lock_lib.Lock.take(str(tmp_path), say=said.append)
+  lock = lock_lib.Lock.take(RunDir(tmp_path), say=said.append)
   assert len(said) == 1 and "its process has ended" in said[0]
   monkeypatch.setattr(os, "rename", rename)
   lock.release()
@@ -305,7 +306,7 @@ def test_a_run_whose_lock_is_taken_over_stops_at_its_next_step_before_writing(tm
   before step 5's metrics line or any later checkpoint is written."""
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
   workdir = str(tmp_path / "run")
-  file = workdir_lib.path(workdir, workdir_lib.LOCK)
+  file = RunDir(workdir).lock
   step, take = loop.StepLog.step, lock_lib.Lock.take.__func__
   theirs, held = [], []
 
@@ -325,5 +326,6 @@ def test_a_run_whose_lock_is_taken_over_stops_at_its_next_step_before_writing(tm
   assert ("another run took it over: pid 4242 on host elsewhere" in line   # a beat between
           or "it was removed" in line), line                             # removal and create
   assert _held(file) == theirs[0]
-  assert [r["step"] for r in workdir_lib.read_metrics(workdir) if "loss" in r] == [1, 2, 3, 4]
-  assert workdir_lib.checkpoint_steps(workdir) == [2, 4]
+  assert [r["step"] for r in workdir_lib.read_metrics(RunDir(workdir))
+          if "loss" in r] == [1, 2, 3, 4]
+  assert workdir_lib.checkpoint_steps(RunDir(workdir)) == [2, 4]

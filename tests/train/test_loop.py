@@ -14,13 +14,14 @@ from tests.fixtures.corpus import prepared_before_bytes
 from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
 from tst_jax.data import TokenStore, eval_windows
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, loop, spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   summary = cli.run(tiny_config(), str(tmp_path))
-  records = workdir_lib.read_metrics(str(tmp_path))
+  records = workdir_lib.read_metrics(RunDir(tmp_path))
   phases = [r["phase"] for r in records if "loss" in r]
   assert phases == ["tst"] * 6 + ["ntp"] * 6
   assert [r["bag_size"] for r in records if "loss" in r] == [2] * 6 + [1] * 6
@@ -90,7 +91,7 @@ def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
     config.model = moe
   config.optimizer.lr = 1e-2
   cli.run(config, str(tmp_path))
-  train = [r for r in workdir_lib.read_metrics(str(tmp_path)) if "loss" in r]
+  train = [r for r in workdir_lib.read_metrics(RunDir(tmp_path)) if "loss" in r]
   assert [r["phase"] for r in train] == ["tst"] * 4 + ["ntp"] * 12
   loads = [[r[f"moe/expert_load/{e}"] for e in range(4)] for r in train]
   np.testing.assert_allclose(np.sum(loads, axis=1), 1.0, rtol=1e-5)
@@ -120,7 +121,7 @@ def test_eval_sets_are_logged_by_name_at_every_eval(tmp_path, capsys):
                                  eval_sets=f"same=tokens:{store},prose=text:{tmp_path}/prose/*.txt,"
                                            f"old=tokens:{old}"))
   summary = cli.run(config, str(tmp_path / "run"))
-  evals = [r for r in workdir_lib.read_metrics(str(tmp_path / "run"))
+  evals = [r for r in workdir_lib.read_metrics(RunDir(tmp_path / "run"))
            if "eval_loss" in r]
   assert [r["step"] for r in evals] == [4, 8]
   for r in evals:
@@ -153,10 +154,10 @@ def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path
              else fileio.join(request.getfixturevalue("bucket"), "run"))
   cli.run(tiny_config(steps=8, train=dict(profile_steps="3,2", eval_every=8,
                                           checkpoint_every=0)), workdir)
-  assert fileio.glob(workdir_lib.path(workdir, workdir_lib.PROFILE) + "/**/*.xplane.pb")
-  table = fileio.read_text(workdir_lib.path(workdir, workdir_lib.PROFILE_TABLE))
+  assert fileio.glob(RunDir(workdir).profile + "/**/*.xplane.pb")
+  table = fileio.read_text(RunDir(workdir).profile_table)
   assert table.startswith("category") and "step (wall)" in table
-  record = fileio.read_json(workdir_lib.path(workdir, workdir_lib.PROFILE_JSON))
+  record = fileio.read_json(RunDir(workdir).profile_json)
   assert record["steps"] == 2
   assert sum(record["ms_per_step"].values()) == pytest.approx(record["step_ms"], rel=1e-6)
   assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out
@@ -169,7 +170,7 @@ def test_a_run_with_document_masks_trains_both_phases_and_evaluates_each_documen
   config = tiny_config()
   config.data.document_mask = config.data.document_positions = True
   summary = cli.run(config, str(tmp_path))
-  records = workdir_lib.read_metrics(str(tmp_path))
+  records = workdir_lib.read_metrics(RunDir(tmp_path))
   assert [r["phase"] for r in records if "loss" in r] == ["tst"] * 6 + ["ntp"] * 6
   assert all(np.isfinite(r["loss"]) for r in records if "loss" in r)
   assert np.isfinite(summary["final_eval_loss"])

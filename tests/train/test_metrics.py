@@ -9,6 +9,7 @@ import pytest
 
 from tests.fixtures import events
 from tst_jax import fileio
+from tst_jax.rundir import RunDir
 from tst_jax.train import appending, metrics, workdir as workdir_lib
 
 pytest.importorskip("tensorboardX")
@@ -26,8 +27,8 @@ def _record(step: int) -> dict:
 
 def _steps_in(workdir: str) -> tuple[list[int], list[int]]:
   """Returns the steps of metrics.jsonl's lines and of the `loss` events TensorBoard shows."""
-  return ([r["step"] for r in workdir_lib.read_metrics(workdir)],
-          events.steps(workdir_lib.path(workdir, workdir_lib.TENSORBOARD), "loss"))
+  return ([r["step"] for r in workdir_lib.read_metrics(RunDir(workdir))],
+          events.steps(RunDir(workdir).tensorboard, "loss"))
 
 
 @pytest.mark.parametrize("where", ["local", "gs"])
@@ -35,12 +36,12 @@ def test_sync_puts_every_line_and_event_written_so_far_in_the_files(where, tmp_p
   """tensorboardX's own flush leaves events in its queue: `sync` must not, since a checkpoint
   follows it and a kill after the checkpoint would lose them."""
   workdir = _workdir(where, tmp_path, request)
-  writer = metrics.MetricsWriter(workdir, resume_step=0)
+  writer = metrics.MetricsWriter(RunDir(workdir), resume_step=0)
   for step in range(1, 9):
     writer.write(_record(step))
   writer.sync()
   assert _steps_in(workdir) == (list(range(1, 9)), list(range(1, 9)))
-  lr = [e for e in events.events(workdir_lib.path(workdir, workdir_lib.TENSORBOARD))
+  lr = [e for e in events.events(RunDir(workdir).tensorboard)
         if e.summary.value and e.summary.value[0].tag == "lr"]
   assert [(e.step, e.summary.value[0].simple_value) for e in lr] == [
       (s, pytest.approx(1e-3)) for s in range(1, 9)]
@@ -59,7 +60,7 @@ def test_a_failed_upload_is_kept_retried_and_reported_once_on_the_main_thread(
     threads.add(threading.current_thread())
     raise ConnectionError("the store is away")
 
-  writer = metrics.MetricsWriter(workdir, resume_step=0)
+  writer = metrics.MetricsWriter(RunDir(workdir), resume_step=0)
   monkeypatch.setattr(appending, "append_object", refused)
   with caplog.at_level(logging.WARNING, logger="tst_jax"):
     for step in range(1, 31):    # more events than tensorboardX's queue holds
@@ -85,15 +86,15 @@ def test_a_resumed_run_hides_the_events_a_killed_one_logged_past_its_checkpoint(
   the run started again logs the steps after it to 6. metrics.jsonl drops the killed run's
   lines past the checkpoint, and TensorBoard hides its events past it."""
   workdir = _workdir(where, tmp_path, request)
-  killed = metrics.MetricsWriter(workdir, resume_step=0)
+  killed = metrics.MetricsWriter(RunDir(workdir), resume_step=0)
   for step in range(1, 6):
     killed.write(_record(step))
   killed.sync()                    # then SIGKILL: never closed
-  again = metrics.MetricsWriter(workdir, resume_step=checkpoint)
+  again = metrics.MetricsWriter(RunDir(workdir), resume_step=checkpoint)
   for step in range(checkpoint + 1, 7):
     again.write(_record(step))
   again.close()
-  folder = workdir_lib.path(workdir, workdir_lib.TENSORBOARD)
+  folder = RunDir(workdir).tensorboard
   assert events.steps(folder, "loss", shown=False) == [1, 2, 3, 4, 5,
                                                        *range(checkpoint + 1, 7)]
   assert _steps_in(workdir) == ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6])
@@ -104,7 +105,7 @@ def test_parts_left_by_a_killed_run_are_in_a_folder_tensorboard_never_reads(buck
   """A kill between a part's compose and its removal leaves the part: in <workdir>/.parts,
   named without "tfevents", so TensorBoard finds the run's one event file and no other."""
   workdir = fileio.join(bucket, "run")
-  writer = metrics.MetricsWriter(workdir, resume_step=0)
+  writer = metrics.MetricsWriter(RunDir(workdir), resume_step=0)
   writer.write(_record(1))
   writer.sync()                    # creates both objects: no part yet
   fs, root = fileio.filesystem(workdir)

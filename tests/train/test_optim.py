@@ -15,6 +15,7 @@ from flax import nnx
 from tests.fixtures.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.sections import Optimizer
@@ -213,7 +214,7 @@ def run(request, tmp_path_factory):
   config.optimizer.update(warmup_steps=1, decay_fraction=0.75)
   workdir = tmp_path_factory.mktemp(request.param)
   cli.run(config, str(workdir))
-  return config, workdir_lib.read_metrics(str(workdir))
+  return config, workdir_lib.read_metrics(RunDir(workdir))
 
 
 def test_each_option_trains_both_phases_on_its_schedule(run):

@@ -14,6 +14,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, defaults, plan as plan_lib, spec as spec_lib
 from tst_jax.train.setup import Setup
 from tst_jax.train import workdir as workdir_lib
@@ -65,7 +66,7 @@ def written_out_loss(model, window_BxW, bag_size):
 def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_path, capsys):
   config = staged(train=dict(checkpoint_every=1, keep_checkpoints=20))
   cli.run(config, str(tmp_path))
-  logged = {r["step"]: r for r in workdir_lib.read_metrics(str(tmp_path))
+  logged = {r["step"]: r for r in workdir_lib.read_metrics(RunDir(tmp_path))
             if "loss" in r}
   assert [logged[k]["bag_size"] for k in range(1, 13)] == [4] * 3 + [2] * 3 + [1] * 6
   # The run wrote its plan into the workdir: each stage's region of the stream, the passes
@@ -79,9 +80,9 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   assert record["data"]["train_tokens"] == train_tokens
   assert record["data"]["passes"] == pytest.approx([d / train_tokens for d in data])
   assert record["resolved"]["model.attention_impl"]["value"] == "xla"
-  assert workdir_lib.read_plan(str(tmp_path)).plan == spec_lib.check(config).plan
+  assert workdir_lib.read_plan(RunDir(tmp_path)).plan == spec_lib.check(config).plan
   written = (tmp_path / "plan.json").read_text()
-  setup = Setup.create(spec_lib.build(config), str(tmp_path))
+  setup = Setup.create(spec_lib.build(config), RunDir(tmp_path))
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
     phase = setup.spec.plan.phase_at(step)
     state, _ = setup.checkpoints.restore(step, setup.checkpoints.abstract_state)
@@ -99,7 +100,7 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   cli.run(config, str(tmp_path))
   assert "at step 2 of 12" in capsys.readouterr().out
   assert (tmp_path / "plan.json").read_text() == written      # written again, the same
-  again = {r["step"]: r["loss"] for r in workdir_lib.read_metrics(str(tmp_path))
+  again = {r["step"]: r["loss"] for r in workdir_lib.read_metrics(RunDir(tmp_path))
            if "loss" in r}
   np.testing.assert_array_equal([again[k] for k in range(1, 13)],
                                 [logged[k]["loss"] for k in range(1, 13)])

@@ -9,6 +9,7 @@ import pytest
 from tests.fixtures.paths import TESTDATA
 from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, setup as setup_lib, spec as spec_lib, workdir as workdir_lib
 
 
@@ -19,7 +20,7 @@ def test_workdir_of_another_config_refuses_to_resume(tmp_path):
   cli.run(tiny_config(steps=4), str(tmp_path))
   records = ("metrics.jsonl", "config.json", "plan.json", "summary.json")
   before = {name: (tmp_path / name).read_bytes() for name in records}
-  assert not (tmp_path / workdir_lib.LOCK).exists()
+  assert not os.path.exists(RunDir(tmp_path).lock)
   with pytest.raises(ValueError, match="holds a run of another config: sections"):
     cli.run(tiny_config(steps=4, bag_size=4), str(tmp_path))
   with pytest.raises(ConfigError) as e:
@@ -28,7 +29,7 @@ def test_workdir_of_another_config_refuses_to_resume(tmp_path):
   assert (f"holds a run of another config: train.steps 4 there, 6 here (a run cannot be "
           "extended or shortened") in str(e.value)
   assert {name: (tmp_path / name).read_bytes() for name in records} == before
-  assert not (tmp_path / workdir_lib.LOCK).exists()
+  assert not os.path.exists(RunDir(tmp_path).lock)
 
 
 def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
@@ -43,8 +44,8 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   path = tmp_path / "config.json"
   path.write_text(open(old).read())
   same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
-  setup_lib._check_workdir_config(spec_lib.build(same), str(tmp_path))  # pylint: disable=protected-access
-  workdir_lib.write_config(str(tmp_path), spec_lib.build(same).to_json())
+  setup_lib._check_workdir_config(spec_lib.build(same), RunDir(tmp_path))  # pylint: disable=protected-access
+  workdir_lib.write_config(RunDir(tmp_path), spec_lib.build(same).to_json())
   rewritten = json.loads(path.read_text())
   assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
   added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
@@ -58,7 +59,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
                          (tiny_config(), "data")):          # held out by pieces: another split
     with pytest.raises(ConfigError, match=rf"another config: sections \['{section}'\]"):
-      setup_lib._check_workdir_config(spec_lib.build(other), str(tmp_path))  # pylint: disable=protected-access
+      setup_lib._check_workdir_config(spec_lib.build(other), RunDir(tmp_path))  # pylint: disable=protected-access
 
 
 def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_path):
@@ -76,14 +77,14 @@ def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_pa
   path.write_text(json.dumps(record))
   assert set(platform.PLATFORM_FIELDS) >= {"model.attention_impl", "loss.impl"}
 
-  setup_lib._check_workdir_config(spec_lib.build(tiny_config(steps=4)), str(tmp_path))  # pylint: disable=protected-access
+  setup_lib._check_workdir_config(spec_lib.build(tiny_config(steps=4)), RunDir(tmp_path))  # pylint: disable=protected-access
   evaluated = cli.run(tiny_config(steps=4), str(tmp_path), mode="eval")
   assert evaluated["step"] == 4 and evaluated["eval_loss"] > 0 and evaluated["eval_bpb"] > 0
   assert json.loads(path.read_text())["model"]["attention_impl"] == "cudnn"   # not rewritten
-  loaded = trained_run.load(str(tmp_path))
+  loaded = trained_run.load(RunDir(tmp_path))
   assert loaded.model.cfg.attention_impl == "xla"               # this platform's kernel
   assert cli.run(tiny_config(steps=4), str(tmp_path))["steps"] == 4      # resumed: finished
   assert json.loads(path.read_text())["model"]["attention_impl"] == "xla"  # trained here now
   with pytest.raises(ValueError, match=r"sections \['tst'\] differ"):
     setup_lib._check_workdir_config(  # pylint: disable=protected-access
-        spec_lib.build(tiny_config(steps=4, bag_size=4)), str(tmp_path))
+        spec_lib.build(tiny_config(steps=4, bag_size=4)), RunDir(tmp_path))

@@ -145,13 +145,13 @@ def test_a_workdir_with_a_tilde_is_one_path_for_the_check_the_lock_and_the_run(t
   class Stop(Exception):
     pass
 
-  def setup_create(spec, workdir, **kwargs):
-    seen["run"] = workdir
+  def setup_create(spec, rundir, **kwargs):
+    seen["run"] = rundir.root
     raise Stop
 
   monkeypatch.setattr(cli.lock_lib.Lock, "take",
-                      classmethod(lambda cls, workdir, say=print: seen.setdefault("lock", workdir)
-                                  and None))
+                      classmethod(lambda cls, rundir, say=print:
+                                  seen.setdefault("lock", rundir.root) and None))
   monkeypatch.setattr(cli.Setup, "create", setup_create)
   with pytest.raises(Stop):
     cli.run(tiny_config(), workdir="~/runs/a")

@@ -13,6 +13,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import superposition as sp
 from tst_jax.errors import ConfigError
 from tst_jax.models import llama, moe
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
 from tst_jax.train import workdir as workdir_lib
 
@@ -44,7 +45,7 @@ def test_fused_loss_in_the_trainer_matches_naive(tmp_path):
   for impl in ("naive", "xla"):
     workdir = tmp_path / impl
     cli.run(tiny_config(steps=6, loss=dict(impl=impl)), str(workdir))
-    losses[impl] = [r["loss"] for r in workdir_lib.read_metrics(str(workdir))
+    losses[impl] = [r["loss"] for r in workdir_lib.read_metrics(RunDir(workdir))
                     if "loss" in r]
   np.testing.assert_allclose(losses["xla"], losses["naive"], rtol=2e-5)
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, tracker as tracker_lib, workdir as workdir_lib
 
 
@@ -18,7 +19,7 @@ def test_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)   # import wandb raises ImportError
   with pytest.raises(ConfigError, match=r"^config.train.tracker: wandb is not installed: pip "
                                         r"install wandb, or train.tracker=none$"):
-    tracker_lib.Tracker("wandb", str(tmp_path), {})
+    tracker_lib.Tracker("wandb", RunDir(tmp_path), {})
 
 
 def _fake_trackio(calls):
@@ -37,7 +38,7 @@ def test_trackio_gets_both_phases_the_plan_and_the_switch_and_resumes(tmp_path, 
   (_, init), *logs, (last, _) = calls
   assert last == "finish" and init["resume"] == "allow"
   assert [p["name"] for p in init["config"]["plan"]["phases"]] == ["tst", "ntp"]
-  records = workdir_lib.read_metrics(str(tmp_path))
+  records = workdir_lib.read_metrics(RunDir(tmp_path))
   train = [(r["step"], r["loss"]) for r in records if "loss" in r]
   assert [(v["step"], v["loss"]) for _, v in logs if "loss" in v] == train   # both phases
   assert [v["step"] for _, v in logs if "eval_loss" in v] == [r["step"] for r in records
@@ -49,7 +50,7 @@ def test_trackio_gets_both_phases_the_plan_and_the_switch_and_resumes(tmp_path, 
     config.train.steps = 10
   config.train.force_resume = True
   cli.run(config, str(tmp_path))
-  assert calls[0][1]["name"] == init["name"] == workdir_lib.read_tracker(str(tmp_path))["id"]
+  assert calls[0][1]["name"] == init["name"] == workdir_lib.read_tracker(RunDir(tmp_path))["id"]
 
 
 def _wandb_records(run_dir: str):
@@ -88,7 +89,7 @@ def test_wandb_offline_run_holds_both_phases_and_the_config(tmp_path, monkeypatc
       updates = record.run.config.update if kind == "run" else record.config.update
       config.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
                      for i in updates})
-  records = workdir_lib.read_metrics(str(tmp_path))
+  records = workdir_lib.read_metrics(RunDir(tmp_path))
   logged = {(h["_step"], h["loss"]) for h in history if "loss" in h}
   assert logged == {(r["step"], r["loss"]) for r in records if "loss" in r}   # both phases
   assert [p["name"] for p in config["plan"]["phases"]] == ["tst", "ntp"]

@@ -1,4 +1,4 @@
-"""A run's workdir (tst_jax/train/workdir.py): one name, reader and writer per file, one
+"""A run's record (tst_jax/train/workdir.py): one reader and writer per file, one
 "same run?" check whose message is the same for a config, a store and a checkpoint, and a
 workdir in a bucket read and written as a local one."""
 
@@ -8,52 +8,52 @@ import pytest
 
 from tst_jax import fileio
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import workdir as workdir_lib
 
 
 @pytest.fixture(params=["local", "bucket"])
-def workdir(request, tmp_path):
+def rundir(request, tmp_path):
   """A run's folder on the local disk, or gs://<bucket>/run in the emulator."""
   if request.param == "local":
-    return str(tmp_path)
-  return request.getfixturevalue("bucket") + "/run"
+    return RunDir(tmp_path)
+  return RunDir(request.getfixturevalue("bucket") + "/run")
 
 
-def test_metrics_read_back_and_resume_drops_the_lines_after_the_checkpoint(workdir):
-  assert workdir_lib.read_metrics(workdir) == []
+def test_metrics_read_back_and_resume_drops_the_lines_after_the_checkpoint(rundir):
+  assert workdir_lib.read_metrics(rundir) == []
   lines = [dict(step=s, loss=10.0 - s) for s in range(1, 6)] + [dict(step=5, eval_loss=3.5)]
-  with workdir_lib.open_metrics(workdir, 0) as f:
+  with workdir_lib.open_metrics(rundir, 0) as f:
     for r in lines:
       f.write(json.dumps(r) + "\n")
-  assert workdir_lib.read_metrics(workdir) == lines
-  assert workdir_lib.final_eval(workdir, 5) == 3.5 and workdir_lib.final_eval(workdir, 4) is None
-  with workdir_lib.open_metrics(workdir, 3) as f:   # resumed from the checkpoint of step 3
+  assert workdir_lib.read_metrics(rundir) == lines
+  assert workdir_lib.final_eval(rundir, 5) == 3.5 and workdir_lib.final_eval(rundir, 4) is None
+  with workdir_lib.open_metrics(rundir, 3) as f:   # resumed from the checkpoint of step 3
     f.write(json.dumps(dict(step=4, loss=1.0)) + "\n")
-  assert workdir_lib.read_metrics(workdir) == lines[:3] + [dict(step=4, loss=1.0)]
-  with workdir_lib.open_metrics(workdir, 0):   # run again with no checkpoint: from step 1
+  assert workdir_lib.read_metrics(rundir) == lines[:3] + [dict(step=4, loss=1.0)]
+  with workdir_lib.open_metrics(rundir, 0):   # run again with no checkpoint: from step 1
     pass
-  assert workdir_lib.read_metrics(workdir) == []
+  assert workdir_lib.read_metrics(rundir) == []
 
 
-def test_records_read_back_as_written(workdir):
-  assert workdir_lib.read_summary(workdir) is None and workdir_lib.read_store(workdir) is None
-  workdir_lib.write_summary(workdir, dict(steps=8, final_eval_loss=3.25))
-  workdir_lib.write_store(workdir, "f" * 64, "/stores/a", 1234)
-  assert workdir_lib.read_summary(workdir) == dict(steps=8, final_eval_loss=3.25)
-  assert workdir_lib.train_tokens(workdir) == 1234
-  assert fileio.listdir(workdir) == [workdir_lib.STORE, workdir_lib.SUMMARY]
+def test_records_read_back_as_written(rundir):
+  assert workdir_lib.read_summary(rundir) is None and workdir_lib.read_store(rundir) is None
+  workdir_lib.write_summary(rundir, dict(steps=8, final_eval_loss=3.25))
+  workdir_lib.write_store(rundir, "f" * 64, "/stores/a", 1234)
+  assert workdir_lib.read_summary(rundir) == dict(steps=8, final_eval_loss=3.25)
+  assert workdir_lib.train_tokens(rundir) == 1234
+  assert fileio.listdir(rundir.root) == ["store.json", "summary.json"]
 
 
-def test_checkpoint_steps_are_the_complete_ones(workdir):
+def test_checkpoint_steps_are_the_complete_ones(rundir):
   """Locally a step's folder appears whole, by a rename; in a bucket Orbax's commit file,
   written last, marks it complete."""
-  done = workdir_lib.ORBAX_COMMIT if fileio.is_url(workdir) else "state/x"
+  done = workdir_lib.ORBAX_COMMIT if rundir.remote else "state/x"
   for step, name in ((2, done), (4, done), (6, "state/_METADATA"), (8, "meta/metadata")):
-    path = workdir_lib.path(workdir, f"{workdir_lib.CHECKPOINTS}/{step}/{name}")
+    path = fileio.join(rundir.checkpoint(step), name)
     fileio.makedirs(fileio.dirname(path))
     fileio.write_text(path, "")
-  assert workdir_lib.checkpoint_steps(workdir) == ([2, 4] if fileio.is_url(workdir)
-                                                   else [2, 4, 6])
+  assert workdir_lib.checkpoint_steps(rundir) == ([2, 4] if rundir.remote else [2, 4, 6])
 
 
 @pytest.mark.parametrize("what,differs", [("config", "sections ['tst'] differ"),

@@ -31,7 +31,8 @@ except ImportError as e:
                     "install lm-eval)") from e
 
 from tst_jax import errors, fileio
-from tst_jax.train import trained_run, workdir as workdir_lib
+from tst_jax.rundir import RunDir
+from tst_jax.train import trained_run
 from tst_jax.train.downstream import (PAPER_AVERAGE, TstJaxLM, evaluate, fewshot,
                                       paper_average, task_list, write_results)
 from tst_jax.tools import sample
@@ -65,9 +66,9 @@ def main(argv=None):
                       help="context length (default: the run's data.seq_len)")
   args = parser.parse_args(argv)
   fileio.check_readable(args.workdir, "--workdir")
-  fileio.check_writable(workdir_lib.path(fileio.absolute(args.workdir), workdir_lib.LM_EVAL),
-                        "--workdir")
-  trained = trained_run.load(args.workdir, args.step)
+  rundir = RunDir(args.workdir)
+  fileio.check_writable(rundir.lm_eval, "--workdir")
+  trained = trained_run.load(rundir, args.step)
   if trained.phase1_only:
     print(f"eval: warning: {sample.phase1_message(trained)}", file=sys.stderr)
   lm = TstJaxLM(trained=trained, batch_size=args.batch_size, max_length=args.max_length)
@@ -80,7 +81,7 @@ def main(argv=None):
   if average is not None:
     print(f"the paper's average of {len(PAPER_AVERAGE)} tasks ({', '.join(PAPER_AVERAGE)}; "
           f"{shots}-shot): {average:.4f}")
-  print(f"results: {write_results(results, trained.workdir, trained.step)}")
+  print(f"results: {write_results(results, rundir, trained.step)}")
 
 
 if __name__ == "__main__":

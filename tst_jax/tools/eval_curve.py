@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from tst_jax import errors, fileio
+from tst_jax.rundir import RunDir
 from tst_jax.train import workdir as workdir_lib
 from tst_jax.train.plan import Plan
 
@@ -93,11 +94,11 @@ def differs(run: EvalCurve, other: EvalCurve) -> str:
   return f"{fields[0]} differs ({a[fields[0]]!r}, not {b[fields[0]]!r}){more}"
 
 
-def identity_of(workdir: str, plan: Plan) -> dict:
+def identity_of(rundir: RunDir, plan: Plan) -> dict:
   """Returns what a baseline must share with a run: every field of its config.json but FREE_FIELDS,
   its store's fingerprint and its model's parameter counts."""
-  fingerprint = (workdir_lib.read_store(workdir) or {}).get("fingerprint")
-  return config_identity(workdir_lib.read_config_json(workdir) or {}, plan, fingerprint)
+  fingerprint = (workdir_lib.read_store(rundir) or {}).get("fingerprint")
+  return config_identity(workdir_lib.read_config_json(rundir) or {}, plan, fingerprint)
 
 
 def config_identity(config: dict, plan: Plan, fingerprint: str | None = None) -> dict:
@@ -119,19 +120,20 @@ def _flatten(record: dict, prefix: str, out: dict):
 
 
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
-  """Reads the eval curve and plan of a run directory of `main.py`. An unfinished run is an
-  error."""
+  """Reads the eval curve and plan of the run directory of `main.py` that the user named
+  `workdir`. An unfinished run is an error."""
   fileio.check_readable(workdir, "the run")
-  if not fileio.isfile(workdir_lib.path(workdir, workdir_lib.METRICS)):
+  rundir = RunDir(workdir)
+  if not fileio.isfile(rundir.metrics):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
-  plan, train_tokens = workdir_lib.plan_and_tokens(workdir)
+  plan, train_tokens = workdir_lib.plan_and_tokens(rundir)
   evals = {}
-  for record in workdir_lib.read_metrics(workdir):
+  for record in workdir_lib.read_metrics(rundir):
     if "eval_loss" in record:
       evals[record["step"]] = record      # the last line of a step wins (resumed runs)
   if not evals:
-    raise errors.DataError(f"{workdir}/metrics.jsonl: has no eval lines: give runs that "
-                           "reached their first eval")
+    raise errors.DataError(f"{rundir.metrics}: has no eval lines: give runs that reached "
+                           "their first eval")
   rows = [evals[s] for s in sorted(evals)]
   if rows[-1]["step"] != plan.total_steps:
     raise errors.DataError(
@@ -139,10 +141,10 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
         f"{plan.total_steps}): compare finished runs, whose learning rate has decayed; "
         "the same command resumes it")
   bags = [r["eval_bag_loss"] for r in rows if "eval_bag_loss" in r]
-  return EvalCurve(name or fileio.basename(fileio.absolute(workdir)), workdir,
+  return EvalCurve(name or rundir.name, workdir,
                    np.array([r["step"] for r in rows], float),
                    np.array([r["eval_loss"] for r in rows]),
                    np.array([r["data_tokens"] for r in rows], float), plan,
-                   train_tokens=train_tokens, identity=identity_of(workdir, plan),
+                   train_tokens=train_tokens, identity=identity_of(rundir, plan),
                    phase1_bag_loss=bags[-1] if bags else None,
                    final_bpb=rows[-1].get("eval_bpb"))

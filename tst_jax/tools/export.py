@@ -28,7 +28,8 @@ import tokenizers
 
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
-from tst_jax.train import trained_run, workdir as workdir_lib
+from tst_jax.rundir import RunDir
+from tst_jax.train import trained_run
 from tst_jax.convert import hf as convert_hf
 from tst_jax.tools import hub
 
@@ -52,8 +53,8 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
     raise fileio.PathError(f"--out {out} exists and is not a folder")
   if fileio.isdir(out) and fileio.listdir(out) and not overwrite:
     raise fileio.PathError(f"--out {out} is not empty; pass --overwrite to write into it")
-  trained = trained_run.load(workdir, step, dtype="float32")
-  tokenizer_file = workdir_lib.path(trained.workdir, workdir_lib.TOKENIZER_JSON)
+  trained = trained_run.load(RunDir(workdir), step, dtype="float32")
+  tokenizer_file = trained.rundir.tokenizer_json
   if not fileio.isfile(tokenizer_file):
     raise WorkdirError(f"{tokenizer_file} does not exist: only a run with a HF "
                        "tokenizer.json can be exported")

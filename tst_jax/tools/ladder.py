@@ -47,7 +47,7 @@ from tst_jax.tools.eval_curve import EvalCurve, config_identity
 from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, call_seconds,
                                        corpus_bytes, needs_second_seed, noise_text, pack_calls,
                                        rung_arms)
-from tst_jax.tools.sweep.points import POINT_FILE
+from tst_jax.tools.sweep.points import point_dir
 from tst_jax.tools.sweep.report import finished_arm_runs
 from tst_jax.train import defaults, outlook
 from tst_jax.train.plan import Plan
@@ -192,13 +192,13 @@ def unfinished_points(workdir: str, names: list[str], have: set[str]) -> list[st
   """Lists the points of `names` that are neither in `have` nor finished in `workdir`."""
   left = []
   for name in names:
-    meta = fileio.join(workdir, name, POINT_FILE)
+    rundir = point_dir(workdir, name)
     if name in have:
       continue
-    if not fileio.isfile(meta):
+    if not fileio.isfile(rundir.sweep_point):
       left.append(name)
-    elif final_eval(fileio.join(workdir, name),
-                    Plan.from_json(fileio.read_json(meta)["plan"]).total_steps) is None:
+    elif final_eval(rundir, Plan.from_json(fileio.read_json(rundir.sweep_point)["plan"])
+                    .total_steps) is None:
       left.append(name)
   return left
 

@@ -16,6 +16,7 @@ import sys
 from tst_jax import errors
 from tst_jax.errors import ConfigError
 from tst_jax.models.sampling import Sampler
+from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run
 
 
@@ -36,7 +37,7 @@ class _Stream:
 
 
 def phase1_message(trained) -> str:
-  return (f"step {trained.step} of {trained.workdir} is a phase-1 (token-superposition) "
+  return (f"step {trained.step} of {trained.rundir} is a phase-1 (token-superposition) "
           f"checkpoint: it has only seen bags of {trained.tst.bag_size} tokens, so it "
           "predicts bags, not next tokens (paper section 3).")
 
@@ -53,7 +54,7 @@ def main(argv=None):
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
   parser.add_argument("--force", action="store_true", help="sample a phase-1 checkpoint")
   args = parser.parse_args(argv)
-  trained = trained_run.load(args.workdir, args.step)
+  trained = trained_run.load(RunDir(args.workdir), args.step)
   if trained.phase1_only and not args.force:
     raise ConfigError("--step", f"{phase1_message(trained)} Its samples are not text: choose "
                       "a later --step, or pass --force to sample anyway.")

@@ -13,7 +13,6 @@ import sys
 
 import jax
 
-from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, StoreError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
@@ -50,19 +49,18 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
     raise ConfigError("--workdir", "required for train and eval: give a new directory, or a "
                       "run's to resume it")
   rundir = RunDir(workdir)   # once, so the check, the lock and the run see one path
-  workdir = rundir.root
   spec.check_devices(jax.device_count())
   spec.check_paths()
   rundir.check_writable()
-  lock = hold_workdir(workdir) if mode == "train" else None   # an eval only reads
+  lock = hold_workdir(rundir) if mode == "train" else None   # an eval only reads
   try:
-    setup = Setup.create(spec, workdir, record=mode == "train")
+    setup = Setup.create(spec, rundir, record=mode == "train")
     result = evaluate_latest(setup) if mode == "eval" else loop.train(setup, lock)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise
   finally:   # a preemption returns, so this covers a normal end, an error and a stop
-    if lock is not None and isinstance(sys.exc_info()[1], StoreError) and fileio.is_url(workdir):
+    if lock is not None and isinstance(sys.exc_info()[1], StoreError) and rundir.remote:
       lock.abandon()    # a bucket that failed is asked nothing more: a restart takes it over
     elif lock is not None:
       lock.release()
@@ -70,17 +68,17 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   return result
 
 
-def hold_workdir(workdir: str) -> lock_lib.Lock | None:
+def hold_workdir(rundir: RunDir) -> lock_lib.Lock | None:
   """Takes the workdir's lock on process 0 for all the run's processes, which all stop when
   another run holds it. Returns the lock, None on the other processes."""
   lock, refused = None, None
   if distributed.is_primary():
     try:
-      lock = lock_lib.Lock.take(workdir)
+      lock = lock_lib.Lock.take(rundir)
     except WorkdirError as e:
       refused = e
   if distributed.any_process(refused is not None):
-    raise refused or WorkdirError(f"--workdir {workdir}: process 0 could not take its lock: "
+    raise refused or WorkdirError(f"--workdir {rundir}: process 0 could not take its lock: "
                                   "its error line says why")
   return lock
 

@@ -3,13 +3,12 @@ phase switch and a final block. Only process 0 prints, and main.py keeps library
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 
 import tqdm
 
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.rundir import RunDir
 
 
 def duration(seconds: float) -> str:
@@ -101,7 +100,7 @@ class Console:
       line += f"; the paper's average {record['tasks/paper_average']:.4f}"
     self.print(f"tasks step {step} ({duration(seconds)}): {line}")
 
-  def final(self, summary: dict, workdir: str, reference=None, run: dict | None = None):
+  def final(self, summary: dict, rundir: RunDir, reference=None, run: dict | None = None):
     """Held-out loss (beside `reference`'s, a config.reference, when it names one, for the run
     whose same-run fields are `run`), where the files are, how to resume or look at it."""
     self.close()
@@ -116,11 +115,10 @@ class Console:
       lines[-1] += ")"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary, run or {})
-    where = functools.partial(workdir_lib.path, workdir)
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
-              f"  metrics: {where(workdir_lib.METRICS)}, plot: {where(workdir_lib.LOSS_PLOT)}",
-              f"  tensorboard --logdir {where(workdir_lib.TENSORBOARD)}",
-              f"  checkpoints: {where(workdir_lib.CHECKPOINTS)} (the same command "
+              f"  metrics: {rundir.metrics}, plot: {rundir.loss_plot}",
+              f"  tensorboard --logdir {rundir.tensorboard}",
+              f"  checkpoints: {rundir.checkpoints} (the same command "
               "resumes from the latest)"]
     self.print("\n".join(lines))
 

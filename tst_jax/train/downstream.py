@@ -31,7 +31,8 @@ from tst_jax import fileio
 from tst_jax.errors import ConfigError
 from tst_jax.models.sampling import Sampler, padded_length
 from tst_jax.parallel.logical import axis_rules
-from tst_jax.train import trained_run, workdir as workdir_lib
+from tst_jax.rundir import RunDir
+from tst_jax.train import trained_run
 from tst_jax.train.plan import Phase
 
 
@@ -90,7 +91,8 @@ class TstJaxLM(TemplateLM):
     if trained is None:
       if not workdir:
         raise ValueError("TstJaxLM needs workdir= (or trained=)")
-      trained = trained_run.load(workdir, None if step is None else int(step), dtype=dtype)
+      trained = trained_run.load(RunDir(workdir), None if step is None else int(step),
+                                 dtype=dtype)
     self.trained, self.tok = trained, trained.tokenizer
     self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16   # "auto": 16
     self._max_length = int(max_length or trained.max_length)
@@ -109,7 +111,7 @@ class TstJaxLM(TemplateLM):
 
   @property
   def tokenizer_name(self) -> str:
-    return f"tst_jax:{self.trained.workdir}"
+    return f"tst_jax:{self.trained.rundir}"
 
   def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
     del add_special_tokens, kwargs   # the run's tokenizer adds no special tokens
@@ -228,15 +230,15 @@ def evaluate(lm, tasks, *, num_fewshot=None, limit=None, include_path=None, mana
                          log_samples=False, bootstrap_iters=bootstrap_iters)
 
 
-def write_results(results: dict, workdir: str, step: int) -> str:
+def write_results(results: dict, rundir: RunDir, step: int) -> str:
   """Merges `results` into the run's lm-eval record of `step` (one entry per task), and
   returns its path."""
-  path = workdir_lib.lm_eval_path(workdir, step)
+  path = rundir.lm_eval_step(step)
   record = fileio.read_json(path) if fileio.exists(path) else {}
   for section in ("results", "versions", "n-shot", "higher_is_better", "n-samples", "configs"):
     record.setdefault(section, {}).update(results.get(section, {}))
-  record.update(workdir=workdir, step=step)
-  fileio.makedirs(fileio.dirname(path))
+  record.update(workdir=rundir.root, step=step)
+  fileio.makedirs(rundir.lm_eval)
   fileio.write_json(path, record, default=lm_utils.handle_non_serializable)
   return path
 
@@ -266,9 +268,9 @@ class InRun:
   lm-eval's scores are next-token log-likelihoods of single tokens (docs/evaluation.md).
   """
 
-  def __init__(self, spec, trainer, tokenizer, workdir: str):
+  def __init__(self, spec, trainer, tokenizer, rundir: RunDir):
     """`spec` is the run's RunSpec and `trainer` its step.Trainer."""
-    self.settings, self.trainer, self.workdir = spec.train, trainer, workdir
+    self.settings, self.trainer, self.rundir = spec.train, trainer, rundir
     self.spec, self.tokenizer = spec, tokenizer
     self.names = task_list(spec.train.eval_tasks)
     self.shots = fewshot(spec.train.eval_tasks)
@@ -299,12 +301,12 @@ class InRun:
   def trained(self, params, step: int, phase: Phase) -> trained_run.Trained:
     """Returns the run's model with `params` after `step` of `phase`, as a checkpoint loads."""
     model = nnx.merge(self.trainer.graphdef, params)
-    return trained_run.Trained(self.workdir, self.spec.data, self.spec.tst, model,
+    return trained_run.Trained(self.rundir, self.spec.data, self.spec.tst, model,
                                self.tokenizer, step, dict(phase=phase.name))
 
   def write(self, results: dict, step: int) -> str:
     """Writes lm-eval's `results` of `step` as tools.eval does; returns the file's path."""
-    return write_results(results, self.workdir, step)
+    return write_results(results, self.rundir, step)
 
 
 def _loaded(manager, name: str) -> list:

@@ -23,7 +23,7 @@ import uuid
 
 from tst_jax import fileio
 from tst_jax.errors import WorkdirError
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.rundir import RunDir
 
 log = logging.getLogger("tst_jax")
 
@@ -36,38 +36,39 @@ _ABANDONED = set()       # the tokens of this process's locks left behind by `Lo
 class Lock:
   """The workdir's lock while this process holds it: `Lock.take`, then `release`."""
 
-  def __init__(self, file: str, record: dict, made_workdir: bool = False):
-    self.file, self.record, self.made_workdir = file, record, made_workdir
-    self.version = fileio.version(file)   # of this process's last write: the next is on it
+  def __init__(self, rundir: RunDir, record: dict, made_workdir: bool = False):
+    self.rundir, self.file, self.record = rundir, rundir.lock, record
+    self.made_workdir = made_workdir
+    self.version = fileio.version(self.file)   # of this process's last write: the next is on it
     self.lost, self.failure = "", ""      # why this run no longer holds it; the last beat's error
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
     self._beat.start()
 
   @classmethod
-  def take(cls, workdir: str, say=print) -> Lock:
-    """Takes the lock of `workdir`, over a dead run's with a line that says so. A live run's
+  def take(cls, rundir: RunDir, say=print) -> Lock:
+    """Takes the lock of `rundir`, over a dead run's with a line that says so. A live run's
     lock raises WorkdirError naming its holder."""
-    made_workdir = not fileio.exists(workdir)
-    fileio.makedirs(workdir)
-    file = workdir_lib.path(workdir, workdir_lib.LOCK)
+    made_workdir = not fileio.exists(rundir.root)
+    fileio.makedirs(rundir.root)
+    file = rundir.lock
     record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
                   started=_utc_now(), heartbeat=time.time())
     for _ in range(3):   # another process may take or free it between two looks
       if fileio.create_new(file, json.dumps(record)):
-        return cls(file, record, made_workdir)
+        return cls(rundir, record, made_workdir)
       seen, held = _look(file)
       if held is None or seen is None:
         continue
       if held.get("token") == record["token"]:   # a retried create whose first try went through
-        return cls(file, record, made_workdir)
+        return cls(rundir, record, made_workdir)
       dead = _dead(held)
       if not dead:
-        raise WorkdirError(f"--workdir {workdir}: a live run holds it: {_holder(held)} "
+        raise WorkdirError(f"--workdir {rundir}: a live run holds it: {_holder(held)} "
                            f"({file}); wait for it to end, stop it, or use another --workdir")
       if fileio.remove_if_unchanged(file, seen):
         say(f"taking over {file} from a dead run: {_holder(held)}, {dead}")
-    raise WorkdirError(f"--workdir {workdir}: {file} keeps changing: another run is starting "
+    raise WorkdirError(f"--workdir {rundir}: {file} keeps changing: another run is starting "
                        "in this workdir; use another --workdir")
 
   def check(self):
@@ -77,7 +78,7 @@ class Lock:
     lost = self.lost or (age > LOCK_GIVE_UP_S and f"no heartbeat could be written to it for "
                          f"{age:.0f} s ({self.failure or 'the write has not returned'})")
     if lost:
-      raise WorkdirError(f"--workdir {fileio.dirname(self.file)}: this run no longer holds "
+      raise WorkdirError(f"--workdir {self.rundir}: this run no longer holds "
                          f"{self.file}: {lost}. It stops at this step; run the same command "
                          "again to resume from its last checkpoint once no other run holds it")
 
@@ -88,10 +89,8 @@ class Lock:
     seen, held = _look(self.file)
     if held is not None and held.get("token") == self.record["token"]:
       fileio.remove_if_unchanged(self.file, seen)
-    workdir = fileio.dirname(self.file)
-    if self.made_workdir and not fileio.is_url(workdir) and not os.listdir(workdir):
-      os.rmdir(workdir)   # a run refused before it wrote leaves nothing
-    # A bucket has no folders: the lock was the workdir's one object, and it is gone.
+    if self.made_workdir:   # a run refused before it wrote leaves nothing
+      fileio.remove_empty_folder(self.rundir.root)
 
   def abandon(self):
     """Stops the heartbeat without a word to the store, which failed: the lock stays, and a
@@ -157,10 +156,7 @@ def _read_lock(file: str) -> dict | None:
 def _mtime(file: str) -> float:
   """Returns the time `file` was last written, 0 where it is gone."""
   try:
-    if not fileio.is_url(file):
-      return os.path.getmtime(file)
-    fs, path = fileio.filesystem(file)
-    return fs.modified(path).timestamp()
+    return fileio.mtime(file)
   except FileNotFoundError:
     return 0.0
 

@@ -44,9 +44,9 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
   tokens = setup.data.train_tokens
   record = PlanRecord(plan, tokens, setup.spec.resolved)
   if primary:                         # <workdir>/plan.json, before the first step
-    workdir_lib.write_plan(setup.workdir, record)
+    workdir_lib.write_plan(setup.rundir, record)
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
-                else f"resuming {setup.workdir} at step {start} of {plan.total_steps}")
+                else f"resuming {setup.rundir} at step {start} of {plan.total_steps}")
   writer = _writer(setup, start, record) if primary else _NoWriter()   # process 0 writes
   step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
   setup.checkpoints.before_save = step_log.sync   # a checkpoint's lines are in metrics.jsonl
@@ -81,13 +81,13 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
     setup.checkpoints.wait()
     final = setup.evaluate(state.params)
     summary = metrics_lib.summarize(
-        setup.workdir, plan, final, write=primary,
+        setup.rundir, plan, final, write=primary,
         final_eval_bpb=setup.evaluate.bits_per_byte(final),
         unigram_entropy=setup.data.unigram_entropy, data=setup.data.data_name,
         seconds_this_session=time.time() - t0,
         resolved=setup.spec.resolved.to_json())
     log.info("summary of process %d: %s", jax.process_index(), json.dumps(summary))
-    console.final(summary, setup.workdir, setup.spec.reference, setup.spec.same_run())
+    console.final(summary, setup.rundir, setup.spec.reference, setup.spec.same_run())
     return summary
   except Preempted as stop:
     setup.checkpoints.wait()
@@ -123,8 +123,8 @@ def _store_stopped(e: Exception, checkpoints) -> StoreError | None:
 def _writer(setup: Setup, start: int, record: PlanRecord) -> metrics_lib.MetricsWriter:
   """Returns the metrics sink of process 0, with train.tracker's run."""
   config = dict(config=setup.spec.to_json(), plan=record.to_json())
-  tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.workdir, config)
-  return metrics_lib.MetricsWriter(setup.workdir, resume_step=start, tracker=tracker)
+  tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.rundir, config)
+  return metrics_lib.MetricsWriter(setup.rundir, resume_step=start, tracker=tracker)
 
 
 def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
@@ -140,7 +140,7 @@ def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):
 
 def _score_tasks(tasks, setup: Setup, state, phase, done: int, step_log: StepLog):
   """Writes and prints the scores of train.eval_tasks after step `done` (`tasks`, a
-  downstream.InRun), lm-eval's results in <workdir>/lm_eval/step_<done>.json, their time
+  downstream.InRun), lm-eval's results in the run's lm_eval/step_<done>.json, their time
   kept out of step_s. A scoring that fails is said in one line, and training goes on."""
   step_log.flush()
   t0 = time.time()
@@ -164,15 +164,14 @@ def _score_tasks(tasks, setup: Setup, state, phase, done: int, step_log: StepLog
 
 
 def _profile_window(setup: Setup, console: Console, primary: bool) -> step_profile.Window:
-  """Returns train.profile_steps' window, traced on process 0 into <workdir>/profile."""
+  """Returns train.profile_steps' window, traced on process 0 into the run's profile/."""
   window = step_profile.profile_window(setup.spec.train.profile_steps) if primary else None
-  traced = workdir_lib.trace_dir(setup.workdir) if window else ""
+  traced = setup.rundir.trace_dir() if window else ""
 
   def done(profile: step_profile.StepProfile):
-    workdir_lib.write_profile(setup.workdir, profile.table(), profile.to_json(), traced)
+    workdir_lib.write_profile(setup.rundir, profile.table(), profile.to_json(), traced)
     console.print(f"profile of steps {window[0]} to {sum(window) - 1}, ms per step:\n"
-                  f"{profile.table()}\n  trace and table: "
-                  f"{workdir_lib.path(setup.workdir, workdir_lib.PROFILE)}")
+                  f"{profile.table()}\n  trace and table: {setup.rundir.profile}")
 
   return step_profile.Window(window, traced, done, console.print)
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 from tst_jax import fileio
+from tst_jax.rundir import RunDir
 from tst_jax.train import appending, workdir as workdir_lib
 
 
@@ -63,28 +64,27 @@ class _EventFile:
     self.out.write(header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data)))
 
 
-def _tensorboard(workdir: str, purge_step: int) -> _EventFile | None:
+def _tensorboard(rundir: RunDir, purge_step: int) -> _EventFile | None:
   """Returns the run's TensorBoard event file, None where tensorboardX is not installed."""
   try:
     modules = _tensorboardx()
   except ImportError:   # TensorBoard output is optional
     return None
-  return _EventFile(modules, workdir_lib.path(workdir, workdir_lib.TENSORBOARD),
-                    workdir_lib.path(workdir, appending.PARTS), purge_step)
+  return _EventFile(modules, rundir.tensorboard, rundir.parts, purge_step)
 
 
 class MetricsWriter:
-  """Appends one JSON object per line to <workdir>/metrics.jsonl and mirrors scalars to
+  """Appends one JSON object per line to the run's metrics.jsonl and mirrors scalars to
   TensorBoard and to `tracker`, a tracker.Tracker. The run starts after step `resume_step`,
   0 on a first start: lines past it that an earlier attempt logged are dropped first, so the
   file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it.
   Both files are written on the calling thread: locally each line and event is written
   through, in a bucket uploaded as appending.Appender says, and all of them at `sync`."""
 
-  def __init__(self, workdir: str, resume_step: int, tracker=None):
+  def __init__(self, rundir: RunDir, resume_step: int, tracker=None):
     self.tracker = tracker
-    self.file = workdir_lib.open_metrics(workdir, resume_step)
-    self.tb = _tensorboard(workdir, resume_step + 1)
+    self.file = workdir_lib.open_metrics(rundir, resume_step)
+    self.tb = _tensorboard(rundir, resume_step + 1)
 
   def write(self, record: dict):
     self.file.write(json.dumps(record) + "\n")
@@ -118,11 +118,11 @@ class MetricsWriter:
           self.tracker.close()
 
 
-def summarize(workdir: str, plan, final_eval: float, write: bool = True, **fields) -> dict:
+def summarize(rundir: RunDir, plan, final_eval: float, write: bool = True, **fields) -> dict:
   """Returns the run's summary: final held-out loss, the phase-1-end evals (next-token, and
   the bag loss of its task), steps, token counts and `fields`. With `write`, also writes
-  <workdir>/summary.json and the plot <workdir>/loss.png."""
-  records = workdir_lib.read_metrics(workdir)
+  summary.json and the plot loss.png."""
+  records = workdir_lib.read_metrics(rundir)
   evals = {r["step"]: r for r in records if "eval_loss" in r}
   tst = [p for p in plan.phases if p.is_tst]     # phase 1: one or more tst phases
   switch = tst[-1].last_step if tst and len(tst) < len(plan.phases) else None
@@ -131,8 +131,8 @@ def summarize(workdir: str, plan, final_eval: float, write: bool = True, **field
                  phase1_end_eval_bag_loss=evals.get(switch, {}).get("eval_bag_loss"),
                  **fields, **plan.tokens_at(plan.total_steps))
   if write:
-    workdir_lib.write_summary(workdir, summary)
-    plot_losses(records, workdir_lib.path(workdir, workdir_lib.LOSS_PLOT), switch_step=switch)
+    workdir_lib.write_summary(rundir, summary)
+    plot_losses(records, rundir.loss_plot, switch_step=switch)
   return summary
 
 

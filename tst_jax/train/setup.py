@@ -1,5 +1,5 @@
-"""What a run builds before its first step: the Trainer of its steps, the workdir with its
-config.json checked against the run's, the token store, the checkpoints, the evaluator, the
+"""What a run builds before its first step: the Trainer of its steps, the run's directory with
+its config.json checked against the run's, the token store, the checkpoints, the evaluator, the
 state the first step starts from and each phase's batches."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from tst_jax.data import run_data
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
+from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
 from tst_jax.train import workdir as workdir_lib
@@ -34,12 +35,12 @@ class Setup:
   steps (mesh, optimizer, model graph, shardings), its data, its checkpoints and its
   evaluator."""
 
-  def __init__(self, spec: spec_lib.RunSpec, workdir: str, trainer: step_lib.Trainer,
+  def __init__(self, spec: spec_lib.RunSpec, rundir: RunDir, trainer: step_lib.Trainer,
                data: run_data.RunData, data_block: tuple[int, int]):
-    self.spec, self.workdir, self.trainer, self.data = spec, workdir, trainer, data
+    self.spec, self.rundir, self.trainer, self.data = spec, rundir, trainer, data
     self.data_block = data_block          # (index, count): the batch rows this process loads
     self.checkpoints = ckpt_lib.RunCheckpoints(
-        workdir_lib.path(workdir, workdir_lib.CHECKPOINTS), spec, data.fingerprint,
+        rundir.checkpoints, spec, data.fingerprint,
         data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
     shape = (spec.data.batch_size, spec.data.seq_len + 1)
     self.evaluate = Evaluator(
@@ -58,7 +59,7 @@ class Setup:
     if downstream is None:
       raise ConfigError("train.eval_tasks", "needs lm-eval: pip install -e '.[eval]' (or pip "
                         "install lm-eval)")
-    return downstream.InRun(self.spec, self.trainer, self.data.tokenizer, self.workdir)
+    return downstream.InRun(self.spec, self.trainer, self.data.tokenizer, self.rundir)
 
   def _bag_windows(self) -> dict:
     """Returns each tst phase's held-out windows for eval_bag_loss, of its S·L + 1 tokens in
@@ -74,7 +75,7 @@ class Setup:
     return bags
 
   @classmethod
-  def create(cls, spec: spec_lib.RunSpec, workdir: str, devices=None, *,
+  def create(cls, spec: spec_lib.RunSpec, rundir: RunDir, devices=None, *,
              record: bool = True) -> Setup:
     """In order: the Trainer (checked against the mesh), the workdir (a run of
     another config refused), the token store (prepared once, by process 0) with this
@@ -84,19 +85,18 @@ class Setup:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
     trainer = step_lib.Trainer.of(spec, devices)
     trainer.check()
-    workdir = fileio.absolute(workdir)
-    fileio.makedirs(workdir)
-    _check_workdir_config(spec, workdir)
+    fileio.makedirs(rundir.root)
+    _check_workdir_config(spec, rundir)
     block = mesh_lib.process_batch_block(trainer.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
       data = run_data.prepare_data(
-          spec.data, workdir, spec.model.vocab_size, block, say=say,
-          check_store=lambda store: workdir_lib.check_store(workdir, store,
+          spec.data, rundir.root, spec.model.vocab_size, block, say=say,
+          check_store=lambda store: workdir_lib.check_store(rundir, store,
                                                             spec.train.force_resume))
       data.check_batches(spec.data, spec.plan.phases)
       if distributed.is_primary():   # the store this workdir trains on, from now on
-        workdir_lib.write_store(workdir, data.fingerprint, data.directory,
+        workdir_lib.write_store(rundir, data.fingerprint, data.directory,
                                 data.train_tokens.count)
     where, count, passes = max(((w, n, sum(x)) for w, n, x in data.train_tokens.passes(
         spec.plan)), key=lambda e: e[2])
@@ -107,8 +107,8 @@ class Setup:
                         "train.max_passes, or more data in a new --workdir (this one keeps "
                         "its token store)")
     if record and distributed.is_primary():
-      workdir_lib.write_config(workdir, spec.to_json())
-    return cls(spec, workdir, trainer, data, block)
+      workdir_lib.write_config(rundir, spec.to_json())
+    return cls(spec, rundir, trainer, data, block)
 
   def restore_or_init(self) -> tuple[step_lib.TrainState, int]:
     """Returns (state, step): the latest checkpoint that restores, else a fresh sharded init
@@ -153,15 +153,15 @@ class Setup:
                                                    (phase.batch_size, phase.window))
 
 
-def _check_workdir_config(spec, workdir: str):
+def _check_workdir_config(spec, rundir: RunDir):
   """Refuse to resume a workdir of another run: one that differs in a field of
   sections.SAME_RUN, its config.json read back through the sections' declarations. The loop's
   cadences and policies may change; train.steps may not, since they place the phases and the
   learning-rate schedule of the steps already trained. A field added after the run was
   written compares with the value such a run had."""
-  if not fileio.exists(workdir_lib.path(workdir, workdir_lib.CONFIG)):
+  if not fileio.exists(rundir.config):
     return
-  saved = workdir_lib.read_config(workdir)
+  saved = workdir_lib.read_config(rundir)
   there, here = same_run_fields(saved), spec.same_run()
   changed = [k for k in there.keys() | here.keys() if there.get(k) != here.get(k)]
   diff = [s for s in SAME_RUN if "." not in s and any(k.partition(".")[0] == s for k in changed)]
@@ -170,4 +170,4 @@ def _check_workdir_config(spec, workdir: str):
   if moved:
     differs += (" (a run cannot be extended or shortened: its phases and learning-rate "
                 "schedule are fixed by its steps)")
-  workdir_lib.check_same_run(workdir, "config", differs, spec.train.force_resume)
+  workdir_lib.check_same_run(rundir.root, "config", differs, spec.train.force_resume)

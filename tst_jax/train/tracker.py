@@ -2,7 +2,7 @@
 
 The tracker's run holds the plan and config as its config, every metrics.jsonl record's
 numbers at its step, and the phase switch as a `phase_switch` event. A resumed run continues
-the tracker's run that workdir.TRACKER names. A missing package or login stops the run
+the tracker's run that its tracker.json names. A missing package or login stops the run
 before its first step with one line that says how to fix it. After that, a tracker error is a
 warning and the run goes on without the tracker.
 """
@@ -13,8 +13,8 @@ import importlib
 import logging
 import os
 
-from tst_jax import fileio
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
@@ -30,12 +30,12 @@ def _import(name: str):
                       "train.tracker=none") from None
 
 
-def _start_wandb(workdir: str, run_id: str | None, config: dict):
+def _start_wandb(rundir: RunDir, run_id: str | None, config: dict):
   wandb = _import("wandb")
   try:
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT),   # a local folder:
-                     dir=None if fileio.is_url(workdir) else workdir,     # wandb's own files
-                     name=fileio.basename(fileio.absolute(workdir)), id=run_id,
+                     dir=None if rundir.remote else rundir.root,         # wandb's own files
+                     name=rundir.name, id=run_id,
                      resume="allow", config=config)
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError("train.tracker", f"wandb did not start ({type(e).__name__}: {e}): run "
@@ -43,9 +43,9 @@ def _start_wandb(workdir: str, run_id: str | None, config: dict):
   return run.id, lambda values, step: run.log(values, step=step), run.finish
 
 
-def _start_trackio(workdir: str, run_id: str | None, config: dict):
+def _start_trackio(rundir: RunDir, run_id: str | None, config: dict):
   trackio = _import("trackio")
-  name = run_id or fileio.basename(fileio.absolute(workdir))
+  name = run_id or rundir.name
   try:
     trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=name, config=config,
                  resume="allow")
@@ -62,14 +62,14 @@ _STARTS = {"wandb": _start_wandb, "trackio": _start_trackio}
 class Tracker:
   """Sends metrics.jsonl's records to a started tracker run; `name` none sends nothing."""
 
-  def __init__(self, name: str, workdir: str, config: dict):
+  def __init__(self, name: str, rundir: RunDir, config: dict):
     self.name, self.phase, self.log_fn, self.finish_fn = name, None, None, None
     if name == "none":
       return
-    record = workdir_lib.read_tracker(workdir) or {}
+    record = workdir_lib.read_tracker(rundir) or {}
     run_id = record.get("id") if record.get("tracker") == name else None
-    run_id, self.log_fn, self.finish_fn = _STARTS[name](workdir, run_id, config)
-    workdir_lib.write_tracker(workdir, dict(tracker=name, id=run_id))
+    run_id, self.log_fn, self.finish_fn = _STARTS[name](rundir, run_id, config)
+    workdir_lib.write_tracker(rundir, dict(tracker=name, id=run_id))
 
   def write(self, record: dict):
     """Logs the record's numbers at its step, and a phase_switch event where the phase changes."""

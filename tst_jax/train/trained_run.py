@@ -19,6 +19,7 @@ from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
 from tst_jax.errors import DataError, WorkdirError
+from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib, step as step_lib, workdir as workdir_lib
 from tst_jax.train.sections import Tst
 
@@ -26,7 +27,7 @@ from tst_jax.train.sections import Tst
 @dataclasses.dataclass
 class Trained:
   """A model with the parameters of `step`, and what it needs to read and write text."""
-  workdir: str
+  rundir: RunDir
   data: Data                          # the run's data section (config.json)
   tst: Tst                            # its TST section
   model: nnx.Module
@@ -45,35 +46,33 @@ class Trained:
     return self.meta.get("phase") == "tst"
 
 
-def load(workdir: str, step: int | None = None, *, dtype: str | None = None) -> Trained:
-  """Loads the run in `workdir` at checkpoint `step`, by default the latest.
+def load(rundir: RunDir, step: int | None = None, *, dtype: str | None = None) -> Trained:
+  """Loads the run in `rundir` at checkpoint `step`, by default the latest.
 
   `dtype` overrides the model's compute dtype (e.g. float32 for exact comparisons).
   A workdir that is missing or holds no run, no tokenizer or no checkpoint of `step` (the
   error names the steps there), or a checkpoint that does not restore, is a UserError.
   """
-  workdir = fileio.absolute(workdir)
-  fileio.check_readable(workdir, "--workdir")
-  sections = workdir_lib.read_config(workdir)
+  fileio.check_readable(rundir.root, "--workdir")
+  sections = workdir_lib.read_config(rundir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
-  tokenizer = workdir_lib.read_tokenizer(workdir, model_cfg.vocab_size)
-  steps = workdir_lib.checkpoint_steps(workdir)
+  tokenizer = workdir_lib.read_tokenizer(rundir, model_cfg.vocab_size)
+  steps = workdir_lib.checkpoint_steps(rundir)
   if not steps:
-    raise WorkdirError(f"{workdir}/checkpoints holds no checkpoint: train the run first")
+    raise WorkdirError(f"{rundir.checkpoints} holds no checkpoint: train the run first")
   step = steps[-1] if step is None else int(step)
   if step not in steps:
-    raise WorkdirError(f"{workdir} has no checkpoint of step {step}; available steps: {steps}")
-  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
+    raise WorkdirError(f"{rundir} has no checkpoint of step {step}; available steps: {steps}")
   try:
-    params, meta = restore_params(directory, step, model_cfg)
+    params, meta = restore_params(rundir.checkpoints, step, model_cfg)
   except Exception as e:  # pylint: disable=broad-except  Orbax's and TensorStore's, of any kind
-    raise DataError(f"{directory}/{step}: the checkpoint cannot be restored "
+    raise DataError(f"{rundir.checkpoint(step)}: the checkpoint cannot be restored "
                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                     f"give another --step of {steps}") from e
   graphdef, _ = step_lib.abstract_model(model_cfg)
-  return Trained(workdir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
+  return Trained(rundir, sections["data"], sections["tst"], nnx.merge(graphdef, params),
                  tokenizer, step, meta)
 
 

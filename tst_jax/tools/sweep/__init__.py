@@ -39,7 +39,7 @@ from tst_jax import fileio
 from tst_jax.tools import compare
 from tst_jax.tools.sweep.brought_back import bring_back
 from tst_jax.tools.sweep.points import (OVERHEAD_S, PREPARE_S, Point, estimate_s,
-                                        make_arm_points, make_points, resolve)
+                                        make_arm_points, make_points, point_dir, resolve)
 from tst_jax.tools.sweep.report import collect, write_arm_reports, write_reports
 from tst_jax.tools.sweep.run import (compilation_cache, data_key, finished,
                                      prepare_shared_data, run_point, shared_data_dir)
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     return write_reports(args.workdir, collect(args.workdir), command)
 
   todo = [s for p, s in zip(points, specs)
-          if not finished(fileio.join(args.workdir, p.name), s.plan.total_steps)]
+          if not finished(point_dir(args.workdir, p.name), s.plan.total_steps)]
   with tempfile.TemporaryDirectory(prefix="tst_jax_sweep_xla_") as scratch, \
        compilation_cache(_cache_dir(args, specs, scratch)):
     for spec in {data_key(s): s for s in todo}.values():
@@ -151,7 +151,7 @@ def check_budget(args, points: list[Point], specs) -> str:
   if not args.rate or args.rate <= 0:
     raise SystemExit("--budget_s needs --rate: the FLOP/s the points get on the device")
   todo = [s.plan for p, s in zip(points, specs)
-          if not finished(fileio.join(args.workdir, p.name), s.plan.total_steps)]
+          if not finished(point_dir(args.workdir, p.name), s.plan.total_steps)]
   unprepared = any(not s.data.source.startswith("tokens:") and not fileio.exists(
       fileio.join(shared_data_dir(args.workdir, s), "prepared.json")) for s in specs)
   prepare = args.prepare_s if unprepared and todo else 0.0

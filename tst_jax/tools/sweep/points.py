@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tst_jax import configlib
+from tst_jax import configlib, fileio
+from tst_jax.rundir import RunDir
 from tst_jax.train import spec as spec_lib
 
-POINT_FILE = "sweep_point.json"   # a point's record in its directory: status, arm, seed, times
 RATIO, BAG = "tst.ratio", "tst.bag_size"
 # A point's seconds beside its FLOPs, for budgets: start, compilation, evals and checkpoints
 # per wave of points at once, and tokenizing a corpus like gpu_small's once, with a margin.
@@ -34,6 +34,11 @@ class Point:
     """--set overrides, then the grid's, then the seed (and r = 0 for the baseline)."""
     extra = [f"{RATIO}=0.0"] if self.baseline else []
     return [*base, *(f"{k}={v}" for k, v in self.grid.items()), *extra, f"seed={self.seed}"]
+
+
+def point_dir(workdir: str, name: str) -> RunDir:
+  """Returns the run directory of the point `name` in the sweep's folder `workdir`."""
+  return RunDir(fileio.join(workdir, name))
 
 
 def make_points(grid: str, seeds: list[int], include_baseline: bool) -> list[Point]:

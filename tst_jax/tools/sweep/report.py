@@ -13,7 +13,7 @@ import numpy as np
 from tst_jax import fileio
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
-from tst_jax.tools.sweep.points import BAG, POINT_FILE, RATIO
+from tst_jax.tools.sweep.points import BAG, RATIO, point_dir
 from tst_jax.train.console import human
 from tst_jax.train.plan import Plan
 from tst_jax.train.workdir import final_eval, plan_and_tokens, read_summary
@@ -24,11 +24,10 @@ def points_under(workdir: str):
   point directory under `workdir`, by name: the plan the run recorded (plan.json), else the
   one the sweep wrote as it started it. A workdir not made yet has none."""
   for name in fileio.listdir(workdir) if fileio.isdir(workdir) else []:
-    path = fileio.join(workdir, name, POINT_FILE)
-    if fileio.isfile(path):
-      meta = fileio.read_json(path)
-      yield (name, meta, *plan_and_tokens(fileio.join(workdir, name),
-                                          started=Plan.from_json(meta["plan"])))
+    rundir = point_dir(workdir, name)
+    if fileio.isfile(rundir.sweep_point):
+      meta = fileio.read_json(rundir.sweep_point)
+      yield (name, meta, *plan_and_tokens(rundir, started=Plan.from_json(meta["plan"])))
 
 
 def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
@@ -40,7 +39,7 @@ def finished_arm_runs(workdir: str) -> tuple[list, list[dict]]:
       continue
     if meta.get("status") == "failed":
       failed.append(dict(name=name, arm=meta["arm"], seed=meta["seed"], error=meta["error"]))
-    elif final_eval(fileio.join(workdir, name), plan.total_steps) is not None:
+    elif final_eval(point_dir(workdir, name), plan.total_steps) is not None:
       runs.append((meta["arm"], meta["seed"], load_run(fileio.join(workdir, name))))
   return runs, failed
 
@@ -50,8 +49,8 @@ def collect(workdir: str) -> list[dict]:
   baseline of the same seed, negative where TST reached a lower loss."""
   records = []
   for name, meta, plan, train_tokens in points_under(workdir):
-    loss = final_eval(fileio.join(workdir, name), plan.total_steps)
-    summary = read_summary(fileio.join(workdir, name))
+    loss = final_eval(point_dir(workdir, name), plan.total_steps)
+    summary = read_summary(point_dir(workdir, name))
     if loss is None or summary is None:
       continue
     extra = {k: v for k, v in meta["grid"].items() if k not in (RATIO, BAG)}

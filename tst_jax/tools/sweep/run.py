@@ -17,7 +17,8 @@ import traceback
 
 from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
-from tst_jax.tools.sweep.points import POINT_FILE, Point, resolve
+from tst_jax.rundir import RunDir
+from tst_jax.tools.sweep.points import Point, point_dir, resolve
 from tst_jax.train import cli, workdir as workdir_lib
 from tst_jax.train.appending import Appender
 
@@ -25,41 +26,41 @@ _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dir
     os.path.abspath(__file__))))), "main.py")
 
 
-def finished(point_dir: str, steps: int) -> bool:
-  """Says whether the run in `point_dir` completed `steps` steps. A run that completed another
+def finished(rundir: RunDir, steps: int) -> bool:
+  """Says whether the run in `rundir` completed `steps` steps. A run that completed another
   number of steps is an error, since its checkpoints belong to another plan."""
-  summary = workdir_lib.read_summary(point_dir)
+  summary = workdir_lib.read_summary(rundir)
   if summary is None:
     return False
   done = summary["steps"]
   if done != steps:
-    raise errors.WorkdirError(f"{point_dir} finished {done} steps but this sweep asks for "
+    raise errors.WorkdirError(f"{rundir} finished {done} steps but this sweep asks for "
                               f"{steps}: use another --workdir")
-  return workdir_lib.final_eval(point_dir, steps) is not None
+  return workdir_lib.final_eval(rundir, steps) is not None
 
 
 def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   """Trains one point unless it is finished. Returns 'done', 'skipped' or 'failed', or past
   `args.deadline`, a time.time() or None, 'interrupted' or 'not started'. The same command
   resumes an interrupted point from its checkpoint."""
-  point_dir = fileio.join(args.workdir, point.name)
+  rundir = point_dir(args.workdir, point.name)
   overrides = point.overrides(args.set)
   config_arg = point.config_arg(args.config)
   config, spec = resolve(config_arg, overrides)
   plan = spec.plan
-  if finished(point_dir, plan.total_steps):
+  if finished(rundir, plan.total_steps):
     print(f"[{index}/{total}] {point.name}: finished, skipped", flush=True)
     return "skipped"
   if args.deadline is not None and time.time() >= args.deadline:
     print(f"[{index}/{total}] {point.name}: not started (--deadline_s)", flush=True)
     return "not started"
-  fileio.makedirs(point_dir)
-  store = shared_store(args.workdir, spec, point_dir)
+  fileio.makedirs(rundir.root)
+  store = shared_store(args.workdir, spec, rundir)
   meta = dict(name=point.name, config=config_arg, overrides=overrides, grid=point.grid,
               arm=point.arm, seed=point.seed, baseline=point.baseline, data_key=data_key(spec),
               r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
               plan=plan.to_json(), status="running")
-  fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
+  fileio.write_json(rundir.sweep_point, meta)
   print(f"[{index}/{total}] {point.name}: training ({' '.join(overrides)})", flush=True)
   if store:
     overrides = [*overrides, f"data.source=tokens:{store}"]
@@ -67,42 +68,41 @@ def run_point(args, point: Point, index: int, total: int, env=None) -> str:
   t0 = time.time()
   try:
     if args.subprocess or args.parallel > 1 or args.deadline is not None:
-      cmd = [sys.executable, _MAIN, "--config", config_arg, "--workdir", point_dir,
+      cmd = [sys.executable, _MAIN, "--config", config_arg, "--workdir", rundir.root,
              *(f"--config.{k}={_cli_value(config, k)}" for k, _ in
                map(configlib.parse_override, overrides))]
-      with _log_file(point_dir) as log:
+      with _log_file(rundir) as log:
         done = _train(cmd, log, env, args.deadline)
-      if not done and not finished(point_dir, plan.total_steps):
+      if not done and not finished(rundir, plan.total_steps):
         meta.update(status="interrupted", wall_s=time.time() - t0)
-        fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
+        fileio.write_json(rundir.sweep_point, meta)
         print(f"[{index}/{total}] {point.name}: interrupted at the deadline (the same "
               "command resumes it from its latest checkpoint)", flush=True)
         return "interrupted"
     else:
-      cli.run(config, point_dir)
+      cli.run(config, rundir.root)
   except Exception as e:   # noqa: BLE001 - one failed point does not stop the sweep
     meta.update(status="failed", error=f"{type(e).__name__}: {e}", wall_s=time.time() - t0)
-    fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
+    fileio.write_json(rundir.sweep_point, meta)
     line = errors.one_line(e)        # a user error: its one line, else the traceback
     print(line, file=sys.stderr) if line and not args.verbosity else traceback.print_exc()
     print(f"[{index}/{total}] {point.name}: FAILED ({meta['error']})", flush=True)
     return "failed"
   meta.update(status="done", wall_s=time.time() - t0)
-  fileio.write_json(fileio.join(point_dir, POINT_FILE), meta)
-  loss = workdir_lib.final_eval(point_dir, plan.total_steps)
+  fileio.write_json(rundir.sweep_point, meta)
+  loss = workdir_lib.final_eval(rundir, plan.total_steps)
   print(f"[{index}/{total}] {point.name}: final eval loss {loss:.4f} "
         f"({meta['wall_s']:.0f} s)", flush=True)
   return "done"
 
 
 @contextlib.contextmanager
-def _log_file(point_dir: str):
-  """Yields the file a point's trainer writes its output to: <point>/sweep_log.txt on a disk,
+def _log_file(rundir: RunDir):
+  """Yields the file a point's trainer writes its output to: its sweep_log.txt on a disk,
   and for a bucket's point a local temporary file, appended to that object when the trainer
   ends, since an object cannot be written to as it grows."""
-  path = fileio.join(point_dir, "sweep_log.txt")
-  if not fileio.is_url(path):
-    with open(path, "a") as log:
+  if not rundir.remote:
+    with fileio.open(rundir.sweep_log, "a") as log:
       yield log
     return
   with tempfile.TemporaryFile() as log:
@@ -110,7 +110,7 @@ def _log_file(point_dir: str):
       yield log
     finally:
       log.seek(0)
-      with Appender(path) as out:
+      with Appender(rundir.sweep_log, parts=rundir.parts) as out:
         out.write(log.read())
 
 
@@ -193,27 +193,27 @@ def prepare_shared_data(workdir: str, spec):
           f"({time.time() - t0:.0f} s)", flush=True)
 
 
-def shared_store(workdir: str, spec, point_dir: str) -> str:
+def shared_store(workdir: str, spec, rundir: RunDir) -> str:
   """Gives a point the store the sweep prepared for its data. On a disk its files are
-  hard-linked into <point>/data, where the trainer finds them as its own, and '' is returned.
-  A bucket has no links, so there it returns the shared store's URL, for the point to read in
-  place as `tokens:`. A `tokens:` source or a mixture needs nothing and gets ''."""
+  hard-linked into the point's data/, where the trainer finds them as its own, and '' is
+  returned. A bucket has no links, so there it returns the shared store's URL, for the point
+  to read in place as `tokens:`. A `tokens:` source or a mixture needs nothing and gets ''."""
   d = spec.data
   if d.source.startswith("tokens:") or d.mixture or d.tst_mixture:
     return ""
-  shared = shared_data_dir(workdir, spec)
-  if not fileio.is_url(workdir):
-    link_prepared_data(shared, point_dir)
+  shared = RunDir(shared_data_dir(workdir, spec))
+  if not shared.remote:
+    link_prepared_data(shared, rundir)
     return ""
-  return fileio.join(shared, run_data.PREPARED_DIR)
+  return shared.data
 
 
-def link_prepared_data(source: str, point_dir: str):
-  """Hard-links the prepared token store (shards, manifest, tokenizer) into a fresh point's
-  <point>/data, where the trainer finds it as its own. Links are safe since the files are
-  never written again, and copies are made only across filesystems. The trainer checks the
-  manifest."""
-  store, target = os.path.join(source, "data"), os.path.join(point_dir, "data")
+def link_prepared_data(source: RunDir, rundir: RunDir):
+  """Hard-links the prepared token store (shards, manifest, tokenizer) of the folder `source`
+  into a fresh point's data/, where the trainer finds it as its own. Links are safe since the
+  files are never written again, and copies are made only across filesystems. The trainer
+  checks the manifest."""
+  store, target = source.data, rundir.data
   if os.path.exists(target) or not os.path.exists(os.path.join(store, "manifest.json")):
     return
   os.makedirs(target + ".tmp", exist_ok=True)
