@@ -140,13 +140,15 @@ _STARTUP = r"""
 import json, resource, sys, time
 t0 = time.time()
 from tst_jax.data import run_data
+from tst_jax.rundir import RunDir
 from tst_jax.train import spec as spec_lib
 from configs import demo
 imported = time.time() - t0
 c = demo.get_config()
 c.data.source, c.data.tokenizer = "tokens:" + sys.argv[1], ""
 t1 = time.time()
-data = run_data.prepare_data(spec_lib.check(c).data, sys.argv[2], int(sys.argv[3]), (0, 1))
+data = run_data.prepare_data(spec_lib.check(c).data, RunDir(sys.argv[2]), int(sys.argv[3]),
+                             (0, 1))
 seconds = time.time() - t1
 status = dict(line.split(":") for line in open("/proc/self/status") if ":" in line)
 mb = lambda key: round(int(status[key].split()[0]) / 1e3)
@@ -170,7 +172,7 @@ def synthetic_store(out: str, gigabytes: float, tokenizer: str) -> str:
   from tst_jax.data.tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
   os.makedirs(out)
   shutil.copyfile(tokenizer, os.path.join(out, "tokenizer.json"))
-  tok = get_tokenizer(tokenizer, workdir=None, vocab_size=0)
+  tok = get_tokenizer(tokenizer, folder=None, vocab_size=0)
   rng, splits = np.random.default_rng(0), {}
   for split, total in (("train", int(gigabytes * 1e9 / 2)), ("val", int(gigabytes * 1e9 / 100))):
     shards, offset = [], 0

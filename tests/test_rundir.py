@@ -2,12 +2,15 @@
 bucket, every path a named member under it, and the one check that a run can be written there,
 with one set of messages."""
 
+import ast
 import os
+import pathlib
 import re
 import uuid
 
 import pytest
 
+from tests.fixtures.paths import ROOT
 from tst_jax import fileio
 from tst_jax.rundir import RunDir
 
@@ -116,3 +119,17 @@ def test_the_tools_outputs_share_the_rule_and_its_messages(tmp_path):
   with pytest.raises(fileio.PathError, match=f"^--out {afile}: is a file, not a directory: "
                      "give a new directory$"):
     fileio.check_output(str(afile), "--out", "an export")
+
+
+def test_the_data_layer_takes_a_store_folder_or_a_rundir_never_a_workdir_string():
+  """No function of tst_jax/data/ has a parameter named `workdir`: below the run's record,
+  code takes the folder it needs or a RunDir."""
+  found = []
+  for path in sorted(pathlib.Path(ROOT, "tst_jax", "data").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+        if "workdir" in names:
+          found.append(f"{path.name}:{node.lineno}")
+  assert not found

@@ -9,11 +9,11 @@ from tst_jax.data import get_tokenizer
 
 @pytest.fixture(scope="package")
 def bpe_dir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("bpe"))
-  get_tokenizer("bpe", workdir=workdir, vocab_size=300, train_docs=CORPUS)
-  return workdir
+  folder = str(tmp_path_factory.mktemp("bpe"))
+  get_tokenizer("bpe", folder=folder, vocab_size=300, train_docs=CORPUS)
+  return folder
 
 
 @pytest.fixture(scope="package")
 def tok(bpe_dir):
-  return get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=None)
+  return get_tokenizer("bpe", folder=bpe_dir, vocab_size=300, train_docs=None)

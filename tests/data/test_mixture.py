@@ -328,7 +328,7 @@ def _check_the_bytes_under_the_held_out_rows(config, workdir):
   """A mixture's held-out rows come with the bytes under each of their tokens, read from the
   store of the row's own source (a token of whole characters: the bytes of its text), and
   every eval logs eval_bpb."""
-  data = run_data.prepare_data(spec_lib.check(config).data, workdir, 512, (0, 1))
+  data = run_data.prepare_data(spec_lib.check(config).data, RunDir(workdir), 512, (0, 1))
   rows = np.concatenate(data.eval_windows)
   under = np.concatenate(data.held_out.token_bytes(4, 17))
   pieces = [data.tokenizer.decode([t]) for t in rows.ravel().tolist()]
@@ -373,7 +373,7 @@ def test_a_mixture_of_other_tokenizers_or_missing_stores_is_refused(two_stores, 
                               val_piece_bytes=2048, workers=1, progress=False)
   config.data.mixture, config.data.tst_mixture = f"tokens:{code}=0.5,tokens:{other}=0.5", ""
   with pytest.raises(ConfigError, match="were made with different tokenizers"):
-    run_data.prepare_data(spec_lib.check(config).data, str(tmp_path / "w"), 512, (0, 1))
+    run_data.prepare_data(spec_lib.check(config).data, RunDir(tmp_path / "w"), 512, (0, 1))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Tests for the prepared token store: prepare (sources, shards, resume) and the in-place reader."""
 
-import functools
 import gzip
 import json
 import os
@@ -13,7 +12,7 @@ import pytest
 from tests.fixtures.corpus import bad_files, prepared_before_bytes
 from tests.fixtures.reference import TokenStream
 from tests.fixtures.tiny import tiny_config
-from tst_jax import errors
+from tst_jax import errors, fileio
 from tst_jax.data import (
     DataError, TokenStore, WindowSource, eval_windows, load_documents, make_batches,
     split_documents)
@@ -349,7 +348,7 @@ def test_store_of_another_tokenizer(one_shard, corpus, tmp_path):
   config.data.tokenizer = other
   config.data.seq_len, config.data.batch_size = 8, 2
   with pytest.raises(ConfigError, match="is not the tokenizer of the store"):
-    run_data.prepare_data(_data(config), str(tmp_path / "w"), 512, (0, 1))
+    run_data.prepare_data(_data(config), RunDir(tmp_path / "w"), 512, (0, 1))
   copy = tmp_path / "copy"
   shutil.copytree(one_shard.directory, copy)
   shutil.copyfile(other, copy / "tokenizer.json")
@@ -362,13 +361,15 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   config = tiny_config()
   config.data.source = f"tokens:{one_shard.directory}"
   config.data.seq_len, config.data.batch_size, config.data.eval_batches = 8, 2, 2
-  workdir = str(tmp_path / "w")
+  rundir = RunDir(tmp_path / "w")
   before = shard_bytes(one_shard.directory)
-  check = functools.partial(workdir_lib.check_store, RunDir(workdir), force=False)
-  data = run_data.prepare_data(_data(config), workdir, 512, (0, 1), check_store=check)
+  stores = run_data.open_stores(_data(config), rundir, 512)
+  workdir_lib.check_store(rundir, stores, force=False)     # a new run trains on any store
+  fileio.makedirs(rundir.root)
+  data = run_data.load_data(_data(config), stores, rundir, 512, (0, 1))
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
-  workdir_lib.write_store(RunDir(workdir), data.fingerprint, data.train.directory, len(data.train))
-  assert len(data.eval_windows) == 2 and not os.path.exists(os.path.join(workdir, "data"))
+  workdir_lib.write_store(rundir, data.fingerprint, data.train.directory, len(data.train))
+  assert len(data.eval_windows) == 2 and not os.path.exists(rundir.data)
   # Held-out windows of another width (a tst phase's S·L + 1) are drawn as the eval's are;
   # a width no batch of which fits in the split gives none.
   wide = data.held_out.windows(2, 4 * 8 + 1)
@@ -378,11 +379,12 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   assert data.held_out.windows(2, len(one_shard.val)) == []
   assert data.tokenizer.fingerprint() == one_shard.tokenizer().fingerprint()
   with pytest.raises(ConfigError, match="has 300 tokens, more than the model's 299"):
-    run_data.prepare_data(_data(config), workdir, 299, (0, 1))
+    run_data.prepare_data(_data(config), rundir, 299, (0, 1))
   other = prepare(source, tmp_path / "other", seed=2)
   config.data.source = f"tokens:{other.directory}"
   with pytest.raises(ConfigError, match="holds a run of another token store"):
-    run_data.prepare_data(_data(config), workdir, 512, (0, 1), check_store=check)
+    workdir_lib.check_store(rundir, run_data.open_stores(_data(config), rundir, 512),
+                            force=False)
   assert shard_bytes(one_shard.directory) == before
 
 
@@ -397,7 +399,7 @@ def test_a_store_under_home_is_read_alike_by_plan_check_and_trainer(one_shard, t
   d = _data(config)
   run_data.check_paths(d)
   assert run_data.training_tokens(d).count == len(one_shard.train)
-  data = run_data.prepare_data(d, str(tmp_path / "w"), 512, (0, 1))
+  data = run_data.prepare_data(d, RunDir(tmp_path / "w"), 512, (0, 1))
   assert data.train.directory == str(tmp_path / "store")
   assert data.fingerprint == one_shard.fingerprint
 

@@ -31,27 +31,27 @@ def test_bpe_is_cached_and_checks_vocab(bpe_dir, tok):
   path = os.path.join(bpe_dir, "tokenizer.json")
   assert tok.path == path
   mtime = os.stat(path).st_mtime_ns
-  again = get_tokenizer("bpe", workdir=bpe_dir, vocab_size=300, train_docs=["other text"] * 9)
+  again = get_tokenizer("bpe", folder=bpe_dir, vocab_size=300, train_docs=["other text"] * 9)
   assert os.stat(path).st_mtime_ns == mtime
   assert again.encode("def add(a, b)") == tok.encode("def add(a, b)")
   with pytest.raises(ValueError, match="another config"):
-    get_tokenizer("bpe", workdir=bpe_dir, vocab_size=512, train_docs=CORPUS)
+    get_tokenizer("bpe", folder=bpe_dir, vocab_size=512, train_docs=CORPUS)
 
 
 def test_tokenizer_json_file_is_loaded_and_copied(bpe_dir, tmp_path):
   src = os.path.join(bpe_dir, "tokenizer.json")
-  loaded = get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0)
+  loaded = get_tokenizer(src, folder=str(tmp_path / "run"), vocab_size=0)
   assert loaded.path == str(tmp_path / "run" / "tokenizer.json") and os.path.isfile(loaded.path)
   assert loaded.decode([loaded.eos_id]) == "<|endoftext|>"
-  assert get_tokenizer(src, workdir=str(tmp_path / "run"), vocab_size=0).path == loaded.path
+  assert get_tokenizer(src, folder=str(tmp_path / "run"), vocab_size=0).path == loaded.path
   loaded.save(str(tmp_path / "saved.json"))
-  resaved = get_tokenizer(str(tmp_path / "saved.json"), workdir=None, vocab_size=0)
+  resaved = get_tokenizer(str(tmp_path / "saved.json"), folder=None, vocab_size=0)
   assert resaved.encode("x = 1  # 😀") == loaded.encode("x = 1  # 😀")
   with pytest.raises(ValueError, match="does not exist"):
-    get_tokenizer(str(tmp_path / "nope.json"), workdir=None, vocab_size=0)
-  other = get_tokenizer("bpe", workdir=str(tmp_path / "other"), vocab_size=280, train_docs=CORPUS)
+    get_tokenizer(str(tmp_path / "nope.json"), folder=None, vocab_size=0)
+  other = get_tokenizer("bpe", folder=str(tmp_path / "other"), vocab_size=280, train_docs=CORPUS)
   with pytest.raises(ValueError, match="differs"):
-    get_tokenizer(other.path, workdir=str(tmp_path / "run"), vocab_size=0)
+    get_tokenizer(other.path, folder=str(tmp_path / "run"), vocab_size=0)
 
 
 def test_a_tokenizer_and_a_workdir_in_a_bucket(bpe_dir, tok, bucket):
@@ -60,14 +60,14 @@ def test_a_tokenizer_and_a_workdir_in_a_bucket(bpe_dir, tok, bucket):
   from tst_jax import fileio   # pylint: disable=import-outside-toplevel
   with open(os.path.join(bpe_dir, "tokenizer.json"), "rb") as f:
     fileio.write_bytes(f"{bucket}/tok/tokenizer.json", f.read())
-  loaded = get_tokenizer(f"{bucket}/tok/tokenizer.json", workdir=f"{bucket}/run", vocab_size=0)
+  loaded = get_tokenizer(f"{bucket}/tok/tokenizer.json", folder=f"{bucket}/run", vocab_size=0)
   assert loaded.path == f"{bucket}/run/tokenizer.json" and loaded.fingerprint() == tok.fingerprint()
   assert fileio.read_bytes(loaded.path) == fileio.read_bytes(f"{bucket}/tok/tokenizer.json")
-  trained = get_tokenizer("bpe", workdir=f"{bucket}/bpe", vocab_size=280, train_docs=CORPUS)
-  again = get_tokenizer("bpe", workdir=f"{bucket}/bpe", vocab_size=280, train_docs=None)
+  trained = get_tokenizer("bpe", folder=f"{bucket}/bpe", vocab_size=280, train_docs=CORPUS)
+  again = get_tokenizer("bpe", folder=f"{bucket}/bpe", vocab_size=280, train_docs=None)
   assert again.fingerprint() == trained.fingerprint() and again.path == f"{bucket}/bpe/tokenizer.json"
   with pytest.raises(ValueError, match="differs"):
-    get_tokenizer(trained.path, workdir=f"{bucket}/run", vocab_size=0)
+    get_tokenizer(trained.path, folder=f"{bucket}/run", vocab_size=0)
 
 
 def test_encode_with_bytes_gives_each_token_the_bytes_of_text_under_it(tok):

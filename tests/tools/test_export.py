@@ -58,7 +58,7 @@ def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
   assert tokenizer(text).input_ids == ours.encode(text)
   assert tokenizer.decode(ours.encode(text)) == text
 
-  data = run_data.prepare_data(spec_lib.check(trained.config()).data, workdir,
+  data = run_data.prepare_data(spec_lib.check(trained.config()).data, RunDir(workdir),
                                 model.config.vocab_size)
   expected = trained.summary(workdir)["final_eval_loss"]   # tst_jax's eval at the last step
   assert _hf_eval_loss(model, data.eval_windows) == pytest.approx(expected, abs=1e-3)

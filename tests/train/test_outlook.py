@@ -12,6 +12,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
 from tst_jax.errors import ConfigError
+from tst_jax.rundir import RunDir
 from tst_jax.train import cli, outlook, spec as spec_lib
 
 REPEATS = "warning: the data repeats"
@@ -40,7 +41,7 @@ def test_passes_count_a_stores_tokens_exactly(tmp_path):
   store = tmp_path / "data"
   prepare_lib.prepare(out=str(store), workers=1, progress=False,
                       **run_data.store_request(spec.data, config.model.vocab_size))
-  tokens = run_data.training_tokens(spec.data, str(tmp_path))
+  tokens = run_data.training_tokens(spec.data, RunDir(tmp_path))
   assert tokens.exact and tokens.count == len(run_data.TokenStore(str(store)).train)
   # The bound made before tokenizing holds: every token of both splits is within it.
   val = len(run_data.TokenStore(str(store)).val)

@@ -53,7 +53,7 @@ def test_indivisible_length_and_vocab_too_small(tmp_path):
   big = tiny_config(data=dict(tokenizer="bpe"))
   cli.run(big, str(tmp_path / "b"), mode="plan")
   from tst_jax.data import get_tokenizer, load_documents
-  tok = get_tokenizer("bpe", workdir=str(tmp_path / "tok"), vocab_size=600,
+  tok = get_tokenizer("bpe", folder=str(tmp_path / "tok"), vocab_size=600,
                       train_docs=load_documents("builtin:pystdlib", 100_000))
   small = tiny_config(data=dict(tokenizer=tok.path))
   with pytest.raises(ValueError, match="config.model.vocab_size: the tokenizer .* has 600 "

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from tests.fixtures.corpus import CORPUS
 from tst_jax import fileio
-from tst_jax.errors import ConfigError
+from tst_jax.data import get_tokenizer
+from tst_jax.errors import ConfigError, DataError
 from tst_jax.rundir import RunDir
 from tst_jax.train import workdir as workdir_lib
 
@@ -54,6 +56,20 @@ def test_checkpoint_steps_are_the_complete_ones(rundir):
     fileio.makedirs(fileio.dirname(path))
     fileio.write_text(path, "")
   assert workdir_lib.checkpoint_steps(rundir) == ([2, 4] if rundir.remote else [2, 4, 6])
+
+
+def test_the_runs_tokenizer_is_copied_beside_its_records_once(rundir, tmp_path_factory):
+  """The tools read the run's own copy of its store's tokenizer; a copy of another
+  tokenizer there is refused, not replaced."""
+  stores = tmp_path_factory.mktemp("stores")
+  tok = get_tokenizer("bpe", folder=str(stores / "a"), vocab_size=280, train_docs=CORPUS)
+  workdir_lib.write_tokenizer(rundir, tok)
+  workdir_lib.write_tokenizer(rundir, tok)          # a resumed run finds its own copy
+  assert fileio.listdir(rundir.root) == ["tokenizer.json"]
+  assert workdir_lib.read_tokenizer(rundir, 280).fingerprint() == tok.fingerprint()
+  other = get_tokenizer("bpe", folder=str(stores / "b"), vocab_size=300, train_docs=CORPUS)
+  with pytest.raises(DataError, match=f"^{rundir.tokenizer_json}: exists and differs"):
+    workdir_lib.write_tokenizer(rundir, other)
 
 
 @pytest.mark.parametrize("what,differs", [("config", "sections ['tst'] differ"),

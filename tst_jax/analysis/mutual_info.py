@@ -138,7 +138,7 @@ def weights_from_fit(fit: dict, max_distance: int) -> list[float]:
 def load_token_docs(source: str, tokenizer_spec: str, vocab_size: int, max_bytes: int | None,
                     tokenizer_dir: str | None) -> tuple[list[np.ndarray], str]:
   docs = data_lib.load_documents(source, max_bytes or None)
-  tokenizer = data_lib.get_tokenizer(tokenizer_spec, workdir=tokenizer_dir,
+  tokenizer = data_lib.get_tokenizer(tokenizer_spec, folder=tokenizer_dir,
                                      vocab_size=vocab_size, train_docs=docs)
   ids = tokenizer.encode_batch(docs)
   return [np.asarray(x, np.int64) for x in ids], repr(tokenizer)

@@ -182,7 +182,7 @@ def _tokenizer_request(name: str, vocab_size: int | None, sample_bytes: int) -> 
   if not fileio.isfile(name):
     raise fileio.PathError(f"--tokenizer {name} is a folder: give a tokenizer.json or .model")
   return dict(spec=fileio.basename(name),
-              fingerprint=get_tokenizer(name, workdir=None, vocab_size=0).fingerprint())
+              fingerprint=get_tokenizer(name, folder=None, vocab_size=0).fingerprint())
 
 
 def _finished(out: str, request: dict) -> bool:
@@ -251,7 +251,7 @@ def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes, skip_bad_f
   val_piece_bytes.
   """
   if name != "bpe" or fileio.isfile(fileio.join(out, "tokenizer.json")):
-    return get_tokenizer(name, workdir=out, vocab_size=vocab_size or 0)
+    return get_tokenizer(name, folder=out, vocab_size=vocab_size or 0)
   sample, size = [], 0
   for _, shard, budget in tasks:
     try:
@@ -267,7 +267,7 @@ def _get_tokenizer(out, name, vocab_size, tasks, split, sample_bytes, skip_bad_f
     raise DataError(f"{tasks[0][1].name if tasks else 'the source'}: no training documents to "
                     "train the BPE tokenizer on (an empty corpus, every document held out"
                     + (", or every file left out as bad)" if skip_bad_files else ")"))
-  return get_tokenizer("bpe", workdir=out, vocab_size=vocab_size, train_docs=sample)
+  return get_tokenizer("bpe", folder=out, vocab_size=vocab_size, train_docs=sample)
 
 
 def _training_texts(shard, budget, split, size: int, sample_bytes: int
@@ -337,7 +337,7 @@ def _tokenize_shard(job) -> dict:
 
 def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> dict:
   val_fraction = split[1]
-  tok = get_tokenizer(tok_path, workdir=None, vocab_size=0)
+  tok = get_tokenizer(tok_path, folder=None, vocab_size=0)
   name = os.path.join(work, f"in-{index:05d}")
   rows, offset, batch, hashes, chars, text_bytes = [], 0, [], [], 0, 0
   least, at = 1.0, 0          # the least hash so far; bytes written to in-NNNNN.bytes.bin

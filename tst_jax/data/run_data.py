@@ -1,5 +1,5 @@
 """A run's data: its token store (`tokens:DIR` read in place, any other source prepared once
-into <workdir>/data), the tokenizer, and the held-out eval windows of this process."""
+into the run's data/), the tokenizer, and the held-out eval windows of this process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import time
-import types
 from typing import Callable
 
 import jax
@@ -20,10 +19,7 @@ from tst_jax.data import mixture as mixture_lib, pipeline, prepare as prepare_li
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
-
-
-# The folder of a workdir that data.source is prepared into, listed by train/workdir.py.
-PREPARED_DIR = "data"
+from tst_jax.rundir import RunDir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,87 +284,105 @@ class RunData:
                                                  for s, split in self.mixture.splits.items()})
 
 
-def prepare_data(d: Data, workdir: str, model_vocab: int, block=None, say=None, *,
-                 check_store: Callable[[TokenStore], None] | None = None) -> RunData:
-  """Opens the run's token store, its tokenizer and the eval windows, reading no more of the
-  store than those windows.
-
-  A `tokens:DIR` store is read in place, and any other source is prepared once into
-  <workdir>/data. The tokenizer is copied to the workdir for export.
-    block        (index, count): this process's rows of the eval batches, by default by process
-    say          prints what is done, since reading and tokenizing take hours at scale
-    check_store  refuses a store the workdir did not train on, before anything is copied
-  The caller has checked the paths with `check_paths`.
-  """
-  if d.eval_sets:
-    run = prepare_data(dataclasses.replace(d, eval_sets=""), workdir, model_vocab, block, say,
-                       check_store=check_store)
-    return dataclasses.replace(run, eval_sets=_eval_set_windows(d, workdir, run, block, say))
-  if d.mixture or d.tst_mixture:
-    return _prepare_mixture(d, workdir, model_vocab, block, say or (lambda text: None),
-                            check_store)
-  store = _open_store(d, workdir, model_vocab, say or (lambda text: None))
-  if check_store is not None:
-    check_store(store)
-  tokenizer = store.tokenizer(workdir)
-  _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
-  check_fits(d, "data.source", d.source, store.val, d.seq_len + 1, lambda b, k: b * k,
-             f"{d.eval_batches} eval batches")
-  held_out = HeldOut.of({d.source: store}, d.eval_batches,
-                        block or (jax.process_index(), jax.process_count()))
-  return RunData(tokenizer, store.train, store.val, held_out.windows(d.batch_size, d.seq_len + 1),
-                 held_out, store.unigram_entropy, store.fingerprint, store.data_name)
+@dataclasses.dataclass(frozen=True)
+class Stores:
+  """The token stores a run trains on, opened: data.source's, or one per source of its
+  mixture."""
+  stores: tuple[TokenStore, ...]
+  mixture: mixture_lib.RunMixture | None
+  fingerprint: str      # the one store's, or of the mixture's sources and their stores
+  directory: str        # the folder of each store, joined by ", "
 
 
-def _prepare_mixture(d: Data, workdir: str, model_vocab: int, block, say,
-                     check_store: Callable[[TokenStore], None] | None) -> RunData:
-  """`prepare_data` of a mixture: each source's store from `_open_store`, one tokenizer for
-  all, and held-out windows drawn from the entries as training rows are. A source to tokenize
-  goes to <workdir>/mixture/<k>/data."""
+def open_stores(d: Data, rundir: RunDir, model_vocab: int, say=None) -> Stores:
+  """Opens the token stores the run trains on, reading their manifests only: `tokens:DIR` in
+  place, any other source prepared once into the run's data/, a mixture's k-th source into
+  its mixture/<k>/data. The caller has checked the paths with `check_paths`."""
+  say = say or (lambda text: None)
+  if not (d.mixture or d.tst_mixture):
+    store = _open_store(d, rundir.data, model_vocab, say)
+    return Stores((store,), None, store.fingerprint, store.directory)
   mix = mixture_lib.RunMixture.of(d)
-  stores = [_open_store(dataclasses.replace(d, source=s), _entry_workdir(workdir, k),
-                        model_vocab, say) for k, s in enumerate(mix.sources)]
+  stores = tuple(_open_store(dataclasses.replace(d, source=s), rundir.mixture_data(k),
+                             model_vocab, say) for k, s in enumerate(mix.sources))
   if len({st.manifest["tokenizer"]["fingerprint"] for st in stores}) > 1:
     raise ConfigError("data.mixture", "the stores " + ", ".join(st.directory for st in stores)
                       + " were made with different tokenizers: prepare them with one")
   body = json.dumps([[s, st.fingerprint] for s, st in zip(mix.sources, stores)])
-  both = types.SimpleNamespace(fingerprint=hashlib.sha256(body.encode()).hexdigest(),
-                               directory=", ".join(st.directory for st in stores))
-  if check_store is not None:
-    check_store(both)
-  tokenizer = stores[0].tokenizer(workdir)
+  return Stores(stores, mix, hashlib.sha256(body.encode()).hexdigest(),
+                ", ".join(st.directory for st in stores))
+
+
+def load_data(d: Data, stores: Stores, rundir: RunDir, model_vocab: int, block=None,
+              say=None) -> RunData:
+  """Returns the run's data from its opened `stores`: their tokenizer, checked against the
+  model's vocab, and the eval windows, reading no more of the stores than those windows.
+  A source of data.eval_sets is prepared into the run's eval_sets/<name>/data.
+    block  (index, count): this process's rows of the eval batches, by default by process
+    say    prints what is done, since reading and tokenizing take hours at scale
+  """
+  block = block or (jax.process_index(), jax.process_count())
+  run = (_mixture_data(d, stores, model_vocab, block) if stores.mixture is not None
+         else _store_data(d, stores.stores[0], model_vocab, block))
+  if not d.eval_sets:
+    return run
+  return dataclasses.replace(run, eval_sets=_eval_set_windows(d, rundir, run, block, say))
+
+
+def prepare_data(d: Data, rundir: RunDir, model_vocab: int, block=None, say=None) -> RunData:
+  """Opens the run's token stores and loads its data from them, `open_stores` then
+  `load_data`, with none of the checks against the run's record that Setup makes between
+  the two."""
+  return load_data(d, open_stores(d, rundir, model_vocab, say), rundir, model_vocab, block, say)
+
+
+def _store_data(d: Data, store: TokenStore, model_vocab: int, block) -> RunData:
+  """`load_data` of one store."""
+  tokenizer = store.tokenizer()
+  _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {store.directory}")
+  check_fits(d, "data.source", d.source, store.val, d.seq_len + 1, lambda b, k: b * k,
+             f"{d.eval_batches} eval batches")
+  held_out = HeldOut.of({d.source: store}, d.eval_batches, block)
+  return RunData(tokenizer, store.train, store.val, held_out.windows(d.batch_size, d.seq_len + 1),
+                 held_out, store.unigram_entropy, store.fingerprint, store.data_name)
+
+
+def _mixture_data(d: Data, opened: Stores, model_vocab: int, block) -> RunData:
+  """`load_data` of a mixture: one tokenizer for all its stores, and held-out windows drawn
+  from the entries as training rows are."""
+  stores = opened.stores
+  tokenizer = stores[0].tokenizer()
   _check_vocab(tokenizer.vocab_size, model_vocab, f"the store {stores[0].directory}")
-  mix = dataclasses.replace(mix, splits={s: st.train for s, st in zip(mix.sources, stores)})
+  mix = dataclasses.replace(opened.mixture,
+                            splits={s: st.train for s, st in zip(opened.mixture.sources, stores)})
   for e in mix.main:
     check_fits(d, "data.mixture" if d.mixture else "data.source", e.source,
                stores[mix.sources.index(e.source)].val, d.seq_len + 1,
                lambda b, k, e=e: mix.eval_rows(b, k)[e.source],
                f"its rows of {d.eval_batches} eval batches")
-  held_out = HeldOut.of(dict(zip(mix.sources, stores)), d.eval_batches,
-                        block or (jax.process_index(), jax.process_count()), mix)
+  held_out = HeldOut.of(dict(zip(mix.sources, stores)), d.eval_batches, block, mix)
   entropy = sum(e.weight * stores[mix.sources.index(e.source)].unigram_entropy
                 for e in mix.main)   # a lower bound of the mixture's: docs/data.md
   return RunData(tokenizer, stores[0].train, stores[0].val,
                  held_out.windows(d.batch_size, d.seq_len + 1), held_out, entropy,
-                 both.fingerprint, both.fingerprint, mix)
+                 opened.fingerprint, opened.fingerprint, mix)
 
 
-def _eval_set_windows(d: Data, workdir: str, run: RunData, block, say) -> dict:
+def _eval_set_windows(d: Data, rundir: RunDir, run: RunData, block, say) -> dict:
   """name -> the HeldOut of each set of data.eval_sets: the held-out split of its store, a
   `tokens:` one of the run's tokenizer or one prepared with it."""
   out = {}
   for name, source in eval_sets(d):
     plain = d.alone(source, tokenizer="" if source.startswith("tokens:")
                     else run.tokenizer.path)
-    store = _open_store(plain, fileio.join(workdir, "eval_sets", name),
-                        run.tokenizer.vocab_size, say or (lambda text: None))
+    store = _open_store(plain, rundir.eval_set_data(name), run.tokenizer.vocab_size,
+                        say or (lambda text: None))
     if store.manifest["tokenizer"]["fingerprint"] != run.tokenizer.fingerprint():
       raise ConfigError("data.eval_sets", f"{name}: the store {store.directory} was made with "
                         "another tokenizer than the run's: prepare it with the run's")
     check_fits(d, "data.eval_sets", source, store.val, d.seq_len + 1, lambda b, k: b * k,
                f"{d.eval_batches} eval batches of the set {name}")
-    out[name] = HeldOut.of({source: store}, d.eval_batches,
-                           block or (jax.process_index(), jax.process_count()))
+    out[name] = HeldOut.of({source: store}, d.eval_batches, block)
   return out
 
 
@@ -399,11 +413,6 @@ def check_fits(d: Data, field: str, source: str, split, window: int,
                     f"{tokens:,} tokens, too few for {need}, {rows:,} window"
                     f"{'s' * (rows != 1)} of {window} tokens ({rows * window:,}): give "
                     + (", ".join(fixes[:-1]) + " or " if len(fixes) > 1 else "") + fixes[-1])
-
-
-def _entry_workdir(workdir: str | None, k: int) -> str | None:
-  """Where source k of a mixture is prepared: <workdir>/mixture/<k> takes <workdir>'s place."""
-  return fileio.join(workdir, "mixture", str(k)) if workdir else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,17 +453,23 @@ class TrainTokens:
             for read in self.mixture.stage_reads(plan.phases)]
 
 
-def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
+def training_tokens(d: Data, rundir: RunDir | None = None) -> TrainTokens | None:
   """Counts the training tokens of the run's store where it exists, else bounds them by the
   source's size with `sources.token_bound`, else None. Reads manifests and file sizes only.
 
-  The store exists for a `tokens:` source or once prepared into <workdir>/data."""
+  The store exists for a `tokens:` source or once prepared into the run's data/, or a
+  mixture's k-th source into its mixture/<k>/data."""
   if d.mixture or d.tst_mixture:
     mix = mixture_lib.RunMixture.of(d)
-    counts = {s: training_tokens(d.alone(s), _entry_workdir(workdir, k))
+    counts = {s: _training_tokens(d.alone(s), rundir and rundir.mixture_data(k))
               for k, s in enumerate(mix.sources)}
     return None if None in counts.values() else TrainTokens.of_mixture(mix, counts)
-  store_dir = _store_dir(d, workdir)
+  return _training_tokens(d, rundir and rundir.data)
+
+
+def _training_tokens(d: Data, prepared: str | None) -> TrainTokens | None:
+  """`training_tokens` of data.source alone, prepared into the folder `prepared`."""
+  store_dir = _store_dir(d, prepared)
   if store_dir and fileio.isfile(fileio.join(store_dir, MANIFEST)):
     return TrainTokens.of(TokenStore(store_dir).train)
   bound = sources.token_bound(d.source, d.max_bytes or None)
@@ -464,31 +479,31 @@ def training_tokens(d: Data, workdir: str | None = None) -> TrainTokens | None:
                                    "UTF-8 text")
 
 
-def _store_dir(d: Data, workdir: str | None) -> str | None:
-  """Where the run's token store is: `tokens:DIR` (with ~ expanded, as check_paths reads it),
-  else <workdir>/data (None without a workdir)."""
+def _store_dir(d: Data, prepared: str | None) -> str | None:
+  """Where the store of data.source is: `tokens:DIR` (with ~ expanded, as check_paths reads
+  it), else the folder `prepared` it is prepared into, None where there is none."""
   kind, _, path = d.source.partition(":")
   if kind == "tokens":
     return path if fileio.is_url(path) else os.path.expanduser(path)
-  return fileio.join(workdir, PREPARED_DIR) if workdir else None
+  return prepared
 
 
-def _open_store(d: Data, workdir: str, model_vocab: int, say) -> TokenStore:
+def _open_store(d: Data, prepared: str, model_vocab: int, say) -> TokenStore:
   """`tokens:DIR` as it is (its tokenizer must be the config's, if one is named), or the
-  store of data.source prepared into <workdir>/data (reused when already there)."""
+  store of data.source prepared into the folder `prepared` (reused when already there)."""
   named = None
   if d.tokenizer not in ("", "bpe"):    # a file: checked before anything is tokenized
-    named = tokenizer_lib.get_tokenizer(d.tokenizer, workdir=None, vocab_size=0)
+    named = tokenizer_lib.get_tokenizer(d.tokenizer, folder=None, vocab_size=0)
     _check_vocab(named.vocab_size, model_vocab, repr(d.tokenizer))
   t0 = time.time()
   if d.source.startswith("tokens:"):
-    store = TokenStore(_store_dir(d, workdir))
+    store = TokenStore(_store_dir(d, prepared))
     if named is not None and named.fingerprint() != store.manifest["tokenizer"]["fingerprint"]:
       raise ConfigError("data.tokenizer", f"{d.tokenizer!r} is not the tokenizer of the "
                         f"store {store.directory} (its manifest names another); leave "
                         "data.tokenizer empty to use the store's own")
   else:
-    out = _store_dir(d, workdir)
+    out = prepared
     if not fileio.exists(fileio.join(out, MANIFEST)):
       say(f"data: tokenizing {d.source} into {out} (tokenizer {d.tokenizer}"
           + (f", trained first on up to {prepare_lib.BPE_SAMPLE_BYTES / 1e6:.0f} MB of it"

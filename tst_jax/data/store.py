@@ -192,14 +192,14 @@ class TokenStore:
     self.tokenizer_path = fileio.join(self.directory, tok["file"])
     self.vocab_size = tok["vocab_size"]
 
-  def tokenizer(self, workdir: str | None = None) -> Tokenizer:
-    """Loads the store's tokenizer, checked against the manifest, copied into `workdir` if given."""
-    tok = get_tokenizer(self.tokenizer_path, workdir=None, vocab_size=0)
+  def tokenizer(self) -> Tokenizer:
+    """Loads the store's tokenizer, checked against the manifest."""
+    tok = get_tokenizer(self.tokenizer_path, folder=None, vocab_size=0)
     if tok.fingerprint() != self.manifest["tokenizer"]["fingerprint"]:
       raise DataError(f"{self.tokenizer_path} is not the tokenizer the store {self.directory} "
                       "was made with (its fingerprint differs from the manifest's); prepare the "
                       "store again")
-    return get_tokenizer(self.tokenizer_path, workdir=workdir, vocab_size=0) if workdir else tok
+    return tok
 
   @property
   def val_text_bytes(self) -> int | None:

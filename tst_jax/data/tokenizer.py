@@ -16,7 +16,7 @@ from tst_jax.errors import ConfigError, DataError
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 BPE_EOS = "<|endoftext|>"
 _MIN_BPE_VOCAB = 257  # 256 byte tokens + EOS.
-# The file names of a tokenizer copied into a workdir or a store, listed by train/workdir.py.
+# The file names of the tokenizer a token store keeps beside its shards.
 TOKENIZER_JSON, SENTENCEPIECE_MODEL = "tokenizer.json", "tokenizer.model"
 
 
@@ -39,6 +39,10 @@ class Tokenizer:
       self.vocab_size = sp.get_piece_size()
     self.eos_id = int(eos_id)
     self.path = path
+
+  @property
+  def is_sentencepiece(self) -> bool:
+    return self._sp is not None
 
   def encode(self, text: str) -> list[int]:
     if self._hf is not None:
@@ -115,19 +119,19 @@ def _char_to_byte(text: str) -> np.ndarray:
   return np.concatenate([[0], np.cumsum(width, dtype=np.int64)])
 
 
-def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
+def get_tokenizer(name: str, *, folder: str | None, vocab_size: int,
                   train_docs: list[str] | None = None) -> Tokenizer:
-  """Returns the tokenizer named by `name`, cached in or copied to `workdir` when given.
+  """Returns the tokenizer named by `name`, kept in `folder`, a token store's, when given.
 
   name:
     "bpe"          a byte-level BPE with exactly `vocab_size` ids and EOS "<|endoftext|>",
                    trained on `train_docs` only, never on validation text, and saved to
-                   <workdir>/tokenizer.json. Later calls load that file instead of retraining.
+                   <folder>/tokenizer.json. Later calls load that file instead of retraining.
     "*.json"       a HF tokenizer.json such as Llama-3's. `vocab_size` is not used.
     "*.model"      a SentencePiece model from the `sentencepiece` extra. `vocab_size` is not used.
   """
   if name == "bpe":
-    return _get_bpe(workdir, vocab_size, train_docs)
+    return _get_bpe(folder, vocab_size, train_docs)
   if not (name.endswith(".json") or name.endswith(".model")):
     raise ValueError(
         f"unknown tokenizer {name!r}: expected 'bpe', a tokenizer.json or a .model file")
@@ -135,13 +139,13 @@ def get_tokenizer(name: str, *, workdir: str | None, vocab_size: int,
     raise ConfigError("data.tokenizer", f"file {name!r} does not exist")
   if name.endswith(".json"):
     hf = _load_tokenizer_json(name, "config.data.tokenizer: give a valid tokenizer.json")
-    path = _copy_into_workdir(name, workdir, TOKENIZER_JSON, _same_json)
+    path = copy_file(name, fileio.join(folder, TOKENIZER_JSON)) if folder else name
     return Tokenizer(hf, eos_id=_find_eos(hf, name), path=path)
-  return _load_sentencepiece(name, workdir)
+  return _load_sentencepiece(name, folder)
 
 
-def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
-  cached = fileio.join(workdir, TOKENIZER_JSON) if workdir else None
+def _get_bpe(folder: str | None, vocab_size: int, train_docs: list[str] | None) -> Tokenizer:
+  cached = fileio.join(folder, TOKENIZER_JSON) if folder else None
   if cached and fileio.isfile(cached):
     hf = _load_tokenizer_json(
         cached, "it is the BPE this workdir's data and checkpoints were made with: restore it "
@@ -157,7 +161,7 @@ def _get_bpe(workdir: str | None, vocab_size: int, train_docs: list[str] | None)
     raise ValueError("tokenizer 'bpe' needs train_docs to train on")
   hf = train_bpe(train_docs, vocab_size)
   if cached:
-    fileio.makedirs(workdir)
+    fileio.makedirs(folder)
     fileio.write_text(cached, hf.to_str(pretty=True))     # as hf.save writes it, whole
   return Tokenizer(hf, eos_id=hf.token_to_id(BPE_EOS), path=cached)
 
@@ -201,7 +205,7 @@ def _find_eos(hf: tokenizers.Tokenizer, path: str) -> int:
                   f"{', '.join(EOS_CANDIDATES)}); use a tokenizer with one")
 
 
-def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
+def _load_sentencepiece(spec: str, folder: str | None) -> Tokenizer:
   try:
     import sentencepiece  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -210,22 +214,20 @@ def _load_sentencepiece(spec: str, workdir: str | None) -> Tokenizer:
   sp = sentencepiece.SentencePieceProcessor(model_proto=fileio.read_bytes(spec))
   if sp.eos_id() < 0:
     raise ValueError(f"tokenizer {spec!r} has no EOS token")
-  path = _copy_into_workdir(spec, workdir, SENTENCEPIECE_MODEL, _same_bytes)
+  path = copy_file(spec, fileio.join(folder, SENTENCEPIECE_MODEL)) if folder else spec
   return Tokenizer(sp=sp, eos_id=sp.eos_id(), path=path)
 
 
-def _copy_into_workdir(src: str, workdir: str | None, name: str, same) -> str:
-  """Copies `src` to <workdir>/<name> for export, refusing to replace a different file."""
-  if not workdir:
-    return src
-  dst = fileio.join(workdir, name)
+def copy_file(src: str, dst: str) -> str:
+  """Copies the tokenizer file `src`, a tokenizer.json or a SentencePiece .model, to `dst`
+  and returns `dst`. A different tokenizer there is refused."""
   if fileio.isfile(dst):
-    if not same(src, dst):
+    if not (_same_json if src.endswith(".json") else _same_bytes)(src, dst):
       raise DataError(
           f"{dst}: exists and differs from tokenizer {src!r}: this workdir belongs to another "
           "config; use a fresh workdir or the tokenizer it was made with")
     return dst
-  fileio.makedirs(workdir)
+  fileio.makedirs(fileio.dirname(dst))
   fileio.write_bytes(dst, fileio.read_bytes(src))
   return dst
 

@@ -88,7 +88,7 @@ def plan(spec, flags, workdir: str, target) -> dict:
   one) and, with `target` = (accelerator, the spec resolved for it), the fit check."""
   print(flags.line())
   fitted = fit.check(spec, *target) if target else None
-  tokens = run_data.training_tokens(spec.data, workdir or None)
+  tokens = run_data.training_tokens(spec.data, RunDir(workdir) if workdir else None)
   if target:       # and the run itself on the accelerator: what `auto` means there
     print(fitted.table(), f"on {target[0]}: {target[1].resolved.line()}", sep="\n")
   print(format_plan(spec.plan, spec.resolved, tokens=tokens,   # its last line: the plan's JSON

@@ -78,9 +78,8 @@ class Setup:
   def create(cls, spec: spec_lib.RunSpec, rundir: RunDir, devices=None, *,
              record: bool = True) -> Setup:
     """In order: the Trainer (checked against the mesh), the workdir (a run of
-    another config refused), the token store (prepared once, by process 0) with this
-    process's rows and its passes (train.max_passes), then, with `record` (training, not an
-    eval), the workdir's config.json."""
+    another config refused), the token store (`_data`) and its passes (train.max_passes),
+    then, with `record` (training, not an eval), the workdir's config.json."""
     if spec.resolved is None:
       raise ValueError("Setup needs a spec with `auto` resolved: spec.on_platform()")
     trainer = step_lib.Trainer.of(spec, devices)
@@ -90,14 +89,7 @@ class Setup:
     block = mesh_lib.process_batch_block(trainer.batch_sharding)
     say = print if distributed.is_primary() else (lambda text: None)
     with distributed.primary_first("prepare_data"):   # process 0 prepares the store
-      data = run_data.prepare_data(
-          spec.data, rundir.root, spec.model.vocab_size, block, say=say,
-          check_store=lambda store: workdir_lib.check_store(rundir, store,
-                                                            spec.train.force_resume))
-      data.check_batches(spec.data, spec.plan.phases)
-      if distributed.is_primary():   # the store this workdir trains on, from now on
-        workdir_lib.write_store(rundir, data.fingerprint, data.directory,
-                                data.train_tokens.count)
+      data = _data(spec, rundir, block, say)
     where, count, passes = max(((w, n, sum(x)) for w, n, x in data.train_tokens.passes(
         spec.plan)), key=lambda e: e[2])
     if spec.train.max_passes and passes > spec.train.max_passes:
@@ -151,6 +143,23 @@ class Setup:
     for local in iterator:
       yield jax.make_array_from_process_local_data(self.trainer.batch_sharding, local,
                                                    (phase.batch_size, phase.window))
+
+
+def _data(spec: spec_lib.RunSpec, rundir: RunDir, block: tuple[int, int], say
+          ) -> run_data.RunData:
+  """Returns the run's data with this process's rows of the eval batches (`block`), in order:
+  its token stores opened, or prepared, and refused where the run trained on others; their
+  tokenizer and eval windows, the batches checked against them; then, by process 0, the
+  tokenizer's copy and store.json, which the run trains on from now on."""
+  d, vocab = spec.data, spec.model.vocab_size
+  stores = run_data.open_stores(d, rundir, vocab, say)
+  workdir_lib.check_store(rundir, stores, spec.train.force_resume)
+  data = run_data.load_data(d, stores, rundir, vocab, block, say)
+  data.check_batches(d, spec.plan.phases)
+  if distributed.is_primary():
+    workdir_lib.write_tokenizer(rundir, data.tokenizer)
+    workdir_lib.write_store(rundir, data.fingerprint, data.directory, data.train_tokens.count)
+  return data
 
 
 def _check_workdir_config(spec, rundir: RunDir):

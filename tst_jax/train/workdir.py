@@ -15,7 +15,7 @@ import ml_collections
 
 from tst_jax import fileio
 from tst_jax.data import tokenizer as tokenizer_lib
-from tst_jax.data.store import TokenStore
+from tst_jax.data.run_data import Stores
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.train import appending, spec as spec_lib
@@ -146,12 +146,20 @@ def read_summary(rundir: RunDir) -> dict | None:
   return _read_json(rundir, rundir.summary)
 
 
+def write_tokenizer(rundir: RunDir, tokenizer: tokenizer_lib.Tokenizer):
+  """Copies the run's tokenizer beside its records, where export and the tools read it:
+  tokenizer.json, or a SentencePiece run's tokenizer.model. Another tokenizer there is
+  refused."""
+  tokenizer_lib.copy_file(tokenizer.path, rundir.tokenizer_model if tokenizer.is_sentencepiece
+                          else rundir.tokenizer_json)
+
+
 def read_tokenizer(rundir: RunDir, vocab_size: int) -> tokenizer_lib.Tokenizer:
   """Returns the run's tokenizer from the copy the trainer made, a tokenizer.json or a
   SentencePiece run's tokenizer.model."""
   for path in (rundir.tokenizer_json, rundir.tokenizer_model):
     if fileio.isfile(path):
-      return tokenizer_lib.get_tokenizer(path, workdir=None, vocab_size=vocab_size)
+      return tokenizer_lib.get_tokenizer(path, folder=None, vocab_size=vocab_size)
   raise WorkdirError(f"{rundir} has no tokenizer.json (or tokenizer.model): the run's "
                      "tokenizer is missing")
 
@@ -173,12 +181,12 @@ def check_same_run(where: str, what: str, differs: str | None, force: bool):
                       "another --workdir, or --config.train.force_resume=True to resume anyway")
 
 
-def check_store(rundir: RunDir, store: TokenStore, force: bool):
-  """Refuses to resume a run on another token store than the one its store.json names."""
+def check_store(rundir: RunDir, stores: Stores, force: bool):
+  """Refuses to resume a run on other token stores than the ones its store.json names."""
   saved = read_store(rundir)
-  differs = saved and saved["fingerprint"] != store.fingerprint and (
+  differs = saved and saved["fingerprint"] != stores.fingerprint and (
       f"{saved['directory']} (fingerprint {saved['fingerprint'][:12]}) there, "
-      f"{store.directory} ({store.fingerprint[:12]}) here")
+      f"{stores.directory} ({stores.fingerprint[:12]}) here")
   check_same_run(rundir.root, "token store", differs, force)
 
 

@@ -186,7 +186,7 @@ def prepare_shared_data(workdir: str, spec):
   if not fileio.exists(done):
     t0 = time.time()
     spec.check_paths()
-    data = run_data.prepare_data(spec.data, path, spec.model.vocab_size, block=(0, 1))
+    data = run_data.prepare_data(spec.data, RunDir(path), spec.model.vocab_size, block=(0, 1))
     fileio.write_json(done, dict(data_key=data_key(spec), train_tokens=len(data.train),
                            val_tokens=len(data.val), seconds=time.time() - t0))
     print(f"data prepared once in {path}: {len(data.train):,} training tokens "
