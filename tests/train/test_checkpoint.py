@@ -19,7 +19,7 @@ from orbax.checkpoint.checkpoint_managers import save_decision_policy
 from tests.fixtures.tiny import tiny_config
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import spec as spec_lib
+from tst_jax.train import spec as spec_lib, workdir as workdir_lib
 from tst_jax.train.preemption import PreemptionGuard
 from tst_jax.train.setup import Setup
 
@@ -140,18 +140,22 @@ def test_processes_agree_every_k_steps_when_any_clock_is_due(two_processes):
 
 
 def test_a_runs_setup_saves_by_train_checkpoint_minutes(tmp_path):
-  """The run's own save path: train.checkpoint_minutes=1 and a step cadence of 100."""
+  """The run's own save path: train.checkpoint_minutes=1 and a step cadence of 100, with
+  `before_save` run before each save, and only then."""
   config = tiny_config(train=dict(checkpoint_minutes=1.0, checkpoint_every=100))
   setup = Setup.create(spec_lib.build(config), RunDir(tmp_path), record=False)
+  before = []          # the complete checkpoints as each save begins
+  checkpoints = setup.open_checkpoints(
+      before_save=lambda: before.append(workdir_lib.checkpoint_steps(setup.rundir)))
   clock = FakeClock()
-  setup.checkpoints.clock.clock = clock
-  setup.checkpoints.clock.saved()
+  checkpoints.clock.clock = clock
+  checkpoints.clock.saved()
   state = {"w": jnp.arange(3.0)}
   for step, seconds in ((1, 30.0), (2, 61.0), (3, 90.0), (4, 125.0)):
     clock.now = seconds
-    setup.checkpoints.save_step(state, step)
-  setup.checkpoints.close()
-  assert setup.checkpoints.all_steps() == [2, 4]
+    checkpoints.save_step(state, step)
+  checkpoints.close()
+  assert checkpoints.all_steps() == [2, 4] and before == [[], [2]]
 
 
 def test_orbax_warnings_go_to_the_log_and_a_slow_save_is_said_once(tmp_path, monkeypatch,

@@ -83,14 +83,15 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   assert workdir_lib.read_plan(RunDir(tmp_path)).plan == spec_lib.check(config).plan
   written = (tmp_path / "plan.json").read_text()
   setup = Setup.create(spec_lib.build(config), RunDir(tmp_path))
+  checkpoints = setup.open_checkpoints()
   for step in (2, 3, 5, 6):       # the last step of a stage and the first of the next
     phase = setup.spec.plan.phase_at(step)
-    state, _ = setup.checkpoints.restore(step, setup.checkpoints.abstract_state)
+    state, _ = checkpoints.restore(step, checkpoints.abstract_state)
     model = nnx.merge(setup.trainer.graphdef, state.params)
     window = np.asarray(jax.device_get(next(setup.batches(phase, step))))
     want = written_out_loss(model, window, phase.bag_size)
     np.testing.assert_allclose(logged[step + 1]["loss"], want, rtol=2e-5, err_msg=f"{step}")
-  setup.checkpoints.close()
+  checkpoints.close()
   # Resume at step 2 (inside stage 1) through both boundaries: the same losses.
   for d in os.listdir(tmp_path / "checkpoints"):
     if d.isdigit() and int(d) > 2:

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -141,11 +141,11 @@ class Checkpoints:
   """
 
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0,
-               clock: SaveClock | None = None):
+               clock: SaveClock | None = None, before_save: Callable[[], None] | None = None):
     self.directory = fileio.absolute(directory)   # a bucket's URL: Orbax writes it itself
     quiet_storage(self.directory)
     self.said_slow = False
-    self.before_save = lambda: None
+    self.before_save = before_save or (lambda: None)
     self.clock = clock or SaveClock(0.0)
     # The step cadence and the preemption save: Orbax's policies, which `_policy_saves` asks.
     self.policy = policies.AnySavePolicy(
@@ -271,11 +271,11 @@ class RunCheckpoints(Checkpoints):
   the latest one that restores, on the store it was trained on."""
 
   def __init__(self, directory: str, spec: RunSpec, fingerprint: str, store_directory: str,
-               abstract_state):
+               abstract_state, before_save: Callable[[], None] | None = None):
     super().__init__(directory, keep=spec.train.keep_checkpoints,
                      keep_steps=[p.first_step for p in spec.plan.phases[1:]],
                      every=spec.train.checkpoint_every,
-                     clock=SaveClock(spec.train.checkpoint_minutes))
+                     clock=SaveClock(spec.train.checkpoint_minutes), before_save=before_save)
     self.plan, self.force_resume = spec.plan, spec.train.force_resume
     self.fingerprint, self.store_directory = fingerprint, store_directory
     self.abstract_state = abstract_state

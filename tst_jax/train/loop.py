@@ -20,6 +20,7 @@ import numpy as np
 from tst_jax import fileio, platform
 from tst_jax.errors import StoreError, UserError
 from tst_jax.parallel import distributed
+from tst_jax.rundir import RunDir
 from tst_jax.train import metrics as metrics_lib, step_profile, tracker as tracker_lib
 from tst_jax.train.console import Console
 from tst_jax.train.handoff import handoff
@@ -48,8 +49,9 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.rundir} at step {start} of {plan.total_steps}")
   writer = _writer(setup, start, record) if primary else _NoWriter()   # process 0 writes
-  step_log = StepLog(plan, settings, writer, console, setup.checkpoints)
-  setup.checkpoints.before_save = step_log.sync   # a checkpoint's lines are in metrics.jsonl
+  step_log = StepLog(plan, settings, writer, console, setup.rundir, start)
+  # A checkpoint's lines are in metrics.jsonl before it is saved.
+  checkpoints = setup.open_checkpoints(before_save=step_log.sync)
   guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
   tasks = setup.load_tasks()          # train.eval_tasks: loaded, or refused, before step 1
   t0 = time.time()
@@ -58,7 +60,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
       if start >= phase.last_step:
         continue
       if phase.first_step > 0 and start == phase.first_step:
-        state = handoff(state, phase, setup.checkpoints, setup.trainer, console)
+        state = handoff(state, phase, checkpoints, setup.trainer, console)
       train_step = setup.trainer.train_step(phase, setup.data.tokenizer.eos_id)
       batches = setup.batches(phase, max(start, phase.first_step))
       for step in range(max(start, phase.first_step), phase.last_step):
@@ -72,13 +74,13 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
         if tasks is not None and tasks.due(done, phase):
           _score_tasks(tasks, setup, state, phase, done, step_log)
         stop = guard.should_stop(done)                # agreed by every process
-        setup.checkpoints.save_step(state, done, force=done == phase.last_step, preempted=stop)
+        checkpoints.save_step(state, done, force=done == phase.last_step, preempted=stop)
         if stop:
           step_log.flush()
           raise Preempted(done)
       step_log.flush()
       start = phase.last_step
-    setup.checkpoints.wait()
+    checkpoints.wait()
     final = setup.evaluate(state.params)
     summary = metrics_lib.summarize(
         setup.rundir, plan, final, write=primary,
@@ -90,14 +92,14 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
     console.final(summary, setup.rundir, setup.spec.reference, setup.spec.same_run())
     return summary
   except Preempted as stop:
-    setup.checkpoints.wait()
+    checkpoints.wait()
     console.print(f"preempted: checkpoint of step {stop.step} written to "
-                  f"{setup.checkpoints.directory}; run the same command again to resume")
+                  f"{checkpoints.directory}; run the same command again to resume")
     return dict(preempted_at_step=stop.step)
   except StoreError:
     raise
   except Exception as e:  # pylint: disable=broad-except  a store's failure, of any client
-    stopped = _store_stopped(e, setup.checkpoints)
+    stopped = _store_stopped(e, checkpoints)
     if stopped is None:
       raise
     raise stopped from e
@@ -105,7 +107,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
     failed = isinstance(sys.exc_info()[1], StoreError)   # a failed store is asked nothing more
     _close(window.close, guard.close, console.close,
            functools.partial(writer.close, upload=not failed),
-           *([] if failed else [setup.checkpoints.close]), raising=sys.exc_info()[0] is None)
+           *([] if failed else [checkpoints.close]), raising=sys.exc_info()[0] is None)
 
 
 def _store_stopped(e: Exception, checkpoints) -> StoreError | None:
@@ -190,12 +192,15 @@ def _close(*closes, raising: bool):
 
 class StepLog:
   """A step's metrics, fetched one step late (so the host never waits on the device): the
-  non-finite guard on every step, a metrics.jsonl line and a console line per log_every."""
+  non-finite guard on every step, a metrics.jsonl line and a console line per log_every.
+  The run started after step `start`, restored from its checkpoint when not 0."""
 
-  def __init__(self, plan: Plan, settings, writer, console: Console, checkpoints):
+  def __init__(self, plan: Plan, settings, writer, console: Console, rundir: RunDir,
+               start: int):
     self.plan, self.settings, self.writer, self.console = plan, settings, writer, console
-    self.checkpoints = checkpoints
-    self.pending, self.t_last, self.nan_skips = None, time.time(), 0
+    self.rundir = rundir
+    self.checkpointed = start or None   # the last good checkpoint's step, which a stop names
+    self.pending, self.fetched, self.t_last, self.nan_skips = None, start, time.time(), 0
     self.peak = platform.peak_flops(jax.devices()[0].device_kind)
 
   def step(self, step: int, phase, metrics):
@@ -210,6 +215,7 @@ class StepLog:
     metrics = _scalars(jax.device_get(metrics))
     if not metrics.pop("finite"):
       self.non_finite(step, metrics)
+    self.fetched = step
     logged = step % self.settings.log_every == 0 or step == phase.last_step
     speed = {}
     if logged:
@@ -223,9 +229,11 @@ class StepLog:
     self.console.step(step, phase, metrics, speed, logged)
 
   def sync(self):
-    """Writes the pending step's line and makes every line part of metrics.jsonl."""
+    """Writes the pending step's line and makes every line part of metrics.jsonl, before the
+    checkpoint of that step is saved."""
     self.flush()
     self.writer.sync()
+    self.checkpointed = self.fetched
 
   def non_finite(self, step: int, metrics: dict):
     """Skips a step whose update was not applied, up to max_nan_skips, or stops, by nan_policy."""
@@ -234,9 +242,9 @@ class StepLog:
     if self.settings.nan_policy != "skip" or self.nan_skips > self.settings.max_nan_skips:
       raise FloatingPointError(
           f"non-finite {bad} ({metrics[bad]}) at step {step}; the update was not applied. "
-          f"Last good checkpoint: step {self.checkpoints.latest_step()} in "
-          f"{self.checkpoints.directory} (train.nan_policy={self.settings.nan_policy!r}, "
-          f"{self.nan_skips} non-finite steps)")
+          f"Last good checkpoint: step {self.checkpointed} in {self.rundir.checkpoints} "
+          f"(train.nan_policy={self.settings.nan_policy!r}, {self.nan_skips} non-finite "
+          "steps)")
     log.warning("step %d: non-finite %s, batch skipped (%d of at most %d)", step, bad,
                 self.nan_skips, self.settings.max_nan_skips)
 

@@ -5,6 +5,7 @@ state the first step starts from and each phase's batches."""
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import jax
 import numpy as np
@@ -32,16 +33,13 @@ log = logging.getLogger("tst_jax")
 
 class Setup:
   """What a run builds once, before its first step (`Setup.create`): the Trainer of its
-  steps (mesh, optimizer, model graph, shardings), its data, its checkpoints and its
-  evaluator."""
+  steps (mesh, optimizer, model graph, shardings), its data and its evaluator; it opens the
+  run's checkpoints (`open_checkpoints`)."""
 
   def __init__(self, spec: spec_lib.RunSpec, rundir: RunDir, trainer: step_lib.Trainer,
                data: run_data.RunData, data_block: tuple[int, int]):
     self.spec, self.rundir, self.trainer, self.data = spec, rundir, trainer, data
     self.data_block = data_block          # (index, count): the batch rows this process loads
-    self.checkpoints = ckpt_lib.RunCheckpoints(
-        rundir.checkpoints, spec, data.fingerprint,
-        data.directory, ckpt_lib.abstract_with_shardings(trainer.abstract, trainer.shardings))
     shape = (spec.data.batch_size, spec.data.seq_len + 1)
     self.evaluate = Evaluator(
         trainer, data.eval_windows, data_block[1],
@@ -102,10 +100,24 @@ class Setup:
       workdir_lib.write_config(rundir, spec.to_json())
     return cls(spec, rundir, trainer, data, block)
 
+  def open_checkpoints(self, before_save: Callable[[], None] | None = None
+                       ) -> ckpt_lib.RunCheckpoints:
+    """Opens the run's checkpoints, on its token store. `before_save` runs before each save."""
+    return ckpt_lib.RunCheckpoints(
+        self.rundir.checkpoints, self.spec, self.data.fingerprint, self.data.directory,
+        ckpt_lib.abstract_with_shardings(self.trainer.abstract, self.trainer.shardings),
+        before_save=before_save)
+
   def restore_or_init(self) -> tuple[step_lib.TrainState, int]:
     """Returns (state, step): the latest checkpoint that restores, else a fresh sharded init
-    at step 0, holding the weights of config.init_from_hf when set."""
-    restored = self.checkpoints.restore_latest()
+    at step 0, holding the weights of config.init_from_hf when set. The checkpoints are
+    opened for this alone: the loop opens them again, with the step log to sync before each
+    save, which needs the step restored."""
+    checkpoints = self.open_checkpoints()
+    try:
+      restored = checkpoints.restore_latest()
+    finally:
+      checkpoints.close()
     if restored is not None:
       return restored
     if self.spec.run.init_from_hf:
