@@ -80,6 +80,32 @@ def test_glob_is_sorted_recursive_and_gives_sizes(root):
       fileio.join(root, "b", n) for n in ("2.jsonl", "c", "x.txt")]
   assert fileio.glob(fileio.join(root, "*.parquet")) == []
 
+  assert fileio.any_file(fileio.join(root, "**", "*.txt"))
+  assert not fileio.any_file(fileio.join(root, "*.parquet"))
+  named = [fileio.join(root, n) for n in ("a.jsonl", "b/2.jsonl", "b/x.txt", "b/gone.txt")]
+  assert fileio.sizes(named) == {named[0]: 1, named[1]: 3, named[2]: 5}   # one listing a folder
+
+
+def test_a_folder_is_uploaded_and_an_empty_local_one_removed(root, tmp_path):
+  """A local folder goes into a store whole (a profile's trace), and a folder left empty
+  goes with its last file: on the disk it is removed, in a store it has no other being."""
+  (tmp_path / "trace" / "x").mkdir(parents=True)
+  (tmp_path / "trace" / "x" / "a.pb").write_bytes(b"abc")
+  if fileio.local_path(root) is None:
+    fileio.upload_folder(str(tmp_path / "trace"), fileio.join(root, "profile"))
+    assert fileio.read_bytes(fileio.join(root, "profile", "x", "a.pb")) == b"abc"
+    assert not (tmp_path / "trace").exists()
+  fileio.makedirs(root)
+  fileio.write_text(fileio.join(root, "f"), "x")
+  before = time.time()
+  assert abs(fileio.mtime(fileio.join(root, "f")) - before) < 60
+  fileio.remove_empty_folder(root)
+  assert fileio.exists(fileio.join(root, "f"))             # not empty: kept
+  fileio.remove(fileio.join(root, "f"))
+  fileio.remove_empty_folder(root)
+  assert not fileio.exists(fileio.join(root, "f"))
+  assert fileio.local_path(root) is None or not os.path.exists(root)
+
 
 def test_remove_and_rmtree_and_no_append_in_a_store(root):
   path = fileio.join(root, "metrics.jsonl")
@@ -318,6 +344,10 @@ def test_local_paths_stay_plain_and_urls_are_recognised():
   assert fileio.join("/a", "b") == os.path.join("/a", "b")
   assert fileio.absolute("gs://b/x") == "gs://b/x" and fileio.absolute("~/x") == os.path.expanduser("~/x")
   assert fileio.basename("gs://b/run/") == "run" and fileio.dirname("gs://b/run/x") == "gs://b/run"
+  assert fileio.expanduser("~/x") == os.path.expanduser("~/x") and fileio.expanduser("x") == "x"
+  assert fileio.expanduser("gs://b/~x") == "gs://b/~x"
+  assert fileio.local_path("~/x") == os.path.expanduser("~/x")
+  assert fileio.local_path("x") == os.path.abspath("x") and fileio.local_path("gs://b/x") is None
 
 
 def test_a_glob_is_checked_up_to_its_first_wildcard(root):
@@ -328,6 +358,11 @@ def test_a_glob_is_checked_up_to_its_first_wildcard(root):
   line = f"data.source {pattern}: {fileio.join(root, 'nope')} does not exist"
   with pytest.raises(fileio.PathError, match=f"^{re.escape(line)}$"):
     fileio.check_readable(pattern, "data.source")
+  if fileio.local_path(root) is None:       # a store says why it hides a file
+    with pytest.raises(fileio.PathError, match=f"^{re.escape(line)}$"):
+      fileio.check_reachable(pattern, "data.source")
+  else:                                     # the disk hides nothing: the caller says it
+    fileio.check_reachable(pattern, "data.source")
 
 
 @pytest.mark.slow

@@ -160,6 +160,18 @@ def absolute(path: str) -> str:
   return path if is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
+def expanduser(path: str) -> str:
+  """Returns a local path with ~ expanded, and a URL as it is."""
+  return path if is_url(path) else os.path.expanduser(path)
+
+
+def local_path(path: str) -> str | None:
+  """Returns `path` on this machine's disk, absolute with ~ expanded, for what only a local
+  file can be (a memory map, a file that grows, a folder another program reads); None for
+  a URL."""
+  return None if is_url(path) else absolute(path)
+
+
 def exists(path: str) -> bool:
   if not is_url(path):
     return os.path.exists(path)
@@ -236,6 +248,25 @@ def rmtree(path: str):
   fs, p = filesystem(path)
   if fs.exists(p):
     fs.rm(p, recursive=True)
+
+
+def any_file(pattern: str) -> bool:
+  """Says whether the glob `pattern` matches a file. Locally it stops at the first."""
+  if is_url(pattern):
+    return bool(glob_files(pattern))
+  return any(os.path.isfile(p) for p in glob_lib.iglob(os.path.expanduser(pattern),
+                                                         recursive=True))
+
+
+def sizes(paths: list[str]) -> dict[str, int]:
+  """Returns {path: bytes} of those of `paths` that exist: locally from a stat of each, in a
+  store from one listing of each folder they are in."""
+  found = {p: os.path.getsize(p) for p in paths if not is_url(p) and os.path.isfile(p)}
+  urls = [p for p in paths if is_url(p)]
+  for folder in sorted({dirname(p) for p in urls}):
+    listed = glob_files(join(folder, "*"))
+    found.update({p: listed[p] for p in urls if p in listed})
+  return found
 
 
 def glob(pattern: str) -> list[str]:
@@ -501,6 +532,14 @@ def check_readable(path: str, what: str):
     raise PathError(f"{what} {where} does not exist{_no_bucket(path)}") from None
   except Exception as e:   # pylint: disable=broad-except
     raise PathError(f"{what} {path} cannot be read: {reason(e, path)}") from None
+
+
+def check_reachable(path: str, what: str):
+  """Raises one PathError, as `check_readable` does, where the store of the URL `path`
+  refuses it: no bucket, no credentials, not permitted or no package for the store. A local
+  path passes: there nothing hides why a file is missing, and the caller says it."""
+  if is_url(path):
+    check_readable(path, what)
 
 
 def _before_wildcard(path: str) -> str:

@@ -4,8 +4,9 @@
 A user-given path is, as far as a syntax tree can tell, any parameter of a function (a tool's
 argparse namespace too, since it comes from `argv`) and any name assigned from one in that
 function, loops and `with` targets included. Such a call is allowed where the function has
-just found the path local: in the body of `if not fileio.is_url(...)` or the `else` of
-`if fileio.is_url(...)`. LOCAL lists the functions whose paths are local by construction."""
+just found the path local: in the body of `if not fileio.is_url(...)` or of
+`if fileio.local_path(...) is not None`, or in the `else` of their opposites. LOCAL lists the
+functions whose paths are local by construction."""
 
 import ast
 import pathlib
@@ -42,7 +43,13 @@ def _names(node) -> set[str]:
 
 
 def _is_url_test(test) -> bool | None:
-  """True for `fileio.is_url(...)`, False for `not fileio.is_url(...)`, else None."""
+  """True for `fileio.is_url(...)` or `fileio.local_path(...) is None`, False for their
+  opposites, else None."""
+  if (isinstance(test, ast.Compare) and len(test.ops) == 1
+      and isinstance(test.ops[0], (ast.Is, ast.IsNot)) and isinstance(test.left, ast.Call)
+      and _dotted(test.left.func)[-1:] == ("local_path",)
+      and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None):
+    return isinstance(test.ops[0], ast.Is)
   negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
   call = test.operand if negated else test
   if isinstance(call, ast.Call) and _dotted(call.func)[-1:] == ("is_url",):
@@ -141,9 +148,14 @@ def test_the_rule_finds_a_user_path_and_spares_a_local_one():
       "    pass\n"
       "  else:\n"
       "    fig.savefig(out)\n"                          # found local first: spared
+      "  if fileio.local_path(out) is not None:\n"
+      "    open(out)\n"                                 # found local first: spared
+      "  if fileio.local_path(out) is None:\n"
+      "    open(out)\n"                                 # found a URL: flagged
       "  open(__file__)\n"                              # not the user's: spared
       "\n"
       "def plot(fig, out_path):\n"
       "  fig.savefig(out_path)\n")                      # flagged
   assert flagged == [(2, "export", "Path"), (4, "export", "os.makedirs"),
-                     (6, "export", "shutil.copy"), (16, "plot", "fig.savefig")]
+                     (6, "export", "shutil.copy"), (16, "export", "open"),
+                     (20, "plot", "fig.savefig")]

@@ -155,7 +155,7 @@ def from_hf(path, *, dtype: str = "float32", **overrides):
   """Builds a tst_jax model with the weights of a Hugging Face safetensors checkpoint folder
   on the local disk, where its weights are memory-mapped."""
   path = str(path)
-  if fileio.is_url(path):
+  if fileio.local_path(path) is None:
     raise ValueError(f"{path}: a Hugging Face folder is read from the local disk, where its "
                      "weights are memory-mapped: copy it there first")
   hf = _read_config(path)

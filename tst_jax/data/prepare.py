@@ -159,8 +159,9 @@ def work_folder(out: str, request: dict) -> str:
   """Returns the local folder of prepare's work files: out/work, or for a store in a bucket a
   folder of the local cache named for the store and its request, which a resumed prepare on
   this machine finds again."""
-  if not fileio.is_url(out):
-    return os.path.join(out, "work")
+  local = fileio.local_path(out)
+  if local is not None:
+    return os.path.join(local, "work")
   cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   key = hashlib.sha256(json.dumps([out, request], sort_keys=True).encode()).hexdigest()[:16]
   work = os.path.join(cache, "tst_jax", "prepare", key)
@@ -232,8 +233,8 @@ def _claimed(out: str, request: dict):
           fileio.rmtree(path)
         else:
           fileio.remove(path)
-      if not existed and not fileio.is_url(out):
-        os.rmdir(out)
+      if not existed:
+        fileio.remove_empty_folder(out)
     raise
 
 

@@ -4,10 +4,8 @@ into the run's data/), the tokenizer, and the held-out eval windows of this proc
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
-import os
 import time
 from typing import Callable
 
@@ -122,13 +120,13 @@ def check_paths(data: Data) -> None:
   if kind in ("text", "jsonl", "parquet") and not _any_file(pattern):
     raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
                       f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
-  if kind == "tokens" and fileio.is_url(pattern):
-    _readable(pattern, "data.source", "the token store")
+  if kind == "tokens":
+    _reachable(pattern, "data.source", "the token store")
   if kind == "tokens" and not fileio.isfile(fileio.join(_store_dir(data, None), MANIFEST)):
     raise ConfigError("data.source", f"{pattern!r} is not a token store (no manifest.json): "
                       "make one with python -m tst_jax.data.prepare --out=DIR (docs/data.md)")
-  if data.tokenizer not in ("", "bpe") and fileio.is_url(data.tokenizer):
-    _readable(data.tokenizer, "data.tokenizer", "the tokenizer")
+  if data.tokenizer not in ("", "bpe"):
+    _reachable(data.tokenizer, "data.tokenizer", "the tokenizer")
   if data.tokenizer not in ("", "bpe") and not fileio.isfile(data.tokenizer):
     raise ConfigError("data.tokenizer", f"file {data.tokenizer!r} does not exist: give the path "
                       "of a tokenizer.json or .model, or 'bpe' to train one on the data")
@@ -137,15 +135,14 @@ def check_paths(data: Data) -> None:
 def _any_file(pattern: str) -> bool:
   """Says whether the glob `pattern` matches a file. A bucket or the Hub that refuses, or a
   missing bucket, is one ConfigError naming it and why."""
-  if not fileio.is_url(pattern):
-    return any(os.path.isfile(p) for p in glob.iglob(os.path.expanduser(pattern), recursive=True))
-  _readable(pattern, "data.source", "the glob")
-  return bool(fileio.glob_files(pattern))
+  _reachable(pattern, "data.source", "the glob")
+  return fileio.any_file(pattern)
 
 
-def _readable(path: str, field: str, what: str):
+def _reachable(path: str, field: str, what: str):
+  """`fileio.check_reachable` as a ConfigError of `field`."""
   try:
-    fileio.check_readable(path, what)
+    fileio.check_reachable(path, what)
   except fileio.PathError as e:
     raise ConfigError(field, str(e)) from None
 
@@ -484,7 +481,7 @@ def _store_dir(d: Data, prepared: str | None) -> str | None:
   it), else the folder `prepared` it is prepared into, None where there is none."""
   kind, _, path = d.source.partition(":")
   if kind == "tokens":
-    return path if fileio.is_url(path) else os.path.expanduser(path)
+    return fileio.expanduser(path)
   return prepared
 
 

@@ -73,15 +73,14 @@ def matching_files(source: str, pattern: str) -> dict[str, int]:
   except fileio.PathError:
     raise
   except Exception as e:   # pylint: disable=broad-except
-    if not fileio.is_url(pattern):
+    if fileio.local_path(pattern) is not None:
       raise
     if isinstance(e, FileNotFoundError):    # no bucket: check_readable below says so
       fileio.check_readable(pattern, "data.source")
     raise fileio.PathError(f"data.source {source!r} cannot be listed: "
                            f"{fileio.reason(e, pattern)}") from None
   if not files:
-    if fileio.is_url(pattern):
-      fileio.check_readable(pattern, "data.source")
+    fileio.check_reachable(pattern, "data.source")
     raise DataError(f"data.source {source!r} matched no files")
   return files
 

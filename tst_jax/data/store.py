@@ -60,8 +60,7 @@ def read_manifest(directory: str) -> dict:
   """Reads the manifest of the store in `directory`, checked for format, version and fingerprint."""
   path = fileio.join(directory, MANIFEST)
   if not fileio.isfile(path):
-    if fileio.is_url(directory):    # a missing bucket or folder, or one this user may not read
-      fileio.check_readable(directory, "the token store")
+    fileio.check_reachable(directory, "the token store")   # a bucket that refuses says why
     raise DataError(f"{directory} is not a prepared token store (no {MANIFEST}); make one "
                     "with python -m tst_jax.data.prepare --out=" + directory)
   try:
@@ -91,13 +90,13 @@ class StoreSplit:
 
   def __init__(self, directory: str, manifest: dict, split: str, sizes: dict[str, int],
                token_bytes: bool = False):
-    """`sizes` gives {path: bytes} of the store's shards that exist (`_sizes`)."""
+    """`sizes` gives {path: bytes} of the store's shards that exist (`fileio.sizes`)."""
     entry = manifest["splits"][split]
     self.directory, self.split = directory, split
     self.dtype = np.dtype(BYTES_DTYPE if token_bytes else manifest["dtype"])
     self.files = [fileio.join(directory, s["bytes_file" if token_bytes else "file"])
                   for s in entry["shards"]]
-    self.remote = fileio.is_url(directory)
+    self.remote = fileio.local_path(directory) is None   # read by range requests, not mapped
     counts = np.array([s["tokens"] for s in entry["shards"]], dtype=np.int64)
     self.ends = np.cumsum(counts)            # shard i holds positions [ends[i-1], ends[i])
     self.num_docs, self.vocab_size = entry["docs"], manifest["tokenizer"]["vocab_size"]
@@ -181,8 +180,8 @@ class TokenStore:
     self.fingerprint = self.manifest["fingerprint"]
     self.data_name = data_name(self.manifest)
     shards = [shard for split in SPLITS for shard in self.manifest["splits"][split]["shards"]]
-    sizes = _sizes(self.directory, [fileio.join(self.directory, shard[key]) for shard in shards
-                                    for key in ("file", "bytes_file") if key in shard])
+    sizes = fileio.sizes([fileio.join(self.directory, shard[key]) for shard in shards
+                          for key in ("file", "bytes_file") if key in shard])
     self.train = StoreSplit(self.directory, self.manifest, "train", sizes)
     self.val = StoreSplit(self.directory, self.manifest, "val", sizes)
     self.val_bytes = (StoreSplit(self.directory, self.manifest, "val", sizes, token_bytes=True)
@@ -210,9 +209,3 @@ class TokenStore:
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"
 
-
-def _sizes(directory: str, files: list[str]) -> dict[str, int]:
-  """Returns {path: bytes} of those of `files` that exist, from one listing in a bucket."""
-  if fileio.is_url(directory):
-    return fileio.glob_files(fileio.join(directory, "*.bin"))
-  return {p: os.path.getsize(p) for p in files if os.path.isfile(p)}

@@ -36,7 +36,7 @@ def check(repo_id: str | None, out: str, *, private: bool = False,
     raise ConfigError(FLAG, f"{repo_id!r}: name the repository's owner too, as ORG/NAME")
   if revision is not None and not revision.strip():
     raise ConfigError("--revision", "must name a branch, or leave it out for main")
-  if fileio.is_url(out):
+  if fileio.local_path(out) is None:
     raise ConfigError(FLAG, f"uploads a local --out, and {out} is in a bucket: export to a "
                             "local folder")
 

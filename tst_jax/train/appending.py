@@ -41,12 +41,12 @@ class Appender:
                parts: str | None = None):
     self.path, self.clock = path, clock
     self.every_s = APPEND_EVERY_S if every_s is None else every_s
-    if not fileio.is_url(path):
+    if fileio.local_path(path) is not None:
       self._local, self._fs = open(path, "ab"), None
       return
     self._local = None
     self._fs, self._object = fileio.filesystem(path)
-    self._parts = (self._fs._strip_protocol(parts) if parts is not None   # pylint: disable=protected-access
+    self._parts = (fileio.filesystem(parts)[1] if parts is not None
                    else posixpath.join(posixpath.dirname(self._object), PARTS))
     self._size = object_size(self._fs, self._object)   # once every upload so far is in
     self._pending, self._last = [], clock()

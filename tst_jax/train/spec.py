@@ -104,7 +104,7 @@ class RunSpec:
       _require(importlib.util.find_spec("lm_eval") is not None, "train.eval_tasks",
                "needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)")
     include = self.train.eval_tasks_include
-    _require(not include or not fileio.is_url(include) and fileio.isdir(include),
+    _require(not include or fileio.local_path(include) is not None and fileio.isdir(include),
              "train.eval_tasks_include", f"{include!r} is not a local folder: give the folder "
              "of lm-eval task YAMLs (lm-eval reads them from the disk)")
     if self.run.init_from_hf:

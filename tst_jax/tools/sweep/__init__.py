@@ -183,9 +183,9 @@ def _cache_dir(args, specs, scratch: str) -> str | None:
   """The persistent XLA cache the points share (None: off). A bucket's W gets the local folder
   `scratch`, kept for this call, since the cache writes local files only."""
   import jax
+  local = fileio.local_path(args.workdir)
   cache = (args.compilation_cache or jax.config.jax_compilation_cache_dir
-           or (scratch if fileio.is_url(args.workdir)
-               else os.path.join(args.workdir, ".jax_cache")))
+           or (os.path.join(local, ".jax_cache") if local else scratch))
   if (cache != "none" and any(s.mesh.expert not in (0, 1) for s in specs)
       and jax.default_backend() == "cpu"):
     # jaxlib 0.10.2's XLA:CPU deadlocks running the expert-parallel step loaded from the
