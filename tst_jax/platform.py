@@ -169,6 +169,12 @@ def grouped_matmul_backend(platform: str | None = None, device_kind: str | None 
   kernels, why = next((v for name, v in _GMM_KERNELS.items() if name.lower() in kind.lower()),
                       (grouped_matmul.Kernels(), f"tokamax's default kernels (none measured on "
                                                  f"{kind})"))
+  installed = grouped_matmul.tokamax_kernels()
+  missing = sorted({n for k in kernels if k for n in k} - installed) if installed else []
+  if missing:
+    kernels = kernels.within(installed)
+    why += (f"; {', '.join(missing)} not used: not installed (tokamax's Triton kernels "
+            "need the jax-triton and triton packages)")
   return "tokamax", kernels, (f"tokamax {version}: {kernels.line()} ({why}); "
                               f"{tokamax_tuning.describe()}")
 

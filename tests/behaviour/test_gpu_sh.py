@@ -91,6 +91,21 @@ def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   assert kept >= extra + kill + 10, (kept, extra, kill)
 
 
+@pytest.mark.parametrize("given, want", [(None, "off"), ("/tmp/kept", "/tmp/kept")])
+def test_the_sweeps_run_tokamax_tables_unless_a_tuning_folder_is_named(tmp_path, given, want):
+  """A bare lent machine would autotune every MoE shape before the ladder's first step: on an
+  H200 (2026-11-27) that took the whole 200 s deadline. sweep_start turns tuning off, as
+  gpu.sh's rows do, and keeps a folder the caller names."""
+  env = {k: v for k, v in os.environ.items() if k != "TST_JAX_TOKAMAX_TUNING"}
+  env.update(WHEELS=str(tmp_path / "none"), SOURCE="text:x")
+  if given:
+    env["TST_JAX_TOKAMAX_TUNING"] = given
+  out = subprocess.run(["bash", "-c", '. benchmarks/sweep_common.sh && sweep_start "$1" && '
+                        'echo "$TST_JAX_TOKAMAX_TUNING"', "-", str(tmp_path / "out")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.strip().splitlines()[-1] == want
+
+
 QUICK_ROWS = ["env", "recipe", "b10", "profile", "d270", "d270_docs", "d600", "gemm",
               "gemm_tuned"]
 
