@@ -76,11 +76,13 @@ def _tensorboard(workdir: str, purge_step: int) -> _EventFile | None:
 
 def _tracker(workdir: str, name: str, config: dict) -> sinks.Sink | None:
   """Opens tracker `name` of sinks.TRACKERS with the run's `config`, continuing the tracker's
-  run that tracker.json names, and records the run it logs to there."""
+  run that tracker.json names, and records the run it logs to there; None for none."""
+  opener = sinks.TRACKERS[name]
+  if opener is None:
+    return None
   record = workdir_lib.read_tracker(workdir) or {}
-  sink = sinks.TRACKERS[name](workdir, record.get("id") if record.get("tracker") == name
-                              else None, config)
-  if sink is not None and sink.run_id is not None:
+  sink = opener(workdir, record.get("id") if record.get("tracker") == name else None, config)
+  if sink.run_id is not None:
     workdir_lib.write_tracker(workdir, dict(tracker=name, id=sink.run_id))
   return sink
 

@@ -2,7 +2,7 @@
 and TensorBoard's event file, which every run writes (train/metrics.py).
 
 `TRACKERS` maps each name to a function `open(workdir, run_id, config)` that returns the
-`Sink` of a run, or None for `none`; the field's choices are its names. `register` adds one,
+`Sink` of a run, and `none` to None; the field's choices are its names. `register` adds one,
 so a new tracker is one file and a line here, or one `register` call in the user's code
 (docs/architecture.md).
 """
@@ -28,10 +28,10 @@ class Sink(Protocol):
 
 # open(workdir, run_id, config): run_id is the tracker's run that tracker.json names, None on
 # a first start; config is the run's config and plan, as config.json and plan.json hold them.
-Opener = Callable[[str, "str | None", dict], "Sink | None"]
+Opener = Callable[[str, "str | None", dict], Sink]
 
-TRACKERS: dict[str, Opener] = {"none": lambda workdir, run_id, config: None,
-                               "wandb": tracker.wandb, "trackio": tracker.trackio}
+TRACKERS: dict[str, Opener | None] = {"none": None, "wandb": tracker.wandb,
+                                      "trackio": tracker.trackio}
 
 
 def register(name: str, opener: Opener) -> None:
