@@ -18,7 +18,7 @@ def test_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)   # import wandb raises ImportError
   with pytest.raises(ConfigError, match=r"^config.train.tracker: wandb is not installed: pip "
                                         r"install wandb, or train.tracker=none$"):
-    tracker_lib.Tracker("wandb", str(tmp_path), {})
+    tracker_lib.wandb(str(tmp_path), None, {})
 
 
 def _fake_trackio(calls):
