@@ -10,8 +10,8 @@
 #          recipe's shapes (LAB_SHAPES=recipe,b10 adds the 10B-A1B's: a shape's compiles take
 #          about 90 s), each dispatch, combine and expert-GEMM
 #          alternative side by side (its rows in gpu.jsonl, its table in lab.md); then the
-#          recipe's train step with the dispatch it measured fastest (--config.model.
-#          dispatch_impl), beside quick's rows of the same step at today's auto.
+#          recipe's train step as the whole layer it measured fastest (moe_lab.py --winner:
+#          expert_impl, dispatch_impl, expert_fuse_gate_up), beside quick's rows at auto.
 #          TINY=1: the tiny shape, a CPU dry run
 # peer     the peers, apart from quick: Levanter's Grug MoE layer at the lab's shapes
 #          (benchmarks/peer_grug.py, where ./.whl_peer holds its wheels: peer_wheels.sh), then
@@ -145,9 +145,9 @@ if want moe_lab; then
   export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables, as quick
   bounded lab 135 "${LAB[@]}"
   python3 benchmarks/moe_lab.py --table "$OUT_DIR/gpu.jsonl" > "$OUT_DIR/lab.md"
-  WINNER=$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" | tail -n 1)
+  read -r -a WINNER <<< "$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" | tail -n 1)"
   bounded lab_step 60 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
-      "${SHAPE_RECIPE[@]}" --phase ntp --config.model.dispatch_impl="$WINNER"
+      "${SHAPE_RECIPE[@]}" --phase ntp "${WINNER[@]}"
 fi
 
 if want peer; then

@@ -3,7 +3,7 @@ GPU call decides what `auto` should be. JSON lines, then a table last.
 
   python benchmarks/moe_lab.py                       # GPU: the recipe's and 10B-A1B's shapes
   python benchmarks/moe_lab.py --tiny                # tiny shapes, any platform (CPU dry run)
-  python benchmarks/moe_lab.py --winner gpu.jsonl    # prints the dispatch the lab measured fastest
+  python benchmarks/moe_lab.py --winner gpu.jsonl    # the config of the layer it measured fastest
 
 Shapes (one MoE layer, N = B·L tokens): `recipe` is configs/qwen3_moe_gpu_small.py (N 32768,
 D 768, E 64, P 8, F 384); `b10` is the 10B-A1B (N 16384, D 1024, E 128, P 8, F 768). Pieces,
@@ -266,9 +266,26 @@ def winners(rows: list[dict]) -> dict:
     move = {i: v["dispatch"] + v["combine"] for i, v in move.items() if len(v) == 2}
     gemm = {r["impl"]: r["ms"] for r in timed_rows if r["piece"] == "experts"
             and r["impl"] != "bmm_equal"}
+    layers = {r["impl"]: r["ms"] for r in timed_rows if r["piece"] == "layer"}
     out[shape] = dict(dispatch=min(move, key=move.get) if move else None,
-                      dispatch_ms=move, experts=min(gemm, key=gemm.get) if gemm else None)
+                      dispatch_ms=move, experts=min(gemm, key=gemm.get) if gemm else None,
+                      layer=min(layers, key=layers.get) if layers else None)
   return out
+
+
+def step_args(found: dict) -> str:
+  """Returns the config overrides of the first shape's fastest whole layer, for a train step:
+  its expert_impl, dispatch and fused gate and up. zero_tail has no config field: a layer
+  that left it off is stepped with it on. Without layer rows, the fastest dispatch alone."""
+  w = next((w for w in found.values() if w["layer"] or w["dispatch"]), None)
+  if w is None:
+    return "--config.model.dispatch_impl=gather"
+  if not w["layer"]:
+    return f"--config.model.dispatch_impl={w['dispatch']}"
+  experts, rest = w["layer"].split("/", 1)
+  dispatch, *variant = rest.split("+")
+  return (f"--config.model.expert_impl={experts} --config.model.dispatch_impl={dispatch} "
+          f"--config.model.expert_fuse_gate_up={'fuse_gate_up' in variant}")
 
 
 def table(rows: list[dict]) -> str:
@@ -293,7 +310,8 @@ def table(rows: list[dict]) -> str:
                  f"{both.get('compile_s', fwd.get('compile_s', ''))} |"
                  + (f" {note}" if note else ""))
   for shape, w in winners(rows).items():
-    lines.append(f"- {shape}: fastest dispatch+combine (fwd+bwd) {w['dispatch']}, fastest "
+    lines.append(f"- {shape}: fastest whole layer {w['layer']}, dispatch+combine (fwd+bwd) "
+                 f"{w['dispatch']}, fastest "
                  f"experts {w['experts']}")
   return "\n".join(lines)
 
@@ -310,8 +328,8 @@ def main(argv=None):
   p.add_argument("--budget_s", type=float, default=150.0,
                  help="each shape's rows that would start past its share of this many seconds "
                  "are skipped, said so")
-  p.add_argument("--winner", metavar="JSONL", help="print the fastest dispatch in a lab's "
-                 "JSON lines (of the first shape) and exit")
+  p.add_argument("--winner", metavar="JSONL", help="print the config overrides of the fastest "
+                 "whole layer in a lab's JSON lines (of the first shape) and exit")
   p.add_argument("--table", metavar="JSONL", help="print the table of a lab's JSON lines and "
                  "exit")
   args = p.parse_args(argv)
@@ -321,8 +339,7 @@ def main(argv=None):
     if args.table:
       print(table(rows))
     else:
-      found = winners(rows)
-      print(next((w["dispatch"] for w in found.values() if w["dispatch"]), "gather"))
+      print(step_args(winners(rows)))
     return
   start = time.perf_counter()
   kind = jax.devices()[0].device_kind

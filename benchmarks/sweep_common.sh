@@ -1,8 +1,10 @@
 # Sourced by gpu_small.sh and ladder.sh, the sweeps that resume across calls of at most TOTAL_S
 # seconds into one WORKDIR: what they share.
 #   sweep_start OUT_DIR   START, OUT_DIR made and absolute, the repo root as the working
-#                         directory and on PYTHONPATH, ./.whl installed (wheels.sh); SET holds --set data.source=... when
-#                         SOURCE is given or the torch venv's site-packages exist
+#                         directory and on PYTHONPATH, ./.whl installed (wheels.sh), tokamax's
+#                         autotuning off unless TST_JAX_TOKAMAX_TUNING names a folder; SET
+#                         holds --set data.source=... when SOURCE is given or the torch venv's
+#                         site-packages exist
 #   write_env             OUT_DIR/env.json (and stdout): device, GPU and driver, versions, date,
 #                         commit
 #   sweep_left            LEFT: the seconds the sweep gets as --deadline_s
@@ -29,6 +31,9 @@ sweep_start() {
   # shellcheck source=benchmarks/wheels.sh
   . benchmarks/wheels.sh
   install_wheels timeout -k 5 60
+  # tokamax's shipped tables, as gpu.sh's rows: a bare machine autotunes every MoE shape anew,
+  # and on an H200 (2026-11-27) that took the ladder's whole 200 s deadline before a step.
+  export TST_JAX_TOKAMAX_TUNING=${TST_JAX_TOKAMAX_TUNING:-off}
   if [ -z "${SOURCE:-}" ] && [ -d "$TORCH_PY" ]; then SOURCE="text:$TORCH_PY/**/*.py"; fi
   SET=()
   [ -n "${SOURCE:-}" ] && SET+=(--set "data.source=$SOURCE")

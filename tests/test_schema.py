@@ -96,3 +96,20 @@ def test_number_rule_words():
   assert schema.number(0.0, 1.0, open_hi=True).must == "a number in [0, 1)"
   assert schema.number(0.0).ok(1e9) and not schema.number(0.0).ok(math.inf)
   assert not schema.number(0.0, 1.0, open_hi=True).ok(1.0)
+
+
+def test_a_registered_field_takes_a_name_registered_after_it_was_declared():
+  registry = {"jsonl": None}
+
+  @dataclasses.dataclass(frozen=True)
+  class Sinks:
+    sink: str = schema.field("jsonl", schema.registered(registry), "where records go")
+
+  with pytest.raises(ConfigError, match=r"^config.s.sink: must be one of \('jsonl',\), got "
+                                        r"'mlflow'$"):
+    schema.parse(Sinks, dict(sink="mlflow"), "s")
+  registry["mlflow"] = None
+  assert schema.parse(Sinks, dict(sink="mlflow"), "s").sink == "mlflow"
+  rule = schema.config_fields(Sinks)[0].metadata["rule"]
+  assert rule.options == ("jsonl", "mlflow") and rule.kind is str and not rule.ok(3)
+  assert schema.help_lines(Sinks, "s")[0].endswith("(one of ('jsonl', 'mlflow'))")

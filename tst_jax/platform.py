@@ -44,6 +44,7 @@ _DISPATCH = {"gpu": ("pallas", "the Pallas kernels' one pass: qwen3_moe_gpu_smal
                                "10B-A1B shapes 0.120 vs 0.132 s; H200 (docs/performance.md)"),
              "cpu": ("gather", "XLA gathers on CPU; the Pallas kernels only run interpreted"),
              "tpu": ("gather", "XLA gathers on TPU; the Pallas kernels are Triton's")}
+FUSES_GATE_UP = ("gmm", "ragged")   # the expert_impls that take model.expert_fuse_gate_up
 _NO_TOKAMAX = ("blocked", "gmm needs tokamax on a GPU (XLA's GPU ragged_dot expands to dense and "
                           "ran out of memory): pip install 'tst-jax[gpu]' -c constraints-gpu.txt")
 # expert_impl=gmm on a GPU: tokamax's kernel for each product of the grouped GEMM, chosen from
@@ -169,6 +170,12 @@ def grouped_matmul_backend(platform: str | None = None, device_kind: str | None 
   kernels, why = next((v for name, v in _GMM_KERNELS.items() if name.lower() in kind.lower()),
                       (grouped_matmul.Kernels(), f"tokamax's default kernels (none measured on "
                                                  f"{kind})"))
+  installed = grouped_matmul.tokamax_kernels()
+  missing = sorted({n for k in kernels if k for n in k} - installed) if installed else []
+  if missing:
+    kernels = kernels.within(installed)
+    why += (f"; {', '.join(missing)} not used: not installed (tokamax's Triton kernels "
+            "need the jax-triton and triton packages)")
   return "tokamax", kernels, (f"tokamax {version}: {kernels.line()} ({why}); "
                               f"{tokamax_tuning.describe()}")
 
@@ -239,6 +246,11 @@ def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
   }
   if hasattr(model_cfg, "expert_impl"):
     choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
+    experts = choices["model.expert_impl"][0]
+    if getattr(model_cfg, "expert_fuse_gate_up", False) and experts not in FUSES_GATE_UP:
+      raise ConfigError("model.expert_fuse_gate_up", f"fuses the grouped GEMMs of expert_impl "
+                        f"{' or '.join(FUSES_GATE_UP)}; this run's is {experts} "
+                        f"({choices['model.expert_impl'][1]})")
     choices["model.dispatch_impl"] = dispatch_impl(model_cfg.dispatch_impl, platform)
   return Resolved(platform, kind, choices)
 

@@ -65,6 +65,28 @@ def one_of(options) -> Rule:
               options=options)
 
 
+def registered(registry: dict) -> Rule:
+  """Returns the rule of a field that names an entry of `registry`, a dict that grows: its
+  names are read when the rule is, so a name registered after the field was declared is a
+  choice too, in the check, its words and `options`."""
+  return _Registered(registry)
+
+
+class _Registered(Rule):
+  """one_of a registry's names as they are when asked."""
+
+  def __init__(self, registry: dict):   # pylint: disable=super-init-not-called
+    for name, value in dict(registry=registry, kind=str, lo=None, hi=None).items():
+      object.__setattr__(self, name, value)   # a frozen dataclass's own way to set fields
+
+  def ok(self, value) -> bool:   # pylint: disable=method-hidden
+    return isinstance(value, str) and value in self.registry
+
+  must = property(lambda self: f"one of {self.options}")
+  options = property(lambda self: tuple(self.registry))
+  __eq__, __hash__ = object.__eq__, object.__hash__   # the registry changes: not its value
+
+
 BOOL = Rule(lambda v: isinstance(v, bool), "True or False", bool)
 STRING = Rule(lambda v: isinstance(v, str), "a string", str)
 

@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from tests.fixtures.paths import ROOT
-from tst_jax.data import sources
+from tst_jax.data import formats
 
 
 def _pins(name: str = "constraints.txt") -> dict[str, str]:
@@ -73,7 +73,7 @@ def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
   fake.data_source = data_source
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
   monkeypatch.setitem(sys.modules, "tensorflow", None)     # importing it would fail
-  assert list(sources._tfds_texts("lm1b", "test")) == [b"first document", b"second"]
+  assert list(formats._tfds_texts("lm1b", "test")) == [b"first document", b"second"]
   assert calls == [("lm1b", "test")]
 
 

@@ -25,7 +25,8 @@ def _dry_run(tmp_path, sections, **env):
   bin_dir.mkdir()
   log = tmp_path / "calls.txt"
   fake = (f'printf "%q " "$@" >> {log}; echo >> {log}; cat > /dev/null; '
-          'case "$*" in *--winner*) echo gather; exit;; *--table*) exit;; esac; '
+          'case "$*" in *--winner*) echo --config.model.dispatch_impl=gather '
+          '--config.model.expert_fuse_gate_up=True; exit;; *--table*) exit;; esac; '
           '[ "$1" = benchmarks/gpu_table.py ] || echo \'{"fake": 1}\'')
   for name, body in (("python3", fake),
                      ("timeout", 'while [ "${1#-}" != "$1" ]; do shift 2; done; shift; '
@@ -91,6 +92,21 @@ def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   assert kept >= extra + kill + 10, (kept, extra, kill)
 
 
+@pytest.mark.parametrize("given, want", [(None, "off"), ("/tmp/kept", "/tmp/kept")])
+def test_the_sweeps_run_tokamax_tables_unless_a_tuning_folder_is_named(tmp_path, given, want):
+  """A bare lent machine would autotune every MoE shape before the ladder's first step: on an
+  H200 (2026-11-27) that took the whole 200 s deadline. sweep_start turns tuning off, as
+  gpu.sh's rows do, and keeps a folder the caller names."""
+  env = {k: v for k, v in os.environ.items() if k != "TST_JAX_TOKAMAX_TUNING"}
+  env.update(WHEELS=str(tmp_path / "none"), SOURCE="text:x")
+  if given:
+    env["TST_JAX_TOKAMAX_TUNING"] = given
+  out = subprocess.run(["bash", "-c", '. benchmarks/sweep_common.sh && sweep_start "$1" && '
+                        'echo "$TST_JAX_TOKAMAX_TUNING"', "-", str(tmp_path / "out")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.strip().splitlines()[-1] == want
+
+
 QUICK_ROWS = ["env", "recipe", "b10", "profile", "d270", "d270_docs", "d600", "gemm",
               "gemm_tuned"]
 
@@ -150,13 +166,14 @@ def test_peer_runs_grug_where_its_wheels_are_then_the_torch_peer(tmp_path):
 @pytest.mark.parametrize("tiny", [False, True])
 def test_moe_lab_runs_the_lab_then_the_step_with_its_winner(tmp_path, tiny):
   """`moe_lab`: the lab (tiny shapes under TINY=1), its table into lab.md, then the recipe's
-  step with the dispatch the lab names; each bounded, the bounds and the install within the
+  step as the whole layer the lab found fastest; each bounded, the bounds and the install within the
   lab's 4 minutes."""
   calls = [c for c in _dry_run(tmp_path, "moe_lab", **({"TINY": "1"} if tiny else {}))
            if c[0] != "-"]   # the environment's line
   assert [c[0] for c in calls] == ["benchmarks/moe_lab.py"] * 3 + ["benchmarks/step.py"]
   assert ("--tiny" in calls[0]) == tiny and "--table" in calls[1] and "--winner" in calls[2]
-  assert "--config.model.dispatch_impl=gather" in calls[3]
+  assert calls[3][-2:] == ["--config.model.dispatch_impl=gather",
+                           "--config.model.expert_fuse_gate_up=True"]
   _check_step_configs(calls)
   lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
   assert [r["row"] for r in lines if "rc" in r] == ["env", "lab", "lab_step"]
@@ -186,10 +203,12 @@ def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
   lab = [r for r in lines if r.get("lab") and "ms" in r]
   assert {r["piece"] for r in lab} >= {"router", "sort", "dispatch", "combine", "experts",
                                        "layer"}
-  (winner,) = [r["winners"]["tiny"]["dispatch"] for r in lines if r.get("piece") == "winners"]
+  (winner,) = [r["winners"]["tiny"]["layer"] for r in lines if r.get("piece") == "winners"]
   (step,) = [r for r in lines if r.get("row") == "lab_step" and "step_s" in r]
   assert "| tiny | combine | pallas |" in (out / "lab.md").read_text()
-  assert winner in moe_dispatch.IMPLS and step["dispatch_impl"] == winner
+  experts, dispatch = winner.split("+")[0].split("/")
+  assert dispatch in moe_dispatch.IMPLS
+  assert (step["expert_impl"], step["dispatch_impl"]) == (experts, dispatch)
 
 
 def _step(row, phase, **kw):
@@ -281,3 +300,31 @@ def test_ladder_sh_plan_only_names_the_call_that_adds_the_most(tmp_path):
   refused = subprocess.run(["bash", script, str(tmp_path / "out2")], env=env,
                            capture_output=True, text=True, timeout=300)
   assert refused.returncode == 2 and "a GPU call names its ladder" in refused.stderr
+
+
+def test_the_labs_step_is_its_fastest_whole_layer_not_its_fastest_piece():
+  """On an H200 (2026-11-27, twice) the dispatch fastest alone (unrolled) made the step slower
+  (0.267 against 0.180 s), and gate and up fused made the layer 22% faster: the step the lab
+  runs is its fastest whole layer's expert_impl, dispatch and fusion; zero_tail, which no
+  config field sets, is left on. Without layer rows, the fastest dispatch alone."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    moe_lab = importlib.import_module("moe_lab")
+  finally:
+    sys.path.pop(0)
+  row = lambda piece, impl, ms: dict(lab=True, shape="recipe", piece=piece, impl=impl,
+                                     mode="fwd_bwd", ms=ms)
+  rows = [row("dispatch", "unrolled", 1.32), row("combine", "unrolled", 0.55),
+          row("dispatch", "pallas", 1.60), row("combine", "pallas", 0.84),
+          row("layer", "gmm/pallas", 11.49), row("layer", "gmm/pallas+fuse_gate_up", 8.98),
+          row("layer", "gmm/pallas+fuse_gate_up+no_zero_tail", 8.64),
+          row("layer", "gmm/pallas+no_zero_tail", 10.81)]
+  found = moe_lab.winners(rows)
+  assert found["recipe"]["dispatch"] == "unrolled"
+  assert found["recipe"]["layer"] == "gmm/pallas+fuse_gate_up+no_zero_tail"
+  assert moe_lab.step_args(found) == ("--config.model.expert_impl=gmm --config.model."
+                                      "dispatch_impl=pallas --config.model.expert_fuse_gate_up="
+                                      "True")
+  no_layers = moe_lab.winners(rows[:4])
+  assert moe_lab.step_args(no_layers) == "--config.model.dispatch_impl=unrolled"
+  assert moe_lab.step_args({}) == "--config.model.dispatch_impl=gather"

@@ -276,6 +276,32 @@ def test_tokamax_versions_and_auto_on_gpu(monkeypatch):
   assert platform.expert_impl("auto", "cpu")[0] == "blocked"
 
 
+def test_kernels_tokamax_cannot_run_are_left_out_and_said(monkeypatch, tmp_path):
+  """tokamax 0.0.17 registers its Triton kernels only where jax-triton and triton import, and
+  refuses an unknown name ("Unknown implementation: triton" on an H200 without them, 2026-11-27):
+  the H100's Triton-first choice keeps Mosaic alone there, and the reason says why. A tokamax
+  laid out as 0.0.17 (its registry in tokamax._src.ops.ragged_dot.api) stands in for it."""
+  def install(names):
+    api = tmp_path / "_".join(names) / "tokamax" / "_src" / "ops" / "ragged_dot"
+    api.mkdir(parents=True)
+    for folder in (api, api.parent, api.parent.parent, api.parent.parent.parent):
+      (folder / "__init__.py").touch()
+    (api / "api.py").write_text(f"IMPLEMENTATIONS = {dict.fromkeys(names)!r}\n")
+    for name in [m for m in sys.modules if m == "tokamax" or m.startswith("tokamax.")]:
+      monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(api.parents[3]))
+  monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.17")
+  install(["xla", "mosaic_gpu"])
+  assert gm.tokamax_kernels() == {"xla", "mosaic_gpu", "mosaic"}
+  _, kernels, why = platform.grouped_matmul_backend("gpu", H100)
+  assert kernels == gm.Kernels(forward=("mosaic",), dx=("mosaic",), dw=("mosaic",))
+  assert "triton not used: not installed" in why and "jax-triton" in why
+  install(["xla", "triton", "mosaic_gpu"])
+  _, kernels, why = platform.grouped_matmul_backend("gpu", H100)
+  assert kernels.dw == ("triton", "mosaic") and "not used" not in why
+  assert gm.Kernels(dw=("triton",)).within({"mosaic"}) == gm.Kernels()
+
+
 def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeypatch):
   """benchmarks/grouped_matmul.py at its GPU row count (128 experts, ~1k rows each: 131009,
   which tokamax refused on the H100) runs through the (fake) tokamax kernels, narrow D and F

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.fixtures import gpu_target
 from tst_jax.kernels import moe_gather
 
 
@@ -57,7 +58,7 @@ def test_block_d_is_the_largest_power_of_two_dividing_d_up_to_256():
   assert [moe_gather.block_d(d) for d in (768, 1024, 384, 96, 12, 7)] == [256, 256, 128, 32, 4, 1]
 
 
-def test_both_kernels_lower_for_a_gpu_as_triton_calls_at_the_recipes_shapes():
+def test_both_kernels_lower_for_a_gpu_as_triton_calls_at_the_recipes_shapes(monkeypatch):
   """At qwen3_moe_gpu_small's shapes (R 262144 rows of D 768, N 32768 tokens, P 8): the Pallas
   kernels lower to Triton custom calls, so no GPU call is spent on a kernel that cannot lower.
   The grid is the rows in blocks of 32 by the columns in blocks of 256."""
@@ -66,6 +67,7 @@ def test_both_kernels_lower_for_a_gpu_as_triton_calls_at_the_recipes_shapes():
   weights = jax.ShapeDtypeStruct((32768, 8), jnp.float32)
   index = jax.ShapeDtypeStruct((262144,), jnp.int32)
   scale = jax.ShapeDtypeStruct((262144,), jnp.float32)
+  gpu_target.lower_for_h100(monkeypatch)
   with mock.patch.object(moe_gather, "_interpret", lambda: False):
     for fn, args, grid in ((moe_gather.gather_sum, (table, rows, weights), (1024, 3)),
                            (moe_gather.gather, (table, index, scale), (8192, 3))):

@@ -16,7 +16,8 @@ from flax import nnx
 from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
 from tests.fixtures.paths import ROOT
-from tst_jax import configlib
+from tst_jax import configlib, platform
+from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul, moe_dispatch
 from tst_jax.models import llama, moe
 from tst_jax.train import spec as spec_lib, step as step_lib
@@ -374,3 +375,29 @@ def test_save_experts_keeps_the_grouped_gemm_outputs(impl):
     assert (layers, a, f) not in saved["save_dots"]
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
                grads["save_dots"], grads["save_experts"])
+
+
+@pytest.mark.parametrize("impl", ["gmm", "ragged"])
+def test_the_config_fuses_gate_and_up_to_the_same_loss_and_grads(impl):
+  """model.expert_fuse_gate_up=True runs gate and up as one grouped GEMM in the whole model
+  (one forward product fewer in the layers' jaxpr), with the loss and gradients of the
+  unfused model, save_experts' saved outputs included; with an expert_impl that has no grouped
+  GEMM it is one ConfigError naming the field."""
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, SMALL["vocab_size"], (2, 8)))
+  results, counts = {}, {}
+  for fuse in (False, True):
+    cfg = moe.MoEConfig(**SMALL, expert_impl=impl, remat="save_experts",
+                        expert_fuse_gate_up=fuse)
+    graphdef, params = nnx.split(_random(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0))))
+    loss = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p).forward(tokens)[0]))
+    results[fuse] = jax.jit(jax.value_and_grad(loss))(params)
+    counts[fuse] = _primitive_counts(jax.make_jaxpr(loss)(params).jaxpr)
+  fewer = counts[False]["ragged_dot_general"] - counts[True]["ragged_dot_general"]
+  assert fewer == 1   # in the scanned layers' body
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
+               results[False], results[True])
+  blocked = moe.MoEConfig(**SMALL, expert_impl="blocked", expert_fuse_gate_up=True)
+  with pytest.raises(ConfigError, match="fuses the grouped GEMMs of expert_impl gmm or ragged; "
+                                        "this run's is blocked") as e:
+    platform.resolve(blocked, "naive", "cpu")
+  assert e.value.field == "model.expert_fuse_gate_up"

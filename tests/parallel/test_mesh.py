@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.fixtures import gpu_target
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.kernels import moe_dispatch, moe_gather
@@ -187,6 +188,7 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   axes. JAX's CPU interpreter cannot run a kernel there (moe_gather's docstring), so the
   values on 8 devices are the GPU's to check; on one device tests/kernels check them."""
   monkeypatch.setattr(moe_gather, "_interpret", lambda: False)
+  gpu_target.lower_for_h100(monkeypatch)
   e, d, f, k, n = 8, 16, 24, 2, 64
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))

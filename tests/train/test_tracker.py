@@ -19,7 +19,7 @@ def test_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)   # import wandb raises ImportError
   with pytest.raises(ConfigError, match=r"^config.train.tracker: wandb is not installed: pip "
                                         r"install wandb, or train.tracker=none$"):
-    tracker_lib.Tracker("wandb", RunDir(tmp_path), {})
+    tracker_lib.wandb(RunDir(tmp_path), None, {})
 
 
 def _fake_trackio(calls):

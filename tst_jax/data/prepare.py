@@ -40,7 +40,7 @@ import numpy as np
 import tqdm
 
 from tst_jax import errors, fileio
-from tst_jax.data import output_shards, sources as sources_lib
+from tst_jax.data import formats, output_shards, sources as sources_lib
 from tst_jax.data import store as store_lib
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
@@ -422,15 +422,13 @@ def _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes,
 
 def _read_from(request: dict) -> dict:
   """Returns what the source read that its name does not say: the Python of builtin:pystdlib."""
-  if request["source"] == "builtin:pystdlib":
-    return dict(python=sources_lib.pystdlib_version())
-  return {}
+  return sources_lib.fingerprint(request["source"])
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.data.prepare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--source", required=True, help=f"one of {sources_lib.SOURCE_FORMS}")
+  p.add_argument("--source", required=True, help=f"one of {formats.forms()}")
   p.add_argument("--out", required=True, help="the store folder (created; resumed if unfinished)")
   p.add_argument("--tokenizer", default="bpe", help="bpe | tokenizer.json | .model")
   p.add_argument("--vocab_size", type=int, default=None, help="ids of a bpe tokenizer")

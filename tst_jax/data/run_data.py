@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from tst_jax import fileio, schema
-from tst_jax.data import mixture as mixture_lib, pipeline, prepare as prepare_lib, sources
+from tst_jax.data import formats, mixture as mixture_lib, pipeline, prepare as prepare_lib
+from tst_jax.data import sources
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
@@ -24,9 +25,9 @@ from tst_jax.rundir import RunDir
 class Data:
   """config.data: the corpus, its tokenizer and held-out split, and each step's batch."""
   source: str = schema.field(
-      "builtin:pystdlib", schema.STRING, "tokens:<store dir> (read in place) | "
-      "builtin:pystdlib | text:<glob> | jsonl:<glob> | parquet:<glob> | tfds:<name> | "
-      "seqio:<task> (prepared into <workdir>/data first; docs/data.md)")
+      "builtin:pystdlib", schema.STRING, "tokens:<store dir>, read in place, or a "
+      "source prepared into <workdir>/data first: " + formats.forms() + " (data/formats.py; "
+      "docs/data.md)")
   mixture: str = schema.field(
       "", mixture_lib.RULE, "source=weight,...: windows drawn from each in proportion, e.g. "
       "'tokens:/data/dclm=0.5,tokens:/data/fineweb_edu=0.5', each its own store and held-out "
@@ -117,9 +118,8 @@ def check_paths(data: Data) -> None:
                       "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
                       "the config's docstring)")
   kind, _, pattern = data.source.partition(":")
-  if kind in ("text", "jsonl", "parquet") and not _any_file(pattern):
-    raise ConfigError("data.source", f"{pattern!r} matches no files: give a glob of {kind} "
-                      f"files, e.g. '{kind}:/data/corpus/**/*.{dict(text='txt').get(kind, kind)}'")
+  if kind in formats.FORMATS:
+    formats.FORMATS[kind].check(kind, pattern)
   if kind == "tokens":
     _reachable(pattern, "data.source", "the token store")
   if kind == "tokens" and not fileio.isfile(fileio.join(_store_dir(data, None), MANIFEST)):
@@ -130,13 +130,6 @@ def check_paths(data: Data) -> None:
   if data.tokenizer not in ("", "bpe") and not fileio.isfile(data.tokenizer):
     raise ConfigError("data.tokenizer", f"file {data.tokenizer!r} does not exist: give the path "
                       "of a tokenizer.json or .model, or 'bpe' to train one on the data")
-
-
-def _any_file(pattern: str) -> bool:
-  """Says whether the glob `pattern` matches a file. A bucket or the Hub that refuses, or a
-  missing bucket, is one ConfigError naming it and why."""
-  _reachable(pattern, "data.source", "the glob")
-  return fileio.any_file(pattern)
 
 
 def _reachable(path: str, field: str, what: str):

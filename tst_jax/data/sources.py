@@ -1,109 +1,31 @@
 """Text corpora by name, streamed per input shard, and the held-out split by document hash.
 
-Sources are text files, JSONL, Parquet, the builtin stdlib corpus, tfds and seqio.
+What each source format reads is in data/formats.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import os
-import sys
-import sysconfig
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from tst_jax import fileio
-from tst_jax.data import file_readers
+from tst_jax.data import formats
 from tst_jax.data.file_readers import BadFile   # noqa: F401  (sources.BadFile, as callers name it)
+from tst_jax.data.formats import InputShard
 from tst_jax.errors import DataError
-
-_SKIP_DIRS = ("site-packages", "dist-packages")
-_GROUP_BYTES = 64 << 20  # text:/builtin: files are grouped into input shards of about this size
-SOURCE_FORMS = ("'builtin:pystdlib', 'text:<glob>', 'jsonl:<glob>', 'parquet:<glob>', "
-                "'tfds:<name>[:<split>]' or 'seqio:<task>[:<split>]'")
-
-
-@dataclasses.dataclass(frozen=True)
-class InputShard:
-  """One unit of work of `prepare`: a group of text files, one JSONL or Parquet file, or a
-  whole tfds or seqio split. `num_bytes` on disk drives the progress bar."""
-  kind: str                 # text | jsonl | parquet | tfds | seqio
-  paths: tuple[str, ...]    # files, one document each for text:, or tfds's name and split
-  num_bytes: int
-  text_field: str = "text"
-
-  @property
-  def name(self) -> str:
-    return self.paths[0] if len(self.paths) == 1 else f"{self.paths[0]} (+{len(self.paths) - 1})"
 
 
 def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
-  """Lists the input shards of `source` in corpus order, which is sorted path order.
-
-  Sources:
-    builtin:pystdlib         every *.py file of this Python's stdlib, the offline default.
-    text:<glob>              text files matched by the glob, one document per file. `**` recurses.
-    jsonl:<glob>             JSON lines, .jsonl, .jsonl.gz or .jsonl.zst: each `text_field`.
-    parquet:<glob>           Parquet files, the `text_field` column.
-    tfds:<name>[:<split>]    the `text` feature of a TFDS dataset, split train by default.
-    seqio:<task>[:<split>]   the `text` feature of a SeqIO task's raw source.
-  """
-  kind, _, arg = source.partition(":")
-  if kind == "builtin" and arg == "pystdlib":
-    return _grouped({p: os.path.getsize(p) for p in _stdlib_files()})
-  if kind in ("text", "jsonl", "parquet") and arg:
-    files = matching_files(source, arg)
-    if kind == "text":
-      return _grouped(files)
-    return [InputShard(kind, (p,), size, text_field) for p, size in files.items()]
-  if kind in ("tfds", "seqio") and arg:
-    name, _, split = arg.partition(":")
-    return [InputShard(kind, (name, split or "train"), 0)]
-  raise DataError(f"unknown data.source {source!r}: expected {SOURCE_FORMS}")
-
-
-def matching_files(source: str, pattern: str) -> dict[str, int]:
-  """Returns {path: bytes} of the files `pattern` matches, local or in a bucket or the Hub, in
-  sorted order. None matching, or a store that refuses, is one DataError naming the source."""
-  fileio.check_bucket_name(pattern, "data.source")
-  try:
-    files = fileio.glob_files(pattern)
-  except fileio.PathError:
-    raise
-  except Exception as e:   # pylint: disable=broad-except
-    if fileio.local_path(pattern) is not None:
-      raise
-    if isinstance(e, FileNotFoundError):    # no bucket: check_readable below says so
-      fileio.check_readable(pattern, "data.source")
-    raise fileio.PathError(f"data.source {source!r} cannot be listed: "
-                           f"{fileio.reason(e, pattern)}") from None
-  if not files:
-    fileio.check_reachable(pattern, "data.source")
-    raise DataError(f"data.source {source!r} matched no files")
-  return files
-
-
-def pystdlib_version() -> str:
-  """Returns this Python's major.minor: builtin:pystdlib reads its standard library, which
-  differs from one version to the next."""
-  return "%d.%d" % sys.version_info[:2]
+  """Lists the input shards of `source`, `<format>:<argument>` of formats.FORMATS, in corpus
+  order, which is sorted path order."""
+  name, format_, argument = formats.parse(source)
+  return format_.shards(name, argument, text_field)
 
 
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
   """Yields the documents of one input shard as read, bytes or str, blank ones included."""
-  if shard.kind == "text":
-    return (file_readers.read_file(p) for p in shard.paths)
-  if shard.kind == "jsonl":
-    return file_readers.whole_file(shard.paths[0], file_readers.jsonl_texts(*shard.paths,
-                                                                            shard.text_field))
-  if shard.kind == "parquet":
-    return file_readers.whole_file(shard.paths[0], file_readers.parquet_texts(*shard.paths,
-                                                                              shard.text_field))
-  if shard.kind == "tfds":
-    return _tfds_texts(*shard.paths)
-  return _seqio_texts(*shard.paths)
+  return formats.FORMATS[shard.kind].documents(shard)
 
 
 def shard_documents(shard: InputShard, max_bytes: int | None = None) -> Iterator[str]:
@@ -159,19 +81,25 @@ def token_bound(source: str, max_bytes: int | None = None) -> int | None:
 
   A token of a byte-level BPE or a SentencePiece model covers at least one byte, so the bound
   is the bytes of text plus two per document for EOS and a SentencePiece dummy prefix.
-  `max_bytes` caps the bytes. The size is unknown for compressed files, Parquet, tfds and seqio.
+  `max_bytes` caps the bytes. Its format's `sizes` gives the bytes: unknown for compressed
+  files, Parquet, tfds and seqio.
   """
-  kind, _, pattern = source.partition(":")
-  if kind == "builtin" and pattern == "pystdlib":
-    files = {p: os.path.getsize(p) for p in _stdlib_files()}
-  elif kind in ("text", "jsonl") and pattern:      # JSON escapes only make a file longer
-    files = fileio.glob_files(pattern)
-    if kind == "jsonl" and any(p.endswith((".gz", ".zst")) for p in files):
-      return None
-  else:
+  try:
+    _, format_, argument = formats.parse(source)
+  except DataError:
+    return None
+  files = format_.sizes(argument)
+  if files is None:
     return None
   size = sum(files.values())
   return min(size, max_bytes or size) + 2 * len(files)
+
+
+def fingerprint(source: str) -> dict:
+  """Returns what the corpus of `source` depends on that its name does not say, as its format
+  records it: the Python of builtin:pystdlib."""
+  _, format_, argument = formats.parse(source)
+  return format_.fingerprint(argument)
 
 
 def check_max_bytes(max_bytes: int | None):
@@ -286,48 +214,3 @@ def take(raw: Iterable[bytes | str], max_bytes: int | None) -> Iterator[tuple[st
       total += len(data)
     if max_bytes is not None and total >= max_bytes:
       return
-
-
-def _grouped(files: dict[str, int]) -> list[InputShard]:
-  """Groups consecutive files of {path: bytes}, one document each, into shards of about
-  _GROUP_BYTES."""
-  shards, group, size = [], [], 0
-  for p, nbytes in files.items():
-    group.append(p)
-    size += nbytes
-    if size >= _GROUP_BYTES:
-      shards.append(InputShard("text", tuple(group), size))
-      group, size = [], 0
-  if group:
-    shards.append(InputShard("text", tuple(group), size))
-  return shards
-
-
-def _stdlib_files() -> list[str]:
-  root = sysconfig.get_paths()["stdlib"]
-  paths = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
-    paths.extend(os.path.join(dirpath, f) for f in filenames if f.endswith(".py"))
-  return sorted(paths)
-
-
-def _tfds_texts(name: str, split: str) -> Iterator[bytes]:
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(
-        f"data.source 'tfds:{name}' needs tensorflow-datasets: pip install 'tst-jax[tfds]'") from e
-  source = tfds.data_source(name, split=split)   # ArrayRecord, read without TensorFlow
-  for i in range(len(source)):
-    yield source[i]["text"]
-
-
-def _seqio_texts(task: str, split: str) -> Iterator[bytes]:
-  try:
-    import seqio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(f"data.source 'seqio:{task}' needs seqio: pip install 'tst-jax[seqio]'") from e
-  ds = seqio.get_mixture_or_task(task).source.get_dataset(split=split, shuffle=False)
-  for ex in ds.as_numpy_iterator():
-    yield ex["text"]

@@ -59,6 +59,25 @@ class Kernels(NamedTuple):
   def line(self) -> str:
     return ", ".join(f"{p} {'/'.join(k) if k else 'default'}" for p, k in zip(self._fields, self))
 
+  def within(self, names) -> Kernels:
+    """Returns these kernels less those not in `names`; a product left with none keeps
+    tokamax's own order."""
+    return Kernels(*(tuple(n for n in k if n in names) or None if k else None for k in self))
+
+
+def tokamax_kernels() -> frozenset[str] | None:
+  """Returns the kernel names the installed tokamax can run, "mosaic" among them where it has
+  a Mosaic kernel; None where it does not say. Its Triton kernels need jax-triton and triton,
+  which tokamax does not install: without them it knows no "triton" and refuses the name."""
+  try:   # tokamax lists them in no public name
+    from tokamax._src.ops.ragged_dot import api   # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  names = set(getattr(api, "IMPLEMENTATIONS", ()))
+  if any(n.startswith("mosaic") for n in names):
+    names.add("mosaic")
+  return frozenset(names) or None
+
 
 def tokamax_version() -> str | None:
   """Returns the installed tokamax's version without importing it, None when not installed."""

@@ -84,13 +84,12 @@ FAMILIES = {"llama": Family(llama.LlamaConfig, llama.Llama, llama.PRESETS),
             "qwen3_moe": Family(moe.MoEConfig, moe.Qwen3MoE, moe.PRESETS)}
 
 
-FAMILY = schema.one_of(FAMILIES)   # config.model.family's rule, made again by `register`
+FAMILY = schema.registered(FAMILIES)   # config.model.family's rule
 
 
 def register(name: str, family_: Family) -> None:
   """Adds model family `name`: from then on config.model.family may name it. Its config class
   must be a frozen dataclass of schema fields that meets FamilyConfig."""
-  global FAMILY   # pylint: disable=global-statement  (the rule lists the registered names)
   if name in FAMILIES and FAMILIES[name] != family_:
     raise ValueError(f"model family {name!r} is registered already")
   missing = [m for m in ("build", "param_counts", "matmul_params", "flops_per_token")
@@ -98,14 +97,11 @@ def register(name: str, family_: Family) -> None:
   if missing:
     raise TypeError(f"family {name!r}: its config lacks {', '.join(missing)} (FamilyConfig)")
   FAMILIES[name] = family_
-  FAMILY = schema.one_of(FAMILIES)
 
 
 def unregister(name: str) -> None:
   """Removes model family `name`, as a test that registered one does after it."""
-  global FAMILY   # pylint: disable=global-statement
   del FAMILIES[name]
-  FAMILY = schema.one_of(FAMILIES)
 
 
 def family(name: str) -> Family:

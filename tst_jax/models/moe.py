@@ -60,6 +60,10 @@ class MoEConfig(llama.LlamaConfig):
                                     "dispatch and combine move rows: " + " | ".join(
                                         moe_dispatch.IMPLS) + " (kernels/moe_dispatch.py) | "
                                     "auto (the platform's measured fastest)")
+  expert_fuse_gate_up: bool = schema.field(False, schema.BOOL, "run the experts' gate and up "
+                                           "as one grouped GEMM against their weights side "
+                                           "by side (expert_impl gmm or ragged): the rows "
+                                           "read once, one dX product")
 
   def __post_init__(self):
     super().__post_init__()
@@ -183,7 +187,7 @@ def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, d
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                   dispatch: str = "gather"):
+                   dispatch: str = "gather", fuse_gate_up: bool = False):
   """Runs dropless experts on jax.lax.ragged_dot: sort by expert, three grouped matmuls, unsort.
 
   Each ragged_dot multiplies row block e by expert e's weights only, so a grouped-GEMM backend
@@ -194,7 +198,7 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
   JAX's own transposes of ragged_dot, where `experts_gmm` writes them as grouped GEMMs.
   """
   return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
-                         up_ExDxF, down_ExFxD, dispatch=dispatch)
+                         up_ExDxF, down_ExFxD, dispatch=dispatch, fuse_gate_up=fuse_gate_up)
 
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
@@ -263,10 +267,15 @@ EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_bloc
            "dense": experts_dense}
 
 
-def expert_fn(impl: str, dispatch: str = "gather"):
+def expert_fn(impl: str, dispatch: str = "gather", fuse_gate_up: bool = False):
   """Returns the expert implementation `impl` with the dispatch `dispatch`, both resolved from
-  auto by the model's config; the dense reference has no dispatch."""
-  return EXPERTS[impl] if impl == "dense" else functools.partial(EXPERTS[impl], dispatch=dispatch)
+  auto by the model's config; the dense reference has no dispatch. `fuse_gate_up` applies to
+  platform.FUSES_GATE_UP alone (platform.resolve refuses it with another): the others compute the
+  same function without it."""
+  if impl == "dense":
+    return EXPERTS[impl]
+  fused = dict(fuse_gate_up=fuse_gate_up) if impl in platform.FUSES_GATE_UP else {}
+  return functools.partial(EXPERTS[impl], dispatch=dispatch, **fused)
 
 
 def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
@@ -363,7 +372,8 @@ class SparseMoE(nnx.Module):
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
     weights_NxP, ids_NxP, aux = route(x_NxD, self.router[...], cfg)
-    out_NxD = experts_sharded(expert_fn(cfg.expert_impl, cfg.dispatch_impl), x_NxD, ids_NxP,
+    experts = expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up)
+    out_NxD = experts_sharded(experts, x_NxD, ids_NxP,
                               weights_NxP, self.gate_proj[...].astype(dt),
                               self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
     return out_NxD.astype(x_BxLxD.dtype).reshape(b, length, d), aux

@@ -21,7 +21,7 @@ from tst_jax import fileio, platform
 from tst_jax.errors import StoreError, UserError
 from tst_jax.parallel import distributed
 from tst_jax.rundir import RunDir
-from tst_jax.train import metrics as metrics_lib, step_profile, tracker as tracker_lib
+from tst_jax.train import metrics as metrics_lib, step_profile
 from tst_jax.train.console import Console
 from tst_jax.train.handoff import handoff
 from tst_jax.train.outlook import format_plan
@@ -125,8 +125,8 @@ def _store_stopped(e: Exception, checkpoints) -> StoreError | None:
 def _writer(setup: Setup, start: int, record: PlanRecord) -> metrics_lib.MetricsWriter:
   """Returns the metrics sink of process 0, with train.tracker's run."""
   config = dict(config=setup.spec.to_json(), plan=record.to_json())
-  tracker = tracker_lib.Tracker(setup.spec.train.tracker, setup.rundir, config)
-  return metrics_lib.MetricsWriter(setup.rundir, resume_step=start, tracker=tracker)
+  return metrics_lib.MetricsWriter(setup.rundir, resume_step=start,
+                                   tracker=setup.spec.train.tracker, config=config)
 
 
 def _evaluate(setup: Setup, state, phase, done: int, step_log: StepLog):

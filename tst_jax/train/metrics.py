@@ -1,4 +1,5 @@
-"""Metrics sinks: metrics.jsonl, TensorBoard events, and the end-of-run loss plot."""
+"""Metrics sinks: metrics.jsonl, TensorBoard events, train.tracker's run, and the end-of-run
+loss plot."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 from tst_jax import fileio
 from tst_jax.rundir import RunDir
-from tst_jax.train import appending, workdir as workdir_lib
+from tst_jax.train import appending, sinks, workdir as workdir_lib
 
 
 def _tensorboardx():
@@ -73,16 +74,31 @@ def _tensorboard(rundir: RunDir, purge_step: int) -> _EventFile | None:
   return _EventFile(modules, rundir.tensorboard, rundir.parts, purge_step)
 
 
+def _tracker(rundir: RunDir, name: str, config: dict) -> sinks.Sink | None:
+  """Opens tracker `name` of sinks.TRACKERS with the run's `config`, continuing the tracker's
+  run that tracker.json names, and records the run it logs to there; None for none."""
+  opener = sinks.TRACKERS[name]
+  if opener is None:
+    return None
+  record = workdir_lib.read_tracker(rundir) or {}
+  sink = opener(rundir, record.get("id") if record.get("tracker") == name else None, config)
+  if sink.run_id is not None:
+    workdir_lib.write_tracker(rundir, dict(tracker=name, id=sink.run_id))
+  return sink
+
+
 class MetricsWriter:
   """Appends one JSON object per line to the run's metrics.jsonl and mirrors scalars to
-  TensorBoard and to `tracker`, a tracker.Tracker. The run starts after step `resume_step`,
-  0 on a first start: lines past it that an earlier attempt logged are dropped first, so the
-  file reads as one uninterrupted run, and TensorBoard hides that attempt's events past it.
-  Both files are written on the calling thread: locally each line and event is written
-  through, in a bucket uploaded as appending.Appender says, and all of them at `sync`."""
+  TensorBoard and to `tracker`, a name of sinks.TRACKERS, whose run gets `config`. The run
+  starts after step `resume_step`, 0 on a first start: lines past it that an earlier attempt
+  logged are dropped first, so the file reads as one uninterrupted run, and TensorBoard hides
+  that attempt's events past it. Both files are written on the calling thread: locally each
+  line and event is written through, in a bucket uploaded as appending.Appender says, and all
+  of them at `sync`."""
 
-  def __init__(self, rundir: RunDir, resume_step: int, tracker=None):
-    self.tracker = tracker
+  def __init__(self, rundir: RunDir, resume_step: int, tracker: str = "none",
+               config: dict | None = None):
+    self.tracker = _tracker(rundir, tracker, config or {})
     self.file = workdir_lib.open_metrics(rundir, resume_step)
     self.tb = _tensorboard(rundir, resume_step + 1)
 

@@ -16,7 +16,7 @@ from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
 from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
-from tst_jax.train import step_profile
+from tst_jax.train import sinks, step_profile
 from tst_jax.train.plan import EQUAL_FLOPS
 
 
@@ -49,7 +49,6 @@ def _task_names_ok(text) -> bool:
       n and n.replace("_", "a").replace(".", "a").replace("-", "a").isalnum() for n in names)
 
 
-TRACKERS = ("none", "wandb", "trackio")   # train.tracker: tracker.py starts each
 _WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1", str)
 _TASKS = schema.Rule(_task_names_ok, "'' or a comma list of lm-eval task names or 'paper' "
                      "(letters, digits, _ . -)", str)
@@ -153,9 +152,9 @@ class Train:
   max_passes: float = schema.field(0.0, schema.number(0), "refuse to train a run that would "
                                    "read its training tokens more times (0: no limit)",
                                    added=0.0)
-  tracker: str = schema.field("none", schema.one_of(TRACKERS), "none | wandb | trackio: also "
-                              "send metrics.jsonl's records there (WANDB_MODE=offline works "
-                              "without a login)", added="none")
+  tracker: str = schema.field("none", schema.registered(sinks.TRACKERS), "also send "
+                              "metrics.jsonl's records to this tracker of train/sinks.py "
+                              "(WANDB_MODE=offline works without a login)", added="none")
   profile_steps: str = schema.field("", _WINDOW, "'<first>,<count>': a jax.profiler trace of "
                                     "these steps and their milliseconds by category, in "
                                     "<workdir>/profile ('': none)", added="")

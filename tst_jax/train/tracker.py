@@ -1,10 +1,11 @@
-"""A hosted tracker beside metrics.jsonl: train.tracker=wandb or trackio gets the same records.
+"""Hosted trackers beside metrics.jsonl: train.tracker=wandb or trackio gets the same records.
 
 The tracker's run holds the plan and config as its config, every metrics.jsonl record's
 numbers at its step, and the phase switch as a `phase_switch` event. A resumed run continues
 the tracker's run that its tracker.json names. A missing package or login stops the run
 before its first step with one line that says how to fix it. After that, a tracker error is a
-warning and the run goes on without the tracker.
+warning and the run goes on without the tracker. `hosted` makes the sink opener of a tracker
+from the function that starts its run; train/sinks.py lists them.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import os
 
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 
 PROJECT = "tst-jax"             # WANDB_PROJECT or TRACKIO_PROJECT overrides it
 
 
-def _import(name: str):
+def require(name: str):
+  """Imports package `name`, or raises train.tracker's one line that says how to install it."""
   try:
     return importlib.import_module(name)
   except ImportError:
@@ -31,7 +32,7 @@ def _import(name: str):
 
 
 def _start_wandb(rundir: RunDir, run_id: str | None, config: dict):
-  wandb = _import("wandb")
+  wandb = require("wandb")
   try:
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT),   # a local folder:
                      dir=None if rundir.remote else rundir.root,         # wandb's own files
@@ -44,7 +45,7 @@ def _start_wandb(rundir: RunDir, run_id: str | None, config: dict):
 
 
 def _start_trackio(rundir: RunDir, run_id: str | None, config: dict):
-  trackio = _import("trackio")
+  trackio = require("trackio")
   name = run_id or rundir.name
   try:
     trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=name, config=config,
@@ -56,20 +57,13 @@ def _start_trackio(rundir: RunDir, run_id: str | None, config: dict):
   return name, lambda values, step: trackio.log(values, step=step), trackio.finish
 
 
-_STARTS = {"wandb": _start_wandb, "trackio": _start_trackio}
-
-
 class Tracker:
-  """Sends metrics.jsonl's records to a started tracker run; `name` none sends nothing."""
+  """Sends metrics.jsonl's records to tracker `name`'s run, started by `start` (`hosted`'s),
+  which returns the run's id, `log(values, step)` and `finish()`."""
 
-  def __init__(self, name: str, rundir: RunDir, config: dict):
-    self.name, self.phase, self.log_fn, self.finish_fn = name, None, None, None
-    if name == "none":
-      return
-    record = workdir_lib.read_tracker(rundir) or {}
-    run_id = record.get("id") if record.get("tracker") == name else None
-    run_id, self.log_fn, self.finish_fn = _STARTS[name](rundir, run_id, config)
-    workdir_lib.write_tracker(rundir, dict(tracker=name, id=run_id))
+  def __init__(self, name: str, start, rundir: RunDir, run_id: str | None, config: dict):
+    self.name, self.phase = name, None
+    self.run_id, self.log_fn, self.finish_fn = start(rundir, run_id, config)
 
   def write(self, record: dict):
     """Logs the record's numbers at its step, and a phase_switch event where the phase changes."""
@@ -96,3 +90,13 @@ class Tracker:
                   "has every record", self.name, type(e).__name__, e)
       self.log_fn = self.finish_fn = None
 
+
+def hosted(name: str, start):
+  """Returns the sink opener of hosted tracker `name`, whose `start(rundir, run_id, config)`
+  starts its run, or continues run `run_id` where tracker.json names one, and returns the run's
+  id, `log(values, step)` and `finish()`."""
+  return lambda rundir, run_id, config: Tracker(name, start, rundir, run_id, config)
+
+
+wandb = hosted("wandb", _start_wandb)
+trackio = hosted("trackio", _start_trackio)

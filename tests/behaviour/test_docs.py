@@ -1,0 +1,53 @@
+"""The README reads in two minutes: a quickstart of at most 40 lines with the two commands, and
+no paragraph over 6 lines; the rest lives in docs/, and every docs/*.md it names exists."""
+
+import os
+import re
+
+from tests.fixtures.paths import ROOT
+
+
+def _readme() -> str:
+  with open(os.path.join(ROOT, "README.md")) as f:
+    return f.read()
+
+
+def paragraphs(text: str) -> list[list[str]]:
+  """Returns the prose paragraphs of markdown `text`, each a list of lines: code blocks,
+  tables and headings are not prose, and each item of a list is a paragraph of its own."""
+  out, current, fenced = [], [], False
+  for line in text.splitlines() + [""]:
+    if line.startswith("```"):
+      fenced = not fenced
+      line = ""
+    if fenced or line.startswith(("|", "#")) or not line.strip() or line.startswith("- "):
+      if current:
+        out.append(current)
+      current = [line] if line.startswith("- ") and not fenced else []
+      continue
+    current.append(line)
+  return out
+
+
+def test_the_quickstart_fits_a_screen_and_holds_the_two_commands():
+  text = _readme()
+  quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+  assert len(quickstart.strip("\n").splitlines()) <= 40
+  assert [b.splitlines()[0] for b in re.findall(r"```bash\n(.*?)```", quickstart, re.S)] == [
+      "# 1. Install, then train the demo: a two-phase TST run on the embedded corpus, on CPU.",
+      "# 2. Install the test dependencies, then run the tests."]
+
+
+def test_no_paragraph_of_the_readme_is_over_six_lines():
+  long = [p[0][:60] for p in paragraphs(_readme()) if len(p) > 6]
+  assert not long, long
+
+
+def test_the_docs_the_readme_names_exist():
+  named = set(re.findall(r"docs/[\w/.-]+\.md", _readme()))
+  assert named and all(os.path.exists(os.path.join(ROOT, d)) for d in named), named
+
+
+def test_paragraphs_counts_prose_only():
+  text = "# t\n\none\ntwo\n\n```\na\nb\n```\n| x |\n- item\n  more\n\nlast\n"
+  assert paragraphs(text) == [["one", "two"], ["- item", "  more"], ["last"]]
