@@ -2,7 +2,7 @@
 
   python benchmarks/config_path.py [--config tests/fixtures/tiny_config.py] [--steps 2]
 
-Runs `main.py`'s entry (`tst_jax.train.cli.run`, or `loop.run` at commits before it) on a tiny
+Runs `main.py`'s entry (`tst_jax.cli.run`, or `loop.run` at commits before it) on a tiny
 two-phase run under `sys.setprofile`, following every call of a tst_jax function that is handed
 the config as an argument: the ConfigDict itself, a RunSpec checked from it, or one of that
 spec's parts (its sections, model config, plan, data settings); the methods and properties of
@@ -37,7 +37,7 @@ def main():
   config = configlib.load_config(args.config)
   config.train.steps = args.steps
   try:
-    from tst_jax.train import cli
+    from tst_jax import cli
     entry = cli.run
   except ImportError:              # before the cli module existed
     from tst_jax.train import loop

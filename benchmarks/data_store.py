@@ -141,7 +141,7 @@ import json, resource, sys, time
 t0 = time.time()
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
-from tst_jax.train import spec as spec_lib
+from tst_jax.config import spec as spec_lib
 from configs import demo
 imported = time.time() - t0
 c = demo.get_config()

@@ -28,7 +28,8 @@ import numpy as np  # noqa: E402
 
 from tst_jax import configlib  # noqa: E402
 from tst_jax.rundir import RunDir  # noqa: E402
-from tst_jax.train import setup as setup_lib, spec as spec_lib  # noqa: E402
+from tst_jax.config import spec as spec_lib  # noqa: E402
+from tst_jax.train import setup as setup_lib
 from tst_jax.train.evaluate import Evaluator  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,7 @@
 #   TOTAL_S   wall-clock budget of this call, default 480 (8 minutes)
 #   RATE      FLOP/s of the device, default the ladder's (measured: ladder_plan.py)
 # OUT_DIR gets per ladder <name>_ladder.{md,json,png}, speedup_trends.json (copy it over
-# tst_jax/train/speedup_trends.json for the plan's outlook), env.json and, after a GPU call,
+# tst_jax/config/speedup_trends.json for the plan's outlook), env.json and, after a GPU call,
 # points.tar.gz (the ladder's points' records, no checkpoints: at most 8 files in all).
 set -u
 PLAN_ONLY=

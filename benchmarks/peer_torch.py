@@ -30,7 +30,7 @@ import transformers  # noqa: E402
 
 from tst_jax import configlib, models, platform  # noqa: E402
 from tst_jax.convert import llama_hf  # noqa: E402
-from tst_jax.train import spec as spec_lib  # noqa: E402
+from tst_jax.config import spec as spec_lib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

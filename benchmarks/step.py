@@ -28,8 +28,9 @@ from ml_collections import config_flags
 
 from tst_jax import platform
 from tst_jax.parallel import xla_flags
-from tst_jax.train import step_profile
-from tst_jax.train import fit, spec as spec_lib, step as step_lib
+from tst_jax.run import step_profile
+from tst_jax.config import fit, spec as spec_lib
+from tst_jax.train import step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")
@@ -37,7 +38,7 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _DEPTHS = flags.DEFINE_list("depths", [], "Also report compile time at these n_layers.")
 _PROFILE = flags.DEFINE_integer("profile", 0, "Also trace this many steps and print where "
-                                "their milliseconds go, by category (tst_jax.train.step_profile). "
+                                "their milliseconds go, by category (tst_jax.run.step_profile). "
                                 "Turns XLA's GPU command buffers off for the whole process.")
 _HLO_DIR = flags.DEFINE_string("hlo_dir", None, "With --profile: write the optimized HLO of "
                                 "the step's five slowest ops (<phase>_top_ops.hlo.txt) and of "

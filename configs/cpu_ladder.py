@@ -17,7 +17,7 @@ behind its baseline at every length, +0.159 ± 0.017 nats at 1000 steps, +0.076 
 baseline 2.9678.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

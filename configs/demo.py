@@ -12,7 +12,7 @@ difference from these losses. Baseline arm (r = 0, same FLOPs per step):
   python main.py --config configs/demo.py:baseline --workdir /tmp/tst_demo_baseline
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 MEASURED = "docs/demo.md: 2-core CPU, 2026-11-25"
 TST_LOSS, BASELINE_LOSS = 4.3671, 3.7240   # final held-out losses of the two arms, measured

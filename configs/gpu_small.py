@@ -32,7 +32,7 @@ last step on 200 MB of site-packages *.py, against finished baselines of 2k, 3k 
   154 s with 2 arms sharing the GPU, 476 s with 6.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

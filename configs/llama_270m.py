@@ -15,7 +15,7 @@ Expected final loss (paper, DCLM): baseline 3.212 (20k) / 3.092 (100k); TST 3.14
 Table 1 data tokens at 20k steps: TST 75B (phase 1) + 30B = 105B; baseline 42B.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = "20k"):

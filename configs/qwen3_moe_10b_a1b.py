@@ -18,7 +18,7 @@ Expected (paper): final loss TST 2.236 vs baseline 2.252, at 4768 vs 12311 B200-
 data tokens TST 1.68T (phase 1) of 2T total, baseline 1.05T.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

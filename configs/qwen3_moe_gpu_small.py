@@ -26,7 +26,7 @@ experts' routing and grouped-GEMM outputs kept), 14.0 GB with save_dots (activat
 12.3 GB with full, 49.0 GB with none; the budget is 60 GB, so the experts' outputs are kept.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

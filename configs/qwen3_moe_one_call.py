@@ -23,7 +23,7 @@ parameter, 0.42 in the next-token phase, below the ~0.7 from which TST has paid 
 gpu_small.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

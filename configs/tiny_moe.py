@@ -7,7 +7,7 @@ and the corpus unigram entropy; metrics.jsonl carries moe/lb_loss, moe/max_load 
 per-expert load moe/expert_load/<e>. Baseline arm: configs/tiny_moe.py:baseline.
 """
 
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 
 def get_config(arg: str = ""):

@@ -256,7 +256,7 @@ def job_specs(target: Target, *, config: str, workdir: str, image: str, override
   'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
   with `require_data` that data.source and data.tokenizer are set (else a warning)."""
   from tst_jax import configlib
-  from tst_jax.train import spec as spec_lib
+  from tst_jax.config import spec as spec_lib
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
   specs = []
@@ -286,7 +286,7 @@ def validate_overrides(config: str, overrides):
   """Load the config as main.py would, apply the overrides, and check the plan: a typo
   fails here, not on 128 chips."""
   from tst_jax import configlib
-  from tst_jax.train import spec as spec_lib
+  from tst_jax.config import spec as spec_lib
   path, sep, arg = container_config(config).partition(":")
   config = configlib.apply_overrides(
       configlib.load_config(os.path.join(REPO, path) + sep + arg), overrides)

@@ -14,7 +14,8 @@ import tst_jax
 from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models, superposition as sp
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 
 spec = importlib.util.spec_from_file_location(
     "tst_in_your_loop", os.path.join(ROOT, "examples", "tst_in_your_loop.py"))

@@ -15,7 +15,8 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import models, schema
 from tst_jax.models import layers, llama
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.run import workdir as workdir_lib
 
 
 @pytest.mark.parametrize("name", sorted(models.FAMILIES))

@@ -6,8 +6,8 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul
-from tst_jax.train import spec as spec_lib
-from tst_jax.train.outlook import format_plan
+from tst_jax.config import spec as spec_lib
+from tst_jax.config.outlook import format_plan
 
 
 @pytest.mark.parametrize("dtype,head_dim,where,expected,reason", [

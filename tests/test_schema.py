@@ -1,7 +1,7 @@
 """A config section declared once (tst_jax/schema.py), on a section made up here: its defaults
 as a ConfigDict, the parse that checks every field against its rule, a field added after runs
 were written, the record of a section and the help lines. The run's own sections against the
-schema: tests/train/test_spec.py::test_every_run_field_has_its_check."""
+schema: tests/config/test_spec.py::test_every_run_field_has_its_check."""
 
 import dataclasses
 import math

@@ -5,7 +5,7 @@ hf://datasets/... or memory://... goes through fsspec, which needs the store's p
 s3fs or huggingface_hub. One write of an object is atomic, so a reader such as a resumed run
 never sees half of a file in either place.
 
-An object store has no append: `open` refuses mode 'a' there, and train/appending.py joins new
+An object store has no append: `open` refuses mode 'a' there, and run/appending.py joins new
 bytes to an object instead. It has no directories either: `makedirs` does nothing there, and
 a folder exists once an object lies under it.
 """
@@ -294,7 +294,7 @@ def open(path: str, mode: str = "r", **kwargs):   # pylint: disable=redefined-bu
     return builtins.open(path, mode, **kwargs)
   if "a" in mode or "+" in mode:
     raise ValueError(f"{path}: an object store cannot append or update in place; "
-                     "use tst_jax.train.appending.Appender")
+                     "use tst_jax.run.appending.Appender")
   fs, p = filesystem(path)
   return fs.open(p, mode, **kwargs)
 

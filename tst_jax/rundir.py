@@ -4,7 +4,7 @@ file and folder a run writes there, each a named member.
 The root is a local folder or a bucket's URL such as gs://bucket/run, and whether it is remote
 is asked once, here. Every other module takes a RunDir and asks it for a path by name; none
 joins a file's name onto the root itself. The readers and writers of the records are in
-train/workdir.py.
+run/workdir.py.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class RunDir:
     """Names the run by its folder's last part, as trackers and reports do."""
     return fileio.basename(self.root)
 
-  # The run's records: one reader and one writer each, in train/workdir.py.
+  # The run's records: one reader and one writer each, in run/workdir.py.
   config = _path("config.json", "the config the run trains with, `auto` fields resolved")
   plan = _path("plan.json", "the PlanRecord: phases, training tokens, resolved `auto` choices")
   metrics = _path("metrics.jsonl", "one JSON object per train or eval line")
@@ -61,7 +61,7 @@ class RunDir:
   tensorboard = _path("tensorboard", "the TensorBoard event files")
   # Outside tensorboard/, so that TensorBoard never reads a part that a killed run left behind.
   parts = _path(".parts", "in a bucket, the new bytes of an appended file on their way onto "
-                "it (train/appending.py)")
+                "it (run/appending.py)")
   loss_plot = _path("loss.png", "the finished run's losses")
   profile = _path("profile", "the jax.profiler trace of train.profile_steps and its tables")
   profile_table = _path("profile", "step_profile.txt", "milliseconds per step by category")

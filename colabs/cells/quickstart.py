@@ -27,11 +27,12 @@ import matplotlib.pyplot as plt
 
 from tst_jax import configlib
 from tst_jax.rundir import RunDir
-from tst_jax.train import trained_run
+from tst_jax.run import trained_run
 from tst_jax.tools.sample import Sampler
-from tst_jax.train import cli, workdir as workdir_lib
-from tst_jax.train import spec as spec_lib
-from tst_jax.train.outlook import format_plan
+from tst_jax import cli
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.config.outlook import format_plan
 
 {SMALL_FLAG}
 print("JAX", jax.__version__, jax.devices())

@@ -21,7 +21,7 @@ from tests.fixtures.fields import BASES
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tst_jax import configlib, models, schema
 from tst_jax.errors import ConfigError
-from tst_jax.train import sections, spec as spec_lib
+from tst_jax.config import sections, spec as spec_lib
 
 UNKNOWN = "bogus"   # a choice no field offers
 

@@ -13,7 +13,7 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError
-from tst_jax.train import spec as spec_lib
+from tst_jax.config import spec as spec_lib
 
 
 def test_main_names_a_missing_store_in_a_bucket_in_one_line(bucket, tmp_path):

@@ -27,8 +27,11 @@ from tst_jax.data import prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
 from tst_jax.rundir import RunDir
 from tst_jax.tools import export
-from tst_jax.train import checkpoint, cli, spec as spec_lib, trained_run
-from tst_jax.train import workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import trained_run
+from tst_jax.train import checkpoint
+from tst_jax.run import workdir as workdir_lib
 
 CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
 LIBRARY_LINE = re.compile(r"^[IWEF]\d{4} ", re.M)   # absl's and glog's, C++ or Python

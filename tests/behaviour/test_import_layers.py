@@ -20,8 +20,8 @@ LAYERS = [
     ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
     ("tst_jax.models", 2),
     ("tst_jax.data", 3), ("tst_jax.convert", 3), ("tst_jax.analysis", 3),
-    ("tst_jax.train", 4),
-    ("tst_jax.tools", 5), ("tst_jax.configlib", 5),
+    ("tst_jax.train", 4), ("tst_jax.config", 4), ("tst_jax.run", 4),
+    ("tst_jax.tools", 5), ("tst_jax.configlib", 5), ("tst_jax.cli", 5),
 ]
 def layer(module: str):
   best = max((p for p, _ in LAYERS if module == p or module.startswith(p + ".")), key=len,

@@ -15,8 +15,8 @@ import pytest
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli
-from tst_jax.train import workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.run import workdir as workdir_lib
 
 # The tiny run (4 tst + 4 ntp steps, checkpoints every 2), parameters sharded over 8 devices.
 FIELDS = dict(steps=8, data=dict(batch_size=8))

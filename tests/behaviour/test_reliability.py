@@ -19,9 +19,11 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, models
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import optim, step as step_lib
 from tst_jax.train.setup import Setup
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.run import workdir as workdir_lib
 
 
 def test_non_finite_step_leaves_state_untouched(monkeypatch):

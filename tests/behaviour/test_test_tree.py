@@ -15,7 +15,7 @@ NOT_A_PACKAGE = {"fixtures", "behaviour", "testdata", "__pycache__"}
 # Test files named for what they test inside one module, not for the module itself.
 NAMED_FOR_A_PART = {
     "test_api.py": "__init__.py",                       # the public API, tst_jax's own names
-    "train/test_plan_schedule.py": "train/plan.py",     # the plan's learning-rate schedule
+    "config/test_plan_schedule.py": "config/plan.py",     # the plan's learning-rate schedule
     "test_z_loss.py": "losses.py",                      # the z-loss, in every implementation
 }
 
@@ -25,16 +25,16 @@ ELSEWHERE = {
     "convert/hf.py": ["convert/test_llama_hf.py", "convert/test_qwen3_moe_hf.py"],
     "data/output_shards.py": ["data/test_store.py"],
     "convert/reading.py": ["convert/test_llama_hf.py"],
-    "data/run_data.py": ["train/test_plan.py", "data/test_store.py"],
+    "data/run_data.py": ["config/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "models/sampling.py": ["tools/test_sample.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
-    "train/cli.py": ["train/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
-    "train/defaults.py": ["train/test_plan_schedule.py", "train/test_loop.py"],
-    "train/sections.py": ["train/test_spec.py", "train/test_console.py"],
-    "train/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
+    "cli.py": ["config/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
+    "config/defaults.py": ["config/test_plan_schedule.py", "train/test_loop.py"],
+    "config/sections.py": ["config/test_spec.py", "run/test_console.py"],
+    "run/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
 }
 
 

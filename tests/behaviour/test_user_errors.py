@@ -21,7 +21,8 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib
 from tst_jax.errors import ConfigError, UserError, config_name
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 
 DEFAULTS = {family: make() for family, make in BASES.items()}
 # Raw override strings: boundaries, wrong types, every option name of the surface, paths.

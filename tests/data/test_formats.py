@@ -15,7 +15,8 @@ from tst_jax import errors
 from tst_jax.data import file_readers, formats, load_documents, prepare, sources
 from tst_jax.data.store import TokenStore
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.run import workdir as workdir_lib
 
 
 def csv_texts(path: str, field: str):

@@ -18,7 +18,9 @@ from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
 
 WEIGHTS = [(0.7, 0.3), (0.5, 0.5), (0.2, 0.3, 0.5), (1 / 3, 2 / 3), (0.9, 0.05, 0.05)]
 

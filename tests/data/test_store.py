@@ -20,7 +20,9 @@ from tst_jax.data import output_shards, prepare as prepare_lib
 from tst_jax.data import store as store_lib
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, spec as spec_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
 from tst_jax.data.sources import BadFile
 from tst_jax.errors import ConfigError
 

@@ -20,7 +20,9 @@ from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.models import layers
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, sections, spec as spec_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import sections, spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
 from tst_jax.train import step as step_lib
 
 

@@ -12,7 +12,8 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import splash_attention
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 
 
 @pytest.mark.parametrize("length,heads,kv_heads", [(128, 4, 2), (256, 2, 1)])

@@ -20,7 +20,8 @@ from tst_jax import configlib, platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul, moe_dispatch
 from tst_jax.models import llama, moe
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 
 
 # Shapes: B batch, L length, l bags, S bag size, D 32, E experts, K top-k, F expert width.

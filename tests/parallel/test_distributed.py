@@ -6,7 +6,7 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.parallel import distributed
-from tst_jax.train import spec as spec_lib
+from tst_jax.config import spec as spec_lib
 
 
 def test_distributed_initialize_from_config_and_env(monkeypatch):

@@ -20,7 +20,7 @@ from flax import nnx, linen as nn
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tst_jax import configlib, models
 from tst_jax.parallel import logical, mesh as mesh_lib
-from tst_jax.train import spec as spec_lib
+from tst_jax.config import spec as spec_lib
 
 ACTIVATIONS = [("batch", "length", "heads", "head_dim"), ("batch", "length", "mlp"),
                ("batch", "length", "embed"), ("batch", "length", "vocab"),

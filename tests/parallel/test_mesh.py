@@ -18,7 +18,9 @@ from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import optim, step as step_lib
 from tst_jax.train.setup import Setup
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.fixtures.tiny import tiny_config
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
-from tst_jax.train import cli, spec as spec_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
 
 
 MESH = dict(data=1, fsdp=-1, tensor=1, expert=1, dcn_data=1)

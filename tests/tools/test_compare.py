@@ -15,8 +15,9 @@ from tst_jax.analysis.frontier import Frontier
 from tst_jax.rundir import RunDir
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
-from tst_jax.train import metrics as metrics_lib, plan as plan_lib, spec as spec_lib
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.config import plan as plan_lib, spec as spec_lib
+from tst_jax.run import metrics as metrics_lib
+from tst_jax.run import workdir as workdir_lib
 
 
 def _fake_run(path, config, evals, train_tokens=None, plan=None):

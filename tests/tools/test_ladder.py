@@ -17,7 +17,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
 from tst_jax.analysis.frontier import Frontier, Trend
 from tst_jax.tools import ladder, ladder_plan, sweep
-from tst_jax.train import outlook, spec as spec_lib
+from tst_jax.config import outlook, spec as spec_lib
 
 DEVICE_SOURCE = "data.source=text:/opt/torch/.venv/lib/python3.12/site-packages/**/*.py"
 

@@ -19,8 +19,8 @@ from tst_jax.rundir import RunDir
 from tst_jax.tools import ladder, sweep
 from tst_jax.tools.sweep.brought_back import RECORDS, bring_back
 from tst_jax.tools.sweep.points import point_dir
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train import spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.config import spec as spec_lib
 
 STEPS = 8
 FAST = ["--set", f"train.steps={STEPS}", "--set", "train.checkpoint_every=100"]
@@ -118,7 +118,7 @@ def _run_and_resume(workdir, grid, expected, monkeypatch, capsys, baseline=("--i
 
   def no_training(*a, **k):
     raise AssertionError("a finished point was trained again")
-  monkeypatch.setattr("tst_jax.train.cli.run", no_training)
+  monkeypatch.setattr("tst_jax.cli.run", no_training)
   assert sweep.main(args) == 0
   assert capsys.readouterr().out.count("finished, skipped") == len(expected)
   assert fileio.read_text(fileio.join(str(workdir), "sweep.csv")) == table

@@ -19,7 +19,8 @@ from orbax.checkpoint.checkpoint_managers import save_decision_policy
 from tests.fixtures.tiny import tiny_config
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import spec as spec_lib, workdir as workdir_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
 from tst_jax.train.preemption import PreemptionGuard
 from tst_jax.train.setup import Setup
 

@@ -16,8 +16,11 @@ from tests.fixtures.tiny import tiny_config  # noqa: E402
 from tst_jax import errors  # noqa: E402
 from tst_jax.errors import ConfigError  # noqa: E402
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, downstream, spec as spec_lib, trained_run  # noqa: E402
-from tst_jax.train import workdir as workdir_lib  # noqa: E402
+from tst_jax import cli  # noqa: E402
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import trained_run
+from tst_jax.train import downstream
+from tst_jax.run import workdir as workdir_lib  # noqa: E402
 
 TASK_DIR = os.path.join(TESTDATA, "mc_task")
 

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from tests.fixtures.tiny import tiny_config
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 from tst_jax.train.evaluate import Evaluator
 
 

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 
 from tests.fixtures.tiny import tiny_config
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 from tst_jax.train.handoff import reinit_embedding_and_head
 
 

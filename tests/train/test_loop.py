@@ -15,8 +15,11 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
 from tst_jax.data import TokenStore, eval_windows
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, loop, spec as spec_lib, step as step_lib, trained_run
-from tst_jax.train import workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import trained_run
+from tst_jax.train import loop, step as step_lib
+from tst_jax.run import workdir as workdir_lib
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
@@ -82,7 +85,7 @@ def test_step_speed_gives_mfu_from_the_plans_flops_and_a_peak():
 @pytest.mark.parametrize("expert_impl", [
     "auto", pytest.param("gmm", marks=pytest.mark.slow)])   # gmm: tests/models/test_moe.py
 def test_tiny_moe_trains_two_phase_with_aux_metrics(tmp_path, expert_impl):
-  from tst_jax.train.defaults import base_config
+  from tst_jax.config.defaults import base_config
   config = tiny_config(steps=16, ratio=0.25)
   moe = base_config("qwen3_moe", "tiny_moe").model
   moe.update(vocab_size=512, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffw_dim=64,

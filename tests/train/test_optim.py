@@ -16,9 +16,11 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train.sections import Optimizer
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import optim, step as step_lib
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.config.sections import Optimizer
 
 PEAK, FINAL = 2e-3, 0.1
 

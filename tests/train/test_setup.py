@@ -10,7 +10,10 @@ from tests.fixtures.paths import TESTDATA
 from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, setup as setup_lib, spec as spec_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.train import setup as setup_lib
 
 
 def test_workdir_of_another_config_refuses_to_resume(tmp_path):
@@ -68,7 +71,7 @@ def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_pa
   platform's own: the run resumes, evaluates and loads; an eval leaves config.json as the
   training platform wrote it; any other difference still refuses."""
   from tst_jax import platform
-  from tst_jax.train import trained_run
+  from tst_jax.run import trained_run
   cli.run(tiny_config(steps=4), str(tmp_path))
   path = tmp_path / "config.json"
   record = json.loads(path.read_text())

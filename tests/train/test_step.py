@@ -14,8 +14,10 @@ from tst_jax import superposition as sp
 from tst_jax.errors import ConfigError
 from tst_jax.models import llama, moe
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, optim, spec as spec_lib, step as step_lib
-from tst_jax.train import workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import optim, step as step_lib
+from tst_jax.run import workdir as workdir_lib
 
 
 def test_phase_flops_equal_in_compiled_cost_analysis():

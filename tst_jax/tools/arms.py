@@ -9,7 +9,7 @@ from tst_jax.analysis.frontier import spread
 from tst_jax.tools.compare import (METHOD, fit_text, fmt, frontier_for, frontier_notes,
                                    report_head, run_row)
 from tst_jax.tools.eval_curve import EvalCurve
-from tst_jax.train.console import human
+from tst_jax.run.console import human
 
 
 def summarize_arms(runs: list[tuple[str, int, EvalCurve]], order=()

@@ -41,8 +41,8 @@ from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import (FIT_DISAGREES, LENGTHS_NEEDED, WIDE_BRACKET, EqualLoss,
                                        Frontier)
 from tst_jax.tools.eval_curve import EvalCurve, differs, load_run
-from tst_jax.train import defaults
-from tst_jax.train.console import human
+from tst_jax.config import defaults
+from tst_jax.run.console import human
 
 METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished baselines' "
           "(r = 0, equal to the run in all but the TST settings, steps and seed; in a sweep, "

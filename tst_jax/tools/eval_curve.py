@@ -9,8 +9,8 @@ import numpy as np
 
 from tst_jax import errors, fileio
 from tst_jax.rundir import RunDir
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train.plan import Plan
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.config.plan import Plan
 
 # Config fields a baseline may differ in from the run it is compared with: the TST settings,
 # the step count, the seed, and what changes how a run is computed but not what it learns.

@@ -24,7 +24,7 @@ positions of every step over the active parameters). A one-seed Δ inside twice 
 seed spread gets a second seed planned. Per TST bag size, the exact speed-ups of the finished
 rungs give speed-up ≈ a + b·ln(tokens per parameter) over their range. Writes W/ladder.{md,
 json,png} and W/speedup_trends.json: the shipped trends with these in place of their recipe's,
-to copy over tst_jax/train/speedup_trends.json, which the plan's "where TST pays" line reads.
+to copy over tst_jax/config/speedup_trends.json, which the plan's "where TST pays" line reads.
 With --budget_s and the ladder's rate, the missing points are packed into calls of that many
 seconds (tools/ladder_plan.py), and the next call of the ladder that adds the most is named.
 """
@@ -49,9 +49,9 @@ from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, c
                                        rung_arms)
 from tst_jax.tools.sweep.points import point_dir
 from tst_jax.tools.sweep.report import finished_arm_runs
-from tst_jax.train import defaults, outlook
-from tst_jax.train.plan import Plan
-from tst_jax.train.workdir import final_eval
+from tst_jax.config import defaults, outlook
+from tst_jax.config.plan import Plan
+from tst_jax.run.workdir import final_eval
 
 
 def make_rungs(ladder: Ladder, seeds: list[int], sets: list[str]

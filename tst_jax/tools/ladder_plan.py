@@ -16,7 +16,7 @@ import dataclasses
 import math
 
 from tst_jax.tools.sweep.points import OVERHEAD_S, PREPARE_S, estimate_s, make_arm_points
-from tst_jax.train import defaults
+from tst_jax.config import defaults
 
 # No run of a rung reads its corpus more than this many times: as many as the measured rungs
 # read theirs (gpu_small's s4 at 2k: 2.2; docs/results.md). A corpus read more often teaches

@@ -1,1 +1,2 @@
-"""Training: run plan, optimizer, pure train step, checkpoints, metrics and the two-phase loop."""
+"""The step: optimizer, pure train step, setup, the two-phase loop, checkpoints, evaluation and
+the phase handoff."""

@@ -22,8 +22,8 @@ from orbax.checkpoint.checkpoint_managers import save_decision_policy
 from tst_jax import fileio
 from tst_jax.errors import ConfigError, StoreError
 from tst_jax.parallel import distributed
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train.spec import RunSpec
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.config.spec import RunSpec
 
 log = logging.getLogger("tst_jax")
 # A save that waits this long for the previous one to finish writing is said once, in our

@@ -11,7 +11,7 @@ import numpy as np
 
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import step as step_lib
-from tst_jax.train.plan import Phase
+from tst_jax.config.plan import Phase
 
 
 class Evaluator:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tst_jax import superposition as sp
 from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
-from tst_jax.train.console import Console
-from tst_jax.train.plan import Phase
+from tst_jax.run.console import Console
+from tst_jax.config.plan import Phase
 
 
 def handoff(state: step_lib.TrainState, phase: Phase, checkpoints: ckpt_lib.RunCheckpoints,

@@ -21,14 +21,14 @@ from tst_jax import fileio, platform
 from tst_jax.errors import StoreError, UserError
 from tst_jax.parallel import distributed
 from tst_jax.rundir import RunDir
-from tst_jax.train import metrics as metrics_lib, step_profile
-from tst_jax.train.console import Console
+from tst_jax.run import metrics as metrics_lib, step_profile
+from tst_jax.run.console import Console
 from tst_jax.train.handoff import handoff
-from tst_jax.train.outlook import format_plan
-from tst_jax.train.plan import Plan, PlanRecord
+from tst_jax.config.outlook import format_plan
+from tst_jax.config.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
 from tst_jax.train.setup import Setup
-from tst_jax.train import lock as lock_lib, workdir as workdir_lib
+from tst_jax.run import lock as lock_lib, workdir as workdir_lib
 
 log = logging.getLogger("tst_jax")
 

@@ -18,10 +18,12 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.train import spec as spec_lib, step as step_lib, trained_run
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import trained_run
+from tst_jax.train import step as step_lib
+from tst_jax.run import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
-from tst_jax.train.sections import SAME_RUN, same_run_fields
+from tst_jax.config.sections import SAME_RUN, same_run_fields
 
 try:
   from tst_jax.train import downstream

@@ -15,8 +15,8 @@ import re
 from tst_jax import errors, fileio
 from tst_jax.rundir import RunDir
 from tst_jax.tools.sweep.points import point_dir
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train.workdir import final_eval
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.run.workdir import final_eval
 
 RECORDS = ("config", "plan", "metrics", "summary")   # the RunDir members a point brings back
 

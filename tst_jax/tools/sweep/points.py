@@ -7,7 +7,7 @@ import re
 
 from tst_jax import configlib, fileio
 from tst_jax.rundir import RunDir
-from tst_jax.train import spec as spec_lib
+from tst_jax.config import spec as spec_lib
 
 RATIO, BAG = "tst.ratio", "tst.bag_size"
 # A point's seconds beside its FLOPs, for budgets: start, compilation, evals and checkpoints

@@ -14,9 +14,9 @@ from tst_jax import fileio
 from tst_jax.tools import arms as arms_lib, compare
 from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import BAG, RATIO, point_dir
-from tst_jax.train.console import human
-from tst_jax.train.plan import Plan
-from tst_jax.train.workdir import final_eval, plan_and_tokens, read_summary
+from tst_jax.run.console import human
+from tst_jax.config.plan import Plan
+from tst_jax.run.workdir import final_eval, plan_and_tokens, read_summary
 
 
 def points_under(workdir: str):

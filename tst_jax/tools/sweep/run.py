@@ -19,8 +19,9 @@ from tst_jax import configlib, errors, fileio
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
 from tst_jax.tools.sweep.points import Point, point_dir, resolve
-from tst_jax.train import cli, workdir as workdir_lib
-from tst_jax.train.appending import Appender
+from tst_jax import cli
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.run.appending import Appender
 
 _MAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))), "main.py")

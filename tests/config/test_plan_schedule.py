@@ -15,9 +15,10 @@ from tst_jax import losses
 from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, defaults, plan as plan_lib, spec as spec_lib
+from tst_jax import cli
+from tst_jax.config import defaults, plan as plan_lib, spec as spec_lib
 from tst_jax.train.setup import Setup
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.run import workdir as workdir_lib
 from tst_jax.errors import ConfigError
 
 

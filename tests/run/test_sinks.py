@@ -1,4 +1,4 @@
-"""The tracker registry (tst_jax/train/sinks.py): a tracker registered only here passes the
+"""The tracker registry (tst_jax/run/sinks.py): a tracker registered only here passes the
 config check, gets every record metrics.jsonl gets in a tiny two-phase run, and a resumed run
 continues its run; a name not registered is one ConfigError naming the field."""
 
@@ -7,7 +7,9 @@ import pytest
 from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, sinks, spec as spec_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import sinks, workdir as workdir_lib
 
 
 class Recorder:

@@ -1,4 +1,4 @@
-"""The plan's outlook (tst_jax/train/outlook.py). Passes over the data: how many times each phase
+"""The plan's outlook (tst_jax/config/outlook.py). Passes over the data: how many times each phase
 and the run read the training tokens, and the plan's warning when they repeat. Where TST pays:
 the warning for runs where TST is expected to end behind its baseline, too short a next-token
 phase or a model as small as every one where TST ended behind."""
@@ -13,7 +13,8 @@ from tst_jax.configlib import load_config
 from tst_jax.data import prepare as prepare_lib, run_data, sources
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, outlook, spec as spec_lib
+from tst_jax import cli
+from tst_jax.config import outlook, spec as spec_lib
 
 REPEATS = "warning: the data repeats"
 

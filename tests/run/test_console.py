@@ -10,9 +10,10 @@ import sys
 
 from tst_jax.configlib import load_config
 from tst_jax.rundir import RunDir
-from tst_jax.train import console as console_lib
-from tst_jax.train import workdir as workdir_lib
-from tst_jax.train import cli, defaults, sections, spec as spec_lib
+from tst_jax.run import console as console_lib
+from tst_jax.run import workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.config import defaults, sections, spec as spec_lib
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 

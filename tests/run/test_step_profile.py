@@ -15,8 +15,9 @@ from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.parallel import xla_flags
-from tst_jax.train import step_profile
-from tst_jax.train import spec as spec_lib, step as step_lib
+from tst_jax.run import step_profile
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import step as step_lib
 
 
 def traced_step(phase_name, moe=False, **mesh):

@@ -12,7 +12,8 @@ import pytest
 from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, tracker as tracker_lib, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.run import tracker as tracker_lib, workdir as workdir_lib
 
 
 def test_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):

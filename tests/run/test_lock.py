@@ -1,4 +1,4 @@
-"""The workdir's lock (tst_jax/train/lock.py): a second run stops with one line naming the
+"""The workdir's lock (tst_jax/run/lock.py): a second run stops with one line naming the
 live holder, a dead run's lock is taken over with a line, on a local disk and in a bucket. A
 holder never overwrites a lock another run took, and a run that lost its lock, or cannot
 renew it, stops at its next step with one line."""
@@ -20,7 +20,9 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.train import cli, lock as lock_lib, loop, workdir as workdir_lib
+from tst_jax import cli
+from tst_jax.run import lock as lock_lib, workdir as workdir_lib
+from tst_jax.train import loop
 
 
 @pytest.fixture(params=["local", "bucket"])

@@ -1,5 +1,5 @@
 """Metrics sinks in one registry: the trackers that train.tracker names, beside metrics.jsonl
-and TensorBoard's event file, which every run writes (train/metrics.py).
+and TensorBoard's event file, which every run writes (run/metrics.py).
 
 `TRACKERS` maps each name to a function `open(rundir, run_id, config)` that returns the
 `Sink` of a run, and `none` to None; the field's choices are its names. `register` adds one,
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from tst_jax.rundir import RunDir
-from tst_jax.train import tracker
+from tst_jax.run import tracker
 
 
 class Sink(Protocol):

@@ -22,9 +22,9 @@ from tst_jax.kernels import fp8
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.distributed import Distributed
 from tst_jax.parallel.mesh import MeshShape
-from tst_jax.train import step_profile
-from tst_jax.train.plan import Plan, bag_schedule, make_plan
-from tst_jax.train.sections import (Loss, Optimizer, Reference, Run, Train, Tst,
+from tst_jax.run import step_profile
+from tst_jax.config.plan import Plan, bag_schedule, make_plan
+from tst_jax.config.sections import (Loss, Optimizer, Reference, Run, Train, Tst,
                                     same_run_fields)
 
 # Every section of a run config but the top level (`Run`) and the model (the family's config

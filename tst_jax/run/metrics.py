@@ -12,7 +12,7 @@ import time
 
 from tst_jax import fileio
 from tst_jax.rundir import RunDir
-from tst_jax.train import appending, sinks, workdir as workdir_lib
+from tst_jax.run import appending, sinks, workdir as workdir_lib
 
 
 def _tensorboardx():

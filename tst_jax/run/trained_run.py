@@ -20,8 +20,9 @@ from tst_jax.convert import hf as convert_hf
 from tst_jax.data.run_data import Data
 from tst_jax.errors import DataError, WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.train import checkpoint as ckpt_lib, step as step_lib, workdir as workdir_lib
-from tst_jax.train.sections import Tst
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
+from tst_jax.config.sections import Tst
 
 
 @dataclasses.dataclass

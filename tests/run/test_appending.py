@@ -1,4 +1,4 @@
-"""Appending to a run's files (tst_jax/train/appending.py): written through locally; in a
+"""Appending to a run's files (tst_jax/run/appending.py): written through locally; in a
 bucket uploaded when due and at `flush`, by compose in GCS and by a rewrite elsewhere."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tst_jax import fileio
-from tst_jax.train import appending
+from tst_jax.run import appending
 
 
 class _Clock:

@@ -16,8 +16,8 @@ from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
 from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
-from tst_jax.train import sinks, step_profile
-from tst_jax.train.plan import EQUAL_FLOPS
+from tst_jax.run import sinks, step_profile
+from tst_jax.config.plan import EQUAL_FLOPS
 
 
 def _axes_ok(target) -> bool:
@@ -153,7 +153,7 @@ class Train:
                                    "read its training tokens more times (0: no limit)",
                                    added=0.0)
   tracker: str = schema.field("none", schema.registered(sinks.TRACKERS), "also send "
-                              "metrics.jsonl's records to this tracker of train/sinks.py "
+                              "metrics.jsonl's records to this tracker of run/sinks.py "
                               "(WANDB_MODE=offline works without a login)", added="none")
   profile_steps: str = schema.field("", _WINDOW, "'<first>,<count>': a jax.profiler trace of "
                                     "these steps and their milliseconds by category, in "

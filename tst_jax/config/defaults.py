@@ -9,8 +9,8 @@ import ml_collections
 
 from tst_jax import models, schema
 from tst_jax.errors import ConfigError
-from tst_jax.train.sections import Run, same_run_fields
-from tst_jax.train.spec import SECTIONS, sections_of
+from tst_jax.config.sections import Run, same_run_fields
+from tst_jax.config.spec import SECTIONS, sections_of
 
 
 def base_config(family: str = "llama", preset: str = "tiny") -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""The run's plan (tst_jax/train/plan.py): the paper configs' sizes and data tokens, a phase as
+"""The run's plan (tst_jax/config/plan.py): the paper configs' sizes and data tokens, a phase as
 the single source of its batches and loss, and plan.json's record read back typed."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import run_data
-from tst_jax.train import plan as plan_lib, spec as spec_lib
+from tst_jax.config import plan as plan_lib, spec as spec_lib
 from tst_jax.train import step as step_lib
 
 

@@ -12,8 +12,9 @@ from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
-from tst_jax.train import cli, fit
-from tst_jax.train import spec as spec_lib
+from tst_jax import cli
+from tst_jax.config import fit
+from tst_jax.config import spec as spec_lib
 
 
 def _fit(config, accelerator):

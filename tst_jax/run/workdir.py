@@ -18,8 +18,9 @@ from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.run_data import Stores
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.train import appending, spec as spec_lib
-from tst_jax.train.plan import Plan, PlanRecord
+from tst_jax.config import spec as spec_lib
+from tst_jax.run import appending
+from tst_jax.config.plan import Plan, PlanRecord
 
 ORBAX_COMMIT = "commit_success.txt"   # in a bucket, what Orbax writes last in a step's folder
 

@@ -1,4 +1,4 @@
-"""The run spec (tst_jax/train/spec.py): a bad config fails before anything trains, naming its
+"""The run spec (tst_jax/config/spec.py): a bad config fails before anything trains, naming its
 field; indivisible lengths and a vocabulary the tokenizer outgrows are refused; every field of
 the run config is declared with its rule and doc, and `--help-config` lists them all."""
 
@@ -12,7 +12,8 @@ from tests.fixtures.fields import BASES, FIELDS
 from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models, schema
-from tst_jax.train import cli, sections as sections_lib, spec as spec_lib
+from tst_jax import cli
+from tst_jax.config import sections as sections_lib, spec as spec_lib
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -123,7 +124,7 @@ def test_checking_a_config_does_not_start_jax():
   code = ("import glob, sys\n"
           "from jax._src import xla_bridge\n"
           "from tst_jax import configlib\n"
-          "from tst_jax.train import fit, spec\n"
+          "from tst_jax.config import fit, spec\n"
           "for path in sorted(glob.glob('configs/*.py')) + ['tests/fixtures/tiny_config.py']:\n"
           "  checked = spec.check(configlib.load_config(path))\n"
           "  fit.layer_param_bytes(checked.model)\n"

@@ -9,8 +9,8 @@ import os
 
 from tst_jax.analysis.frontier import Trend
 from tst_jax.data.mixture import name_of
-from tst_jax.train.console import human
-from tst_jax.train.plan import Phase, Plan, PlanRecord
+from tst_jax.run.console import human
+from tst_jax.config.plan import Phase, Plan, PlanRecord
 
 # The measured rule of where TST starts to pay, kept where the warning decides: it takes both
 # a large enough model and a long enough next-token phase. docs/results.md has the runs. A

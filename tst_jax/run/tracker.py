@@ -5,7 +5,7 @@ numbers at its step, and the phase switch as a `phase_switch` event. A resumed r
 the tracker's run that its tracker.json names. A missing package or login stops the run
 before its first step with one line that says how to fix it. After that, a tracker error is a
 warning and the run goes on without the tracker. `hosted` makes the sink opener of a tracker
-from the function that starts its run; train/sinks.py lists them.
+from the function that starts its run; run/sinks.py lists them.
 """
 
 from __future__ import annotations

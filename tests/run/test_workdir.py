@@ -1,4 +1,4 @@
-"""A run's record (tst_jax/train/workdir.py): one reader and writer per file, one
+"""A run's record (tst_jax/run/workdir.py): one reader and writer per file, one
 "same run?" check whose message is the same for a config, a store and a checkpoint, and a
 workdir in a bucket read and written as a local one."""
 
@@ -11,7 +11,7 @@ from tst_jax import fileio
 from tst_jax.data import get_tokenizer
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.rundir import RunDir
-from tst_jax.train import workdir as workdir_lib
+from tst_jax.run import workdir as workdir_lib
 
 
 @pytest.fixture(params=["local", "bucket"])

@@ -1,4 +1,4 @@
-"""The metrics sinks (tst_jax/train/metrics.py): metrics.jsonl and TensorBoard's event file,
+"""The metrics sinks (tst_jax/run/metrics.py): metrics.jsonl and TensorBoard's event file,
 written on the main thread on a disk and in the GCS emulator's bucket, whole at each `sync`
 and after a failed upload."""
 
@@ -10,7 +10,7 @@ import pytest
 from tests.fixtures import events
 from tst_jax import fileio
 from tst_jax.rundir import RunDir
-from tst_jax.train import appending, metrics, workdir as workdir_lib
+from tst_jax.run import appending, metrics, workdir as workdir_lib
 
 pytest.importorskip("tensorboardX")
 
