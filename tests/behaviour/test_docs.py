@@ -51,3 +51,19 @@ def test_the_docs_the_readme_names_exist():
 def test_paragraphs_counts_prose_only():
   text = "# t\n\none\ntwo\n\n```\na\nb\n```\n| x |\n- item\n  more\n\nlast\n"
   assert paragraphs(text) == [["one", "two"], ["- item", "  more"], ["last"]]
+
+
+def test_the_architecture_names_every_module():
+  """docs/architecture.md's module table has a row for each module of tst_jax/, by its path
+  under the package, and no row for a module that is gone."""
+  with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+    named = set(re.findall(r"^\| `([\w/]+\.py)` \|", f.read(), re.M))
+  package = os.path.join(ROOT, "tst_jax")
+  modules = set()
+  for folder, dirs, files in os.walk(package):
+    dirs[:] = [d for d in dirs if not d.startswith("__")]
+    rel = os.path.relpath(folder, package)
+    modules |= {os.path.normpath(os.path.join(rel, f)) for f in files if f.endswith(".py")
+                and (f != "__init__.py" or rel == ".")}
+  assert modules - named == set(), "add them to docs/architecture.md's module table"
+  assert named - modules == set(), "gone from tst_jax/: remove their rows"
