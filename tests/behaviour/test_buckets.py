@@ -156,7 +156,6 @@ PAUSED = (
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-@pytest.mark.slow   # 12-29 s with a cold compilation cache (docs/testing.md)
 def test_a_run_whose_bucket_stops_answering_for_seconds_waits_and_goes_on(
     gcs_server, bucket, tmp_path, monkeypatch, caplog):
   """The bucket stops answering for 3 s: the retries of gcsfs and TensorStore wait, and the

@@ -223,7 +223,6 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
     configlib.load_config(gpu_small + ":r")
 
 
-@pytest.mark.slow   # 12-29 s with a cold compilation cache (docs/testing.md)
 def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     tmp_path, monkeypatch, capsys):
   args = ["--config", TINY_CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
