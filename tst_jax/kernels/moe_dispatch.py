@@ -121,7 +121,7 @@ def _rows(table, index):
 # How dispatch and combine move rows, each a full set of the four passes (dispatch and combine,
 # forward and backward). The MoE lab (benchmarks/moe_lab.py) times them side by side; it also
 # timed writing the gather out before the sum, P outermost, a segment_sum and weights applied
-# to the buffer rows, none faster (docs/performance.md, "GPU: one H200, 2026-11-27").
+# to the buffer rows, none faster (docs/performance.md, the MoE lab's first H200 section).
 #   gather    the P-way sums gather [N, P, D], then reduce over P; combine's backward gathers
 #             y again for the weights' gradient
 #   unrolled  the P-way sums add P gathers of [N, D] in one elementwise pass, no reduce

@@ -53,7 +53,7 @@ LADDERS = {
     # qwen3_moe_one_call (27.4M active parameters) at 0.6, 1.0, 2.0 and 4.0 tokens per active
     # parameter; 1k is the one-call run of docs/results.md. Two of its runs side by side on one
     # H200 took 65 ms a step each with the gather dispatch, 2 x 2.69 TFLOP / 0.065 s (step_s
-    # in docs/gpu/2026-11-26-h200/science/runs/*/metrics.jsonl; one alone: 30 ms). The Pallas
+    # in the metrics.jsonl of the `finished` folder's runs; one alone: 30 ms). The Pallas
     # dispatch, measured only at larger shapes, is not counted until a run measures it here.
     "moe": Ladder("moe", "configs/qwen3_moe_one_call.py", ("1k", "1.7k", "3.3k", "6.7k"),
                   rate=83e12, finished=("docs/gpu/2026-11-26-h200/science",)),
