@@ -3,13 +3,13 @@ boundary against the MCE written out, and a resume across a boundary."""
 
 import json
 import os
-import shutil
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
+from tests.fixtures import trained
 from tests.fixtures.tiny import tiny_config
 from tst_jax import losses
 from tst_jax import superposition as sp
@@ -94,9 +94,7 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
     np.testing.assert_allclose(logged[step + 1]["loss"], want, rtol=2e-5, err_msg=f"{step}")
   checkpoints.close()
   # Resume at step 2 (inside stage 1) through both boundaries: the same losses.
-  for d in os.listdir(tmp_path / "checkpoints"):
-    if d.isdigit() and int(d) > 2:
-      shutil.rmtree(tmp_path / "checkpoints" / d)
+  trained.kill_after(tmp_path, 2)
   capsys.readouterr()
   os.remove(tmp_path / "plan.json")
   cli.run(config, str(tmp_path))

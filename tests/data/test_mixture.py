@@ -6,13 +6,13 @@ killed and resumed against the same run in one go."""
 import json
 import os
 import re
-import shutil
 import types
 
 import grain
 import numpy as np
 import pytest
 
+from tests.fixtures import trained
 from tests.fixtures.tiny import tiny_config
 from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
 from tst_jax.data.store import TokenStore
@@ -281,9 +281,7 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   logged = _losses(tmp_path)
   assert sorted(logged) == list(range(1, 9))
   _check_the_bytes_under_the_held_out_rows(config, str(tmp_path))
-  for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 3's checkpoint
-    if d.isdigit() and int(d) > 3:
-      shutil.rmtree(tmp_path / "checkpoints" / d)
+  trained.kill_after(tmp_path, 3)
   cli.run(config, str(tmp_path))
   again = _losses(tmp_path)
   np.testing.assert_array_equal([again[k] for k in range(1, 9)],
@@ -317,9 +315,7 @@ def test_a_staged_run_resumed_inside_a_stage_logs_the_losses_of_one_in_one_go(
           f"{192 / train[f'tokens:{code}']:.3g} passes; prose_store 0.5: 192 tokens") in out
   logged = _losses(tmp_path)
   assert sorted(logged) == list(range(1, 9))
-  for d in os.listdir(tmp_path / "checkpoints"):     # killed after step 5's checkpoint
-    if d.isdigit() and int(d) > 5:
-      shutil.rmtree(tmp_path / "checkpoints" / d)
+  trained.kill_after(tmp_path, 5)
   cli.run(config, str(tmp_path))
   again = _losses(tmp_path)
   np.testing.assert_array_equal([again[k] for k in range(1, 9)],
