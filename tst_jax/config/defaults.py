@@ -67,9 +67,17 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
     r<r>          the step ratio
     <N>k          total steps in thousands, e.g. 2k, 1.5k, 0.45k
     <N>mb         data.max_bytes in millions of bytes, e.g. 600mb: a corpus for a longer run
+    mtp<k>        multi-token prediction of k tokens a position, Gloeckle et al.'s heads, at
+                  the baseline's FLOPs (fewer steps); alone next-token training throughout
+                  (r = 0), with tst or r<r> in the next-token phase after TST's phase 1
+    mtp<k>-ds     the same with DeepSeek-V3's cascaded modules
   `name` is the config file, for the error message.
   """
-  for part in arms(arg):
+  parts = arms(arg)
+  if any(mtp_arm(p) for p in parts) and not any(
+      p == "tst" or p[0] == "r" and _is_float(p[1:]) for p in parts):
+    c.tst.ratio = 0.0      # an MTP arm is MTP's own unless it names TST's phase 1
+  for part in parts:
     if part == "tst":
       continue
     if part == "baseline":
@@ -88,11 +96,22 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
       c.train.steps = arm_steps(part)
     elif part.endswith("mb") and part[:-2].isdigit() and int(part[:-2]) > 0:
       c.data.max_bytes = int(part[:-2]) * 1_000_000
+    elif mtp_arm(part):
+      c.mtp.k, c.mtp.kind = mtp_arm(part)
     else:
       raise ConfigError("--config", f"{name}: unknown arg {part!r}; expected a comma list of "
                         "tst, baseline, reinit, input_only, output_only, smooth, s<S>, r<ratio>, "
-                        "<N>k, <N>mb")
+                        "<N>k, <N>mb, mtp<k>, mtp<k>-ds")
   return c
+
+
+def mtp_arm(part: str) -> tuple[int, str] | None:
+  """Reads an 'mtp<k>' or 'mtp<k>-ds' arm: 'mtp4' -> (4, 'gloeckle'), 'mtp2-ds' -> (2,
+  'deepseek'). Any other text, or k < 2, gives None."""
+  text, ds = (part[:-3], True) if part.endswith("-ds") else (part, False)
+  if not (text.startswith("mtp") and text[3:].isdigit() and int(text[3:]) >= 2):
+    return None
+  return int(text[3:]), "deepseek" if ds else "gloeckle"
 
 
 def arm_steps(part: str) -> int:

@@ -102,7 +102,7 @@ def activation_bytes(graphdef, params, phase, loss_cfg, window, batch_shards: in
   [layers, B, H, L] are counted.
   """
   def loss(params, window):
-    return step_lib.loss(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
+    return step_lib.objective(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
   rows = window.shape[0]
   total = 0
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
@@ -255,7 +255,8 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
         int(memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
-  full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
+  full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"),
+                                            spec.mtp)
   full_activations = max(activation_bytes(full_graphdef, params, p, spec.loss,
                                           jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
                                                                jnp.int32), shards,

@@ -9,11 +9,13 @@ from typing import Callable
 
 import jax
 import numpy as np
+from flax import nnx
 
 from tst_jax import data as data_lib
 from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError
+from tst_jax.models import mtp as mtp_lib
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
@@ -128,14 +130,18 @@ class Setup:
 
   def init_from_hf(self) -> step_lib.TrainState:
     """Returns a step-0 TrainState holding the weights of the Hugging Face folder init_from_hf,
-    sharded as the run's state, with a fresh optimizer state."""
+    sharded as the run's state, with a fresh optimizer state. Multi-token prediction heads,
+    which no Hugging Face model has, start as a fresh init draws them."""
     try:
       host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
       raise ConfigError("init_from_hf", f"{e}") from e
+    shardings = self.trainer.shardings.params
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-        host, self.trainer.shardings.params)
+        host, nnx.State({k: v for k, v in shardings.items() if k != mtp_lib.ATTR}))
+    if mtp_lib.ATTR in shardings:
+      params[mtp_lib.ATTR] = self.trainer.init_state(self.spec.run.seed).params[mtp_lib.ATTR]
     with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
                      out_shardings=self.trainer.shardings)(params)
