@@ -136,12 +136,14 @@ class Setup:
       host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
       raise ConfigError("init_from_hf", f"{e}") from e
-    shardings = self.trainer.shardings.params
+    model_only = nnx.Not(nnx.PathContains(mtp_lib.ATTR))
+    shardings = nnx.split_state(self.trainer.shardings.params, model_only, ...)[0]
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-        host, nnx.State({k: v for k, v in shardings.items() if k != mtp_lib.ATTR}))
-    if mtp_lib.ATTR in shardings:
-      params[mtp_lib.ATTR] = self.trainer.init_state(self.spec.run.seed).params[mtp_lib.ATTR]
+        host, shardings)
+    if self.spec.mtp.on:
+      fresh = self.trainer.init_state(self.spec.run.seed).params
+      params = nnx.merge_state(params, nnx.split_state(fresh, model_only, ...)[1])
     with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
                      out_shardings=self.trainer.shardings)(params)
