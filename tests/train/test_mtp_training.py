@@ -221,3 +221,26 @@ def test_the_sweep_gives_tst_and_mtp_arms_their_equal_loss_speed_up(tmp_path, ca
   assert abs(mtp_plan.flops_total - base_plan.flops_total) <= (
       mtp_plan.phases[-1].flops_per_step / 2)
   assert "| mtp2 |" in (tmp_path / "results.md").read_text()
+
+
+def test_mtp_arms_come_back_from_their_point_names_and_join_a_ladders_rungs(tmp_path):
+  """A point brought back without its sweep_point.json names its arm by its folder, '+'
+  written '-': the '-ds' of mtp<k>-ds stays. A ladder's rung spells an MTP arm at its length,
+  and fits no TST trend to it (S = 1)."""
+  from tests.fixtures.brought_back import write_point
+  from tst_jax.tools import ladder
+  from tst_jax.tools.sweep import make_arm_points
+  from tst_jax.tools.sweep.brought_back import point_record
+  for arm in ("tst+mtp2-ds", "mtp3-ds+0.016k", "baseline+0.016k"):
+    point = make_arm_points([arm], [0])[0]
+    steps = spec_lib.check(configlib.load_config(point.config_arg(TINY_CONFIG))).plan.total_steps
+    path = write_point(str(tmp_path), TINY_CONFIG, point, [], {steps: 5.0})
+    assert not fileio.exists(fileio.join(path, "sweep_point.json"))
+    assert point_record(RunDir(path))["arm"] == arm
+  tst, _ = ladder.rung_arms("0.024k", ("tst", "mtp2"), (1.0,), 12)
+  assert tst == ["0.024k", "mtp2+0.024k"]
+  config = configlib.load_config(f"{TINY_CONFIG}:{tst[1].replace('+', ',')}")
+  assert (config.mtp.k, config.tst.ratio, config.train.steps) == (2, 0.0, 24)
+  point = dict(S=1, rung_done=True, speedup=1.1, speedup_bound="=", tokens_per_param=1.0,
+               arm="mtp2", seed=0, params=1e6, params_total=1e6)
+  assert ladder.fit_trends([point, dict(point, tokens_per_param=2.0)], "test") == []
