@@ -21,12 +21,16 @@ DeepSeek-V3 writes it so, with λ = 0.3, then 0.1. Gloeckle et al. sum the k CEs
 The heads are added beside the config's model, which training otherwise leaves as it is: the
 parameters of the model kept after training are the config's, and the heads' parameters and
 FLOPs count in the plan. Export drops them, as both papers keep only the next-token model.
-Phase 1 of TST trains on bags without them. Shapes: K = k heads, the next-token one first.
+Phase 1 of TST trains on bags without them. The heads use the parts of a model that the llama
+family's classes have, and families built on them inherit: `make_block`, `embed_inputs`,
+`run_layers`, `embed`, `final_norm`, and for Gloeckle's heads one scanned stack, `blocks`.
+Shapes: K = k heads, the next-token one first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -203,6 +207,7 @@ def flops_per_token(model_cfg, mtp: Mtp, seq_len: int) -> float:
   return 6.0 * (matmul + heads * model_cfg.dim * model_cfg.vocab_size) + heads * attention
 
 
+@functools.lru_cache(maxsize=8)   # the plan asks per phase, the spec's check once more
 def _abstract_heads(model_cfg, mtp: Mtp) -> nnx.State:
   if not mtp.on:
     return nnx.State({})
