@@ -17,7 +17,7 @@ ROOT = pathlib.Path(paths.ROOT)
 LAYERS = [
     ("tst_jax.errors", 0), ("tst_jax.fileio", 0), ("tst_jax.rundir", 0), ("tst_jax.schema", 0),
     ("tst_jax.platform", 1), ("tst_jax.superposition", 1), ("tst_jax.kernels", 1),
-    ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
+    ("tst_jax.parallel", 1), ("tst_jax.losses", 1), ("tst_jax.optim", 1),
     ("tst_jax.models", 2),
     ("tst_jax.data", 3), ("tst_jax.convert", 3), ("tst_jax.analysis", 3),
     ("tst_jax.train", 4), ("tst_jax.config", 4), ("tst_jax.run", 4),
