@@ -71,7 +71,7 @@ def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_pa
   platform's own: the run resumes, evaluates and loads; an eval leaves config.json as the
   training platform wrote it; any other difference still refuses."""
   from tst_jax import platform
-  from tst_jax.run import trained_run
+  from tst_jax.train import trained_run
   cli.run(tiny_config(steps=4), str(tmp_path))
   path = tmp_path / "config.json"
   record = json.loads(path.read_text())

@@ -19,7 +19,7 @@ from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax.config import spec as spec_lib
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.train import step as step_lib
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
