@@ -1,4 +1,4 @@
-"""Paths on the local disk and in object stores (tst_jax/fileio.py): each function gives the same
+"""Paths on the local disk and in object stores (tst_jax/fileio/): each function gives the same
 contents on the local disk, in the GCS emulator's bucket and in fsspec's memory store; writes
 are whole or not at all; the lock's create-if-absent, write-if-unchanged and
 remove-if-unchanged hold; a path that cannot be read or written is one error naming it and why."""
