@@ -1,7 +1,7 @@
 """The run's own config sections, each field declared once: the top level `Run`, tst, loss,
 optimizer, train and reference.
 
-The other sections live with what they configure: data in data/run_data.py, model in the
+The other sections live with what they configure: data in data/section.py, model in the
 family's config dataclass, mesh in parallel/mesh.py and distributed in parallel/distributed.py.
 """
 

@@ -16,7 +16,7 @@ import os
 
 from tst_jax import fileio, losses, models, platform, schema
 from tst_jax.data.mixture import RunMixture
-from tst_jax.data.run_data import Data, check_paths as check_data_paths
+from tst_jax.data.section import Data, check_paths as check_data_paths
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.parallel import mesh as mesh_lib
