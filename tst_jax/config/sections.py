@@ -212,8 +212,9 @@ class Reference:
                            "('': none)", added="")
   loss: float = schema.field(0.0, schema.number(0), "its final held-out loss (nats/token)",
                              added=0.0)
-  measured: str = schema.field("", schema.STRING, "where and when, e.g. 'docs/demo.md: 2-core "
-                               "CPU, 2026-11-25'", added="")
+  measured: str = schema.field("", schema.STRING, "where and when: the docs page that records "
+                               "its device and date, e.g. 'docs/demo.md: 2-core CPU'",
+                               added="")
   command: str = schema.field("", schema.STRING, "the command that measures it again",
                               added="")
   data: str = schema.field("", schema.STRING, "the data it was measured on: the token store's "
