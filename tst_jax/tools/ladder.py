@@ -43,10 +43,11 @@ import numpy as np
 from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import arms, compare, sweep
+from tst_jax.tools.ladder_tables import format_points, format_rungs
 from tst_jax.tools.eval_curve import EvalCurve, config_identity
 from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, call_seconds,
                                        corpus_bytes, needs_second_seed, noise_text, pack_calls,
-                                       rung_arms)
+                                       rung_arms, trend_text)
 from tst_jax.tools.sweep.points import point_dir
 from tst_jax.tools.sweep.report import finished_arm_runs
 from tst_jax.config import defaults, outlook
@@ -263,7 +264,8 @@ def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
       trends=[t.to_json() for t in trends]))
   title = f"The speed-up ladder{' ' + ladder.name if ladder.name else ''} ({ladder.config})"
   lines = compare.report_head(f"{title}: equal-loss speed-up against run length", command)
-  lines += [compare.METHOD, "", format_points(points), ""]
+  lines += [compare.METHOD, "", format_points(points), "", "Per rung, over its seeds:", "",
+            format_rungs(points), ""]
   if not trends:
     lines.append("No trend: it needs exact speed-ups of finished rungs at two or more tokens "
                  "per parameter.")
@@ -282,20 +284,7 @@ def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
   return paths
 
 
-def format_points(points: list[dict]) -> str:
-  lines = ["| run | S | seed | steps | tokens per parameter | passes | final eval loss | Δ at "
-           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seed "
-           "noise | baselines |", "|---" * 13 + "|"]
-  for p in points:
-    lines.append(f"| {p['run']} | {p['S']} | {p['seed']} | {p['steps']} | "
-                 f"{p['tokens_per_param']:.3g} | {compare.fmt(p['passes'], '.2f')} | "
-                 f"{p['final_loss']:.4f} | {p['delta_text']} | "
-                 f"{compare.fmt(p['slope'], '+.4f')} | {p['speedup_predicted_text']} | "
-                 f"{p['speedup_text']} | {p['noise']} | {', '.join(p['baselines'])} |")
-  return "\n".join(lines)
-
-
-def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
+def plan_text(ladder: Ladder, args, rungs: list[Rung], missing: list[str], calls: list[Call],
               too_long: list[tuple[str, float]], extra: list[Rung]) -> list[str]:
   """Says what is missing and which calls finish it, as the report's lines."""
   lines = [""]
@@ -318,7 +307,7 @@ def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
     lines.append(f"Too long for one call of {args.budget_s:.0f} s, each alone: "
                  f"{', '.join(f'{n} (about {s:.0f} s)' for n, s in too_long)}: a faster step, a "
                  "longer call, or a shorter baseline factor.")
-  return lines
+  return lines + [trend_text(rungs, set(missing), calls, args.budget_s)]
 
 
 def measure(workdir: str, ladder: Ladder, rungs: list[Rung], plans: dict, sets: list[str]):
@@ -360,7 +349,7 @@ def run_ladder(args, ladder: Ladder, workdir: str, command: str
   calls, too_long = plan_calls(args, ladder, rungs, plans, missing)
   trends = fit_trends(points, f"{command}; {datetime.date.today().isoformat()}")
   paths = write(workdir, ladder, points, notes, trends, command, missing,
-                plan_text(ladder, args, missing, calls, too_long, extra))
+                plan_text(ladder, args, rungs, missing, calls, too_long, extra))
   print(fileio.read_text(paths["md"]))
   return status, calls[0] if calls else None, trends
 
