@@ -72,7 +72,7 @@ def test_a_section_runs_alone(tmp_path, sections, steps):
   assert sum(c[0] == "benchmarks/step.py" for c in calls) == steps
 
 
-@pytest.mark.parametrize("script", ["gpu_small.sh", "ladder.sh"])
+@pytest.mark.parametrize("script", ["gpu_small.sh", "ladder.sh", "gpu_budget.sh"])
 def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   """The scripts give the sweep a deadline of LEFT seconds and kill it at LEFT + extra: at its
   deadline the sweep asks its trainers to checkpoint and waits up to GRACE_S for them, then
