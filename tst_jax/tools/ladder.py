@@ -47,7 +47,7 @@ from tst_jax.tools.eval_curve import EvalCurve, config_identity
 from tst_jax.tools.ladder_report import fit_trends, merged_trends, write
 from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, call_seconds,
                                        corpus_bytes, needs_second_seed, noise_text, pack_calls,
-                                       rung_arms)
+                                       rung_arms, trend_text)
 from tst_jax.tools.sweep.points import point_dir
 from tst_jax.tools.sweep.report import finished_arm_runs
 from tst_jax.config import defaults
@@ -234,7 +234,7 @@ def plan_calls(args, ladder: Ladder, rungs: list[Rung], plans: dict, missing: li
   return pack_calls(rungs, set(missing), seconds, args.budget_s)
 
 
-def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
+def plan_text(ladder: Ladder, args, rungs: list[Rung], missing: list[str], calls: list[Call],
               too_long: list[tuple[str, float]], extra: list[Rung]) -> list[str]:
   """Says what is missing and which calls finish it, as the report's lines."""
   lines = [""]
@@ -257,7 +257,7 @@ def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
     lines.append(f"Too long for one call of {args.budget_s:.0f} s, each alone: "
                  f"{', '.join(f'{n} (about {s:.0f} s)' for n, s in too_long)}: a faster step, a "
                  "longer call, or a shorter baseline factor.")
-  return lines
+  return lines + [trend_text(rungs, set(missing), calls, args.budget_s)]
 
 
 def measure(workdir: str, ladder: Ladder, rungs: list[Rung], plans: dict, sets: list[str]):
@@ -299,7 +299,7 @@ def run_ladder(args, ladder: Ladder, workdir: str, command: str
   calls, too_long = plan_calls(args, ladder, rungs, plans, missing)
   trends = fit_trends(points, f"{command}; {datetime.date.today().isoformat()}")
   paths = write(workdir, ladder, points, notes, trends, command, missing,
-                plan_text(ladder, args, missing, calls, too_long, extra))
+                plan_text(ladder, args, rungs, missing, calls, too_long, extra))
   print(fileio.read_text(paths["md"]))
   return status, calls[0] if calls else None, trends
 

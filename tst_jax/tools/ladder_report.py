@@ -9,6 +9,7 @@ from tst_jax import fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import compare
 from tst_jax.tools.ladder_plan import Ladder
+from tst_jax.tools.ladder_tables import format_points, format_rungs
 from tst_jax.config import outlook
 
 
@@ -42,7 +43,8 @@ def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
       trends=[t.to_json() for t in trends]))
   title = f"The speed-up ladder{' ' + ladder.name if ladder.name else ''} ({ladder.config})"
   lines = compare.report_head(f"{title}: equal-loss speed-up against run length", command)
-  lines += [compare.METHOD, "", format_points(points), ""]
+  lines += [compare.METHOD, "", format_points(points), "", "Per rung, over its seeds:", "",
+            format_rungs(points), ""]
   if not trends:
     lines.append("No trend: it needs exact speed-ups of finished rungs at two or more tokens "
                  "per parameter.")
@@ -59,19 +61,6 @@ def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
   fileio.write_text(paths["md"], "\n".join(lines))
   plot(points, trends, paths["png"])
   return paths
-
-
-def format_points(points: list[dict]) -> str:
-  lines = ["| run | S | seed | steps | tokens per parameter | passes | final eval loss | Δ at "
-           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seed "
-           "noise | baselines |", "|---" * 13 + "|"]
-  for p in points:
-    lines.append(f"| {p['run']} | {p['S']} | {p['seed']} | {p['steps']} | "
-                 f"{p['tokens_per_param']:.3g} | {compare.fmt(p['passes'], '.2f')} | "
-                 f"{p['final_loss']:.4f} | {p['delta_text']} | "
-                 f"{compare.fmt(p['slope'], '+.4f')} | {p['speedup_predicted_text']} | "
-                 f"{p['speedup_text']} | {p['noise']} | {', '.join(p['baselines'])} |")
-  return "\n".join(lines)
 
 
 def plot(points: list[dict], trends: list[Trend], out_path: str):
