@@ -48,6 +48,7 @@
 #          rows), forward and forward+backward, % of bf16 peak (target >= 50%): XLA, tokamax as
 #          a run gets it (platform.py's kernel per product), all-Mosaic, all-Triton
 # `all` runs every section but moe_lab, peer and quick, in this order; each also runs alone (e.g. `moe,profile`).
+# DONE_ROWS (a comma list of row names) skips those rows: benchmarks/gpu_budget.sh's rows done.
 # Where ./.whl holds wheels (../shared/tools/gpu_wheels.sh) and tokamax is not importable,
 # they are installed into /tmp/site first. docs/performance.md holds the numbers of a run,
 # with the device, versions and date.
@@ -74,6 +75,10 @@ END=$(( START + QUICK_S ))   # the running section's end: each section sets its 
 bounded() {
   local name=$1 bound=$2 t0 limit rc
   shift 2
+  if [[ ",${DONE_ROWS:-}," == *",$name,"* ]]; then   # gpu_budget.sh: done at this code
+    echo "{\"row\": \"$name\", \"skipped\": \"done at this code in an earlier run\"}" | log
+    return
+  fi
   t0=$(date +%s)
   limit=$(( END - t0 - 5 ))
   [ $(( bound * SCALE )) -lt "$limit" ] && limit=$(( bound * SCALE ))

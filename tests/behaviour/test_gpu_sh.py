@@ -72,7 +72,7 @@ def test_a_section_runs_alone(tmp_path, sections, steps):
   assert sum(c[0] == "benchmarks/step.py" for c in calls) == steps
 
 
-@pytest.mark.parametrize("script", ["gpu_small.sh", "ladder.sh"])
+@pytest.mark.parametrize("script", ["gpu_small.sh", "ladder.sh", "gpu_budget.sh"])
 def test_the_outer_timeout_leaves_the_sweep_its_grace(script):
   """The scripts give the sweep a deadline of LEFT seconds and kill it at LEFT + extra: at its
   deadline the sweep asks its trainers to checkpoint and waits up to GRACE_S for them, then
@@ -292,8 +292,8 @@ def test_ladder_sh_plan_only_names_the_call_that_adds_the_most(tmp_path):
   script = os.path.join(ROOT, "benchmarks", "ladder.sh")
   out = subprocess.run(["bash", script, "--plan_only", str(tmp_path / "out")], env=env,
                        check=True, capture_output=True, text=True, timeout=300).stdout
-  assert re.search(r"Next call: LADDER=moe POINTS=baseline-2k_seed0,1\.7k_seed0,"
-                   r"baseline-1\.7k_seed0 \(about \d+ s of \d+; completes 1k seed 0\)", out)
+  assert re.search(r"Next call: LADDER=moe POINTS=baseline-0\.5k_seed0,baseline-2k_seed0,"
+                   r"2k_seed0 \(about \d+ s of \d+; completes 1k seed 0\)", out)
   assert sorted(os.listdir(tmp_path / "out")) == sorted(
       [f"{n}_ladder.{x}" for n in ("moe", "dense") for x in ("md", "json", "png")]
       + ["env.json", "ladder.txt"])

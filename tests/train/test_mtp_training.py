@@ -24,7 +24,9 @@ from tst_jax.config.plan import Phase, Plan
 from tst_jax.errors import ConfigError
 from tst_jax.models import mtp as mtp_lib
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run, workdir as workdir_lib
+from tst_jax.config import record
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.train import trained_run
 from tst_jax.tools import compare, export
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.setup import Setup
@@ -111,7 +113,7 @@ def mtp_workdir(tmp_path_factory):
 
 def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
   rundir = RunDir(mtp_workdir)
-  plan = workdir_lib.read_plan(rundir).plan
+  plan = record.read_plan(rundir).plan
   assert [(p.name, p.mtp_k) for p in plan.phases] == [("tst", 1), ("ntp", 3)]
   assert plan.total_steps == 4 + plan.phases[1].steps and plan.phases[1].steps < 4
   records = [r for r in workdir_lib.read_metrics(rundir) if "loss" in r]
@@ -135,7 +137,7 @@ def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdi
   names = list(safetensors.numpy.load_file(os.path.join(out, "model.safetensors")))
   assert names and not any("mtp" in n for n in names)
   model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-  plan = workdir_lib.read_plan(RunDir(mtp_workdir)).plan
+  plan = record.read_plan(RunDir(mtp_workdir)).plan
   assert sum(p.numel() for p in model.parameters()) == plan.params_total
   ours = trained_run.load(RunDir(mtp_workdir), dtype="float32").model
   tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(2, 32))
@@ -216,8 +218,8 @@ def test_the_sweep_gives_tst_and_mtp_arms_their_equal_loss_speed_up(tmp_path, ca
     run = next(r for r in result["runs"] if r["arm"] == arm)
     assert run["frontier"] == ["baseline_seed0", "baseline-0.024k_seed0"]
     assert run["speedup"] is not None, run["speedup_text"]
-  mtp_plan = workdir_lib.read_plan(RunDir(str(tmp_path / "mtp2_seed0"))).plan
-  base_plan = workdir_lib.read_plan(RunDir(str(tmp_path / "baseline_seed0"))).plan
+  mtp_plan = record.read_plan(RunDir(str(tmp_path / "mtp2_seed0"))).plan
+  base_plan = record.read_plan(RunDir(str(tmp_path / "baseline_seed0"))).plan
   assert abs(mtp_plan.flops_total - base_plan.flops_total) <= (
       mtp_plan.phases[-1].flops_per_step / 2)
   assert "| mtp2 |" in (tmp_path / "results.md").read_text()

@@ -55,7 +55,7 @@ class Phase:
   batch_size: int      # B, global rows
   flops_per_step: float
   weighting: str = "uniform"   # the MCE's bag weighting (tst)
-  variant: str = "mce"         # mce | alt (tst)
+  variant: str = "mce"         # a loss variant of losses.VARIANTS (tst)
   mtp_k: int = 1               # tokens predicted per position, the next included (ntp; 1: no MTP)
   mtp_weight: float = 0.0      # λ of the further tokens' mean CE (models/mtp.py)
   mtp_flops_per_step: float = 0.0   # the MTP heads' share of flops_per_step

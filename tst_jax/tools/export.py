@@ -30,7 +30,8 @@ import tokenizers
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run, workdir as workdir_lib
+from tst_jax.config import record
+from tst_jax.train import trained_run
 from tst_jax.convert import hf as convert_hf
 from tst_jax.tools import hub
 
@@ -65,7 +66,7 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   if trained.phase1_only:
     log.warning("step %d is a phase-1 (TST) checkpoint: it predicts bags, not next tokens",
                 trained.step)
-  mtp = workdir_lib.read_config(trained.rundir)["mtp"]
+  mtp = record.read_config(trained.rundir)["mtp"]
   if mtp.on:
     log.info("the run's %d multi-token prediction heads (mtp.kind=%s) stay behind: the export "
              "is the next-token model, as in their papers", mtp.k - 1, mtp.kind)
