@@ -29,8 +29,8 @@ from ml_collections import config_flags
 from tst_jax import platform
 from tst_jax.parallel import xla_flags
 from tst_jax.run import step_profile
-from tst_jax.config import fit, spec as spec_lib
-from tst_jax.train import step as step_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import fit, step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _PHASE = flags.DEFINE_enum("phase", "both", ["tst", "ntp", "both"], "Which phase's step.")

@@ -17,10 +17,11 @@ ROOT = pathlib.Path(paths.ROOT)
 LAYERS = [
     ("tst_jax.errors", 0), ("tst_jax.fileio", 0), ("tst_jax.rundir", 0), ("tst_jax.schema", 0),
     ("tst_jax.platform", 1), ("tst_jax.superposition", 1), ("tst_jax.kernels", 1),
-    ("tst_jax.parallel", 1), ("tst_jax.losses", 1),
+    ("tst_jax.parallel", 1), ("tst_jax.losses", 1), ("tst_jax.optim", 1),
     ("tst_jax.models", 2),
     ("tst_jax.data", 3), ("tst_jax.convert", 3), ("tst_jax.analysis", 3),
-    ("tst_jax.train", 4), ("tst_jax.config", 4), ("tst_jax.run", 4),
+    # layer 4 in three floors: the run's record < its config and plan < the step and the loop
+    ("tst_jax.run", 4.0), ("tst_jax.config", 4.1), ("tst_jax.train", 4.2),
     ("tst_jax.tools", 5), ("tst_jax.configlib", 5), ("tst_jax.cli", 5),
 ]
 def layer(module: str):
@@ -76,7 +77,8 @@ def test_the_check_catches_an_upward_import(tmp_path):
   """The parser sees imports in functions and both import forms."""
   tree = ast.parse("from tst_jax.train import loop\ndef f():\n  import tst_jax.tools.sweep\n")
   assert imports(tree) == [("tst_jax.train", 1, False), ("tst_jax.tools.sweep", 3, True)]
-  assert layer("tst_jax.train.loop") == 4 and layer("tst_jax.models.moe") == 2
+  assert layer("tst_jax.train.loop") == 4.2 and layer("tst_jax.models.moe") == 2
+  assert layer("tst_jax.config.record") == 4.1 and layer("tst_jax.run.workdir") == 4.0
 
 
 def _imported_modules(module: str) -> set[str]:

@@ -34,7 +34,8 @@ ELSEWHERE = {
     "cli.py": ["config/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
     "config/defaults.py": ["config/test_plan_schedule.py", "train/test_loop.py"],
     "config/sections.py": ["config/test_spec.py", "run/test_console.py"],
-    "run/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
+    "config/record.py": ["config/test_plan_schedule.py", "train/test_setup.py"],
+    "train/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
 }
 
 

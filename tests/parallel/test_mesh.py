@@ -20,7 +20,8 @@ from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
-from tst_jax.train import optim, step as step_lib
+from tst_jax import optim
+from tst_jax.train import step as step_lib
 from tst_jax.train.setup import Setup
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 

@@ -15,7 +15,7 @@ from tst_jax import losses, models, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
-from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
+from tst_jax.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
 from tst_jax.run import sinks, step_profile
 from tst_jax.config.plan import EQUAL_FLOPS
 

@@ -22,6 +22,7 @@ from tst_jax.errors import DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
+from tst_jax.config import record as record_lib
 from tst_jax.config.sections import Tst
 
 
@@ -55,7 +56,7 @@ def load(rundir: RunDir, step: int | None = None, *, dtype: str | None = None) -
   error names the steps there), or a checkpoint that does not restore, is a UserError.
   """
   fileio.check_readable(rundir.root, "--workdir")
-  sections = workdir_lib.read_config(rundir)
+  sections = record_lib.read_config(rundir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)

@@ -13,7 +13,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax import cli
-from tst_jax.config import fit
+from tst_jax.train import fit
 from tst_jax.config import spec as spec_lib
 
 
