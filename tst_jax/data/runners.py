@@ -114,6 +114,7 @@ class _Ray:
         if len(flight) >= cap:
           break
       if not flight:
+        self.pending = []
         return
       self.pending = list(flight)
       if ordered:
