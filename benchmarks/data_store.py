@@ -260,7 +260,8 @@ def main():
     for run in args.runs.split(","):
       gb, workers, runner = (run.split(":") + ["local"])[:3]
       workers = int(workers) or os.cpu_count()
-      out = os.path.join(args.root, f"store-{gb}-{workers}-{runner}")
+      # numbered: a run repeated for its spread writes a store of its own
+      out = os.path.join(args.root, f"store-{len(result['prepare'])}-{gb}-{workers}-{runner}")
       source = f"jsonl:{args.root}/corpus-{float(gb)}/*.jsonl.zst"
       load = os.getloadavg()[0]
       r = dict(corpus_gb=float(gb), **run_prepare(source, tok_path, out, workers, runner),
