@@ -46,10 +46,10 @@ class Mirror:
 
   def __init__(self, remote: str):
     if jax.process_count() > 1:
-      raise WorkdirError(f"--workdir {remote}: a run of {jax.process_count()} processes "
-                         f"cannot keep its checkpoints in {fileio.protocol(remote)}://, where "
-                         "each step goes through one machine's disk; use a gs:// workdir, or "
-                         "a folder every host mounts")
+      raise WorkdirError(f"{remote}: a run of {jax.process_count()} processes cannot keep "
+                         f"its checkpoints in {fileio.protocol(remote)}://, where each step "
+                         "goes through one machine's disk; use a gs:// --workdir, or a folder "
+                         "every host mounts")
     self.remote = remote
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     key = hashlib.sha256(remote.encode()).hexdigest()[:16]
