@@ -36,7 +36,7 @@ _LOSS = {"gpu": ("pallas", "fastest on H100: 63 ms vs xla 74, naive 81 (docs/per
 _EXPERTS = {"cpu": ("blocked", "CPU expands ragged_dot over every expert (docs/performance.md)"),
             "gpu": ("gmm", "grouped GEMMs on tokamax's kernels: 1.42x faster than blocked at "
                            "the 10B-A1B layer shapes (0.161 vs 0.228 s), 1.39x on "
-                           "qwen3_moe_gpu_small (0.282 vs 0.392 s); H100, 2026-11-25"),
+                           "qwen3_moe_gpu_small (0.282 vs 0.392 s); H100 (docs/performance.md)"),
             "tpu": ("ragged", "grouped matmul, native on TPU")}
 # model.dispatch_impl=auto: how MoE dispatch and combine move rows (moe_dispatch.IMPLS).
 _DISPATCH = {"gpu": ("pallas", "the Pallas kernels' one pass: qwen3_moe_gpu_small's step 0.182 s "

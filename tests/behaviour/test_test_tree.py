@@ -17,6 +17,7 @@ NAMED_FOR_A_PART = {
     "test_api.py": "__init__.py",                       # the public API, tst_jax's own names
     "config/test_plan_schedule.py": "config/plan.py",     # the plan's learning-rate schedule
     "test_z_loss.py": "losses.py",                      # the z-loss, in every implementation
+    "test_loss_variants.py": "losses.py",               # the registry of TST loss variants
 }
 
 # Modules tested through others, and where. Each named file must import the module.
@@ -34,7 +35,6 @@ ELSEWHERE = {
     "cli.py": ["config/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
     "config/defaults.py": ["config/test_plan_schedule.py", "train/test_loop.py"],
     "config/sections.py": ["config/test_spec.py", "run/test_console.py"],
-    "config/record.py": ["config/test_plan_schedule.py", "train/test_setup.py"],
     "train/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
 }
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures import trained
 from tests.fixtures.tiny import tiny_config
-from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
+from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data, section
 from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
@@ -32,7 +32,7 @@ def phase(steps, batch_size, window, is_tst=False):
 
 def data(mix, **fields):
   """config.data of the mixture `mix`, e.g. 's0=0.7,s1=0.3' of the sources of `streams`."""
-  return run_data.Data(mixture=mix, **fields)
+  return section.Data(mixture=mix, **fields)
 
 
 def streams(sizes):

@@ -15,6 +15,7 @@ import json
 from tst_jax import fileio
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.run_data import Stores
+from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.run import appending

@@ -17,7 +17,7 @@ from flax import nnx
 from tst_jax import data as data_lib
 from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
-from tst_jax.data.run_data import Data
+from tst_jax.data.section import Data
 from tst_jax.errors import DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
