@@ -134,6 +134,9 @@ def remove(path: str):
     os.remove(path)
     return
   fs, p = filesystem(path)
+  if protocol(path) == "s3":
+    fs.invalidate_cache(p)
+    fs.info(p)        # S3 deletes a missing key without a word: this raises FileNotFoundError
   fs.rm_file(p)
 
 
