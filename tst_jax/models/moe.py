@@ -5,7 +5,8 @@ token, A = N·P assignments, R assignment rows padded to whole blocks of C, D mo
 ffw dim, I and O a matmul's input and output dims. Attention, norms, RoPE and the decoder block
 come from `layers`. Only the feed-forward differs: a float32 softmax router picks P of E SwiGLU
 experts per token, and the experts run dropless as one grouped matmul over the assignments
-sorted by expert. As in Qwen3-30B-A3B there is no shared expert, attention has QK-norm and the
+sorted by expert, or with a capacity: each expert's first C as a batched matmul, the rest
+grouped. As in Qwen3-30B-A3B there is no shared expert, attention has QK-norm and the
 head is untied.
 
 Dense and sparse layers follow Hugging Face's `mlp_only_layers` and `decoder_sparse_step`.
@@ -54,18 +55,28 @@ class MoEConfig(llama.LlamaConfig):
   decoder_sparse_step: int = schema.field(1, schema.integer(1), "layer i is sparse iff "
                                           "(i + 1) % step == 0 (and not mlp_only)")
   expert_impl: str = schema.field("auto", schema.one_of(platform.EXPERT_IMPLS), "ragged | gmm "
-                                  "(grouped GEMMs both ways, tokamax on GPU) | blocked | dense "
-                                  "(reference) | auto (the platform's measured fastest)")
+                                  "(grouped GEMMs both ways, tokamax on GPU) | capacity (each "
+                                  "expert's first C rows as batched matmuls, the rest as gmm) | "
+                                  "blocked | dense (reference) | auto (the platform's measured "
+                                  "fastest)")
   dispatch_impl: str = schema.field("auto", schema.one_of(platform.DISPATCH_IMPLS), "how "
                                     "dispatch and combine move rows: " + " | ".join(
                                         moe_dispatch.IMPLS) + " (kernels/moe_dispatch.py) | "
                                     "auto (the platform's measured fastest)")
-  expert_fuse_gate_up: bool = schema.field(False, schema.BOOL, "run the experts' gate and up "
-                                           "as one grouped GEMM against their weights side "
-                                           "by side (expert_impl gmm or ragged): the rows "
-                                           "read once, one dX product")
+  expert_fuse_gate_up: str = schema.field("auto", schema.one_of(platform.FUSE_GATE_UP), "on: "
+                                          "the experts' gate and up as one grouped GEMM "
+                                          "against their weights side by side (expert_impl "
+                                          "gmm, ragged or capacity), the rows read once | off "
+                                          "| auto (on where a train step measured it faster)")
+  expert_capacity_factor: float = schema.field(1.25, schema.number(0, open_lo=True), "cf of "
+                                               "expert_impl=capacity: C = roundup(cf·N·P/E, "
+                                               "128) rows per expert run as batched matmuls, "
+                                               "the rows past C as grouped GEMMs")
 
   def __post_init__(self):
+    if isinstance(self.expert_fuse_gate_up, bool):   # the field's spelling in the config.json
+      object.__setattr__(self, "expert_fuse_gate_up",  # of runs from before it took auto
+                         "on" if self.expert_fuse_gate_up else "off")
     super().__post_init__()
     object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(self.mlp_only_layers))))
     if self.n_experts_per_token > self.n_experts:
@@ -172,22 +183,27 @@ def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
 
 
 def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-                    row_tile: int = 1, dispatch: str = "gather", fuse_gate_up: bool = False):
+                    row_tile: int = 1, dispatch: str = "gather", fuse_gate_up: bool = False,
+                    expert_shards: int = 1):
   """Sorts the N·P assignments by expert into whole row tiles, runs three matmuls, combines.
 
-  `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E]; `dispatch` is one of
-  moe_dispatch.IMPLS.
+  `matmul` takes rows [R, I], weights [E, I, O], group sizes [E] and whether rows may lie past
+  the groups; `dispatch` is one of moe_dispatch.IMPLS. Without expert parallelism every
+  assignment has a group here, so rows lie past them only where R rounds A up to whole tiles:
+  a static fact. With it (`expert_shards` > 1) another shard's assignments leave a tail whose
+  length the routing decides.
   """
   routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
+  tail = expert_shards > 1 or routing.assignment_R.shape[0] != ids_NxP.size
   x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1], dispatch)
-  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
-                  down_ExFxD, fuse_gate_up)
+  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E, tail), x_RxD, gate_ExDxF,
+                  up_ExDxF, down_ExFxD, fuse_gate_up)
   # rows past the groups: unread
   return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
 
 def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                   dispatch: str = "gather", fuse_gate_up: bool = False):
+                   dispatch: str = "gather", fuse_gate_up: bool = False, expert_shards: int = 1):
   """Runs dropless experts on jax.lax.ragged_dot: sort by expert, three grouped matmuls, unsort.
 
   Each ragged_dot multiplies row block e by expert e's weights only, so a grouped-GEMM backend
@@ -197,29 +213,73 @@ def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD
   `experts_blocked` is the one whose cost follows the active parameters. The gradients are
   JAX's own transposes of ragged_dot, where `experts_gmm` writes them as grouped GEMMs.
   """
-  return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
-                         up_ExDxF, down_ExFxD, dispatch=dispatch, fuse_gate_up=fuse_gate_up)
+  return _experts_sorted(lambda a, w, sizes, tail: jax.lax.ragged_dot(a, w, sizes), x_NxD,
+                         ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
+                         dispatch=dispatch, fuse_gate_up=fuse_gate_up,
+                         expert_shards=expert_shards)
+
+
+def _backend(backend, kernels):
+  """The grouped GEMM's backend and kernels: `platform.grouped_matmul_backend`'s by default,
+  tokamax's kernels where installed on a GPU, else XLA's ragged_dot."""
+  if backend is None:
+    backend, kernels, _ = platform.grouped_matmul_backend()
+  return backend, kernels or grouped_matmul.Kernels()
 
 
 def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
                 backend: str | None = None, kernels: grouped_matmul.Kernels | None = None,
-                dispatch: str = "gather", fuse_gate_up: bool = False, zero_tail: bool = True):
+                dispatch: str = "gather", fuse_gate_up: bool = False, expert_shards: int = 1):
   """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
 
   The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
-  with no [A, E] array. The dispatch lays out whole kernel tiles of rows, so no product pads.
-  `backend` and `kernels` default to `platform.grouped_matmul_backend`: tokamax's kernels where
-  installed on a GPU, else XLA's ragged_dot. `fuse_gate_up` (`_swiglu`) and `zero_tail` False
-  (`grouped_matmul`: the combine reads no row past the groups) are the MoE lab's candidates.
+  with no [A, E] array. The dispatch lays out whole kernel tiles of rows, so no product pads,
+  and where those tiles hold exactly the A rows no product selects the rows past the groups.
   """
-  if backend is None:
-    backend, kernels, _ = platform.grouped_matmul_backend()
-  kernels = kernels or grouped_matmul.Kernels()
+  backend, kernels = _backend(backend, kernels)
   return _experts_sorted(
-      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels,
-                                                        zero_tail),
+      lambda a, w, sizes, tail: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels,
+                                                              tail),
       x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-      grouped_matmul.row_tile(backend), dispatch, fuse_gate_up)
+      grouped_matmul.row_tile(backend), dispatch, fuse_gate_up, expert_shards)
+
+
+def capacity_matmul(n_experts: int, capacity: int, grouped):
+  """Returns the matmul of `moe_dispatch.capacity`'s layout, rows [E·C + R_O, I] times w [E, I,
+  O] with the overflow's group sizes [E]: each expert's C slots by its weights in one batched
+  matmul, then the R_O rows past them through `grouped`, a grouped GEMM (rows, w, sizes)."""
+  slots = n_experts * capacity
+  def matmul(a, w, sizes_E):
+    a_ExCxI = a[:slots].reshape(n_experts, capacity, -1)
+    y = jnp.einsum("eci,eio->eco", a_ExCxI, w).reshape(slots, -1)
+    if a.shape[0] == slots:   # C >= A: no assignment can pass its expert's C
+      return y
+    return jnp.concatenate([y, grouped(a[slots:], w, sizes_E)])
+  return matmul
+
+
+def experts_capacity(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+                     capacity_factor: float = 1.25, backend: str | None = None,
+                     kernels: grouped_matmul.Kernels | None = None, dispatch: str = "gather",
+                     fuse_gate_up: bool = False, expert_shards: int = 1):
+  """Runs dropless experts with a capacity: each expert's first C assignments through batched
+  matmuls, [E, C, D]·[E, D, F] (cuBLAS on a GPU), the rest through the grouped GEMM.
+
+  C = roundup(cf·A/E, 128) with E all experts, so balanced routing fills the slots and sends
+  nothing past them (`moe_dispatch.capacity`). No assignment is dropped: the overflow's buffer
+  holds A - C rows, as when one expert takes them all, and its grouped GEMM computes the
+  groups it holds. Empty slots are zero rows, which add nothing to a weight's gradient.
+  """
+  backend, kernels = _backend(backend, kernels)
+  (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
+  c = moe_dispatch.capacity_rows(n * k, e * expert_shards, capacity_factor)
+  routing = _routed(moe_dispatch.capacity(ids_NxP, e, c, grouped_matmul.row_tile(backend)))
+  x_RxD = moe_dispatch.dispatch(x_NxD, routing, k, dispatch)
+  grouped = lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels)
+  matmul = capacity_matmul(e, c, grouped)
+  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
+                  down_ExFxD, fuse_gate_up)
+  return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
 
 def blocked_matmul(block_expert, block: int):
@@ -233,15 +293,17 @@ def blocked_matmul(block_expert, block: int):
 
 
 def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                    block: int | None = None, dispatch: str = "gather"):
+                    block: int | None = None, dispatch: str = "gather", expert_shards: int = 1):
   """Runs dropless experts as a batched matmul over fixed-size row blocks, one expert each.
 
   `moe_dispatch.blocked` gathers the assignments, sorted by expert, into a buffer where each
   expert's group is padded to whole blocks. Block b is multiplied by the weights of its expert,
   a gather of [blocks, D, F]. Work is N·P + E·block rows, so the compiled FLOPs follow the
   active parameters on every backend, XLA:CPU included. The price is the gathered weights,
-  blocks x D x F per matrix, which is why TPU and GPU use grouped GEMMs.
+  blocks x D x F per matrix, which is why TPU and GPU use grouped GEMMs. Other shards'
+  assignments get no block, whatever `expert_shards`.
   """
+  del expert_shards
   (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
   block = moe_dispatch.block_rows(n * k, e) if block is None else block
   routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
@@ -252,8 +314,11 @@ def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFx
   return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
 
 
-def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Runs every expert on every token and combines them with the top-k weights, as a reference."""
+def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
+                  expert_shards: int = 1):
+  """Runs every expert on every token and combines them with the top-k weights, as a reference.
+  An id of another shard's expert (>= E, whatever `expert_shards`) has no one-hot column."""
+  del expert_shards
   e = gate_ExDxF.shape[0]
   gate_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, gate_ExDxF)
   up_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, up_ExDxF)
@@ -263,18 +328,22 @@ def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
   return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
 
 
-EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_blocked,
-           "dense": experts_dense}
+EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "capacity": experts_capacity,
+           "blocked": experts_blocked, "dense": experts_dense}
 
 
-def expert_fn(impl: str, dispatch: str = "gather", fuse_gate_up: bool = False):
+def expert_fn(impl: str, dispatch: str = "gather", fuse_gate_up: str | bool = False,
+              capacity_factor: float = 1.25):
   """Returns the expert implementation `impl` with the dispatch `dispatch`, both resolved from
-  auto by the model's config; the dense reference has no dispatch. `fuse_gate_up` applies to
-  platform.FUSES_GATE_UP alone (platform.resolve refuses it with another): the others compute the
-  same function without it."""
+  auto by the model's config; the dense reference has no dispatch. `fuse_gate_up` ("on" or
+  True) applies to platform.FUSES_GATE_UP alone (platform.resolve refuses it with another):
+  the others compute the same function without it. `capacity_factor` is capacity's alone."""
   if impl == "dense":
     return EXPERTS[impl]
-  fused = dict(fuse_gate_up=fuse_gate_up) if impl in platform.FUSES_GATE_UP else {}
+  fused = (dict(fuse_gate_up=fuse_gate_up in ("on", True)) if impl in platform.FUSES_GATE_UP
+           else {})
+  if impl == "capacity":
+    fused["capacity_factor"] = capacity_factor
   return functools.partial(EXPERTS[impl], dispatch=dispatch, **fused)
 
 
@@ -322,7 +391,8 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
     ids_NxP = ids_NxP - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxP
     mine_NxP = (ids_NxP >= 0) & (ids_NxP < e_local)
     y_NxD = experts(x_NxD, jnp.where(mine_NxP, ids_NxP, e_local),
-                    jnp.where(mine_NxP, weights_NxP, 0), gate_ExDxF, up_ExDxF, down_ExFxD)
+                    jnp.where(mine_NxP, weights_NxP, 0), gate_ExDxF, up_ExDxF, down_ExFxD,
+                    expert_shards=ep)
     if gathered:
       y_NxD = jax.lax.psum_scatter(y_NxD, gathered, scatter_dimension=0, tiled=True)
     if replicated or tp_axes:
@@ -360,6 +430,9 @@ class SparseMoE(nnx.Module):
     d, e, f, std = cfg.dim, cfg.n_experts, cfg.moe_ffw_dim, cfg.init_std
     if cfg.dispatch_impl == "auto":   # a layer built alone; a model resolves its config first
       cfg = dataclasses.replace(cfg, dispatch_impl=platform.dispatch_impl("auto")[0])
+    if cfg.expert_fuse_gate_up == "auto":
+      cfg = dataclasses.replace(cfg, expert_fuse_gate_up=platform.fuse_gate_up(
+          "auto", cfg.expert_impl)[0])
     self.cfg, self.dtype = cfg, dtype
     # The router stays replicated over experts: it is tiny and top-k needs every logit.
     self.router = layers.param(rngs, (d, e), ("embed", None), std=std)
@@ -372,7 +445,12 @@ class SparseMoE(nnx.Module):
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
     weights_NxP, ids_NxP, aux = route(x_NxD, self.router[...], cfg)
-    experts = expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up)
+    if cfg.expert_impl == "capacity":   # the whole batch's counts: each expert-parallel group
+      c = moe_dispatch.capacity_rows(ids_NxP.size, cfg.n_experts,   # lays out its own
+                                     cfg.expert_capacity_factor)
+      aux["overflow"] = moe_dispatch.overflow_share(aux["expert_frac"] * ids_NxP.shape[0], c)
+    experts = expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up,
+                        cfg.expert_capacity_factor)
     out_NxD = experts_sharded(experts, x_NxD, ids_NxP,
                               weights_NxP, self.gate_proj[...].astype(dt),
                               self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
@@ -446,7 +524,10 @@ class Qwen3MoE(llama.Llama):
     """Returns the weighted load-balancing and z-losses, averaged over layers, and metrics.
 
     `moe/expert_load` [E] is each expert's share of the top-k assignments averaged over layers.
-    `moe/max_load` is E times its maximum, 1 when balanced.
+    `moe/max_load` is E times its maximum, 1 when balanced. Under expert_impl=capacity,
+    `moe/overflow` is the share of the assignments past their expert's C rows, which run as
+    grouped GEMMs, over the step's whole batch: exact without expert parallelism, under which
+    each group of expert shards lays out its own tokens.
     """
     if not aux:
       return jnp.zeros((), jnp.float32), {}
@@ -455,4 +536,6 @@ class Qwen3MoE(llama.Llama):
     load_E = jnp.mean(aux["expert_frac"], axis=0) / cfg.n_experts_per_token
     metrics = {"moe/lb_loss": lb, "moe/z_loss": z, "moe/expert_load": load_E,
                "moe/max_load": cfg.n_experts * jnp.max(load_E)}
+    if "overflow" in aux:
+      metrics["moe/overflow"] = jnp.mean(aux["overflow"])
     return cfg.aux_loss_coef * lb + cfg.router_z_loss_coef * z, metrics
