@@ -56,7 +56,7 @@ import gemm_search                    # benchmarks/gemm_search.py: the bounded t
 import grouped_matmul as gemm_bench   # benchmarks/grouped_matmul.py: tokamax's kernels by name
 from tst_jax import platform
 from tst_jax.kernels import grouped_matmul as gm, moe_dispatch
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts, moe
 
 SHAPES = {   # tokens N, D, E, P, F
     "recipe": (64 * 512, 768, 64, 8, 384),
@@ -157,23 +157,23 @@ def expert_ffn(case: Case, impl: str):
     block = moe_dispatch.block_rows(case.a, case.e)
     routing, block_expert = moe_dispatch.blocked(case.ids_NxP, case.e, block)
     x_RxD = moe_dispatch.dispatch(case.x_NxD, routing, case.k)
-    return (lambda x, *w: moe._swiglu(moe.blocked_matmul(block_expert, block), x, *w)), x_RxD, None
+    return (lambda x, *w: moe_experts.swiglu(moe_experts.blocked_matmul(block_expert, block), x, *w)), x_RxD, None
   if impl == "capacity":
     backend, kernels = gemm_bench.backend_of("tokamax" if gm.tokamax_version() and
                                              jax.default_backend() == "gpu" else "xla")
     c = moe_dispatch.capacity_rows(case.a, case.e, case.cfg.expert_capacity_factor)
     routing = moe_dispatch.capacity(case.ids_NxP, case.e, c, gm.row_tile(backend))
     x_RxD = moe_dispatch.dispatch(case.x_NxD, routing, case.k)
-    matmul = moe.capacity_matmul(case.e, c, lambda a, w, sizes: gm.grouped_matmul(
+    matmul = moe_experts.capacity_matmul(case.e, c, lambda a, w, sizes: gm.grouped_matmul(
         a, w, sizes, backend, kernels))
-    return (lambda x, *w: moe._swiglu(lambda a, ww: matmul(a, ww, routing.sizes_E), x, *w)), \
+    return (lambda x, *w: moe_experts.swiglu(lambda a, ww: matmul(a, ww, routing.sizes_E), x, *w)), \
         x_RxD, None
   if impl == "bmm_equal":   # A / E rows per expert: the grouped GEMM's balanced ceiling
     per = case.a // case.e
     x_RxD = case.x_NxD[jnp.arange(per * case.e) % case.n]
     matmul = lambda a, w: jnp.einsum("egi,eio->ego", a.reshape(case.e, per, -1), w).reshape(
         a.shape[0], -1)
-    return (lambda x, *w: moe._swiglu(matmul, x, *w)), x_RxD, None
+    return (lambda x, *w: moe_experts.swiglu(matmul, x, *w)), x_RxD, None
   backend, kernels = gemm_bench.backend_of("xla" if impl.startswith("ragged") else impl)
   routing, x_RxD = sorted_rows(case, gm.row_tile(backend))
   sizes = routing.sizes_E
@@ -182,7 +182,7 @@ def expert_ffn(case: Case, impl: str):
   else:   # the run's layout: rows past the groups only where A is not whole tiles
     matmul = lambda a, w: gm.grouped_matmul(a, w, sizes, backend, kernels,
                                             tail=x_RxD.shape[0] != case.a)
-  return (lambda x, *w: moe._swiglu(matmul, x, *w)), x_RxD, None
+  return (lambda x, *w: moe_experts.swiglu(matmul, x, *w)), x_RxD, None
 
 
 def pass_fn(case: Case, product: str, kernel: str):
@@ -260,7 +260,7 @@ def layer_name(impl: str, dispatch: str, fuse: str) -> str:
 def layer(case: Case, dispatch: str, impl: str, fuse: str):
   """The whole MoE layer: route, then experts `impl` with `dispatch`, gate and up fused or
   not, as the config would run it."""
-  experts = moe.expert_fn(impl, dispatch, fuse, case.cfg.expert_capacity_factor)
+  experts = moe_experts.expert_fn(impl, dispatch, fuse, case.cfg.expert_capacity_factor)
   def fn(x, router, gate, up, down):
     weights, ids, aux = moe.route(x, router, case.cfg)
     return experts(x, ids, weights, gate, up, down), aux["lb_loss"]

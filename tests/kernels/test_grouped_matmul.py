@@ -501,7 +501,7 @@ def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
   """experts_gmm on (fake) tokamax: the dispatch lays the 30 assignments out as 64 rows, whole
   tiles, so neither the forward nor the backward pads a matrix; values
   and gradients as the dense reference (every expert on every token), which pads nothing."""
-  from tst_jax.models import moe   # pylint: disable=import-outside-toplevel
+  from tst_jax.models import experts as moe_experts   # pylint: disable=import-outside-toplevel
   n, d, f, e, p = 10, 6, 5, 4, 3                                       # A = 30 -> R = 64
   k = jax.random.split(jax.random.key(1), 6)
   x = jax.random.normal(k[0], (n, d))
@@ -510,16 +510,16 @@ def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
   gate, up = jax.random.normal(k[3], (e, d, f)), jax.random.normal(k[4], (e, d, f))
   down = jax.random.normal(k[5], (e, f, d))
   _, kernels, _ = platform.grouped_matmul_backend("gpu", H100)
-  gmm = lambda *a: moe.experts_gmm(*a, backend="tokamax", kernels=kernels)
+  gmm = lambda *a: moe_experts.experts_gmm(*a, backend="tokamax", kernels=kernels)
 
   def loss(impl):
     return lambda x, w, g, u, dn: jnp.sum(jnp.sin(impl(x, ids, w, g, u, dn)))
   args = (x, weights, gate, up, down)
   grad = lambda impl: jax.grad(loss(impl), argnums=(0, 1, 2, 3, 4))
   assert _row_pads(jax.make_jaxpr(grad(gmm))(*args).jaxpr) == []
-  for got, want in zip(grad(gmm)(*args), grad(moe.experts_dense)(*args)):
+  for got, want in zip(grad(gmm)(*args), grad(moe_experts.experts_dense)(*args)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe.experts_dense(x, ids, *args[1:]),
+  np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe_experts.experts_dense(x, ids, *args[1:]),
                              rtol=1e-5, atol=1e-5)
   assert {c["rows"] for c in fake_tokamax.calls} == {64}
 

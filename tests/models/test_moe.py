@@ -21,7 +21,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib, models, platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul, moe_dispatch
-from tst_jax.models import llama, moe
+from tst_jax.models import experts as moe_experts, llama, moe
 from tst_jax.config import spec as spec_lib
 from tst_jax.rundir import RunDir
 from tst_jax.train import step as step_lib
@@ -141,7 +141,7 @@ def test_rows_past_the_groups_never_reach_a_gradient(fuse_gate_up, tile, rows, m
   monkeypatch.setattr(grouped_matmul, "row_tile", lambda backend: tile)
   cfg, layer, dense, x_BxLxD = _twin_layers(True, True, "gmm", "pallas")
   f_dense, state = _split_call(dense)
-  variant = functools.partial(moe.experts_gmm, dispatch="pallas", fuse_gate_up=fuse_gate_up)
+  variant = functools.partial(moe_experts.experts_gmm, dispatch="pallas", fuse_gate_up=fuse_gate_up)
   cotangent = jax.random.normal(jax.random.key(4), x_BxLxD.shape)
 
   def value_and_grads(experts):
@@ -157,7 +157,7 @@ def test_rows_past_the_groups_never_reach_a_gradient(fuse_gate_up, tile, rows, m
   assert _row_selects(jaxpr, rows) == (3 * matmuls if rows > 48 else 0)
   written = nan_past_the_groups(monkeypatch)
   (value, got), (want_value, want) = (jax.jit(value_and_grads(e))(state, x_BxLxD)
-                                      for e in (variant, moe.experts_dense))
+                                      for e in (variant, moe_experts.experts_dense))
   assert written and set(written) == {rows}
   _close(value, want_value)
   jax.tree.map(_close, got, want)

@@ -14,7 +14,7 @@ from tests.fixtures.grouped import nan_past_the_groups
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.kernels import moe_dispatch, moe_gather
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
@@ -155,10 +155,10 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, di
     return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
 
   grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
-  expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
   run_mesh = mesh_lib.make_mesh(mesh_config(mesh).mesh)
   rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn(impl, dispatch))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn(impl, dispatch))
   with axis_rules(run_mesh, rules):
     got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
     jaxpr = jax.make_jaxpr(sharded)(x_NxD, ids_NxK, weights_NxK, *experts)
@@ -217,9 +217,9 @@ def test_capacity_on_8_devices_matches_the_per_token_reference(mesh, batch_axes,
     return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
 
   grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
-  expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
   rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn("capacity", "gather",
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("capacity", "gather",
                                                                  capacity_factor=0.5))
   with axis_rules(mesh_lib.make_mesh(mesh_config(mesh).mesh), rules):
     got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
@@ -247,7 +247,7 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
   experts = [jnp.ones(shape) for shape in [(e, d, f), (e, d, f), (e, f, d)]]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn("blocked", "pallas"))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("blocked", "pallas"))
   loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
   rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
   with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):

@@ -16,7 +16,7 @@ weights. The inverse permutation is a second sort, of the first one's order, and
 sizes a search of the sorted ids: no scatter anywhere, no float atomics.
 
 An expert id >= E belongs to no row. It marks an expert that another shard holds in
-`moe.experts_sharded`, sorts after every group, is dispatched nowhere and combines as 0.
+`experts.experts_sharded`, sorts after every group, is dispatched nowhere and combines as 0.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def overflow_share(counts_E, capacity: int):
 
 @jax.named_scope("moe_dispatch")
 def capacity(ids_NxP, n_experts: int, capacity: int, row_tile: int = 1) -> Routing:
-  """Lays out the buffer of `moe.experts_capacity`: each expert's first C assignments in its C
+  """Lays out the buffer of `experts.experts_capacity`: each expert's first C assignments in its C
   slots, then every assignment past them, by expert, as groups of a grouped GEMM.
 
   Rows [e·C, e·C + C) hold expert e's first min(size_e, C) assignments in sorted order and
