@@ -14,8 +14,8 @@ MCE-alt is -log of the total probability on the distinct tokens of the bag.
 A variant (tst.variant) is one entry of VARIANTS: a function of the per-row logsumexp and
 target logits that every implementation gives, and of how much each target counts, to each
 row's weighted loss and its weight. The batch's loss is the sum of the one over the sum of the
-other, a position's loss their ratio. MCE's weights are the coefficients above, so its sum is
-the paper's reduction.
+other, a position's loss their ratio. In the batch's loss each target counts by its
+coefficient c above, so MCE's is the paper's reduction.
 
 The z-loss, as in PaLM and MaxText, adds z_loss * mean_r logsumexp(z_r)^2 over the rows r with
 a valid target: it keeps the softmax normaliser near 1. Every implementation adds it to the
