@@ -29,6 +29,7 @@ ELSEWHERE = {
     "data/run_data.py": ["config/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "models/sampling.py": ["tools/test_sample.py"],
+    "models/experts.py": ["models/test_moe.py", "parallel/test_mesh.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
