@@ -120,3 +120,13 @@ def test_the_graph_sees_every_model_family_under_the_train_step():
           "tst_jax.models.layers"} <= _reachable("tst_jax.train.step")
   assert {"tst_jax.convert.llama_hf",
           "tst_jax.convert.qwen3_moe_hf"} <= _reachable("tst_jax.convert.hf")
+
+
+# A module past this many lines holds more than one idea (STYLE.md: one module per idea).
+MAX_MODULE_LINES = 450
+
+
+def test_every_module_holds_one_idea_in_at_most_450_lines():
+  long = {str(p.relative_to(ROOT)): n for p in MODULES
+          if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert not long, f"split by idea: {long}"
