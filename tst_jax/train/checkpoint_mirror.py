@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import threading
 
 import jax
@@ -115,6 +114,6 @@ class Mirror:
 
 def _remove(path: str):
   if os.path.isdir(path):
-    shutil.rmtree(path)
+    fileio.rmtree(path)
   else:
-    os.remove(path)
+    fileio.remove(path)
