@@ -6,8 +6,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tst_jax import errors
-from tst_jax import cli
+from tst_jax import cli, configlib, errors
 from tst_jax.config import fit, spec as spec_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
@@ -27,11 +26,18 @@ def parse_flags(argv):
     sys.exit(0)
   try:
     argv = flags.FLAGS(argv)
-    path = flags.FLAGS["config"].config_filename.partition(":")[0]
-    if not os.path.isfile(path):
-      raise errors.ConfigError("--config", f"no such file: {path}")
+    path_arg = flags.FLAGS["config"].config_filename
+    if not os.path.isfile(configlib.config_arg(path_arg)[0]):
+      raise errors.ConfigError("--config", f"no such file: {configlib.config_arg(path_arg)[0]}")
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    configlib.refuse_arm_overrides(path_arg, [f"{k}={v}" for k, v in overrides.items()],
+                                   "--config.")
     return argv
   except flags.Error as e:   # a config file that raised: its traceback is in the message
+    user_error = _user_error_in(e)
+    if user_error is not None:   # config_flags re-raises it as a TypeError: say it as it is
+      sys.stderr.write(errors.one_line(user_error) + "\n")
+      sys.exit(errors.EXIT_STATUS)
     head, _, trace = str(e).partition("Traceback")
     last = trace.strip().splitlines()[-1] if trace.strip() else ""
     line = f"error: {' '.join((head + last).split())}"
@@ -44,6 +50,18 @@ def parse_flags(argv):
     line = errors.one_line(e)
   sys.stderr.write(line + "\n")
   sys.exit(errors.EXIT_STATUS)
+
+
+def _user_error_in(e: BaseException) -> errors.UserError | None:
+  """Returns the UserError a config file raised, found along the chain of exceptions that
+  config_flags and absl wrap it in, or None."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, errors.UserError):
+      return e
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def main(argv):
