@@ -18,6 +18,12 @@ micro-batches (optimizer.grad_accum=2, as the check advises); in one they need 2
   python main.py --config configs/qwen3_moe_10b_a1b.py --workdir /gcs/bucket/moe_tst \\
       --config.data.mixture='tokens:/data/tok/fineweb_edu-llama3=0.5,tokens:/data/tok/dclm-llama3=0.5'
   baseline arm (125,000 plain steps, same FLOPs per step): configs/qwen3_moe_10b_a1b.py:baseline
+On 8 B200 hosts of a GKE cluster (docs/launch.md), the stores in a bucket:
+  python -m launch.gke.render --config configs/qwen3_moe_10b_a1b.py --platform gpu \\
+      --gpu_type b200 --num_hosts 8 --workdir gs://my-tst-runs/moe_tst \\
+      --image us-docker.pkg.dev/my-project/tst/tst-jax-gpu:v1 --service_account tst-ksa \\
+      --config.data.mixture='tokens:gs://my-tst-data/tok/fineweb_edu-llama3=0.5,tokens:gs://my-tst-data/tok/dclm-llama3=0.5' \\
+    | kubectl apply -f -
 
 Expected (paper): final loss TST 2.236 vs baseline 2.252, at 4768 vs 12311 B200-hours;
 data tokens TST 1.68T (phase 1) of 2T total, baseline 1.05T.

@@ -33,7 +33,7 @@ from tst_jax.train import step as step_lib
 
 GB = 1e9
 # HBM per device, datasheet decimal GB. B200 is DGX B200's 1,440 GB over 8 GPUs.
-HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v5p": 95, "v5e": 16, "v6e": 32}
+HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v4": 32, "v5p": 95, "v5e": 16, "v6e": 32}
 # GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it, and JAX preallocates 75% by default.
 DEFAULT_GPU_FRACTION = 0.75
 
@@ -216,16 +216,18 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
   return tuple(out)
 
 
-def check(spec, accelerator: str, target, devices=None, compile_steps: bool = True) -> Fit:
+def check(spec, accelerator: str, target, devices=None, compile_steps: bool = True,
+          environ=os.environ) -> Fit:
   """Compiles both phases' train steps from abstract arrays and measures each device's memory.
 
   `spec` is resolved on this CPU platform, for its mesh on `devices`, by default the first
   mesh-size CPU devices. The memory is what each device holds on `accelerator`. `target` is
   the same spec resolved for the accelerator's platform, which says whether its attention is
   flash attention. Without `compile_steps` the steps are lowered only: the estimate, which
-  decides the fit, is the same, and XLA:CPU's columns are left out.
+  decides the fit, is the same, and XLA:CPU's columns are left out. `environ` is the run's
+  environment, where XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
   """
-  budget, note = accelerator_budget(accelerator)
+  budget, note = accelerator_budget(accelerator, environ)
   flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
   plan = spec.plan
   n = mesh_devices(spec.mesh)
