@@ -72,6 +72,7 @@ def main(argv):
   verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else logging.WARNING
   debug = verbosity >= 1
   logging.set_verbosity(verbosity)
+  errors.plain_warnings()
   errors.main(cli.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
               accelerator=_ACCELERATOR.value or "")
 
