@@ -120,8 +120,12 @@ def _run_and_resume(workdir, grid, expected, monkeypatch, capsys, baseline=("--i
     raise AssertionError("a finished point was trained again")
   monkeypatch.setattr("tst_jax.cli.run", no_training)
   assert sweep.main(args) == 0
-  assert capsys.readouterr().out.count("finished, skipped") == len(expected)
+  out = capsys.readouterr().out
+  assert out.count("finished, skipped") == len(expected)
   assert fileio.read_text(fileio.join(str(workdir), "sweep.csv")) == table
+  tables = ", ".join(fileio.join(str(workdir), f) for f in ("sweep.csv", "sweep.md",
+                                                             "sweep_heatmap.png"))
+  assert out.endswith(f"\nwrote {tables}; the points' runs in {workdir}\n"), out[-400:]
 
 
 def test_sweep_1x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, capsys):
