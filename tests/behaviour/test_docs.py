@@ -67,3 +67,25 @@ def test_the_architecture_names_every_module():
                 and (f != "__init__.py" or rel == ".")}
   assert modules - named == set(), "add them to docs/architecture.md's module table"
   assert named - modules == set(), "gone from tst_jax/: remove their rows"
+
+
+# How this project measures on the GPUs it is lent: its own machinery, which docs/gpu/README.md
+# holds. A user's docs say how to run a GPU, not how this project's sessions are budgeted.
+LEASE_WORDS = re.compile(r"\$OUT\b|\bTOTAL_S\b|\blent\b|\bleases?\b|device time|"
+                         r"device budget|budget_left", re.I)
+
+
+def test_the_projects_gpu_lease_wording_stays_in_docs_gpu():
+  pages = [os.path.join(ROOT, "README.md")] + [
+      os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(ROOT, "docs"))
+      for f in files if f.endswith(".md")
+      and not os.path.relpath(folder, ROOT).startswith(os.path.join("docs", "gpu"))]
+  found = []
+  for page in pages:
+    with open(page) as f:
+      for number, line in enumerate(f, 1):
+        found += [f"{os.path.relpath(page, ROOT)}:{number}: {m.group(0)}"
+                  for m in LEASE_WORDS.finditer(line)]
+  assert not found, "\n".join(found)
+  with open(os.path.join(ROOT, "docs", "gpu", "README.md")) as f:
+    assert LEASE_WORDS.search(f.read())      # the words exist, and live there
