@@ -5,6 +5,8 @@ import os
 import re
 
 from tests.fixtures.paths import ROOT
+from tst_jax.config import plan as plan_lib
+from tst_jax.run import console as console_lib
 
 
 def _readme() -> str:
@@ -89,3 +91,29 @@ def test_the_projects_gpu_lease_wording_stays_in_docs_gpu():
   assert not found, "\n".join(found)
   with open(os.path.join(ROOT, "docs", "gpu", "README.md")) as f:
     assert LEASE_WORDS.search(f.read())      # the words exist, and live there
+
+
+def test_the_console_excerpts_print_what_a_run_prints_now():
+  """The eval lines of the README's and docs/demo.md's excerpts as the console writes them
+  today: the console's own eval line from each excerpt's numbers, bits per byte and, in phase
+  1, the held-out bag loss included."""
+  pattern = re.compile(r"^eval  step (\d+): held-out next-token loss ([\d.]+), ([\d.]+) "
+                       r"bits/byte(?:; held-out bag loss ([\d.]+) \(the tst S=(\d+) task\))?$")
+  for page in ("README.md", os.path.join("docs", "demo.md")):
+    with open(os.path.join(ROOT, page)) as f:
+      lines = [line for line in f.read().splitlines() if line.startswith("eval  step")]
+    assert lines, page
+    for line in lines:
+      found = pattern.match(line)
+      assert found, f"{page}: {line}"
+      step, loss, bpb, bag, bag_size = found.groups()
+      record = dict(eval_loss=float(loss), eval_bpb=float(bpb))
+      phase = None
+      if bag is not None:
+        record["eval_bag_loss"] = float(bag)
+        phase = plan_lib.Phase("tst", 0, int(step), int(bag_size), "full", 128, 16, 1.0)
+      printed = []
+      console = console_lib.Console(int(step), 0, bar=False)
+      console.print = printed.append
+      console.eval(int(step), record, phase)
+      assert printed == [line], page
