@@ -7,7 +7,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tst_jax import cli, configlib, errors
-from tst_jax.config import fit, spec as spec_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import fit
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (resumed if it exists).")

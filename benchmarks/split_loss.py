@@ -22,7 +22,7 @@ import optax
 from flax import nnx
 
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
 

@@ -3,7 +3,7 @@
 TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 2048),
 AdamW lr 2e-3, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
 Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
-Fit check on that hardware (tests/config/test_fit.py runs it):
+Fit check on that hardware (tests/train/test_fit.py runs it):
   python main.py --config configs/llama_600m.py --mode plan \
       --accelerator=b200 --config.mesh.fsdp=8
 says yes: 76.9 GB per B200 of the 135 GB JAX takes, with the 128 rows per device in 2

@@ -4,7 +4,7 @@ Shape: Qwen3-30B-A3B halved in width (D 1024, 32 layers, 128 experts top-8, expe
 QK-norm GQA 16/4 heads of 128), Llama-3 vocabulary, untied: 10.10B total, 1.04B active.
 8M-token batches (4096 x 2048), AdamW lr 3e-4, WSD (2000 warmup, last 10% decay), bf16, FSDP.
 Hardware in the paper: 64 B200 GPUs (TorchTitan, FSDP); here FSDP over all devices.
-Fit check on that hardware (tests/config/test_fit.py runs it):
+Fit check on that hardware (tests/train/test_fit.py runs it):
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan \\
       --accelerator=b200 --config.mesh.fsdp=64
 says yes: 80.9 GB per B200 of the 135 GB JAX takes, with the 64 rows per device in 2

@@ -22,8 +22,9 @@ import re
 import sys
 
 from tst_jax import configlib, errors, fileio
-from tst_jax.config import fit, spec as spec_lib
+from tst_jax.config import spec as spec_lib
 from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.train import fit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTAINER_REPO = "/app"          # where the Dockerfiles put the checkout (WORKDIR)
@@ -39,7 +40,7 @@ class _TpuFamily:
   cores_per_chip: int            # what the number in the type name counts, per chip
   dims: int                      # 3D torus (v4, v5p) or 2D (v5e, v6e)
   single_host_chips: int         # slices up to this many chips are one host
-  chip: str                      # the chip's name in the fit check (config/fit.py HBM_GB)
+  chip: str                      # the chip's name in the fit check (train/fit.py's HBM_GB)
 
 
 # type prefix -> family. The number after the dash is TensorCores for v4/v5p, chips otherwise.

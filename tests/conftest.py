@@ -20,7 +20,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import jax  # noqa: E402
 
-pytest_plugins = ["tests.fixtures.buckets"]   # gcs_emulator and bucket, for any test
+pytest_plugins = ["tests.fixtures.buckets"]   # gcs_emulator, bucket and root, for any test
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")

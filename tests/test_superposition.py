@@ -161,6 +161,23 @@ def test_document_view_keeps_each_position_to_its_own_documents_targets():
   np.testing.assert_array_equal(targets[0, 3], [4, 5])
 
 
+@pytest.mark.parametrize("bag_size", [2, 4])
+def test_a_document_loses_s_targets_at_a_bag_boundary_and_more_inside_a_bag(bag_size):
+  """Of the tst targets, a document that starts on a bag boundary loses its first bag, S, as
+  it does in a window of its own; one that starts j tokens into a bag also loses its S - j
+  tokens there: 2S - j (docs/data.md, "Document masks")."""
+  s, latent = bag_size, 6
+  for j in range(s):
+    window = np.full((1, s * latent + 1), 1, np.int32)
+    window[0, 2 * s + j - 1] = EOS                  # the second document starts at 2S + j
+    _, plain = sp.tst_view(jnp.asarray(window), s, "full")
+    _, masked, _ = sp.document_view(jnp.asarray(window), EOS,
+                                    lambda w: sp.tst_view(w, s, "full"))
+    counted = np.asarray(plain) != sp.IGNORE_INDEX
+    lost = int((counted & (np.asarray(masked) == sp.IGNORE_INDEX)).sum())
+    assert lost == (s if j == 0 else 2 * s - j), (s, j, lost)
+
+
 def test_document_positions_restart_at_each_document():
   docs = jnp.array([[0, 0, 0, 1, 1, 2], [3, 3, 3, 3, 4, 4]])
   np.testing.assert_array_equal(sp.document_positions(docs),

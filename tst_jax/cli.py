@@ -17,9 +17,9 @@ from tst_jax.data import run_data
 from tst_jax.errors import ConfigError, StoreError, WorkdirError
 from tst_jax.parallel import distributed, xla_flags
 from tst_jax.rundir import RunDir
-from tst_jax.config import fit, spec as spec_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import fit, loop
 from tst_jax.run import lock as lock_lib
-from tst_jax.train import loop
 from tst_jax.config.outlook import format_plan
 from tst_jax.train.setup import Setup
 

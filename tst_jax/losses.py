@@ -11,6 +11,12 @@ entry. Written per target, that is one coefficient per (row, column):
 which is what the fused kernels compute too (`mce_coefficients`). S = 1 is plain CE.
 MCE-alt is -log of the total probability on the distinct tokens of the bag.
 
+A variant (tst.variant) is one entry of VARIANTS: a function of the per-row logsumexp and
+target logits that every implementation gives, and of how much each target counts, to each
+row's weighted loss and its weight. The batch's loss is the sum of the one over the sum of the
+other, a position's loss their ratio. In the batch's loss each target counts by its
+coefficient c above, so MCE's is the paper's reduction.
+
 The z-loss, as in PaLM and MaxText, adds z_loss * mean_r logsumexp(z_r)^2 over the rows r with
 a valid target: it keeps the softmax normaliser near 1. Every implementation adds it to the
 same per-row logsumexp, so the fused kernels need nothing of their own for it.
@@ -18,17 +24,18 @@ same per-row logsumexp, so the fused kernels need nothing of their own for it.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tst_jax import fileio, platform
+from tst_jax import fileio, platform, schema
 from tst_jax.kernels import linear_mce_pallas, linear_mce_xla, sharded
 from tst_jax.superposition import IGNORE_INDEX
 
 WEIGHTINGS = ("uniform", "power", "exponential", "first")
-VARIANTS = ("mce", "alt")
 # Appendix D's power law of the mutual information between DCLM tokens d apart, C0 + a·d^k.
 # 'fitted:paper' weighs position d by its value, C0 included, as the paper weighs "by the
 # values of the fitted power law", which makes the weights nearly uniform.
@@ -95,26 +102,86 @@ def mce_coefficients(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
   return valid * col_S[None, :]
 
 
-def alt_mask(targets_NxS, weights_S, ignore_index: int = IGNORE_INDEX):
-  """[N, S] mask of the targets MCE-alt sums over: valid, weight > 0, first occurrence.
+def alt_mask(targets_NxS, counts_NxS):
+  """[N, S] mask of the targets MCE-alt sums over: those that count, each token once.
 
   A token repeated inside a bag is counted once, so the total probability is <= 1.
   """
-  valid = (targets_NxS != ignore_index) & (jnp.asarray(weights_S) > 0)[None, :]
   s = targets_NxS.shape[-1]
   same = targets_NxS[:, :, None] == targets_NxS[:, None, :]        # [N, S, S]
   earlier = jnp.tril(jnp.ones((s, s), bool), k=-1)                 # j < i
-  repeated = jnp.any(same & earlier[None] & valid[:, None, :], axis=-1)
-  return valid & ~repeated
+  repeated = jnp.any(same & earlier[None] & counts_NxS[:, None, :], axis=-1)
+  return counts_NxS & ~repeated
 
 
-def _alt_rows(lse_N, target_logits_NxS, targets_NxS, weights_S, ignore_index):
-  """MCE-alt per row, -log P(bag) = lse - logsumexp over the bag's distinct targets [N], and
-  which rows have any target [N] (rows without one get 0)."""
-  mask_NxS = alt_mask(targets_NxS, weights_S, ignore_index)
+def mce_rows(lse_N, target_logits_NxS, targets_NxS, coef_NxS):
+  """MCE per row: the CE of each target times how much it counts, summed, and that sum of
+  coefficients as the row's weight."""
+  del targets_NxS   # each target counts by its coefficient alone
+  return (coef_NxS * (lse_N[:, None] - target_logits_NxS)).sum(-1), coef_NxS.sum(-1)
+
+
+def alt_rows(lse_N, target_logits_NxS, targets_NxS, coef_NxS):
+  """MCE-alt per row, -log P(bag) = lse - logsumexp over the bag's distinct targets that count,
+  with weight 1 where any target counts (0 and 0 elsewhere)."""
+  mask_NxS = alt_mask(targets_NxS, coef_NxS > 0)
   has_N = mask_NxS.any(axis=-1)
   bag_lse_N = jax.nn.logsumexp(jnp.where(mask_NxS, target_logits_NxS, -jnp.inf), axis=-1)
-  return jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0), has_N
+  return (jnp.where(has_N, lse_N - jnp.where(has_N, bag_lse_N, 0.0), 0.0),
+          has_N.astype(jnp.float32))
+
+
+def _entropy(weights_S) -> float:
+  """Entropy of the distribution of targets that `weights_S` weigh, over distinct tokens."""
+  p = np.asarray(weights_S, np.float64)
+  p = p[p > 0] / p.sum()
+  return float(-(p * np.log(p)).sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A TST loss variant: `rows(lse_N, target_logits_NxS, targets_NxS, coef_NxS)` gives each
+  row's weighted loss and its weight [N], where coef_NxS says how much each target counts
+  (0: an ignored target, or one of weight 0)."""
+  rows: Callable
+  doc: str                # what it is, in tst.variant's line of --help-config
+  weighted: bool = True   # False: it reads only which targets count, not how much
+  floor: Callable | None = None   # weights [S] -> its least loss on S distinct tokens; None: 0
+
+
+# tst.variant: register adds one, which the field then accepts.
+VARIANTS = {"mce": Variant(mce_rows, "the paper's", floor=_entropy),
+            "alt": Variant(alt_rows, "-log of the bag's probability: no per-position weights",
+                           weighted=False)}
+VARIANT = schema.registered(VARIANTS)   # tst.variant's rule
+
+
+def register(name: str, variant: Variant) -> None:
+  """Adds loss variant `name`: from then on tst.variant may name it."""
+  if name in VARIANTS and VARIANTS[name] != variant:
+    raise ValueError(f"loss variant {name!r} is registered already")
+  VARIANTS[name] = variant
+
+
+def unregister(name: str) -> None:
+  """Removes loss variant `name`, as a test that registered one does after it."""
+  del VARIANTS[name]
+
+
+def variants_doc() -> str:
+  """Says each variant of VARIANTS with its doc, as tst.variant's line of --help-config."""
+  return " | ".join(f"{name} ({v.doc})" for name, v in VARIANTS.items())
+
+
+def _variant(name: str) -> Variant:
+  if name not in VARIANTS:
+    raise ValueError(f"unknown loss variant {name!r}: expected one of {tuple(VARIANTS)}")
+  return VARIANTS[name]
+
+
+def _ratio(total, weight):
+  """total / weight, 0 where the weight is 0 (nothing counts)."""
+  return jnp.where(weight > 0, total / jnp.where(weight > 0, weight, 1.0), 0.0)
 
 
 def _flatten(logits, targets):
@@ -132,15 +199,11 @@ def mce_from_parts(lse_N, target_logits_NxS, targets_NxS, *, weighting="uniform"
   Shared by the naive loss and the chunked/fused implementations, which produce these
   two pieces without materialising [N, V] logits.
   """
-  weights_S = bag_weights(weighting, targets_NxS.shape[-1])
-  if variant == "mce":
-    c_NxS = mce_coefficients(targets_NxS, weights_S, ignore_index)
-    loss = jnp.sum(c_NxS * (lse_N[:, None] - target_logits_NxS))
-  elif variant == "alt":
-    per_row, has_N = _alt_rows(lse_N, target_logits_NxS, targets_NxS, weights_S, ignore_index)
-    loss = per_row.sum() / jnp.maximum(has_N.sum(), 1)
-  else:
-    raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+  rows = _variant(variant).rows
+  c_NxS = mce_coefficients(targets_NxS, bag_weights(weighting, targets_NxS.shape[-1]),
+                           ignore_index)
+  total_N, weight_N = rows(lse_N, target_logits_NxS, targets_NxS, c_NxS)
+  loss = _ratio(total_N.sum(), weight_N.sum())
   if not z_loss:
     return loss
   has_N = (targets_NxS != ignore_index).any(axis=-1)
@@ -173,9 +236,15 @@ def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
 
 def target_entropy(weighting, bag_size: int) -> float:
   """Entropy of the MCE target distribution over a bag of distinct tokens (log S if uniform)."""
-  p = bag_weights(weighting, bag_size).astype(np.float64)
-  p = p[p > 0] / p.sum()
-  return float(-(p * np.log(p)).sum())
+  return _entropy(bag_weights(weighting, bag_size))
+
+
+def bag_floor(weighting, variant: str, bag_size: int) -> float:
+  """Returns the least loss `variant` reaches on a bag of `bag_size` distinct tokens, where a
+  next-token loss reaches 0: MCE's is its targets' entropy (log S for uniform weights), lower
+  on a bag that repeats a token or has ignored targets. 0 for a variant without one."""
+  floor = _variant(variant).floor
+  return floor(bag_weights(weighting, bag_size)) if floor and bag_size > 1 else 0.0
 
 
 def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce",
@@ -187,19 +256,14 @@ def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce"
   over valid positions equals `mce_loss` only when no target is ignored (the paper's
   reduction averages each bag column over its own valid entries).
   """
+  rows = _variant(variant).rows
   lead = logits.shape[:-1]
   logits_NxV, targets_NxS = _flatten(logits, targets)
   lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
-  weights_S = bag_weights(weighting, targets_NxS.shape[-1])
-  if variant == "mce":
-    w_NxS = (targets_NxS != ignore_index) * jnp.asarray(weights_S)[None, :]
-    total_N = w_NxS.sum(-1)
-    per = (w_NxS * (lse_N[:, None] - z_NxS)).sum(-1) / jnp.where(total_N > 0, total_N, 1.0)
-    return per.reshape(lead), (total_N > 0).reshape(lead)
-  if variant == "alt":
-    per, has_N = _alt_rows(lse_N, z_NxS, targets_NxS, weights_S, ignore_index)
-    return per.reshape(lead), has_N.reshape(lead)
-  raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+  weights_S = jnp.asarray(bag_weights(weighting, targets_NxS.shape[-1]))
+  w_NxS = (targets_NxS != ignore_index) * weights_S[None, :]   # each row's own weights
+  total_N, weight_N = rows(lse_N, z_NxS, targets_NxS, w_NxS)
+  return _ratio(total_N, weight_N).reshape(lead), (weight_N > 0).reshape(lead)
 
 
 def cross_entropy(logits, labels, *, ignore_index: int = IGNORE_INDEX):
@@ -220,8 +284,7 @@ def linear_mce_loss(hidden_NxD, head_DxV, targets_NxS, *, weighting="uniform", v
   """
   if impl not in platform.LOSS_IMPLS:
     raise ValueError(f"unknown impl {impl!r}: expected one of {platform.LOSS_IMPLS}")
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown loss variant {variant!r}: expected one of {VARIANTS}")
+  _variant(variant)
   if hidden_NxD.shape[:-1] != targets_NxS.shape[:-1]:
     raise ValueError(f"hidden {hidden_NxD.shape} and targets {targets_NxS.shape} disagree on "
                      "the leading (position) dimensions")

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 
 from tst_jax import configlib
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.tools.sample import Sampler
 from tst_jax import cli
 from tst_jax.run import workdir as workdir_lib

@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
-from tst_jax.data import run_data
+from tst_jax.data import section
 from tst_jax.errors import ConfigError
 from tst_jax.config import spec as spec_lib
 
@@ -37,7 +37,7 @@ def test_the_data_paths_check_names_what_is_missing(bucket, source, line):
   config = tiny_config()
   config.data.source = source.format(bucket=bucket)
   with pytest.raises(ConfigError) as caught:
-    run_data.check_paths(spec_lib.check(config).data)
+    section.check_paths(spec_lib.check(config).data)
   assert caught.value.field == "data.source" and caught.value.message == line.format(bucket=bucket)
 
 

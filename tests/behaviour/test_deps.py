@@ -79,8 +79,9 @@ def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
 
 def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   """The [gpu] extra asks for what ran on the H100 (jax >= 0.11.2, tokamax >= 0.0.17 on
-  Python >= 3.12), constraints-gpu.txt pins versions inside those ranges, and the floor the
-  run enforces (platform.GMM_MIN_TOKAMAX) is the extra's."""
+  Python >= 3.12) and the jax-triton that the GPU machines' triton 3.6 takes, constraints-gpu.txt
+  pins versions inside those ranges, and the floor the run enforces (platform.GMM_MIN_TOKAMAX)
+  is the extra's."""
   tomllib = pytest.importorskip("tomllib")
   from tst_jax import platform   # pylint: disable=import-outside-toplevel
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
@@ -90,6 +91,8 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   assert str(gpu["tokamax"].marker) == 'python_version >= "3.12"'
   assert not gpu["tokamax"].marker.evaluate({"python_version": "3.11"})
   assert str(gpu["jax"].specifier) == ">=0.11.2"
+  assert gpu["jax-triton"].specifier.contains("0.3.1")             # triton >= 3.6
+  assert not gpu["jax-triton"].specifier.contains("0.4.0")         # triton >= 3.7
   assert ".".join(map(str, platform.GMM_MIN_TOKAMAX)) == "0.0.17"
   pins = _pins("constraints-gpu.txt")
   assert pins["tokamax"] == "0.0.17" and pins["jax"] == pins["jaxlib"] == "0.11.2"

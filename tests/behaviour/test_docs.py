@@ -1,6 +1,7 @@
 """The README reads in two minutes: a quickstart of at most 40 lines with the two commands, and
 no paragraph over 6 lines; the rest lives in docs/, and every docs/*.md it names exists."""
 
+import ast
 import os
 import re
 
@@ -55,9 +56,18 @@ def test_paragraphs_counts_prose_only():
   assert paragraphs(text) == [["one", "two"], ["- item", "  more"], ["last"]]
 
 
+def _defines_something(path: str) -> bool:
+  """Says whether a package's __init__.py defines a function or a class, rather than only
+  naming its package or gathering its modules' names."""
+  with open(path) as f:
+    body = ast.parse(f.read()).body
+  return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in body)
+
+
 def test_the_architecture_names_every_module():
   """docs/architecture.md's module table has a row for each module of tst_jax/, by its path
-  under the package, and no row for a module that is gone."""
+  under the package, a package's __init__.py where it holds code, and no row for a module
+  that is gone."""
   with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
     named = set(re.findall(r"^\| `([\w/]+\.py)` \|", f.read(), re.M))
   package = os.path.join(ROOT, "tst_jax")
@@ -66,7 +76,8 @@ def test_the_architecture_names_every_module():
     dirs[:] = [d for d in dirs if not d.startswith("__")]
     rel = os.path.relpath(folder, package)
     modules |= {os.path.normpath(os.path.join(rel, f)) for f in files if f.endswith(".py")
-                and (f != "__init__.py" or rel == ".")}
+                and (f != "__init__.py" or rel == "."
+                     or _defines_something(os.path.join(folder, f)))}
   assert modules - named == set(), "add them to docs/architecture.md's module table"
   assert named - modules == set(), "gone from tst_jax/: remove their rows"
 
@@ -117,3 +128,56 @@ def test_the_console_excerpts_print_what_a_run_prints_now():
       console.print = printed.append
       console.eval(int(step), record, phase)
       assert printed == [line], page
+
+
+def _architecture() -> str:
+  with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+    return f.read()
+
+
+def test_the_layer_table_is_the_import_tests():
+  """docs/architecture.md's table of layers is the one the import test enforces: the same
+  modules on the same layers, no more and no fewer."""
+  from tests.behaviour.test_import_layers import LAYERS   # pylint: disable=import-outside-toplevel
+  table = _architecture().split("| layer | modules | what |", 1)[1].split("\n\n", 1)[0]
+  documented = set()
+  for row in table.strip().splitlines()[1:]:
+    layer, modules = row.split("|")[1:3]
+    documented |= {("tst_jax." + name.rstrip("/").replace("/", "."), float(layer))
+                   for name in re.findall(r"`([\w/]+)`", modules)}
+  assert documented == {(prefix, float(layer)) for prefix, layer in LAYERS}
+
+
+# A path of the project: tst_jax/x.py, tests/y/, or in backticks a module's path under tst_jax/.
+_PATH = re.compile(r"\b((?:tst_jax|tests|benchmarks|configs|launch|colabs)/[\w/.-]*\w/?)"
+                   r"|`(\w+/(?:[\w/]*\.py)?)`")
+
+
+def test_every_path_the_architecture_names_exists():
+  named = {a or b for a, b in _PATH.findall(_architecture())}
+  assert len(named) > 30, named
+  missing = [p for p in sorted(named) if not os.path.exists(os.path.join(ROOT, p))
+             and not os.path.exists(os.path.join(ROOT, "tst_jax", p))]
+  assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+_DATE = re.compile(r"(?<![/\w-])(?:19|20)\d\d-[01]\d(?:-[0-3]\d)?(?![\w-])")   # not a path's part
+_HASH = re.compile(r"\b(?!\d+e\d+\b)(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_no_history_in_the_architecture_or_dates_in_the_code():
+  """docs/architecture.md says what is: no dates or commit hashes, which belong to the dated
+  pages of docs/ and to commit messages. No tst_jax module holds a date but in a path."""
+  text = _architecture()
+  assert not _DATE.findall(text) and not _HASH.findall(text), (
+      _DATE.findall(text), _HASH.findall(text))
+  dated = []
+  for folder, _, files in os.walk(os.path.join(ROOT, "tst_jax")):
+    for name in files:
+      if name.endswith(".py"):
+        with open(os.path.join(folder, name)) as f:
+          dated += [f"{name}:{n}" for n, line in enumerate(f, 1) if _DATE.search(line)]
+  assert not dated, dated
+  assert _DATE.findall("on 2026-11-25 and 2026-11")
+  assert not _DATE.findall("docs/gpu/2026-11-26-h200")
+  assert _HASH.findall("commit 5ea38ad") and not _HASH.findall("2250e12 decade abcdefa")

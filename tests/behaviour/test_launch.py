@@ -442,7 +442,7 @@ def test_every_documented_launch_command_passes_its_checks():
 import contextlib, io, json, sys
 from launch import jobspec, xm_launch
 from launch.gke import render
-from tst_jax.config import fit
+from tst_jax.train import fit
 results, commands = [], json.loads(sys.argv[1])
 targets = [jobspec.target_from_args((xm_launch if a[0].endswith('.py') else render)
                                     .parse_args(a[1:])) for a in commands]

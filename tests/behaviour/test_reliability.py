@@ -21,7 +21,8 @@ from tst_jax import errors, models
 from tst_jax.rundir import RunDir
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
-from tst_jax.train import optim, step as step_lib
+from tst_jax import optim
+from tst_jax.train import step as step_lib
 from tst_jax.train.setup import Setup
 from tst_jax.run import workdir as workdir_lib
 

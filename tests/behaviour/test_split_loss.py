@@ -11,7 +11,7 @@ import pytest
 from tests.fixtures import trained
 from tests.fixtures.paths import ROOT
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.data.store import TokenStore
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "split_loss.py")

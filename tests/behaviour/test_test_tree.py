@@ -17,6 +17,7 @@ NAMED_FOR_A_PART = {
     "test_api.py": "__init__.py",                       # the public API, tst_jax's own names
     "config/test_plan_schedule.py": "config/plan.py",     # the plan's learning-rate schedule
     "test_z_loss.py": "losses.py",                      # the z-loss, in every implementation
+    "test_loss_variants.py": "losses.py",               # the registry of TST loss variants
 }
 
 # Modules tested through others, and where. Each named file must import the module.
@@ -28,13 +29,14 @@ ELSEWHERE = {
     "data/run_data.py": ["config/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "models/sampling.py": ["tools/test_sample.py"],
+    "models/experts.py": ["models/test_moe.py", "parallel/test_mesh.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],
     "cli.py": ["config/test_spec.py", "train/test_loop.py", "parallel/test_xla_flags.py"],
     "config/defaults.py": ["config/test_plan_schedule.py", "train/test_loop.py"],
     "config/sections.py": ["config/test_spec.py", "run/test_console.py"],
-    "run/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
+    "train/trained_run.py": ["tools/test_eval.py", "tools/test_sample.py", "tools/test_export.py"],
 }
 
 

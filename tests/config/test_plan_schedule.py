@@ -16,7 +16,7 @@ from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
 from tst_jax import cli
-from tst_jax.config import defaults, plan as plan_lib, spec as spec_lib
+from tst_jax.config import defaults, plan as plan_lib, record as record_lib, spec as spec_lib
 from tst_jax.train.setup import Setup
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.errors import ConfigError
@@ -81,7 +81,7 @@ def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_
   assert record["data"]["train_tokens"] == train_tokens
   assert record["data"]["passes"] == pytest.approx([d / train_tokens for d in data])
   assert record["resolved"]["model.attention_impl"]["value"] == "xla"
-  assert workdir_lib.read_plan(RunDir(tmp_path)).plan == spec_lib.check(config).plan
+  assert record_lib.read_plan(RunDir(tmp_path)).plan == spec_lib.check(config).plan
   written = (tmp_path / "plan.json").read_text()
   setup = Setup.create(spec_lib.build(config), RunDir(tmp_path))
   checkpoints = setup.open_checkpoints()

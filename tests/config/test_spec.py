@@ -20,9 +20,9 @@ from tst_jax.config import sections as sections_lib, spec as spec_lib
     ("tst.bag_size", 0, "config.tst.bag_size: must be an integer >= 1"),
     ("tst.ratio", 1.5, r"config.tst.ratio: must be a number in \[0, 1\]"),
     ("tst.weighting", "cubic", "config.tst.weighting: unknown weighting 'cubic'"),
-    ("tst.variant", "alt", "^config.tst.variant: 'alt' sums the bag's probability and reads "
-                           "only which weights are zero: tst.weighting='power' would be "
-                           "ignored; use 'uniform' or 'first' with it, or tst.variant='mce'$"),
+    ("tst.variant", "alt", "^config.tst.variant: 'alt' reads only which weights are zero: "
+                           "tst.weighting='power' would be ignored; use 'uniform' or 'first' "
+                           "with it, or tst.variant='mce'$"),
     ("tst.mode", "both", "config.tst.mode"),
     ("data.source", "text:/nonexistent/*.txt", "matches no files"),
     ("data.tokenizer", "/nonexistent/tokenizer.json", "does not exist"),
@@ -124,7 +124,8 @@ def test_checking_a_config_does_not_start_jax():
   code = ("import glob, sys\n"
           "from jax._src import xla_bridge\n"
           "from tst_jax import configlib\n"
-          "from tst_jax.config import fit, spec\n"
+          "from tst_jax.config import spec\n"
+          "from tst_jax.train import fit\n"
           "for path in sorted(glob.glob('configs/*.py')) + ['tests/fixtures/tiny_config.py']:\n"
           "  checked = spec.check(configlib.load_config(path))\n"
           "  fit.layer_param_bytes(checked.model)\n"

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures import trained
 from tests.fixtures.tiny import tiny_config
-from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data
+from tst_jax.data import mixture, pipeline, prepare as prepare_lib, run_data, section
 from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
@@ -32,7 +32,7 @@ def phase(steps, batch_size, window, is_tst=False):
 
 def data(mix, **fields):
   """config.data of the mixture `mix`, e.g. 's0=0.7,s1=0.3' of the sources of `streams`."""
-  return run_data.Data(mixture=mix, **fields)
+  return section.Data(mixture=mix, **fields)
 
 
 def streams(sizes):
@@ -276,6 +276,8 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   code, prose = two_stores
   assert f"data: tokens:{code} (weight tst S=2 0, ntp 0.6)" in out
   assert f"data: tokens:{prose} (weight tst S=2 1, ntp 0.4)" in out
+  assert ("data: eval_bag_loss reads the held-out split of data.mixture, as eval_loss does, not "
+          "data.tst_mixture's") in out
   record = json.loads((tmp_path / "plan.json").read_text())["data"]
   assert [s["source"] for s in record["sources"]] == [f"tokens:{prose}", f"tokens:{code}"]
   logged = _losses(tmp_path)

@@ -18,7 +18,7 @@ from tst_jax.data import (
     split_documents)
 from tst_jax.data import output_shards, prepare as prepare_lib
 from tst_jax.data import store as store_lib
-from tst_jax.data import run_data
+from tst_jax.data import run_data, section
 from tst_jax.rundir import RunDir
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
@@ -404,7 +404,7 @@ def test_a_store_under_home_is_read_alike_by_plan_check_and_trainer(one_shard, t
   config = tiny_config()
   config.data.update(source="tokens:~/store", seq_len=8, batch_size=2, eval_batches=2)
   d = _data(config)
-  run_data.check_paths(d)
+  section.check_paths(d)
   assert run_data.training_tokens(d).count == len(one_shard.train)
   data = run_data.prepare_data(d, RunDir(tmp_path / "w"), 512, (0, 1))
   assert data.train.directory == str(tmp_path / "store")
@@ -590,18 +590,3 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
 def _data(config):
   """A tiny config's data settings as the trainer's spec makes them."""
   return spec_lib.check(config).data
-
-
-def test_eval_sets_are_named_sources_and_a_missing_one_names_its_field(one_shard, tmp_path):
-  config = tiny_config(data=dict(eval_sets=f"a=tokens:{one_shard.directory}, b.v-2=text:/x/*"))
-  assert run_data.eval_sets(_data(config)) == (("a", f"tokens:{one_shard.directory}"),
-                                               ("b.v-2", "text:/x/*"))
-  for bad in ("a=tokens:/x,a=tokens:/y", "a b=tokens:/x", "tokens:/x", "a="):
-    config.data.eval_sets = bad
-    with pytest.raises(ConfigError) as caught:
-      _data(config)
-    assert caught.value.field == "data.eval_sets"
-  config.data.eval_sets = f"a=tokens:{one_shard.directory},b=tokens:{tmp_path}/none"
-  with pytest.raises(ConfigError, match="is not a token store") as caught:
-    run_data.check_paths(_data(config))
-  assert caught.value.field == "data.eval_sets"

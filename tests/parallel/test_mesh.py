@@ -10,17 +10,19 @@ import numpy as np
 import pytest
 
 from tests.fixtures import gpu_target
+from tests.fixtures.grouped import nan_past_the_groups
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.kernels import moe_dispatch, moe_gather
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
-from tst_jax.train import optim, step as step_lib
+from tst_jax import optim
+from tst_jax.train import step as step_lib
 from tst_jax.train.setup import Setup
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 
@@ -153,10 +155,10 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, di
     return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
 
   grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
-  expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
   run_mesh = mesh_lib.make_mesh(mesh_config(mesh).mesh)
   rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn(impl, dispatch))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn(impl, dispatch))
   with axis_rules(run_mesh, rules):
     got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
     jaxpr = jax.make_jaxpr(sharded)(x_NxD, ids_NxK, weights_NxK, *experts)
@@ -173,6 +175,56 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, di
   assert collectives == ({"all_gather", "reduce_scatter"} | ({"all_reduce"} if mesh[2] > 1
                                                               else set())
                          if "expert" in batch_axes else {"all_reduce"})
+
+
+@pytest.mark.parametrize("impl", ["gmm", "capacity"])
+def test_expert_parallel_rows_past_the_groups_never_reach_a_gradient(impl, monkeypatch):
+  """Under expert parallelism another shard's assignments leave rows past the groups, as many
+  as the routing decides: their selects stay, so NaN written there by the grouped GEMMs (a
+  kernel leaves them undefined) reaches no output and no gradient, weights' included; with C
+  in tiles of 4 rather than 128, capacity's rows past C run as grouped GEMMs too."""
+  monkeypatch.setattr(moe_dispatch, "CAPACITY_TILE", 4)
+  written = nan_past_the_groups(monkeypatch)
+  test_expert_parallel_shard_map_matches_one_device((4, 1, 1, 2), ("data", "fsdp", "expert"),
+                                                    impl, "gather")
+  assert written
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+@pytest.mark.parametrize("mesh,batch_axes", [
+    ((4, 1, 1, 2), ("data", "fsdp", "expert")), ((8, 1, 1, 1), ("data", "fsdp"))],
+    ids=["data4_expert2", "data8"])
+def test_capacity_on_8_devices_matches_the_per_token_reference(mesh, batch_axes, routing,
+                                                               monkeypatch):
+  """expert_impl=capacity on 8 devices, with expert parallelism and without, balanced and
+  skewed routing: the unsharded dense reference's output and gradients. C in tiles of 4 and a
+  capacity factor of 0.5 send many assignments past C; skewed routing (experts 0 and 5 favoured)
+  sends most of theirs."""
+  monkeypatch.setattr(moe_dispatch, "CAPACITY_TILE", 4)
+  e, d, f, k, n = 8, 16, 24, 2, 64
+  keys = jax.random.split(jax.random.key(1), 5)
+  x_NxD = jax.random.normal(keys[0], (n, d))
+  experts = [jax.random.normal(kk, shape) * 0.3 for kk, shape in
+             zip(keys[1:4], [(e, d, f), (e, d, f), (e, f, d)])]
+  router_NxE = jax.random.normal(keys[4], (n, e))
+  if routing == "skewed":
+    router_NxE = router_NxE.at[:, jnp.asarray([0, 5])].add(3.0)
+  weights_NxK, ids_NxK = jax.lax.top_k(jax.nn.softmax(router_NxE), k)
+  counts = np.bincount(np.asarray(ids_NxK).reshape(-1), minlength=e)
+  assert counts.max() > moe_dispatch.capacity_rows(n * k, e, 0.5)   # some past C
+
+  def loss(experts_fn, x, w, *weights):
+    return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
+
+  grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
+  rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("capacity", "gather",
+                                                                 capacity_factor=0.5))
+  with axis_rules(mesh_lib.make_mesh(mesh_config(mesh).mesh), rules):
+    got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
+  for a, b in zip(got, expected):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * (1 + float(jnp.abs(b).max())))
 
 
 @pytest.mark.parametrize("dispatch", [i for i in moe_dispatch.IMPLS
@@ -195,7 +247,7 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
   experts = [jnp.ones(shape) for shape in [(e, d, f), (e, d, f), (e, f, d)]]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn("blocked", "pallas"))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("blocked", "pallas"))
   loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
   rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
   with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):

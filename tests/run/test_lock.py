@@ -18,6 +18,7 @@ from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
+from tst_jax.fileio import swap
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax import cli
@@ -25,12 +26,13 @@ from tst_jax.run import lock as lock_lib, workdir as workdir_lib
 from tst_jax.train import loop
 
 
-@pytest.fixture(params=["local", "bucket"])
+@pytest.fixture(params=["local", "bucket", "s3"])
 def root(request, tmp_path):
-  """A folder to make workdirs in: on the local disk, or gs://<bucket> in the emulator."""
+  """A folder to make workdirs in: on the local disk, gs://<bucket> in the emulator, or
+  s3://<bucket> in moto's server."""
   if request.param == "local":
     return str(tmp_path)
-  return request.getfixturevalue("bucket")
+  return request.getfixturevalue("bucket" if request.param == "bucket" else "s3_bucket")
 
 
 def _lock_of(workdir, **fields):
@@ -173,8 +175,8 @@ def _take_over(file: str) -> dict:
                 heartbeat=time.time())
   # The holder's heartbeat may rewrite or pin the lock between the look and the removal, which
   # then refuses, as it should: a taker looks again.
-  _wait_for(lambda: fileio.remove_if_unchanged(file, fileio.version(file)), "the removal")
-  assert fileio.create_new(file, json.dumps(record))
+  _wait_for(lambda: swap.remove_if_unchanged(file, swap.version(file)), "the removal")
+  assert swap.create_new(file, json.dumps(record))
   return record
 
 
@@ -198,7 +200,7 @@ def test_a_beat_in_flight_never_overwrites_a_lock_another_run_took(root, monkeyp
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
   holder = lock_lib.Lock.take(RunDir(fileio.join(root, "run")))
   gate, waiting = threading.Event(), threading.Event()
-  write = fileio.write_if_unchanged
+  write = swap.write_if_unchanged
 
   def held_back(path, data, seen):
     if seen == holder.version:    # the holder's beat, not the taker's
@@ -206,7 +208,7 @@ def test_a_beat_in_flight_never_overwrites_a_lock_another_run_took(root, monkeyp
       gate.wait(10)
     return write(path, data, seen)
 
-  monkeypatch.setattr(fileio, "write_if_unchanged", held_back)
+  monkeypatch.setattr(swap, "write_if_unchanged", held_back)
   _wait_for(waiting.is_set, "the holder's beat")
   theirs = _take_over(holder.file)
   gate.set()
@@ -227,7 +229,7 @@ def test_a_heartbeat_that_fails_is_retried_and_stops_the_run_before_others_may_t
   well before another run may take its workdir at LOCK_STALE_S."""
   assert lock_lib.LOCK_GIVE_UP_S <= lock_lib.LOCK_STALE_S - 3 * lock_lib.LOCK_BEAT_S
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
-  write, failures, failing = fileio.write_if_unchanged, [], threading.Event()
+  write, failures, failing = swap.write_if_unchanged, [], threading.Event()
   failing.set()
 
   class HttpError(Exception):
@@ -239,7 +241,7 @@ def test_a_heartbeat_that_fails_is_retried_and_stops_the_run_before_others_may_t
       raise HttpError("Service Unavailable")
     return write(path, data, seen)
 
-  monkeypatch.setattr(fileio, "write_if_unchanged", flaky)
+  monkeypatch.setattr(swap, "write_if_unchanged", flaky)
   lock = lock_lib.Lock.take(RunDir(fileio.join(root, "run")))
   first = _held(lock.file)["heartbeat"]
   _wait_for(lambda: len(failures) >= 3, "three failed beats")
@@ -261,19 +263,19 @@ def test_a_retried_write_whose_first_try_went_through_is_the_runs_own(root, monk
   """A store that retries a conditional write after its first try went through answers the
   retry with a failed precondition: the lock is then the run's own, not a live stranger's."""
   monkeypatch.setattr(lock_lib, "LOCK_BEAT_S", 0.02)
-  create, write, said, created, retried = fileio.create_new, fileio.write_if_unchanged, [], [], []
+  create, write, said, created, retried = swap.create_new, swap.write_if_unchanged, [], [], []
 
   def create_then_refuse_the_retry(path, data):   # the lock's create, once
     created.append(create(path, data))
     return created[-1] and len(created) > 1
 
-  monkeypatch.setattr(fileio, "create_new", create_then_refuse_the_retry)
+  monkeypatch.setattr(swap, "create_new", create_then_refuse_the_retry)
 
   def write_then_refuse_the_retry(path, data, seen):
     retried.append(write(path, data, seen))
     return None
 
-  monkeypatch.setattr(fileio, "write_if_unchanged", write_then_refuse_the_retry)
+  monkeypatch.setattr(swap, "write_if_unchanged", write_then_refuse_the_retry)
   lock = lock_lib.Lock.take(RunDir(fileio.join(root, "run")), say=said.append)
   assert not said and _held(lock.file)["token"] == lock.record["token"]
   first = _held(lock.file)["heartbeat"]

@@ -8,7 +8,8 @@ import pytest
 
 from tests.fixtures.corpus import CORPUS
 from tst_jax import fileio
-from tst_jax.data import get_tokenizer
+from tst_jax.data import get_tokenizer, prepare as prepare_lib
+from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
@@ -45,6 +46,21 @@ def test_records_read_back_as_written(rundir):
   assert workdir_lib.read_summary(rundir) == dict(steps=8, final_eval_loss=3.25)
   assert workdir_lib.train_tokens(rundir) == 1234
   assert fileio.listdir(rundir.root) == ["store.json", "summary.json"]
+
+
+def test_a_store_json_without_its_token_count_is_counted_in_the_store(tmp_path):
+  """A run whose store.json names its store but not its tokens still compares: the count
+  comes from the store, and None where that store is gone."""
+  source = tmp_path / "docs.jsonl"
+  source.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in CORPUS))
+  store = prepare_lib.prepare(f"jsonl:{source}", str(tmp_path / "store"), vocab_size=280,
+                              workers=1, progress=False)
+  rundir = RunDir(tmp_path / "run")
+  fileio.makedirs(rundir.root)
+  fileio.write_json(rundir.store, dict(fingerprint="f" * 64, directory=store))
+  assert workdir_lib.train_tokens(rundir) == len(TokenStore(store).train) > 0
+  fileio.write_json(rundir.store, dict(fingerprint="f" * 64, directory=str(tmp_path / "gone")))
+  assert workdir_lib.train_tokens(rundir) is None
 
 
 def test_checkpoint_steps_are_the_complete_ones(rundir):

@@ -17,9 +17,8 @@ from tst_jax.analysis.frontier import Frontier
 from tst_jax.rundir import RunDir
 from tst_jax.tools import arms as arms_lib, compare, sweep
 from tst_jax.tools.eval_curve import load_run
-from tst_jax.config import plan as plan_lib, spec as spec_lib
+from tst_jax.config import plan as plan_lib, record as record_lib, spec as spec_lib
 from tst_jax.run import metrics as metrics_lib
-from tst_jax.run import workdir as workdir_lib
 
 
 def _fake_run(path, config, evals, train_tokens=None, plan=None):
@@ -30,7 +29,7 @@ def _fake_run(path, config, evals, train_tokens=None, plan=None):
   path.mkdir()
   (path / "config.json").write_text(config.to_json_best_effort())
   if plan is not None:
-    workdir_lib.write_plan(RunDir(path), plan_lib.PlanRecord(plan))
+    record_lib.write_plan(RunDir(path), plan_lib.PlanRecord(plan))
   plan = plan or spec_lib.check(config).plan
   lines = []
   for step, loss, *more in evals:

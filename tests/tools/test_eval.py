@@ -18,7 +18,7 @@ from tests.fixtures import subprocess_env  # noqa: E402
 from tests.fixtures.paths import ROOT, TESTDATA  # noqa: E402
 from tst_jax import fileio  # noqa: E402
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run  # noqa: E402
+from tst_jax.train import trained_run  # noqa: E402
 from tst_jax.train import downstream
 from tst_jax.tools import eval as tst_eval, export  # noqa: E402
 

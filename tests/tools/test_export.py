@@ -17,7 +17,8 @@ from tests.fixtures import trained
 from tst_jax import errors, fileio, models
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run, workdir as workdir_lib
+from tst_jax.run import workdir as workdir_lib
+from tst_jax.train import trained_run
 from tst_jax.tools import export
 from tst_jax.data import run_data
 from tst_jax.config import spec as spec_lib

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pathlib
+import statistics
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import fileio
 from tst_jax.analysis.frontier import Frontier, Trend
-from tst_jax.tools import ladder, ladder_plan, sweep
+from tst_jax.tools import ladder, ladder_plan, ladder_tables, sweep
 from tst_jax.config import outlook, spec as spec_lib
 
 DEVICE_SOURCE = "data.source=text:/opt/torch/.venv/lib/python3.12/site-packages/**/*.py"
@@ -86,11 +87,11 @@ def test_a_delta_inside_twice_the_seed_spread_asks_for_a_second_seed():
 
 
 def test_the_named_ladders_sit_at_their_tokens_per_parameter_on_corpora_they_fit(monkeypatch):
-  """moe at about 0.6, 1, 2 and 4 tokens per active parameter, dense at 2, 4 and 8 with S = 2
+  """moe at about 0.6, 1.2 and 2.4 tokens per active parameter, dense at 2, 4 and 8 with S = 2
   and S = 4; no run reads its rung's corpus more than the planned passes at the measured
   bytes per token; each ladder has a measured rate."""
   monkeypatch.chdir(ROOT)
-  expect = {"moe": ((0.6, 1, 2, 4), {4}), "dense": ((2, 4, 8), {2, 4})}
+  expect = {"moe": ((0.6, 1.2, 2.4), {4}), "dense": ((2, 4, 8), {2, 4})}
   for name, (spots, sizes) in expect.items():
     lad = ladder_plan.LADDERS[name]
     assert lad.rate and lad.rate > 1e13
@@ -105,38 +106,39 @@ def test_the_named_ladders_sit_at_their_tokens_per_parameter_on_corpora_they_fit
       assert most <= ladder_plan.PLANNED_PASSES * tokens, (name, rung)
 
 
-MOE_LOSSES = {   # per rung: TST, the baseline of its length, the baseline of twice it
-    "1.7k": (2.20, 2.25, 2.10),
-    "3.3k": (1.99, 2.05, 1.95),      # Δ -0.06 between its own two baselines: 2^0.6 = 1.52x
-    "6.7k": (1.895, 1.90, 1.85),     # Δ -0.005, inside the seed noise: 2^0.1 = 1.07x
-}
+# Per point of the MoE ladder but the committed one-call pair (baseline 2.4011, tst 2.4726 on
+# an H200): the 1k and 2k rungs share the config's corpus and one frontier of baselines at
+# 0.5k, 1k, 2k and 4k; the 4k rung has its own, on 200 MB.
+MOE_LOSSES = {"baseline-0.5k_seed0": 2.60, "baseline-2k_seed0": 2.25, "2k_seed0": 2.20,
+              "baseline-4k_seed0": 2.12,
+              "4k-200mb_seed0": 2.095, "baseline-4k-200mb_seed0": 2.10,  # Δ -0.005: noise
+              "baseline-2k-200mb_seed0": 2.26, "baseline-8k-200mb_seed0": 2.00}
 ONE_CALL = "docs/gpu/2026-11-26-h200/science/runs"     # baseline 2.4011, tst 2.4726 (H200)
 
 
 def test_the_tables_and_trends_are_rebuilt_from_brought_back_points_alone(tmp_path, monkeypatch,
                                                                           capsys):
   """The MoE ladder from the committed one-call points and synthetic records of every other
-  run. Each TST run is measured against the baselines on its corpus: the 1k and 1.7k rungs
-  share the config's, so their frontier holds 1k, 1.7k, 2k and 3.4k. Its Δ and speed-up are
-  that frontier's, the predicted speed-up exp(Δ / s) of the segment next to it (at 1.7k it
-  parts from the measured one: the frontier bends at 2k), the S = 4 trend the least-squares
-  line through the exact ones, merged into the shipped trends. The 6.7k run, inside the
-  noise, gets a second seed planned, which no call of 270 s holds."""
+  run. Each TST run is measured against the baselines on its corpus: the 1k and 2k rungs share
+  the config's, so their frontier holds 0.5k, 1k, 2k and 4k. Its Δ and speed-up are that
+  frontier's, the predicted speed-up exp(Δ / s) of the segment next to it, the S = 4 trend the
+  least-squares line through the exact ones, merged into the shipped trends. The 1k run, behind
+  its own baseline, gets an exact speed-up below 1 from the half-length baseline. The 4k run,
+  inside the noise, gets a second seed planned."""
   monkeypatch.chdir(ROOT)
   back = str(tmp_path / "back")
   lad = ladder_plan.LADDERS["moe"]
   rungs, plans = ladder.make_rungs(lad, [0], [DEVICE_SOURCE])
-  losses = {"baseline-2k_seed0": 2.21}
-  for rung in rungs[1:]:
-    losses |= dict(zip(rung.points, MOE_LOSSES[rung.length]))
+  losses = dict(MOE_LOSSES)
   for rung in rungs:
     for point in sweep.make_arm_points(list(rung.arms), [0]):
-      if point.name in losses:
+      if point.name in losses and not os.path.isdir(os.path.join(back, point.name)):
         steps = plans[point.name].total_steps
         write_point(back, lad.config, point, [DEVICE_SOURCE],
                     {steps // 2: losses[point.name] + 0.4, steps: losses[point.name]})
   losses |= {name: fileio.read_json(os.path.join(ROOT, ONE_CALL, name, "summary.json"))[
       "final_eval_loss"] for name in ("baseline_seed0", "tst_seed0")}
+  assert sorted(losses) == sorted({p for r in rungs for p in r.points})
   work = tmp_path / "w"
   args = ["--ladder", "moe", "--workdir", str(work), "--plan_only", "--budget_s", "270",
           "--finished", back, "--set", DEVICE_SOURCE]
@@ -144,7 +146,7 @@ def test_the_tables_and_trends_are_rebuilt_from_brought_back_points_alone(tmp_pa
   out = capsys.readouterr().out
   result = json.loads((work / "moe" / "ladder.json").read_text())
   points = {p["run"]: p for p in result["points"]}
-  assert sorted(points) == sorted(["tst_seed0"] + [r.points[0] for r in rungs[1:]])
+  assert sorted(points) == sorted(r.points[0] for r in rungs)
   corpus_of = {p: r.corpus_bytes for r in rungs for p in r.points}
   exact = []
   for name, p in points.items():
@@ -159,18 +161,19 @@ def test_the_tables_and_trends_are_rebuilt_from_brought_back_points_alone(tmp_pa
     assert p["slope"] == pytest.approx(slope.value)
     assert p["speedup_predicted"] == pytest.approx(math.exp(delta / slope.value))
     assert p["tokens_per_param"] == pytest.approx(plans[name].tokens_per_param)
+    assert p["rung_done"]
     if equal.bound == "=":
       exact.append((plans[name].tokens_per_param, p["speedup"]))
-  one = points["tst_seed0"]    # behind its shortest baseline: a bound, and '~' predicted
-  slope_1k = (2.25 - 2.4011) / math.log(1.7)
-  assert one["speedup_text"] == "≤ 1.00x" and one["slope"] == pytest.approx(slope_1k, abs=1e-4)
-  assert one["speedup_predicted_text"] == f"~{math.exp(0.0715 / slope_1k):.2f}x"
-  mid = points[rungs[1].points[0]]  # 2.20: Δ -0.05 at 1.7k, equal loss past the 2k baseline
-  assert mid["speedup"] == pytest.approx(2 / 1.7 * 1.7 ** (0.01 / 0.11))             # 1.23x
-  assert mid["speedup_predicted"] == pytest.approx(math.exp(-0.05 / (-0.04 / math.log(2 / 1.7))))
-  assert points[rungs[2].points[0]]["speedup"] == pytest.approx(2 ** 0.6)
-  assert points[rungs[3].points[0]]["noise"].startswith("within noise")
-  assert points[rungs[2].points[0]]["noise"].startswith("outside noise")
+  one = points["tst_seed0"]    # 2.4726: between the 0.5k (2.60) and 1k (2.4011) baselines
+  tst, base = losses["tst_seed0"], losses["baseline_seed0"]
+  assert one["speedup"] == pytest.approx(0.5 * 2 ** ((2.60 - tst) / (2.60 - base)))
+  assert one["slope"] == pytest.approx((base - 2.60) / math.log(2))
+  mid = points["2k_seed0"]     # 2.20: Δ -0.05 at 2k, equal loss before the 4k baseline
+  assert mid["speedup"] == pytest.approx(2 ** (0.05 / 0.13))
+  assert mid["speedup_predicted"] == pytest.approx(mid["speedup"])    # the same segment
+  assert points["4k-200mb_seed0"]["speedup"] == pytest.approx(2 ** (0.005 / 0.10))
+  assert points["4k-200mb_seed0"]["noise"].startswith("within noise")
+  assert mid["noise"].startswith("outside noise")
   (trend,) = result["trends"]
   assert len(exact) == 3
   b, a = np.polyfit(np.log([x for x, _ in exact]), [y for _, y in exact], 1)
@@ -179,12 +182,48 @@ def test_the_tables_and_trends_are_rebuilt_from_brought_back_points_alone(tmp_pa
   shipped = json.loads((work / "speedup_trends.json").read_text())["trends"]
   assert [t["params"] for t in shipped] == [t.params for t in outlook.measured_trends()] + [
       trend["params"]]
-  seed1 = [p.replace("_seed0", "_seed1") for p in rungs[3].points]
+  seed1 = [p.replace("_seed0", "_seed1") for p in rungs[2].points]
   assert result["unfinished"] == seed1
   md = (work / "moe" / "ladder.md").read_text()
-  assert "Second seeds planned (a one-seed Δ inside the noise): 6.7k seed 1." in md
-  assert all(f"{p} (about" in md for p in seed1) and "Next call" not in out
-  assert f"| {one['slope']:+.4f} | {one['speedup_predicted_text']} | ≤ 1.00x |" in md
+  assert "Second seeds planned (a one-seed Δ inside the noise): 4k seed 1." in md
+  assert "Next call: LADDER=moe POINTS=4k-200mb_seed1 (about" in out
+  assert "Too long for one call of 270 s, each alone: baseline-8k-200mb_seed1 (about" in md
+  assert f"| {one['slope']:+.4f} | {one['speedup_predicted_text']} | 0.78x |" in md
+  assert "| 1k | tst | 4 | 0.598 | 0 | 2.4726 | +0.0715 | 0.78x |" in md   # per rung
+
+
+def test_the_first_trend_is_counted_in_calls_until_rungs_finish_at_two_lengths():
+  rungs = [ladder_plan.Rung(n, 0, (f"t{n}",), (f"b{n}",), 100e6) for n in ("1k", "2k", "4k")]
+  call = lambda *p: ladder_plan.Call(p, 100.0, ())
+  missing = {"b1k_seed0", "t2k_seed0", "b2k_seed0", "t4k_seed0", "b4k_seed0"}
+  calls = [call("b1k_seed0", "t2k_seed0"), call("b2k_seed0"), call("t4k_seed0", "b4k_seed0")]
+  assert ladder_plan.first_trend_calls(rungs, missing, calls) == 2
+  assert ladder_plan.first_trend_calls(rungs, missing - {"b2k_seed0"}, calls) == 1
+  assert ladder_plan.first_trend_calls(rungs, {"t4k_seed0"}, calls) == 0
+  assert ladder_plan.first_trend_calls(rungs, missing, calls[:1]) is None
+  assert "needs 2 calls of 300 s: 1-2 above" in ladder_plan.trend_text(rungs, missing, calls, 300)
+  assert "needs more than these calls" in ladder_plan.trend_text(rungs, missing, [], 300)
+
+
+def _point(length, seed, delta, speedup, predicted, tokens=1.2, done=True):
+  return dict(length=length, arm=length, seed=seed, S=4, tokens_per_param=tokens,
+              final_loss=2.0 + delta, delta_equal_flops=delta, delta_text=f"{delta:+.4f}",
+              speedup_text=speedup, speedup_predicted_text=predicted, rung_done=done)
+
+
+def test_a_rungs_row_holds_its_seeds_delta_as_mean_and_sd_and_each_speed_up():
+  points = [_point("2k", 1, -0.031, "1.12x", "1.10x"), _point("2k", 0, -0.020, "1.08x", "1.06x"),
+            _point("1k", 0, 0.0715, "≤ 1.00x", "--", tokens=0.598, done=False)]
+  rows = ladder_tables.rung_rows(points)
+  assert [r["length"] for r in rows] == ["1k", "2k"]
+  assert rows[0]["delta_text"] == "+0.0715" and not rows[0]["finished"]
+  assert rows[1]["seeds"] == [0, 1] and rows[1]["finished"]
+  mean, sd = statistics.mean([-0.031, -0.020]), statistics.stdev([-0.031, -0.020])
+  assert rows[1]["delta_text"] == f"{mean:+.4f} ± {sd:.4f}"
+  assert rows[1]["speedup_text"] == "1.08x / 1.12x" and rows[1]["predicted_text"] == "1.06x / 1.10x"
+  table = ladder_tables.format_rungs(points)
+  assert "| 2k | 2k | 4 | 1.2 | 0, 1 | 1.9800 / 1.9690 | -0.0255 ± 0.0078 |" in table
+  assert table.splitlines()[2].endswith("| baselines missing |")
 
 
 def test_a_sweep_kept_as_its_results_json_counts_as_finished_runs(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from tests.fixtures import trained
 from tst_jax import errors
 from tst_jax.models import sampling
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.tools import sample
 
 

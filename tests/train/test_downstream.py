@@ -18,7 +18,7 @@ from tst_jax.errors import ConfigError  # noqa: E402
 from tst_jax.rundir import RunDir
 from tst_jax import cli  # noqa: E402
 from tst_jax.config import spec as spec_lib
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.train import downstream
 from tst_jax.run import workdir as workdir_lib  # noqa: E402
 

@@ -17,7 +17,7 @@ from tst_jax.data import TokenStore, eval_windows
 from tst_jax.rundir import RunDir
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.train import loop, step as step_lib
 from tst_jax.run import workdir as workdir_lib
 

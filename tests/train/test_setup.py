@@ -11,8 +11,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
 from tst_jax import cli
-from tst_jax.config import spec as spec_lib
-from tst_jax.run import workdir as workdir_lib
+from tst_jax.config import record as record_lib, spec as spec_lib
 from tst_jax.train import setup as setup_lib
 
 
@@ -48,7 +47,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   path.write_text(open(old).read())
   same = tiny_config(data=dict(val_piece_bytes=0))   # fields added since: their old values
   setup_lib._check_workdir_config(spec_lib.build(same), RunDir(tmp_path))  # pylint: disable=protected-access
-  workdir_lib.write_config(RunDir(tmp_path), spec_lib.build(same).to_json())
+  record_lib.write_config(RunDir(tmp_path), spec_lib.build(same).to_json())
   rewritten = json.loads(path.read_text())
   assert spec_lib.sections_of(rewritten) == spec_lib.sections_of(written_then)  # the same run
   added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
@@ -71,7 +70,7 @@ def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_pa
   platform's own: the run resumes, evaluates and loads; an eval leaves config.json as the
   training platform wrote it; any other difference still refuses."""
   from tst_jax import platform
-  from tst_jax.run import trained_run
+  from tst_jax.train import trained_run
   cli.run(tiny_config(steps=4), str(tmp_path))
   path = tmp_path / "config.json"
   record = json.loads(path.read_text())

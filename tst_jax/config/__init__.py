@@ -1,2 +1,2 @@
 """Planning and config: the typed spec of a run, its sections and defaults, the phase plan,
-the fit check and the outlook."""
+the outlook, and the config and plan records a workdir keeps."""

@@ -54,7 +54,7 @@ class Phase:
   batch_size: int      # B, global rows
   flops_per_step: float
   weighting: str = "uniform"   # the MCE's bag weighting (tst)
-  variant: str = "mce"         # mce | alt (tst)
+  variant: str = "mce"         # a loss variant of losses.VARIANTS (tst)
 
   def __post_init__(self):
     if (self.mode == "ntp") != (self.bag_size == 1):

@@ -1,7 +1,7 @@
 """The run's own config sections, each field declared once: the top level `Run`, tst, loss,
 optimizer, train and reference.
 
-The other sections live with what they configure: data in data/run_data.py, model in the
+The other sections live with what they configure: data in data/section.py, model in the
 family's config dataclass, mesh in parallel/mesh.py and distributed in parallel/distributed.py.
 """
 
@@ -15,7 +15,7 @@ from tst_jax import losses, models, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
-from tst_jax.train.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
+from tst_jax.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
 from tst_jax.run import sinks, step_profile
 from tst_jax.config.plan import EQUAL_FLOPS
 
@@ -82,8 +82,8 @@ class Tst:
   weighting: str = schema.field("uniform", schema.STRING, "the MCE's bag weights: uniform | "
                                 "power | exponential | first | fitted:<F.json> | fitted:paper "
                                 "(appendix D's C0 + a·d^k)")
-  variant: str = schema.field("mce", schema.one_of(losses.VARIANTS), "mce (the paper's) | alt "
-                              "(-log of the bag's probability: no per-position weights)")
+  variant: str = schema.field("mce", losses.VARIANT, "the bag's loss, a variant of losses.py: "
+                              + losses.variants_doc())
   equal_flops: str = schema.field("seq", schema.one_of(EQUAL_FLOPS), "seq: data length S x L "
                                   "(the paper's) | batch: S x the rows of L/S bags")
   reinit_at_switch: bool = schema.field(False, schema.BOOL, "re-initialise embedding and head "
@@ -212,8 +212,9 @@ class Reference:
                            "('': none)", added="")
   loss: float = schema.field(0.0, schema.number(0), "its final held-out loss (nats/token)",
                              added=0.0)
-  measured: str = schema.field("", schema.STRING, "where and when, e.g. 'docs/demo.md: 2-core "
-                               "CPU, 2026-11-25'", added="")
+  measured: str = schema.field("", schema.STRING, "where and when: the docs page that records "
+                               "its device and date, e.g. 'docs/demo.md: 2-core CPU'",
+                               added="")
   command: str = schema.field("", schema.STRING, "the command that measures it again",
                               added="")
   data: str = schema.field("", schema.STRING, "the data it was measured on: the token store's "

@@ -16,8 +16,8 @@ import os
 
 from tst_jax import fileio, losses, models, platform, schema
 from tst_jax.data.mixture import RunMixture
-from tst_jax.data.run_data import (Data, check_fields as check_data_fields,
-                                   check_paths as check_data_paths)
+from tst_jax.data.section import (Data, check_fields as check_data_fields,
+                                  check_paths as check_data_paths)
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.parallel import mesh as mesh_lib
@@ -167,10 +167,11 @@ def check(config) -> RunSpec:
       weights = losses.bag_weights(tst.weighting, bag_size)
     except (ValueError, TypeError) as e:
       raise ConfigError("tst.weighting", str(e)) from None
-    _require(tst.variant != "alt" or len(set(weights[weights > 0].tolist())) == 1,
-             "tst.variant", f"'alt' sums the bag's probability and reads only which weights "
-             f"are zero: tst.weighting={tst.weighting!r} would be ignored; use 'uniform' or "
-             "'first' with it, or tst.variant='mce'")
+    _require(losses.VARIANTS[tst.variant].weighted
+             or len(set(weights[weights > 0].tolist())) == 1,
+             "tst.variant", f"{tst.variant!r} reads only which weights are zero: "
+             f"tst.weighting={tst.weighting!r} would be ignored; use 'uniform' or 'first' "
+             "with it, or tst.variant='mce'")
     if tst.equal_flops == "batch" and tst.mode != "output_only":
       _require(data.seq_len % bag_size == 0, "data.seq_len",
                f"{data.seq_len} must be divisible by tst.bag_size {bag_size} when "

@@ -77,7 +77,9 @@ class Family:
   presets: dict
 
 
-ModelConfig = llama.LlamaConfig | moe.MoEConfig
+# A model section, typed: the config of any family of FAMILIES, one registered later too, so
+# what every family's config meets rather than a union of the families there are at import.
+ModelConfig = FamilyConfig
 
 # config.model.family, which is also the family's Hugging Face model_type.
 FAMILIES = {"llama": Family(llama.LlamaConfig, llama.Llama, llama.PRESETS),

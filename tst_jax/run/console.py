@@ -9,6 +9,7 @@ import time
 
 import tqdm
 
+from tst_jax import losses
 from tst_jax.rundir import RunDir
 
 
@@ -79,13 +80,14 @@ class Console:
 
   def eval(self, step: int, record: dict, phase=None):
     """Prints an eval's `record` (`Evaluator.record`): the held-out loss, each set of
-    data.eval_sets by name, and in a tst `phase` its held-out bag loss."""
+    data.eval_sets by name, and in a tst `phase` its held-out bag loss with its floor: a bag
+    of distinct tokens scores at least its targets' entropy, where a next-token loss's is 0."""
     names = [k.partition("/")[2] for k in record if k.startswith("eval_loss/")]
     line = (f"eval  step {step}: held-out next-token loss {_with_bpb(record, '')}"
             + "".join(f"; {name} {_with_bpb(record, '/' + name)}" for name in names))
     if "eval_bag_loss" in record:
       line += (f"; held-out bag loss {record['eval_bag_loss']:.4f} (the {_phase_name(phase)} "
-               "task)")
+               f"task{_floor(losses.bag_floor(phase.weighting, phase.variant, phase.bag_size))})")
     self.print(line)
 
   def tasks(self, step: int, record: dict, seconds: float):
@@ -112,7 +114,8 @@ class Console:
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f}"
       if summary.get("phase1_end_eval_bag_loss") is not None:
-        lines[-1] += f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+        lines[-1] += (f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+                      + _floor(summary.get("phase1_bag_floor") or 0.0))
       lines[-1] += ")"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary, run or {})
@@ -175,6 +178,11 @@ def _speed(speed: dict) -> str:
     peak = speed.get("memory_peak_bytes") or speed["memory_bytes_in_use"]
     parts.append(f"mem {speed['memory_bytes_in_use'] / 1e9:.1f}/{peak / 1e9:.1f} GB")
   return "  ".join(parts)
+
+
+def _floor(floor: float) -> str:
+  """Says the floor of a bag loss beside it, since its scale is not a next-token loss's."""
+  return f", whose floor is up to {floor:.4f}, its targets' entropy" if floor > 0 else ""
 
 
 def _phase_name(phase) -> str:

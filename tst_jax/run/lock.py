@@ -2,8 +2,8 @@
 
 A file created only if absent is the whole protocol, so a bucket's create-if-absent write holds
 a workdir there the same way as a hard link does on a disk, and a dead run's lock is removed
-only if unchanged since it was read: by its generation in a bucket. The holder rewrites its
-heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
+only if unchanged since it was read: by its generation or ETag in a bucket. The holder rewrites
+its heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
 prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing. Each rewrite
 is conditional on the holder's own last one, so it never overwrites a lock that another run
 took. A holder that lost its lock, or wrote no heartbeat for LOCK_GIVE_UP_S, stops at its next
@@ -22,6 +22,7 @@ import time
 import uuid
 
 from tst_jax import fileio
+from tst_jax.fileio import swap
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
 
@@ -39,7 +40,7 @@ class Lock:
   def __init__(self, rundir: RunDir, record: dict, made_workdir: bool = False):
     self.rundir, self.file, self.record = rundir, rundir.lock, record
     self.made_workdir = made_workdir
-    self.version = fileio.version(self.file)   # of this process's last write: the next is on it
+    self.version = swap.version(self.file)   # of this process's last write: the next is on it
     self.lost, self.failure = "", ""      # why this run no longer holds it; the last beat's error
     self._stop = threading.Event()
     self._beat = threading.Thread(target=self._renew, name="tst_jax-lock", daemon=True)
@@ -55,7 +56,7 @@ class Lock:
     record = dict(host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
                   started=_utc_now(), heartbeat=time.time())
     for _ in range(3):   # another process may take or free it between two looks
-      if fileio.create_new(file, json.dumps(record)):
+      if swap.create_new(file, json.dumps(record)):
         return cls(rundir, record, made_workdir)
       seen, held = _look(file)
       if held is None or seen is None:
@@ -66,7 +67,7 @@ class Lock:
       if not dead:
         raise WorkdirError(f"--workdir {rundir}: a live run holds it: {_holder(held)} "
                            f"({file}); wait for it to end, stop it, or use another --workdir")
-      if fileio.remove_if_unchanged(file, seen):
+      if swap.remove_if_unchanged(file, seen):
         say(f"taking over {file} from a dead run: {_holder(held)}, {dead}")
     raise WorkdirError(f"--workdir {rundir}: {file} keeps changing: another run is starting "
                        "in this workdir; use another --workdir")
@@ -88,7 +89,7 @@ class Lock:
     self._beat.join()
     seen, held = _look(self.file)
     if held is not None and held.get("token") == self.record["token"]:
-      fileio.remove_if_unchanged(self.file, seen)
+      swap.remove_if_unchanged(self.file, seen)
     if self.made_workdir:   # a run refused before it wrote leaves nothing
       fileio.remove_empty_folder(self.rundir.root)
 
@@ -114,7 +115,7 @@ class Lock:
     """Writes a new heartbeat on this process's last version of the lock, or records why this
     run lost the lock: another run took it over or removed it."""
     record = dict(self.record, heartbeat=time.time())
-    version = fileio.write_if_unchanged(self.file, json.dumps(record), self.version)
+    version = swap.write_if_unchanged(self.file, json.dumps(record), self.version)
     if version is None:   # changed by another run, or still this run's own: see which
       version, held = _look(self.file)
       # A retried write whose first try went through leaves the new record, a run that looked
@@ -134,7 +135,7 @@ def _look(file: str) -> tuple[str | None, dict | None]:
   """Returns the lock's version and record. The version is read first, so a write between the
   two makes a removal or heartbeat conditional on that version fail, never pass on a record
   it did not see."""
-  return fileio.version(file), _read_lock(file)
+  return swap.version(file), _read_lock(file)
 
 
 def _read_lock(file: str) -> dict | None:

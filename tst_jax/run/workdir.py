@@ -1,5 +1,6 @@
 """A run's record: one reader and one writer for each of its files, and the one check that a
-workdir holds this run.
+workdir holds this run. config.json and plan.json, which hold the typed spec and the plan, are
+config/record.py's.
 
 Where each file lives is RunDir's (tst_jax/rundir.py). A workdir is a local folder or a
 bucket's URL such as gs://bucket/run: every file goes through fileio, metrics.jsonl through
@@ -11,21 +12,18 @@ from __future__ import annotations
 
 import json
 
-import ml_collections
-
 from tst_jax import fileio
 from tst_jax.data import tokenizer as tokenizer_lib
 from tst_jax.data.run_data import Stores
+from tst_jax.data.store import TokenStore
 from tst_jax.errors import ConfigError, DataError, WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.config import spec as spec_lib
 from tst_jax.run import appending
-from tst_jax.config.plan import Plan, PlanRecord
 
 ORBAX_COMMIT = "commit_success.txt"   # in a bucket, what Orbax writes last in a step's folder
 
 
-def _read_json(rundir: RunDir, file: str) -> dict | None:
+def read_json(rundir: RunDir, file: str) -> dict | None:
   """Returns the record `file` of the run in `rundir`, None where there is none. One that is
   not a JSON object is a DataError naming it."""
   if not fileio.isfile(file):
@@ -39,41 +37,6 @@ def _read_json(rundir: RunDir, file: str) -> dict | None:
     raise DataError(f"{file}: holds a {type(record).__name__}, not a JSON object; it is a "
                     f"record of the run in {rundir}: restore it from a copy")
   return record
-
-
-def write_config(rundir: RunDir, config: dict):
-  """Writes config.json: the run's config as `RunSpec.to_json` gives it."""
-  fileio.write_json(rundir.config, config, sort_keys=True)
-
-
-def read_config_json(rundir: RunDir) -> dict | None:
-  """Returns config.json as written, None where the run has not written one."""
-  return _read_json(rundir, rundir.config)
-
-
-def read_config(rundir: RunDir) -> dict:
-  """Returns the typed sections of the run in `rundir`, read from its config.json. A workdir
-  without one is a WorkdirError, a config.json that does not check a DataError naming it."""
-  config = _read_json(rundir, rundir.config)
-  if config is None:
-    raise WorkdirError(f"{rundir.config} does not exist: {rundir} is not a tst_jax run "
-                       "directory")
-  try:
-    return spec_lib.sections_of(config)
-  except (ValueError, KeyError, TypeError) as e:   # a field that does not check, a section lost
-    raise DataError(f"{rundir.config}: cannot be read ({e}); it records the config of the run "
-                    f"in {rundir}: restore it from a copy, or use another --workdir") from None
-
-
-def write_plan(rundir: RunDir, record: PlanRecord):
-  """Writes plan.json, as the run starts and again on each resume."""
-  fileio.write_json(rundir.plan, record.to_json())
-
-
-def read_plan(rundir: RunDir) -> PlanRecord | None:
-  """Returns the run's plan.json, or None where the run has not written one."""
-  record = _read_json(rundir, rundir.plan)
-  return None if record is None else PlanRecord.from_json(record)
 
 
 def open_metrics(rundir: RunDir, start: int) -> appending.Appender:
@@ -123,7 +86,7 @@ def write_tracker(rundir: RunDir, record: dict):
 
 def read_tracker(rundir: RunDir) -> dict | None:
   """Returns tracker.json, None where the run has no tracker."""
-  return _read_json(rundir, rundir.tracker)
+  return read_json(rundir, rundir.tracker)
 
 
 def write_store(rundir: RunDir, fingerprint: str, directory: str, train_tokens: int):
@@ -134,7 +97,7 @@ def write_store(rundir: RunDir, fingerprint: str, directory: str, train_tokens: 
 
 def read_store(rundir: RunDir) -> dict | None:
   """Returns store.json, or None where the run has not recorded its store."""
-  return _read_json(rundir, rundir.store)
+  return read_json(rundir, rundir.store)
 
 
 def write_summary(rundir: RunDir, summary: dict):
@@ -144,7 +107,7 @@ def write_summary(rundir: RunDir, summary: dict):
 
 def read_summary(rundir: RunDir) -> dict | None:
   """Returns summary.json, or None for a run that has not finished."""
-  return _read_json(rundir, rundir.summary)
+  return read_json(rundir, rundir.summary)
 
 
 def write_tokenizer(rundir: RunDir, tokenizer: tokenizer_lib.Tokenizer):
@@ -166,13 +129,19 @@ def read_tokenizer(rundir: RunDir, vocab_size: int) -> tokenizer_lib.Tokenizer:
 
 
 def checkpoint_steps(rundir: RunDir) -> list[int]:
-  """Returns the steps with a complete checkpoint, in order. In a bucket, where a folder
-  cannot be renamed into place, Orbax marks a complete one with its commit file."""
-  if not fileio.isdir(rundir.checkpoints):
+  """Returns the steps with a complete checkpoint, in order."""
+  return complete_steps(rundir.checkpoints, rundir.remote)
+
+
+def complete_steps(folder: str, remote: bool) -> list[int]:
+  """Returns the steps of the checkpoint folder `folder` that are complete, in order. In a
+  bucket (`remote`), where a folder cannot be renamed into place, a complete one holds the
+  commit file that Orbax, or for s3:// train/checkpoint_mirror.py, writes last."""
+  if not fileio.isdir(folder):
     return []
-  done = ORBAX_COMMIT if rundir.remote else "state"
-  return sorted(int(d) for d in fileio.listdir(rundir.checkpoints)
-                if d.isdigit() and fileio.exists(fileio.join(rundir.checkpoint(int(d)), done)))
+  done = ORBAX_COMMIT if remote else "state"
+  return sorted(int(d) for d in fileio.listdir(folder)
+                if d.isdigit() and fileio.exists(fileio.join(folder, d, done)))
 
 
 def check_same_run(where: str, what: str, differs: str | None, force: bool):
@@ -201,21 +170,7 @@ def train_tokens(rundir: RunDir) -> int | None:
   return _older_store_tokens(saved)
 
 
-def plan_and_tokens(rundir: RunDir, started: Plan | None = None) -> tuple[Plan, int | None]:
-  """Returns the run's plan and its store's training tokens or None.
-
-  A run that has not written plan.json yet gives the plan it was `started` with, as a sweep's
-  point does. A run without plan.json gives the plan of its config.json.
-  """
-  record = read_plan(rundir)
-  if record is not None:
-    return record.plan, (record.tokens.count if record.tokens and record.tokens.exact
-                         else train_tokens(rundir))
-  return started or _older_plan(rundir), train_tokens(rundir)
-
-
-# Readers for runs without plan.json or store.json's token count, so that they still compare
-# and evaluate.
+# Readers for runs without store.json's token count, so that they still compare and evaluate.
 
 def _older_store_tokens(saved: dict) -> int | None:
   """Counts the tokens of a store.json that does not record them, in the store itself."""
@@ -223,14 +178,3 @@ def _older_store_tokens(saved: dict) -> int | None:
     return len(TokenStore(saved["directory"]).train)
   except DataError:
     return None
-
-
-def _older_plan(rundir: RunDir) -> Plan:
-  """Returns the plan of a run without plan.json: its config, checked."""
-  config = _read_json(rundir, rundir.config)
-  if config is None:
-    raise DataError(f"{rundir}: has no plan.json or config.json: give run directories "
-                    "of main.py")
-  config = ml_collections.ConfigDict(config)
-  config.tst.weighting = "uniform"
-  return spec_lib.check(config).plan

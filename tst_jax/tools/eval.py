@@ -32,7 +32,7 @@ except ImportError as e:
 
 from tst_jax import errors, fileio
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.train.downstream import (PAPER_AVERAGE, TstJaxLM, evaluate, fewshot,
                                       paper_average, task_list, write_results)
 from tst_jax.tools import sample

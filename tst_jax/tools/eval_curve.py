@@ -10,6 +10,7 @@ import numpy as np
 from tst_jax import errors, fileio
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
+from tst_jax.config import record as record_lib
 from tst_jax.config.plan import Plan
 
 # Config fields a baseline may differ in from the run it is compared with: the TST settings,
@@ -98,7 +99,7 @@ def identity_of(rundir: RunDir, plan: Plan) -> dict:
   """Returns what a baseline must share with a run: every field of its config.json but FREE_FIELDS,
   its store's fingerprint and its model's parameter counts."""
   fingerprint = (workdir_lib.read_store(rundir) or {}).get("fingerprint")
-  return config_identity(workdir_lib.read_config_json(rundir) or {}, plan, fingerprint)
+  return config_identity(record_lib.read_config_json(rundir) or {}, plan, fingerprint)
 
 
 def config_identity(config: dict, plan: Plan, fingerprint: str | None = None) -> dict:
@@ -126,7 +127,7 @@ def load_run(workdir: str, name: str | None = None) -> EvalCurve:
   rundir = RunDir(workdir)
   if not fileio.isfile(rundir.metrics):
     raise errors.DataError(f"{workdir}: has no metrics.jsonl: give run directories of main.py")
-  plan, train_tokens = workdir_lib.plan_and_tokens(rundir)
+  plan, train_tokens = record_lib.plan_and_tokens(rundir)
   evals = {}
   for record in workdir_lib.read_metrics(rundir):
     if "eval_loss" in record:

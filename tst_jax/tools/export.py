@@ -29,7 +29,7 @@ import tokenizers
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.convert import hf as convert_hf
 from tst_jax.tools import hub
 

@@ -23,7 +23,7 @@ Each TST run is measured against the finished baselines of its seed that match i
 positions of every step over the active parameters). A one-seed Δ inside twice gpu_small's
 seed spread gets a second seed planned. Per TST bag size, the exact speed-ups of the finished
 rungs give speed-up ≈ a + b·ln(tokens per parameter) over their range. Writes W/ladder.{md,
-json,png} and W/speedup_trends.json: the shipped trends with these in place of their recipe's,
+json,png} (tools/ladder_report.py) and W/speedup_trends.json: the shipped trends with these in place of their recipe's,
 to copy over tst_jax/config/speedup_trends.json, which the plan's "where TST pays" line reads.
 With --budget_s and the ladder's rate, the missing points are packed into calls of that many
 seconds (tools/ladder_plan.py), and the next call of the ladder that adds the most is named.
@@ -44,12 +44,13 @@ from tst_jax import errors, fileio
 from tst_jax.analysis.frontier import Trend
 from tst_jax.tools import arms, compare, sweep
 from tst_jax.tools.eval_curve import EvalCurve, config_identity
+from tst_jax.tools.ladder_report import fit_trends, merged_trends, write
 from tst_jax.tools.ladder_plan import (LADDERS, Call, Ladder, Rung, best_call, call_seconds,
                                        corpus_bytes, needs_second_seed, noise_text, pack_calls,
-                                       rung_arms)
+                                       rung_arms, trend_text)
 from tst_jax.tools.sweep.points import point_dir
 from tst_jax.tools.sweep.report import finished_arm_runs
-from tst_jax.config import defaults, outlook
+from tst_jax.config import defaults
 from tst_jax.config.plan import Plan
 from tst_jax.run.workdir import final_eval
 
@@ -168,26 +169,6 @@ def second_seed_rungs(rungs: list[Rung], points: list[dict]) -> list[Rung]:
   return out
 
 
-def fit_trends(points: list[dict], source: str) -> list[Trend]:
-  """Fits a trend per bag size over the exact speed-ups of the finished rungs."""
-  trends = []
-  for S in sorted({p["S"] for p in points}):
-    exact = [p for p in points if p["S"] == S and p["rung_done"]
-             and p["speedup"] is not None and p["speedup_bound"] == "="]
-    trend = exact and Trend.fit([(p["tokens_per_param"], p["speedup"],
-                                  f"{p['arm']} seed {p['seed']}") for p in exact],
-                                exact[0]["params"], source, S, exact[0]["params_total"])
-    trends += [trend] if trend else []
-  return trends
-
-
-def merged_trends(trends: list[Trend]) -> list[Trend]:
-  """Returns the shipped trends, each replaced by the one of `trends` of its recipe and S."""
-  key = lambda t: (t.params, t.params_total, t.bag_size)
-  mine = {key(t) for t in trends}
-  return [t for t in outlook.measured_trends() if key(t) not in mine] + trends
-
-
 def unfinished_points(workdir: str, names: list[str], have: set[str]) -> list[str]:
   """Lists the points of `names` that are neither in `have` nor finished in `workdir`."""
   left = []
@@ -253,49 +234,7 @@ def plan_calls(args, ladder: Ladder, rungs: list[Rung], plans: dict, missing: li
   return pack_calls(rungs, set(missing), seconds, args.budget_s)
 
 
-def write(workdir: str, ladder: Ladder, points: list[dict], notes: list[str],
-          trends: list[Trend], command: str, missing: list[str], plan_lines: list[str]) -> dict:
-  """Writes W/ladder.{json,md,png}. Returns the paths."""
-  paths = {k: fileio.join(workdir, f"ladder.{k}") for k in ("json", "md", "png")}
-  fileio.write_json(paths["json"], dict(
-      command=command, ladder=ladder.name, config=ladder.config, method=compare.METHOD,
-      points=points, notes=notes, unfinished=missing,
-      trends=[t.to_json() for t in trends]))
-  title = f"The speed-up ladder{' ' + ladder.name if ladder.name else ''} ({ladder.config})"
-  lines = compare.report_head(f"{title}: equal-loss speed-up against run length", command)
-  lines += [compare.METHOD, "", format_points(points), ""]
-  if not trends:
-    lines.append("No trend: it needs exact speed-ups of finished rungs at two or more tokens "
-                 "per parameter.")
-  for t in trends:
-    pays = t.pays_from()
-    lines.append(f"Trend, S = {t.bag_size}: speed-up ≈ {t.a:.3f} {t.b:+.3f} · ln(tokens per "
-                 f"parameter), least squares over {len(t.points)} runs from {t.low:.3g} to "
-                 f"{t.high:.3g} tokens per parameter; 1x at "
-                 + ("no length (it does not grow)" if pays is None else
-                    f"{pays:.3g} tokens per parameter") + ".")
-  lines += plan_lines + [f"Note: {n}" for n in notes]
-  lines += ["", f"![speed-up against tokens per parameter]({fileio.basename(paths['png'])})",
-            ""]
-  fileio.write_text(paths["md"], "\n".join(lines))
-  plot(points, trends, paths["png"])
-  return paths
-
-
-def format_points(points: list[dict]) -> str:
-  lines = ["| run | S | seed | steps | tokens per parameter | passes | final eval loss | Δ at "
-           "equal FLOPs | slope s per e-fold | predicted exp(Δ/s) | measured speed-up | seed "
-           "noise | baselines |", "|---" * 13 + "|"]
-  for p in points:
-    lines.append(f"| {p['run']} | {p['S']} | {p['seed']} | {p['steps']} | "
-                 f"{p['tokens_per_param']:.3g} | {compare.fmt(p['passes'], '.2f')} | "
-                 f"{p['final_loss']:.4f} | {p['delta_text']} | "
-                 f"{compare.fmt(p['slope'], '+.4f')} | {p['speedup_predicted_text']} | "
-                 f"{p['speedup_text']} | {p['noise']} | {', '.join(p['baselines'])} |")
-  return "\n".join(lines)
-
-
-def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
+def plan_text(ladder: Ladder, args, rungs: list[Rung], missing: list[str], calls: list[Call],
               too_long: list[tuple[str, float]], extra: list[Rung]) -> list[str]:
   """Says what is missing and which calls finish it, as the report's lines."""
   lines = [""]
@@ -318,7 +257,7 @@ def plan_text(ladder: Ladder, args, missing: list[str], calls: list[Call],
     lines.append(f"Too long for one call of {args.budget_s:.0f} s, each alone: "
                  f"{', '.join(f'{n} (about {s:.0f} s)' for n, s in too_long)}: a faster step, a "
                  "longer call, or a shorter baseline factor.")
-  return lines
+  return lines + [trend_text(rungs, set(missing), calls, args.budget_s)]
 
 
 def measure(workdir: str, ladder: Ladder, rungs: list[Rung], plans: dict, sets: list[str]):
@@ -360,7 +299,7 @@ def run_ladder(args, ladder: Ladder, workdir: str, command: str
   calls, too_long = plan_calls(args, ladder, rungs, plans, missing)
   trends = fit_trends(points, f"{command}; {datetime.date.today().isoformat()}")
   paths = write(workdir, ladder, points, notes, trends, command, missing,
-                plan_text(ladder, args, missing, calls, too_long, extra))
+                plan_text(ladder, args, rungs, missing, calls, too_long, extra))
   print(fileio.read_text(paths["md"]))
   return status, calls[0] if calls else None, trends
 
@@ -435,37 +374,6 @@ def main(argv=None) -> int:
           f"POINTS={','.join(call.points)} (about {call.seconds:.0f} s of "
           f"{args.budget_s:.0f}{done}).")
   return status
-
-
-def plot(points: list[dict], trends: list[Trend], out_path: str):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(7, 4.6))
-  ax.axhline(1.0, color="gray", lw=1, ls=":")
-  marker = {"=": "o", ">": "^", "≤": "v"}
-  colors = {S: plt.cm.tab10(i) for i, S in enumerate(sorted({p["S"] for p in points}))}
-  for p in points:
-    if p["speedup"] is not None:
-      ax.plot(p["tokens_per_param"], p["speedup"], marker[p["speedup_bound"]],
-              color=colors[p["S"]])
-    if p["speedup_predicted"] is not None:
-      ax.plot(p["tokens_per_param"], p["speedup_predicted"], "x", color=colors[p["S"]])
-  for t in trends:
-    x = np.geomspace(t.low, t.high, 50)
-    ax.plot(x, t.a + t.b * np.log(x), "-", color=colors.get(t.bag_size, "tab:orange"),
-            label=f"S = {t.bag_size}: {t.a:.2f} {t.b:+.2f} ln(x)")
-  if trends:
-    ax.legend(fontsize=8)
-  ax.set_xscale("log")
-  ax.set_xlabel("tokens per parameter (the run's B·L positions / active parameters)")
-  ax.set_ylabel("equal-loss speed-up vs finished baselines")
-  ax.set_title("TST speed-up against run length (^ lower, v upper bounds, x predicted)")
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fileio.write_figure(out_path, fig)
-  plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -48,15 +48,22 @@ class Ladder:
   sized: bool = True               # give each rung a corpus for PLANNED_PASSES
 
 
-# The ladders of issue 50, at the rates measured on the latest lent device of each config.
+# The named ladders, at the rates measured on the latest lent device of each config.
 LADDERS = {
-    # qwen3_moe_one_call (27.4M active parameters) at 0.6, 1.0, 2.0 and 4.0 tokens per active
-    # parameter; 1k is the one-call run of docs/results.md. Two of its runs side by side on one
-    # H200 took 65 ms a step each with the gather dispatch, 2 x 2.69 TFLOP / 0.065 s (step_s
-    # in the metrics.jsonl of the `finished` folder's runs; one alone: 30 ms). The Pallas
-    # dispatch, measured only at larger shapes, is not counted until a run measures it here.
-    "moe": Ladder("moe", "configs/qwen3_moe_one_call.py", ("1k", "1.7k", "3.3k", "6.7k"),
-                  rate=83e12, finished=("docs/gpu/2026-11-26-h200/science",)),
+    # qwen3_moe_one_call (27.4M active parameters) at 0.6, 1.2 and 2.4 tokens per active
+    # parameter, lengths doubling so that a rung's 2x baseline is the next rung's own where
+    # their corpora match (1k and 2k read the config's 100 MB, 4k 200 MB), and a baseline of
+    # half the length so that a TST run behind its own baseline still gets an exact speed-up.
+    # At the rate below each rung's TST run with its own baseline, and each baseline alone,
+    # fits the ladder's share of one `benchmarks/gpu_budget.sh` (tests/behaviour/
+    # test_gpu_budget.py): every budget completes a point. 1k is the one-call run of
+    # docs/results.md. Two of its runs side by side on one H200 took 65 ms a step each with
+    # the gather dispatch, 2 x 2.69 TFLOP / 0.065 s (step_s in the metrics.jsonl of the
+    # `finished` folder's runs; one alone: 30 ms). The Pallas dispatch, measured only at
+    # larger shapes, is not counted until a run measures it here.
+    "moe": Ladder("moe", "configs/qwen3_moe_one_call.py", ("1k", "2k", "4k"),
+                  factors=(0.5, 1.0, 2.0), rate=83e12,
+                  finished=("docs/gpu/2026-11-26-h200/science",)),
     # gpu_small (33.6M parameters) at 2, 3.9 and 7.8 tokens per parameter, S = 2 and S = 4;
     # 2k is the H100 run of docs/results.md, kept as its results.json. 2 to 6 runs at once on
     # one H100 ran at 166-171 TFLOP/s (configs/gpu_small.py); no H200 has run it.
@@ -98,8 +105,10 @@ class Call:
 
 def rung_arms(length: str, tst_arms, factors, default_steps: int, corpus_part: str = ""
               ) -> tuple[list[str], list[str]]:
-  """Names the (TST arms, baseline arms) of one rung as `--arms` spells them. A length equal
-  to the config's own steps is left out of a name, so that 'tst' is the run the config makes."""
+  """Names the (TST arms, baseline arms) of one rung as `--arms` spells them: the baseline of
+  the rung's own length first, the pair that measures Δ at equal FLOPs, then the others
+  shortest first. A length equal to the config's own steps is left out of a name, so that
+  'tst' is the run the config makes."""
   steps = defaults.arm_steps(length)
   if not steps:
     raise ValueError(f"--lengths: {length!r}: give lengths as <N>k (2k, 1.5k, 0.45k)")
@@ -109,7 +118,7 @@ def rung_arms(length: str, tst_arms, factors, default_steps: int, corpus_part: s
     parts += [] if n == default_steps else [defaults.steps_arm(n)]
     return "+".join(parts + ([corpus_part] if corpus_part else []))
 
-  base = sorted({round(steps * f) for f in factors})
+  base = sorted({round(steps * f) for f in factors}, key=lambda n: (n != steps, n))
   return [arm(a, steps) for a in tst_arms], [arm("baseline", n) for n in base]
 
 
@@ -160,6 +169,31 @@ def pack_calls(rungs: list[Rung], missing: set[str], seconds, budget_s: float
                       and all(p in done or p not in missing for p in r.points))
     out.append(Call(tuple(points), seconds(points), completes))
   return out, too_long
+
+
+def first_trend_calls(rungs: list[Rung], missing: set[str], calls: list[Call]) -> int | None:
+  """Counts the first of `calls` after which finished rungs stand at two lengths, the fewest a
+  trend is fitted over: 0 when they do already, None when `calls` do not get there."""
+  done: set[str] = set()
+  for n, call in enumerate([None, *calls]):
+    done |= set(call.points if call else ())
+    lengths = {r.length for r in rungs if all(p in done or p not in missing for p in r.points)}
+    if len(lengths) >= 2:
+      return n
+  return None
+
+
+def trend_text(rungs: list[Rung], missing: set[str], calls: list[Call], budget_s: float) -> str:
+  """Says how many calls of `budget_s` seconds the first trend needs."""
+  n = first_trend_calls(rungs, missing, calls)
+  exact = "exact where each TST run's loss lies within its baselines'"
+  if n == 0:
+    return f"Finished rungs stand at two lengths or more: the trend is fitted, {exact}."
+  if n is None:
+    return ("The first trend, finished rungs at two lengths, needs more than these calls: a "
+            "faster step or longer calls.")
+  return (f"The first trend, finished rungs at two lengths ({exact}), needs {n} call"
+          f"{'s' if n > 1 else ''} of {budget_s:.0f} s: {'1' if n == 1 else f'1-{n}'} above.")
 
 
 def best_call(next_calls: dict[str, Call | None]) -> str | None:

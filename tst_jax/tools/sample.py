@@ -17,7 +17,7 @@ from tst_jax import errors
 from tst_jax.errors import ConfigError
 from tst_jax.models.sampling import Sampler
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 
 
 class _Stream:

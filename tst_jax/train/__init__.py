@@ -1,2 +1,2 @@
-"""The step: optimizer, pure train step, setup, the two-phase loop, checkpoints, evaluation and
-the phase handoff."""
+"""The step: pure train step, setup, the two-phase loop, checkpoints, evaluation, the phase
+handoff, the fit check that compiles the steps, and a trained run read back."""

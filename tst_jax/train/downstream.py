@@ -32,7 +32,7 @@ from tst_jax.errors import ConfigError
 from tst_jax.models.sampling import Sampler, padded_length
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
-from tst_jax.run import trained_run
+from tst_jax.train import trained_run
 from tst_jax.config.plan import Phase
 
 

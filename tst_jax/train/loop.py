@@ -24,6 +24,7 @@ from tst_jax.rundir import RunDir
 from tst_jax.run import metrics as metrics_lib, step_profile
 from tst_jax.run.console import Console
 from tst_jax.train.handoff import handoff
+from tst_jax.config import record as record_lib
 from tst_jax.config.outlook import format_plan
 from tst_jax.config.plan import Plan, PlanRecord
 from tst_jax.train.preemption import Preempted, PreemptionGuard
@@ -45,7 +46,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None) -> dict:
   tokens = setup.data.train_tokens
   record = PlanRecord(plan, tokens, setup.spec.resolved)
   if primary:                         # <workdir>/plan.json, before the first step
-    workdir_lib.write_plan(setup.rundir, record)
+    record_lib.write_plan(setup.rundir, record)
   console.print(format_plan(plan, setup.spec.resolved, with_json=False, tokens=tokens) if start == 0
                 else f"resuming {setup.rundir} at step {start} of {plan.total_steps}")
   writer = _writer(setup, start, record) if primary else _NoWriter()   # process 0 writes

@@ -18,8 +18,8 @@ from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
 from tst_jax.train import checkpoint as ckpt_lib
-from tst_jax.config import spec as spec_lib
-from tst_jax.run import trained_run
+from tst_jax.config import record as record_lib, spec as spec_lib
+from tst_jax.train import trained_run
 from tst_jax.train import step as step_lib
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.train.evaluate import Evaluator
@@ -99,7 +99,7 @@ class Setup:
                         "train.max_passes, or more data in a new --workdir (this one keeps "
                         "its token store)")
     if record and distributed.is_primary():
-      workdir_lib.write_config(rundir, spec.to_json())
+      record_lib.write_config(rundir, spec.to_json())
     return cls(spec, rundir, trainer, data, block)
 
   def open_checkpoints(self, before_save: Callable[[], None] | None = None
@@ -170,6 +170,10 @@ def _data(spec: spec_lib.RunSpec, rundir: RunDir, block: tuple[int, int], say
   workdir_lib.check_store(rundir, stores, spec.train.force_resume)
   data = run_data.load_data(d, stores, rundir, vocab, block, say)
   data.check_batches(d, spec.plan.phases)
+  if d.tst_mixture:        # one HeldOut draws both evals' windows, from the main mixture
+    main = "data.mixture" if d.mixture else "data.source"
+    say(f"data: eval_bag_loss reads the held-out split of {main}, as eval_loss does, not "
+        "data.tst_mixture's")
   if distributed.is_primary():
     workdir_lib.write_tokenizer(rundir, data.tokenizer)
     workdir_lib.write_store(rundir, data.fingerprint, data.directory, data.train_tokens.count)
@@ -184,7 +188,7 @@ def _check_workdir_config(spec, rundir: RunDir):
   written compares with the value such a run had."""
   if not fileio.exists(rundir.config):
     return
-  saved = workdir_lib.read_config(rundir)
+  saved = record_lib.read_config(rundir)
   there, here = same_run_fields(saved), spec.same_run()
   changed = [k for k in there.keys() | here.keys() if there.get(k) != here.get(k)]
   diff = [s for s in SAME_RUN if "." not in s and any(k.partition(".")[0] == s for k in changed)]

@@ -23,7 +23,7 @@ from tst_jax import losses, models
 from tst_jax import superposition as sp
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules, constrain
-from tst_jax.train import optim
+from tst_jax import optim
 from tst_jax.config.plan import Phase
 from tst_jax.config.sections import Loss
 from tst_jax.config.spec import RunSpec

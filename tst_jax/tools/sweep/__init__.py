@@ -22,7 +22,7 @@ request into W/data_<key>/data and hard-linked into each point, a `tokens:` stor
 where it is, and all points share a persistent XLA cache.
 
 W may be a bucket's URL, gs://bucket/sweep: the points, their records and the reports go there
-through tst_jax/fileio.py, and each point reads the shared store in place as
+through tst_jax/fileio/, and each point reads the shared store in place as
 `data.source=tokens:W/data_<key>/data`, since a bucket has no hard links.
 """
 

@@ -15,7 +15,7 @@ import re
 from tst_jax import errors, fileio
 from tst_jax.rundir import RunDir
 from tst_jax.tools.sweep.points import point_dir
-from tst_jax.run import workdir as workdir_lib
+from tst_jax.config import record as record_lib
 from tst_jax.run.workdir import final_eval
 
 RECORDS = ("config", "plan", "metrics", "summary")   # the RunDir members a point brings back
@@ -41,8 +41,8 @@ def point_record(rundir: RunDir) -> dict:
   if not m:
     raise errors.DataError(f"{rundir}: has no {fileio.basename(rundir.sweep_point)} and its "
                            "name is not <arm>_seed<N>: bring back the sweep's record too")
-  plan = workdir_lib.read_plan(rundir).plan
-  config = workdir_lib.read_config_json(rundir)
+  plan = record_lib.read_plan(rundir).plan
+  config = record_lib.read_config_json(rundir)
   return dict(name=rundir.name, config=None, overrides=[], grid={},
               arm=m.group(1).replace("-", "+"), seed=int(m.group(2)), baseline=False,
               r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
@@ -57,7 +57,7 @@ def bring_back(folder: str, workdir: str) -> list[str]:
   brought = []
   for src in point_dirs(folder):
     record = point_record(src)
-    steps = workdir_lib.read_plan(src).plan.total_steps
+    steps = record_lib.read_plan(src).plan.total_steps
     if final_eval(src, steps) is None:
       raise errors.DataError(f"{src}: unfinished (no eval at its last step {steps}): bring "
                              "back finished points only")

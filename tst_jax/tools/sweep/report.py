@@ -16,7 +16,8 @@ from tst_jax.tools.eval_curve import load_run
 from tst_jax.tools.sweep.points import BAG, RATIO, point_dir
 from tst_jax.run.console import human
 from tst_jax.config.plan import Plan
-from tst_jax.run.workdir import final_eval, plan_and_tokens, read_summary
+from tst_jax.config.record import plan_and_tokens
+from tst_jax.run.workdir import final_eval, read_summary
 
 
 def points_under(workdir: str):

@@ -18,7 +18,8 @@ from tst_jax import superposition as sp
 from tst_jax.rundir import RunDir
 from tst_jax import cli
 from tst_jax.config import spec as spec_lib
-from tst_jax.train import optim, step as step_lib
+from tst_jax import optim
+from tst_jax.train import step as step_lib
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.config.sections import Optimizer
 

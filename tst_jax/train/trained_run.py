@@ -17,11 +17,12 @@ from flax import nnx
 from tst_jax import data as data_lib
 from tst_jax import fileio, platform
 from tst_jax.convert import hf as convert_hf
-from tst_jax.data.run_data import Data
+from tst_jax.data.section import Data
 from tst_jax.errors import DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
-from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
+from tst_jax.train import checkpoint as ckpt_lib, checkpoint_mirror, step as step_lib
+from tst_jax.config import record as record_lib
 from tst_jax.config.sections import Tst
 
 
@@ -55,7 +56,7 @@ def load(rundir: RunDir, step: int | None = None, *, dtype: str | None = None) -
   error names the steps there), or a checkpoint that does not restore, is a UserError.
   """
   fileio.check_readable(rundir.root, "--workdir")
-  sections = workdir_lib.read_config(rundir)
+  sections = record_lib.read_config(rundir)
   model_cfg = platform.unresolved(sections["model"], "model")   # this platform's kernels
   if dtype is not None:
     model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
@@ -84,7 +85,8 @@ def restore_params(directory: str, step: int, model_cfg):
   target = {"params": jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)}
   ckpt_lib.quiet_storage(directory)
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  manager = ocp.CheckpointManager(checkpoint_mirror.readable(directory),
+                                  options=ocp.CheckpointManagerOptions(create=False))
   try:
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(

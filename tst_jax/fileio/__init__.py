@@ -8,138 +8,35 @@ never sees half of a file in either place.
 An object store has no append: `open` refuses mode 'a' there, and run/appending.py joins new
 bytes to an object instead. It has no directories either: `makedirs` does nothing there, and
 a folder exists once an object lies under it.
+
+Beside it: stores.py, the object stores behind URLs, and swap.py, the compare-and-swap writes
+of a workdir's lock.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import errno
-import functools
 import glob as glob_lib
-import hashlib
 import io
 import json
-import logging
 import os
 import posixpath
-import re
 import shutil
 import tempfile
-import time
 import uuid
 
-import fsspec
+# The stores' own names, which callers reach as fileio's: fileio.is_url, fileio.PathError.
+from tst_jax.fileio.stores import (PathError, check_bucket_name, filesystem, is_url, protocol,
+                                   reason, store_error, url_of)
 
-from tst_jax.errors import UserError
-
-_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-# Listings are not cached: another process or host writes the same bucket, a lock above all.
-_OPTIONS = {"gs": dict(use_listings_cache=False), "gcs": dict(use_listings_cache=False),
-            "s3": dict(use_listings_cache=False)}
-# The stores an output may go to besides the local disk. A run's workdir is on gs:// only:
-# Orbax marks a checkpoint complete in a bucket with its commit file only there. A file written
-# whole (a token store, an export, a report) goes to any store fsspec writes objects to.
-RUN_STORES = ("gs",)
+# The stores an output may go to besides the local disk. A run's workdir is on a store whose
+# writes can be conditional, for its lock: GCS's generations, S3's If-None-Match and If-Match.
+# A file written whole (a token store, an export, a report) goes to any store fsspec writes
+# objects to.
+RUN_STORES = ("gs", "s3")
 FILE_STORES = ("gs", "gcs", "s3")
 NEW_FOLDER = "give a new directory"   # what to do about a file where an output folder goes
-# What each store needs, as the error line names it.
-_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
-_BUCKET_CHARS = _ALNUM | {"-", "_"}   # of each dot-separated part of a GCS bucket's name
-_PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "s3": "s3fs", "hf": "huggingface_hub"}
-_EXTRAS = {"gcsfs": "tst-jax[gcs]", "s3fs": "tst-jax[s3]", "huggingface_hub": "huggingface_hub"}
-_LOGINS = {"gs": "run gcloud auth application-default login or set "
-                 "GOOGLE_APPLICATION_CREDENTIALS",
-           "s3": "set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-           "hf": "run hf auth login or set HF_TOKEN"}
-
-
-class PathError(UserError):
-  """A path that cannot be read or written: missing, no credentials, no such bucket, not
-  permitted or without the package its store needs. The message names the path and why."""
-
-
-def is_url(path: str) -> bool:
-  """Returns whether `path` is a URL such as gs://bucket/x, read through fsspec."""
-  return bool(_URL.match(str(path)))
-
-
-def protocol(path: str) -> str:
-  """Returns the scheme of a URL, 'gs' for gs://bucket/x, or '' for a local path."""
-  return str(path).split("://", 1)[0] if is_url(path) else ""
-
-
-def filesystem(url: str):
-  """Returns the fsspec filesystem of `url` and the path within it, 'bucket/x' for gs://bucket/x."""
-  check_bucket_name(url)
-  scheme = protocol(url)
-  if scheme in ("gs", "gcs"):
-    _gcsfs_to_the_log()
-  try:
-    return fsspec.core.url_to_fs(url, **_OPTIONS.get(scheme, {}))
-  except ImportError as e:
-    package = _PACKAGES.get(scheme, scheme)
-    raise PathError(f"{url}: {scheme}:// paths need {package}: pip install "
-                    f"'{_EXTRAS.get(package, package)}'") from e
-
-
-class _ClientLinesToTheLog(logging.Filter):
-  """Shows a store client's log records as info lines, with --verbosity=0 only. gcsfs logs each
-  request it gives up on with its traceback, and the error that follows says it in one line."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno > logging.INFO:
-      record.levelno, record.levelname = logging.INFO, "INFO"
-    return logging.getLogger(record.name).isEnabledFor(record.levelno)
-
-
-@functools.cache
-def _gcsfs_to_the_log():
-  logging.getLogger("gcsfs").addFilter(_ClientLinesToTheLog())
-
-
-# A store that stopped answering, as the OSError of its connection says it.
-_UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
-                          errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE})
-# The packages whose errors are a store's: its client, HTTP and credentials.
-_CLIENTS = ("aiohttp", "gcsfs", "google", "s3fs", "botocore", "aiobotocore", "huggingface_hub",
-            "requests", "urllib3")
-
-
-def store_error(e: BaseException) -> BaseException | None:
-  """Returns the failure of a store behind `e`, itself or what it was raised from: a PathError,
-  a connection refused, lost or timed out, or an error of a store's client. None for an error
-  of the code."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if (isinstance(e, PathError) or type(e).__module__.split(".")[0] in _CLIENTS
-        or (isinstance(e, OSError) and e.errno in _UNREACHABLE)):
-      return e
-    e = e.__cause__ or e.__context__
-  return None
-
-
-def check_bucket_name(path: str, what: str = ""):
-  """Raises one PathError where `path` is in a GCS bucket whose name GCS refuses. TensorStore,
-  which writes a run's checkpoints, refuses it before any request, after the run has begun."""
-  if protocol(path) not in ("gs", "gcs"):
-    return
-  name = path.split("://", 1)[1].split("/", 1)[0]
-  parts = name.split(".")
-  if not (3 <= len(name) <= 222 and all(
-      part and len(part) <= 63 and part[0] in _ALNUM and part[-1] in _ALNUM
-      and set(part) <= _BUCKET_CHARS for part in parts)):
-    raise PathError(f"{what + ' ' if what else ''}{path}: {name!r} is not a GCS bucket name: "
-                    "3 to 63 lowercase letters, digits, '-' and '_' (or such parts joined by "
-                    "dots), starting and ending with a letter or digit")
-
-
-def _full(fs, url: str, path: str) -> str:
-  """Returns the URL of `path` in `fs`, written with the scheme `url` was."""
-  path = fs._strip_protocol(path)   # pylint: disable=protected-access
-  # A file:// URL's path is absolute; a bucket's starts at the bucket's name.
-  return protocol(url) + "://" + (path if protocol(url) == "file" else path.lstrip("/"))
 
 
 def join(path: str, *parts: str) -> str:
@@ -237,6 +134,9 @@ def remove(path: str):
     os.remove(path)
     return
   fs, p = filesystem(path)
+  if protocol(path) == "s3":
+    fs.invalidate_cache(p)
+    fs.info(p)        # S3 deletes a missing key without a word: this raises FileNotFoundError
   fs.rm_file(p)
 
 
@@ -283,7 +183,7 @@ def glob_files(pattern: str, files_only: bool = True) -> dict[str, int]:
             if not files_only or os.path.isfile(p)}
   fs, p = filesystem(pattern)
   found = fs.glob(p, detail=True)
-  return {_full(fs, pattern, q): int(info.get("size") or 0) for q, info in sorted(found.items())
+  return {url_of(fs, pattern, q): int(info.get("size") or 0) for q, info in sorted(found.items())
           if not files_only or info.get("type") == "file"}
 
 
@@ -392,134 +292,6 @@ def move_in(local: str, path: str):
   os.remove(local)
 
 
-def create_new(path: str, data: bytes | str) -> bool:
-  """Writes `data` to `path` only if nothing is there, as one atomic step, and returns whether
-  it did: of racers for one path, exactly one gets True. A local file is hard-linked into place,
-  a store's write is create-only: ifGenerationMatch=0 in GCS, If-None-Match in S3."""
-  data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-  if is_url(path):
-    fs, p = filesystem(path)
-    try:
-      fs.pipe_file(p, data, mode="create")
-    except FileExistsError:
-      return False
-    return True
-  aside = f"{path}.{uuid.uuid4().hex}.tmp"
-  with builtins.open(aside, "wb") as f:
-    f.write(data)
-  try:
-    return _link(aside, path, data)
-  finally:
-    os.remove(aside)
-
-
-def _link(aside: str, path: str, data: bytes) -> bool:
-  """Hard-links `aside` to `path` if nothing is there: without hard links, it creates `path`."""
-  try:
-    os.link(aside, path)
-  except FileExistsError:
-    return False
-  except OSError:
-    try:
-      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-      return False
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-  return True
-
-
-def version(path: str) -> str | None:
-  """Returns a token that changes whenever `path` is written with other contents, None where
-  there is no file: a GCS generation, an S3 ETag, else the contents' sha256, which renames keep."""
-  try:
-    if not is_url(path):
-      return hashlib.sha256(read_bytes(path)).hexdigest()
-    fs, p = filesystem(path)
-    fs.invalidate_cache(p)
-    info = fs.info(p)
-  except FileNotFoundError:
-    return None
-  found = info.get("generation") or info.get("ETag") or info.get("etag")
-  return str(found) if found else hashlib.sha256(fs.cat_file(p)).hexdigest()
-
-
-def remove_if_unchanged(path: str, seen: str) -> bool:
-  """Removes the file at `path` if its `version` is still `seen`, and returns whether it did: a
-  dead run's lock. GCS's delete carries ifGenerationMatch, a local file is renamed aside first."""
-  if not is_url(path):
-    aside = f"{path}.{uuid.uuid4().hex}.stale"
-    try:
-      st = os.stat(path)   # before the rename, which sets its ctime
-      os.rename(path, aside)
-    except FileNotFoundError:
-      return False
-    # A second link pins a file while a write compares it, unless that write's process died.
-    pinned = os.stat(aside).st_nlink > 1 and time.time() - st.st_ctime < 10
-    unchanged = version(aside) == seen and not pinned
-    if not unchanged:              # a newer holder's file goes back, unless yet another is there
-      _link(aside, path, read_bytes(aside))
-    os.remove(aside)
-    return unchanged
-  if version(path) != seen:
-    return False
-  fs, p = filesystem(path)
-  try:
-    if protocol(path) in ("gs", "gcs"):
-      fs.call("DELETE", "b/{}/o/{}", *fs.split_path(p)[:2], ifGenerationMatch=seen)
-      fs.invalidate_cache(p)
-    else:
-      fs.rm_file(p)
-  except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
-    return False
-  return True
-
-
-def write_if_unchanged(path: str, data: bytes | str, seen: str) -> str | None:
-  """Writes `data` to `path` whole if its `version` is still `seen`, and returns the new version,
-  None where it changed or is gone: a lock's heartbeat. GCS's write carries ifGenerationMatch."""
-  data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-  if not is_url(path):
-    return _replace_if_unchanged(path, data, seen)
-  fs, p = filesystem(path)
-  if protocol(path) not in ("gs", "gcs"):
-    if version(path) != seen:
-      return None
-    write_bytes(path, data)
-    return version(path)
-  bucket, key, _ = fs.split_path(p)
-  cut = uuid.uuid4().hex     # gcsfs's own upload sends no precondition but create-only
-  body = (f"--{cut}\nContent-Type: application/json\n\n{json.dumps(dict(name=key))}\n--{cut}"
-          "\nContent-Type: application/octet-stream\n\n").encode() + data + f"\n--{cut}--".encode()
-  try:
-    return str(fs.call("POST", fs._location + "/upload/storage/v1/b/{}/o", bucket,   # pylint: disable=protected-access
-                       uploadType="multipart", ifGenerationMatch=seen, data=body, json_out=True,
-                       headers={"Content-Type": f'multipart/related; boundary="{cut}"'}
-                       )["generation"])
-  except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
-    return None
-
-
-def _replace_if_unchanged(path: str, data: bytes, seen: str) -> str | None:
-  """Replaces the local file `path` by `data` if its `version` is `seen`: a hard link pins it
-  while it is compared, so a reader never finds it missing. Without hard links it checks first."""
-  pin = f"{path}.{uuid.uuid4().hex}.pin"
-  try:
-    os.link(path, pin)
-  except FileNotFoundError:
-    return None
-  except OSError:   # no hard links
-    pin = path
-  try:
-    if version(pin) != seen:
-      return None
-    write_bytes(path, data)
-    return hashlib.sha256(data).hexdigest()
-  finally:
-    if pin != path:
-      os.remove(pin)
-
-
 def check_readable(path: str, what: str):
   """Raises one PathError naming `what` and `path` and why it cannot be read: missing, no
   such bucket, no credentials, not permitted, or no package for its store. A glob is checked
@@ -620,18 +392,3 @@ def _no_bucket(path: str) -> str:
     return "" if exists(root) else f" (there is no bucket {root})"
   except Exception:   # pylint: disable=broad-except
     return ""
-
-
-def reason(e: BaseException, path: str) -> str:
-  """Says in a few words why a store refused `path`: credentials, permission, a missing bucket."""
-  name = type(e).__name__
-  login = _LOGINS.get("gs" if protocol(path) == "gcs" else protocol(path), "")
-  if "Credentials" in name or "RefreshError" in name or "auth" in type(e).__module__:
-    return f"no credentials ({name}): {login}" if login else f"no credentials ({name})"
-  if isinstance(e, PermissionError) or "Forbidden" in str(e) or "AccessDenied" in str(e):
-    return "permission denied" + (f" to these credentials: {login}" if login else "")
-  if isinstance(e, FileNotFoundError):
-    return "no such bucket or folder"
-  if isinstance(e, NotADirectoryError):
-    return f"{e.filename} is a file, not a folder"
-  return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"

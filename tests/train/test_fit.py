@@ -15,7 +15,7 @@ from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.errors import ConfigError
 from tst_jax import cli
-from tst_jax.config import fit
+from tst_jax.train import fit
 from tst_jax.config import spec as spec_lib
 
 
@@ -101,7 +101,8 @@ PAPER_CONFIGS = ["llama_270m", "llama_600m", "llama_3b", "qwen3_moe_10b_a1b"]
 _FIT_SCRIPT = """
 import json, sys
 from tst_jax import configlib
-from tst_jax.config import fit, spec as spec_lib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import fit
 cases = json.loads(sys.argv[1])
 fit.emulate_devices(max(fit.mesh_devices(configlib.apply_overrides(configlib.load_config(c),
                                                                     o).mesh)
