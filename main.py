@@ -35,7 +35,7 @@ def parse_flags(argv):
                                    "--config.")
     return argv
   except flags.Error as e:   # a config file that raised: its traceback is in the message
-    user_error = _user_error_in(e)
+    user_error = errors.user_error_in(e)
     if user_error is not None:   # config_flags re-raises it as a TypeError: say it as it is
       sys.stderr.write(errors.one_line(user_error) + "\n")
       sys.exit(errors.EXIT_STATUS)
@@ -51,18 +51,6 @@ def parse_flags(argv):
     line = errors.one_line(e)
   sys.stderr.write(line + "\n")
   sys.exit(errors.EXIT_STATUS)
-
-
-def _user_error_in(e: BaseException) -> errors.UserError | None:
-  """Returns the UserError a config file raised, found along the chain of exceptions that
-  config_flags and absl wrap it in, or None."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    if isinstance(e, errors.UserError):
-      return e
-    seen.add(id(e))
-    e = e.__cause__ or e.__context__
-  return None
 
 
 def main(argv):

@@ -1,4 +1,5 @@
-"""errors.plain_warnings: a command's warnings as 'warning: ...' lines, not absl's log format."""
+"""errors: a command's warnings as 'warning: ...' lines, not absl's log format; the user error
+inside the wrappers of config_flags and absl."""
 
 import logging
 
@@ -28,3 +29,19 @@ def test_a_warning_is_one_plain_line_and_still_reaches_other_handlers(capsys, ca
     for handler in [h for h in log.handlers if isinstance(h, errors._PlainWarnings)]:  # pylint: disable=protected-access
       log.removeHandler(handler)
     absl_handler.removeFilter(errors._not_plain)   # pylint: disable=protected-access
+
+
+def test_the_user_error_inside_the_wrappers_is_found():
+  """config_flags re-raises a config file's error as a TypeError, absl wraps that again."""
+  inner = errors.ConfigError("--config", "configs/demo.py: unknown arm 'bogus'")
+  try:
+    try:
+      try:
+        raise inner
+      except ValueError as e:
+        raise TypeError("Error whilst parsing config file") from e
+    except TypeError as e:
+      raise RuntimeError("flag --config=configs/demo.py:bogus") from e
+  except RuntimeError as outer:
+    assert errors.user_error_in(outer) is inner
+  assert errors.user_error_in(RuntimeError("a bug")) is None

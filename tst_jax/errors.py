@@ -76,6 +76,18 @@ def one_line(e: BaseException) -> str | None:
   return "error: " + " ".join(text.split())
 
 
+def user_error_in(e: BaseException | None) -> UserError | None:
+  """Returns the UserError along `e`'s chain of causes, None where there is none: a config
+  file's ConfigError, which config_flags re-raises as a TypeError and absl wraps again."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, UserError):
+      return e
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
+
+
 def main(fn, *args, debug: bool = False, **kwargs):
   """Calls fn(*args, **kwargs), printing a user error as one line on stderr with exit status 2,
   after the traceback when `debug`. Any other exception propagates with its traceback."""
