@@ -564,9 +564,9 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
       f"warning: the held-out split holds {val:,} tokens, {val // 2049} windows of 2,049")
   wanted = float(warning.split("--val_fraction=")[1].split()[0])
   assert abs(wanted - 0.02 * 64 * 2049 / val) < 0.01 * wanted or wanted == 0.5
-  assert prepare_lib.held_out_warning(16 * 2049, 0.02) == ""
-  assert "4 windows of 2,049 " in prepare_lib.held_out_warning(4 * 2049, 0.02)
-  assert "--val_fraction=0.32 for about 64" in prepare_lib.held_out_warning(4 * 2049, 0.02)
+  assert store_lib.held_out_warning(16 * 2049, 0.02) == ""
+  assert "4 windows of 2,049 " in store_lib.held_out_warning(4 * 2049, 0.02)
+  assert "--val_fraction=0.32 for about 64" in store_lib.held_out_warning(4 * 2049, 0.02)
   with pytest.raises(SystemExit) as stop:
     errors.main(prepare_lib.main, [f"--source=text:{tmp_path}/none/*.txt", f"--out={tmp_path}/t",
                                    "--vocab_size=300"])

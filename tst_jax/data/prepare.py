@@ -405,36 +405,6 @@ def _read_from(request: dict) -> dict:
   return sources_lib.fingerprint(request["source"])
 
 
-# Held-out windows of the paper configs' length (L = 2048, W = L + 1) below which prepare warns,
-# and how many a larger --val_fraction should give: 64 is a run's default eval (4 batches of 16).
-LONG_WINDOW, FEW_WINDOWS, EVAL_WINDOWS = 2049, 16, 64
-
-
-def summary_line(manifest: dict, out: str, seconds: float) -> str:
-  """Says what a store holds, as prepare's last line before its JSON: documents, text, tokens
-  per split, and the held-out windows of a short and a long run."""
-  splits, text = manifest["splits"], manifest["sources"]["text_bytes"]
-  val = splits["val"]["tokens"]
-  return (f"prepared {out}: {sum(s['docs'] for s in splits.values()):,} documents, "
-          f"{text / 1e6:.1f} MB of text, {splits['train']['tokens']:,} training and {val:,} "
-          f"held-out tokens ({val // 129:,} windows of 129 tokens, {val // LONG_WINDOW:,} of "
-          f"{LONG_WINDOW:,}), in {seconds:.1f} s")
-
-
-def held_out_warning(val_tokens: int, val_fraction: float) -> str:
-  """Says when the held-out split is too small to evaluate a run of the paper's length, with
-  the --val_fraction that would hold out about EVAL_WINDOWS of its windows; '' otherwise."""
-  windows = val_tokens // LONG_WINDOW
-  if windows >= FEW_WINDOWS:
-    return ""
-  wanted = min(0.5, val_fraction * EVAL_WINDOWS * LONG_WINDOW / max(val_tokens, 1))
-  return (f"the held-out split holds {val_tokens:,} tokens, {windows} windows of "
-          f"{LONG_WINDOW:,} (L = 2048), where a run's eval reads data.eval_batches x "
-          f"data.batch_size windows (64 by default): prepare again into a new --out with "
-          f"--val_fraction={wanted:.2g} for about {EVAL_WINDOWS}, or evaluate with shorter "
-          "windows")
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.data.prepare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -468,15 +438,8 @@ def main(argv=None) -> int:
                 text_field=args.text_field, workers=args.workers,
                 shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
                 skip_bad_files=args.skip_bad_files, runner=args.runner)
-  manifest = store_lib.read_manifest(out)
-  print(summary_line(manifest, out, time.time() - t0))
-  warning = held_out_warning(manifest["splits"]["val"]["tokens"], args.val_fraction)
-  if warning:
-    print(f"warning: {warning}", file=sys.stderr)
-  print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
-                        **{f"{s}_tokens": manifest["splits"][s]["tokens"]
-                           for s in store_lib.SPLITS},
-                        skipped_files=len(manifest["sources"].get("skipped", [])))))
+  for line in store_lib.prepared_lines(out, time.time() - t0, args.val_fraction):
+    print(line, file=sys.stderr if line.startswith("warning: ") else sys.stdout)
   return 0
 
 
