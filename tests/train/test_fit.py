@@ -159,6 +159,6 @@ def test_paper_configs_fit_by_their_documented_command(name):
   plan = json.loads(out.splitlines()[-1])
   assert out.startswith("XLA_FLAGS: none added (cpu")
   assert [p["name"] for p in plan["phases"]] == ["tst", "ntp"]
-  assert plan["fit"]["fits"] and all(p["xla_temp"] > 0 for p in plan["fit"]["phases"])
   rows = [line.split() for line in out.splitlines() if line.startswith(("tst ", "ntp "))]
-  assert [row[6] for row in rows[:2]] == ["yes", "yes"], out
+  assert [row[6] for row in rows[:2]] == ["yes", "yes"], out       # the fit table's rows
+  assert all(float(row[7]) > 0 for row in rows[:2]), out            # XLA:CPU's, compiled
