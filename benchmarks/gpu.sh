@@ -134,8 +134,11 @@ EOF
 
 # The train-step runs of moe_lab and quick, at their shapes (TINY=1: tiny ones on the CPU).
 QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
-SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
-SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
+# One micro-batch each: the paper configs split a 64-GPU batch in 2 (their fit checks), a GPU
+# here steps on the rows it is given.
+SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8 --config.optimizer.grad_accum=1)
+SHAPE_270=(--config.data.batch_size=16)
+SHAPE_600=(--config.data.batch_size=16 --config.optimizer.grad_accum=1)
 SHAPE_RECIPE=() GEMM=()
 LAB=(python3 benchmarks/moe_lab.py --budget_s 105 --shapes "${LAB_SHAPES:-recipe}")
 if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
@@ -239,15 +242,15 @@ if want dense; then
   step "${M270[@]}" --phase ntp --config.model.remat=none
   step "${M270[@]}" --phase ntp --config.model.remat=full
   step "${M270[@]}" --phase both --config.model.matmul_precision=fp8   # qwix: '.[gpu]'
-  step --config configs/llama_600m.py --config.data.batch_size=16 --phase ntp
-  step --config configs/llama_600m.py --config.data.batch_size=16 --phase ntp \
-      --config.model.remat=full
+  M600=(--config configs/llama_600m.py --config.data.batch_size=16 --config.optimizer.grad_accum=1)
+  step "${M600[@]}" --phase ntp
+  step "${M600[@]}" --phase ntp --config.model.remat=full
 fi
 
 # MoE: the 10B-A1B layer shapes (4 of its 32 layers, 8 x 2048) and the one-GPU recipe.
 # (expert_impl=ragged, XLA's ragged_dot, ran out of memory there on 2026-11-25: not rerun.)
 B10=(--config configs/qwen3_moe_10b_a1b.py --config.model.n_layers=4 --config.data.batch_size=8
-     --phase ntp)
+     --config.optimizer.grad_accum=1 --phase ntp)
 RECIPE=(--config configs/qwen3_moe_gpu_small.py)
 if want tune; then   # traces each shape once: tokamax tunes what its tables lack, then keeps it
   LIMIT=3000 step "${B10[@]}" --config.model.expert_impl=gmm --steps 1

@@ -6,6 +6,8 @@ import os
 import re
 
 from tests.fixtures.paths import ROOT
+from tst_jax.config import plan as plan_lib
+from tst_jax.run import console as console_lib
 
 
 def _readme() -> str:
@@ -78,6 +80,54 @@ def test_the_architecture_names_every_module():
                      or _defines_something(os.path.join(folder, f)))}
   assert modules - named == set(), "add them to docs/architecture.md's module table"
   assert named - modules == set(), "gone from tst_jax/: remove their rows"
+
+
+# How this project measures on the GPUs it is lent: its own machinery, which docs/gpu/README.md
+# holds. A user's docs say how to run a GPU, not how this project's sessions are budgeted.
+LEASE_WORDS = re.compile(r"\$OUT\b|\bTOTAL_S\b|\blent\b|\bleases?\b|device time|"
+                         r"device budget|budget_left", re.I)
+
+
+def test_the_projects_gpu_lease_wording_stays_in_docs_gpu():
+  pages = [os.path.join(ROOT, "README.md")] + [
+      os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(ROOT, "docs"))
+      for f in files if f.endswith(".md")
+      and not os.path.relpath(folder, ROOT).startswith(os.path.join("docs", "gpu"))]
+  found = []
+  for page in pages:
+    with open(page) as f:
+      for number, line in enumerate(f, 1):
+        found += [f"{os.path.relpath(page, ROOT)}:{number}: {m.group(0)}"
+                  for m in LEASE_WORDS.finditer(line)]
+  assert not found, "\n".join(found)
+  with open(os.path.join(ROOT, "docs", "gpu", "README.md")) as f:
+    assert LEASE_WORDS.search(f.read())      # the words exist, and live there
+
+
+def test_the_console_excerpts_print_what_a_run_prints_now():
+  """The eval lines of the README's and docs/demo.md's excerpts as the console writes them
+  today: the console's own eval line from each excerpt's numbers, bits per byte and, in phase
+  1, the held-out bag loss included."""
+  pattern = re.compile(r"^eval  step (\d+): held-out next-token loss ([\d.]+), ([\d.]+) "
+                       r"bits/byte(?:; held-out bag loss ([\d.]+) \(the tst S=(\d+) task.*\))?$")
+  for page in ("README.md", os.path.join("docs", "demo.md")):
+    with open(os.path.join(ROOT, page)) as f:
+      lines = [line for line in f.read().splitlines() if line.startswith("eval  step")]
+    assert lines, page
+    for line in lines:
+      found = pattern.match(line)
+      assert found, f"{page}: {line}"
+      step, loss, bpb, bag, bag_size = found.groups()
+      record = dict(eval_loss=float(loss), eval_bpb=float(bpb))
+      phase = None
+      if bag is not None:
+        record["eval_bag_loss"] = float(bag)
+        phase = plan_lib.Phase("tst", 0, int(step), int(bag_size), "full", 128, 16, 1.0)
+      printed = []
+      console = console_lib.Console(int(step), 0, bar=False)
+      console.print = printed.append
+      console.eval(int(step), record, phase)
+      assert printed == [line], page
 
 
 def _architecture() -> str:

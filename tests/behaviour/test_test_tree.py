@@ -22,7 +22,6 @@ NAMED_FOR_A_PART = {
 
 # Modules tested through others, and where. Each named file must import the module.
 ELSEWHERE = {
-    "errors.py": ["behaviour/test_user_errors.py"],
     "convert/hf.py": ["convert/test_llama_hf.py", "convert/test_qwen3_moe_hf.py"],
     "data/output_shards.py": ["data/test_store.py"],
     "convert/reading.py": ["convert/test_llama_hf.py"],

@@ -65,7 +65,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
       f"{summary['phase1_end_eval_bag_loss']:.4f}, whose floor is up to {math.log(2):.4f}, its "
       "targets' entropy)")
   assert summary["phase1_bag_floor"] == pytest.approx(math.log(2))
-  assert f"tensorboard --logdir {workdir}/tensorboard" in final[3]
+  assert final[3] == console_lib.tensorboard_line(f"{workdir}/tensorboard")
   assert "the same command resumes" in final[4]
   # Resumed (finished): one line saying so instead of the plan, then the final block.
   again = subprocess.run(CMD + ["--workdir", str(workdir), "--mode", "eval", "--verbosity=0"],
@@ -195,3 +195,14 @@ def test_the_demos_reference_names_the_data_it_was_measured_on():
     reference = spec_lib.check(load_config(os.path.join(ROOT, "configs", "demo.py") + arg)
                                ).reference
     assert reference.name and reference.data == "builtin:pystdlib@3.11"
+
+
+def test_the_tensorboard_hint_names_the_install_it_needs(monkeypatch):
+  """No extra installs TensorBoard: where it is missing, the run's last lines say to."""
+  specs = {"tensorboard": None}
+  monkeypatch.setattr(console_lib.importlib.util, "find_spec", specs.get)
+  assert console_lib.tensorboard_line("/r/tensorboard") == (
+      "  tensorboard --logdir /r/tensorboard   (pip install tensorboard first: tst-jax writes "
+      "the files, it does not show them)")
+  specs["tensorboard"] = object()
+  assert console_lib.tensorboard_line("/r/tensorboard") == "  tensorboard --logdir /r/tensorboard"

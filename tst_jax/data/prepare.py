@@ -431,20 +431,18 @@ def main(argv=None) -> int:
                  help="leave out input files that cannot be read to their end (truncated, "
                       "corrupt): each is named, and listed in the manifest")
   args = p.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+  t0 = time.time()
   out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                 seed=args.seed, val_fraction=args.val_fraction,
                 val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
                 text_field=args.text_field, workers=args.workers,
                 shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
                 skip_bad_files=args.skip_bad_files, runner=args.runner)
-  manifest = store_lib.read_manifest(out)
-  print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
-                        **{f"{s}_tokens": manifest["splits"][s]["tokens"]
-                           for s in store_lib.SPLITS},
-                        skipped_files=len(manifest["sources"].get("skipped", [])))))
+  for line in store_lib.prepared_lines(out, time.time() - t0, args.val_fraction):
+    print(line, file=sys.stderr if line.startswith("warning: ") else sys.stdout)
   return 0
 
 
 if __name__ == "__main__":
+  errors.plain_warnings()
   sys.exit(errors.main(main))

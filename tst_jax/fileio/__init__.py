@@ -258,10 +258,19 @@ def staged(path: str):
     local = path + ".tmp"
   try:
     yield local
+    if not is_url(path):   # a writer may make its file private, as safetensors' 0600
+      os.chmod(local, _new_file_mode())
     move_in(local, path)
   finally:
     if os.path.exists(local):
       os.remove(local)
+
+
+def _new_file_mode() -> int:
+  """Returns the mode open() gives a new file here: 0o666 less the process's umask."""
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return 0o666 & ~mask
 
 
 def upload_folder(local: str, path: str):

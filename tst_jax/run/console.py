@@ -3,6 +3,7 @@ phase switch and a final block. Only process 0 prints, and main.py keeps library
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
@@ -120,7 +121,7 @@ class Console:
       lines += _reference_lines(reference, summary, run or {})
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
               f"  metrics: {rundir.metrics}, plot: {rundir.loss_plot}",
-              f"  tensorboard --logdir {rundir.tensorboard}",
+              tensorboard_line(rundir.tensorboard),
               f"  checkpoints: {rundir.checkpoints} (the same command "
               "resumes from the latest)"]
     self.print("\n".join(lines))
@@ -186,3 +187,12 @@ def _floor(floor: float) -> str:
 
 def _phase_name(phase) -> str:
   return phase.name + (f" S={phase.bag_size}" if phase.bag_size > 1 else "")
+
+
+def tensorboard_line(folder: str) -> str:
+  """Says how to look at the run's TensorBoard files: the command, and the install it needs
+  where TensorBoard is not installed (tst-jax writes the files with tensorboardX)."""
+  line = f"  tensorboard --logdir {folder}"
+  if importlib.util.find_spec("tensorboard") is None:
+    line += "   (pip install tensorboard first: tst-jax writes the files, it does not show them)"
+  return line

@@ -33,7 +33,7 @@ from tst_jax.train import step as step_lib
 
 GB = 1e9
 # HBM per device, datasheet decimal GB. B200 is DGX B200's 1,440 GB over 8 GPUs.
-HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v5p": 95, "v5e": 16, "v6e": 32}
+HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v4": 32, "v5p": 95, "v5e": 16, "v6e": 32}
 # GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it, and JAX preallocates 75% by default.
 DEFAULT_GPU_FRACTION = 0.75
 
@@ -126,9 +126,9 @@ class PhaseFit:
   params: int            # bytes per device, exact
   opt_state: int         # bytes per device, exact
   activations: int       # bytes per device kept for the backward pass at model.remat
-  xla_temp: int          # XLA:CPU's temporaries of the compiled step, activations included
-  xla_peak: int          # arguments + outputs - aliased + temporaries, on XLA:CPU
-  compile_s: float
+  xla_temp: int | None   # XLA:CPU's temporaries of the compiled step, activations included
+  xla_peak: int | None   # arguments + outputs - aliased + temporaries, on XLA:CPU
+  compile_s: float       # None above and 0 here: a check that did not compile
 
   @property
   def estimate(self) -> int:
@@ -161,7 +161,7 @@ class Fit:
                 advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
 
   def table(self) -> str:
-    g = lambda b: f"{b / GB:.2f}"
+    g = lambda b: "--" if b is None else f"{b / GB:.2f}"
     lines = [f"fit on {self.devices} x {self.accelerator} (budget {self.budget / GB:.1f} GB per "
              f"device: {self.budget_note}), mesh {self.mesh}, remat={self.remat}; GB per device:",
              f"{'phase':<6}{'params':>9}{'grads':>9}{'opt':>9}{'activ.':>9}{'estimate':>10}"
@@ -216,15 +216,18 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
   return tuple(out)
 
 
-def check(spec, accelerator: str, target, devices=None) -> Fit:
+def check(spec, accelerator: str, target, devices=None, compile_steps: bool = True,
+          environ=os.environ) -> Fit:
   """Compiles both phases' train steps from abstract arrays and measures each device's memory.
 
   `spec` is resolved on this CPU platform, for its mesh on `devices`, by default the first
   mesh-size CPU devices. The memory is what each device holds on `accelerator`. `target` is
   the same spec resolved for the accelerator's platform, which says whether its attention is
-  flash attention.
+  flash attention. Without `compile_steps` the steps are lowered only: the estimate, which
+  decides the fit, is the same, and XLA:CPU's columns are left out. `environ` is the run's
+  environment, where XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
   """
-  budget, note = accelerator_budget(accelerator)
+  budget, note = accelerator_budget(accelerator, environ)
   flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
   plan = spec.plan
   n = mesh_devices(spec.mesh)
@@ -243,16 +246,18 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()
-    memory = step.lower(state, window).compile().memory_analysis()
-    compile_s = time.perf_counter() - t0
+    lowered = step.lower(state, window)
+    memory = lowered.compile().memory_analysis() if compile_steps else None
+    compile_s = time.perf_counter() - t0 if compile_steps else 0.0
     micro = jax.ShapeDtypeStruct((phase.batch_size // accum, phase.window), jnp.int32)
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
         activation_bytes(graphdef, params, phase, spec.loss, micro, shards,
                          flash and phase.latent_seq_len),
-        int(memory.temp_size_in_bytes),
-        int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+        None if memory is None else int(memory.temp_size_in_bytes),
+        None if memory is None else int(
+            memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
   full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"))
