@@ -3,6 +3,7 @@ float64 formula, and hypothesis properties, each with a `slow` twin of many exam
 
 import functools
 import itertools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -181,8 +182,103 @@ def test_bad_weighting_and_variant():
     losses.bag_weights("cubic", 4)
   with pytest.raises(ValueError, match="bag size is 4"):
     losses.bag_weights([1.0, 2.0], 4)
+  for bad in ([1.0, -0.5], [0.0, 0.0], [np.nan, 1.0], [np.inf, 1.0]):   # each fault alone
+    with pytest.raises(ValueError, match=r"must be finite, >= 0 and not all zero"):
+      losses.bag_weights(bad, 2)
+  np.testing.assert_array_equal(losses.bag_weights([0.0, 2.0], 2), [0.0, 2.0])
   with pytest.raises(ValueError, match="variant"):
     losses.mce_loss(jnp.zeros((2, 5)), jnp.zeros((2, 1), jnp.int32), variant="hinge")
+
+
+def test_fitted_weights_are_a_files_weights_or_its_fit(tmp_path):
+  """'fitted:F.json', tst_jax.analysis.mutual_info's output: its first S weights where it has
+  at least S, else its fit C0 + a·d^k at d = 1..S, at the top or under "fit"; 'fitted:paper'
+  is appendix D's fit. A file with neither, or no file, is one ValueError naming it."""
+  fit = dict(C0=0.5, a=2.0, k=-1.5)
+  d = np.arange(1, 6, dtype=np.float64)
+  (tmp_path / "both.json").write_text(json.dumps(dict(weights=[4, 3, 2, 1], fit=fit)))
+  (tmp_path / "top.json").write_text(json.dumps(fit))
+  (tmp_path / "short.json").write_text(json.dumps(dict(weights=[1.0])))
+  both = f"fitted:{tmp_path}/both.json"
+  np.testing.assert_allclose(losses.bag_weights(both, 4), [4, 3, 2, 1])
+  np.testing.assert_allclose(losses.bag_weights(both, 3), [4, 3, 2])
+  np.testing.assert_allclose(losses.bag_weights(both, 5), 0.5 + 2.0 * d ** -1.5, rtol=1e-6)
+  np.testing.assert_allclose(losses.bag_weights(f"fitted:{tmp_path}/top.json", 5),
+                             0.5 + 2.0 * d ** -1.5, rtol=1e-6)
+  np.testing.assert_allclose(losses.bag_weights("fitted:paper", 5),
+                             3.63 + 1.35 * d ** -1.25, rtol=1e-6)
+  with pytest.raises(ValueError, match="has neither 'weights' for 4 positions nor a fit"):
+    losses.bag_weights(f"fitted:{tmp_path}/short.json", 4)
+  with pytest.raises(ValueError, match="cannot read fitted weighting file"):
+    losses.bag_weights(f"fitted:{tmp_path}/missing.json", 4)
+
+
+def test_per_position_losses_and_the_mask_of_positions_with_a_weighted_target():
+  """Per position, in float64 here: MCE the weighted mean of -log p over the valid targets,
+  MCE-alt -log of their total probability; a position with one valid target counts, one with
+  none or only weight-0 targets ('first' with its first ignored) is 0 and masked out."""
+  rng = np.random.default_rng(5)
+  logits = rng.normal(size=(4, 7)).astype(np.float32)
+  targets = np.array([[1, 2, 2], [-100, -100, -100], [3, -100, -100], [-100, 4, 5]])
+  z = logits.astype(np.float64)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  p = np.exp(logp)
+  per, mask = losses.mce_loss_per_position(logits, targets, weighting="power")
+  w = np.array([1, 1 / 2, 1 / 3])
+  expect = [(w * -logp[0, [1, 2, 2]]).sum() / w.sum(), 0.0, -logp[2, 3],
+            (w[1:] * -logp[3, [4, 5]]).sum() / w[1:].sum()]
+  np.testing.assert_allclose(per, expect, **TOLERANCE)
+  np.testing.assert_array_equal(mask, [True, False, True, True])
+  per, mask = losses.mce_loss_per_position(logits, targets, variant="alt")
+  expect = [-np.log(p[0, 1] + p[0, 2]), 0.0, -logp[2, 3], -np.log(p[3, 4] + p[3, 5])]
+  np.testing.assert_allclose(per, expect, **TOLERANCE)
+  np.testing.assert_array_equal(mask, [True, False, True, True])
+  for variant in ("mce", "alt"):
+    per, mask = losses.mce_loss_per_position(logits, targets, weighting="first",
+                                             variant=variant)
+    np.testing.assert_allclose(per, [-logp[0, 1], 0.0, -logp[2, 3], 0.0], **TOLERANCE)
+    np.testing.assert_array_equal(mask, [True, False, True, False])
+
+
+def test_no_weighted_target_is_a_loss_of_zero():
+  """'first' with every first target ignored: nothing is weighted, so 0 and no gradient."""
+  logits = jnp.asarray(np.random.default_rng(6).normal(size=(3, 7)).astype(np.float32))
+  targets = jnp.array([[-100, 1, 2], [-100, 3, 3], [-100, -100, 4]])
+  for variant in ("mce", "alt"):
+    value, grad = jax.value_and_grad(lambda z: losses.mce_loss(
+        z, targets, weighting="first", variant=variant))(logits)
+    assert value == 0.0 and not np.any(grad)
+
+
+def test_kl_form_subtracts_the_targets_entropy_for_any_weighting():
+  """kl=True is MCE less the entropy of the normalised weights: log S for uniform, 0 for
+  'first', -sum q log q with q the normalised 1/i for 'power'."""
+  rng = np.random.default_rng(8)
+  logits = jnp.asarray(rng.normal(size=(5, 11)).astype(np.float32))
+  targets = jnp.asarray(rng.integers(0, 11, size=(5, 3)))
+  q = np.array([1, 1 / 2, 1 / 3]) / (1 + 1 / 2 + 1 / 3)
+  for weighting, entropy in (("uniform", np.log(3)), ("first", 0.0),
+                             ("power", -(q * np.log(q)).sum())):
+    np.testing.assert_allclose(mce(logits, targets, weighting=weighting, kl=True),
+                               mce(logits, targets, weighting=weighting) - entropy,
+                               **TOLERANCE)
+  # MCE-alt has no KL form: kl leaves it as it is.
+  np.testing.assert_array_equal(mce(logits, targets, variant="alt", kl=True),
+                                mce(logits, targets, variant="alt"))
+
+
+def test_the_leading_dimensions_must_agree():
+  with pytest.raises(ValueError, match=r"logits \(2, 5, 7\) and targets \(2, 4, 3\) disagree"):
+    losses.mce_loss(jnp.zeros((2, 5, 7)), jnp.zeros((2, 4, 3), jnp.int32))
+  hidden, head = jnp.zeros((4, 8)), jnp.zeros((8, 7))
+  with pytest.raises(ValueError, match=r"hidden \(4, 8\) and targets \(5, 2\) disagree"):
+    losses.linear_mce_loss(hidden, head, jnp.zeros((5, 2), jnp.int32))
+  with pytest.raises(ValueError, match="unknown impl 'fast'"):
+    losses.linear_mce_loss(hidden, head, jnp.zeros((4, 2), jnp.int32), impl="fast")
+  with pytest.raises(ValueError, match="unknown loss variant 'hinge'"):
+    losses.linear_mce_loss(hidden, head, jnp.zeros((4, 2), jnp.int32), variant="hinge")
+  with pytest.raises(TypeError, match=r"impl='naive' takes no chunk arguments, got \['block_n'\]"):
+    losses.linear_mce_loss(hidden, head, jnp.zeros((4, 2), jnp.int32), impl="naive", block_n=8)
 
 
 @st.composite
