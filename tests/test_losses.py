@@ -192,11 +192,13 @@ def test_the_loss_from_its_parts_is_the_loss():
         losses.mce_from_parts(jnp.asarray(lse, jnp.float32), jnp.asarray(picked, jnp.float32),
                               jnp.asarray(targets), weighting="power", variant=variant),
         losses.mce_loss(logits, targets, weighting="power", variant=variant), rtol=1e-5)
-  # And linear_mce_loss, by default, is mce_loss of hidden @ head: no z-loss unless asked.
+  # And linear_mce_loss, by default, is mce_loss of hidden @ head: no z-loss unless asked, and
+  # `auto` resolved to this platform's implementation.
   hidden = rng.normal(size=(6, 4)).astype(np.float32)
   head = rng.normal(size=(4, 13)).astype(np.float32)
-  np.testing.assert_allclose(losses.linear_mce_loss(hidden, head, targets, impl="naive"),
-                             losses.mce_loss(hidden @ head, targets), rtol=1e-5)
+  for impl in ("naive", "auto"):
+    np.testing.assert_allclose(losses.linear_mce_loss(hidden, head, targets, impl=impl),
+                               losses.mce_loss(hidden @ head, targets), rtol=1e-5)
 
 
 def test_bad_weighting_and_variant():

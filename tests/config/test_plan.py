@@ -2,6 +2,7 @@
 the single source of its batches and loss, plan.json's record read back typed, and every count
 of a plan against the plan written out."""
 
+import dataclasses
 import json
 import os
 import types
@@ -155,6 +156,9 @@ def test_the_plans_counts_are_those_of_a_plan_written_out():
   assert [plan.data_start(p) for p in plan.phases] == [0, 384]
   assert plan.passes(64) == [384 / 64, 224 / 64]
   assert plan.tokens_per_param == 320 / 700 and plan.ntp_tokens_per_param == 224 / 700
+  for frozen, field in ((plan, "ratio"), (tst, "steps")):   # checked once, changed by nothing
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      setattr(frozen, field, 1)
 
 
 def test_a_plan_of_one_phase_at_either_end_of_r():
