@@ -156,7 +156,9 @@ def test_the_plans_counts_are_those_of_a_plan_written_out():
   assert [plan.data_start(p) for p in plan.phases] == [0, 384]
   assert plan.passes(64) == [384 / 64, 224 / 64]
   assert plan.tokens_per_param == 320 / 700 and plan.ntp_tokens_per_param == 224 / 700
-  for frozen, field in ((plan, "ratio"), (tst, "steps")):   # checked once, changed by nothing
+  # A plan is checked once and changed by nothing after, its record neither.
+  record = plan_lib.PlanRecord(plan)
+  for frozen, field in ((plan, "ratio"), (tst, "steps"), (record, "tokens")):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(frozen, field, 1)
 
@@ -170,6 +172,8 @@ def test_a_plan_of_one_phase_at_either_end_of_r():
   only = plan_lib.make_plan(_Model(), _tst(ratio=1.0), 16, 2, 10)
   assert [(p.name, p.steps) for p in only.phases] == [("tst", 10)] and only.ratio == 1.0
   assert only.ntp_tokens_per_param == 0.0
+  two = plan_lib.make_plan(_Model(), _tst(bag_size=2), 16, 2, 10)    # the smallest bag
+  assert [(p.name, p.bag_size, p.steps) for p in two.phases] == [("tst", 2, 3), ("ntp", 1, 7)]
 
 
 def test_stages_share_phase_one_and_batch_equal_flops_trades_length_for_rows():
