@@ -100,6 +100,8 @@ def test_the_plan_record_reads_back_typed_and_old_sweep_records_still_read():
     assert [p["first_step"] for p in written["phases"]] == (
         [0, 6] if len(data) == 2 else [0, 3, 6] if len(data) == 3 else [0])
     assert written["data"]["passes"] == pytest.approx([d / 1000 for d in data])
+    # One store: no per-source or per-stage passes, which a data.mixture's record adds.
+    assert set(written["data"]) == {"train_tokens", "exact", "where", "passes", "passes_total"}
     assert written["data"]["passes_total"] == pytest.approx(sum(data) / 1000)
     assert written["flops_total"] == pytest.approx(sum(p.flops_per_step * p.steps
                                                        for p in spec.plan.phases))
