@@ -192,6 +192,12 @@ def test_the_loss_from_its_parts_is_the_loss():
         losses.mce_from_parts(jnp.asarray(lse, jnp.float32), jnp.asarray(picked, jnp.float32),
                               jnp.asarray(targets), weighting="power", variant=variant),
         losses.mce_loss(logits, targets, weighting="power", variant=variant), rtol=1e-5)
+  # The z-loss of one row is z * its logsumexp squared.
+  one = losses.mce_from_parts(jnp.asarray(lse[:1], jnp.float32),
+                              jnp.asarray(picked[:1], jnp.float32), jnp.asarray(targets[:1]),
+                              z_loss=0.5)
+  np.testing.assert_allclose(one, losses.mce_loss(logits[:1], targets[:1]) + 0.5 * lse[0] ** 2,
+                             rtol=1e-5)
   # And linear_mce_loss, by default, is mce_loss of hidden @ head: no z-loss unless asked, and
   # `auto` resolved to this platform's implementation.
   hidden = rng.normal(size=(6, 4)).astype(np.float32)

@@ -208,3 +208,6 @@ def test_an_old_sweep_record_reads_back_with_r_as_the_tst_share():
     del p["first_step"]
   back = plan_lib.Plan.from_json(record)
   assert back.ratio == 0.3 and [p.first_step for p in back.phases] == [0, 3]
+  one = plan_lib.make_plan(_Model(), _tst(ratio=1.0), 16, 2, 1).to_json()   # one tst step
+  del one["ratio"]
+  assert plan_lib.Plan.from_json(one).ratio == 1.0
