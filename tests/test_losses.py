@@ -198,6 +198,9 @@ def test_the_loss_from_its_parts_is_the_loss():
                               z_loss=0.5)
   np.testing.assert_allclose(one, losses.mce_loss(logits[:1], targets[:1]) + 0.5 * lse[0] ** 2,
                              rtol=1e-5)
+  # MCE-alt of one row is -log of its bag's probability, a mean over that row alone.
+  np.testing.assert_allclose(losses.mce_loss(logits[:1], targets[:1], variant="alt"),
+                             _alt_numpy(logits[:1], targets[:1], np.ones(3)), rtol=1e-5)
   # And linear_mce_loss, by default, is mce_loss of hidden @ head: no z-loss unless asked, and
   # `auto` resolved to this platform's implementation.
   hidden = rng.normal(size=(6, 4)).astype(np.float32)
