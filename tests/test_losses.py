@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from tst_jax import losses
+from tst_jax import losses, platform
 from tst_jax import superposition as sp
 
 WEIGHTINGS = ["uniform", "power", "exponential", "first", "array", "fitted:paper"]
@@ -177,7 +177,7 @@ def test_per_position_form():
                              rtol=1e-5)
 
 
-def test_the_loss_from_its_parts_is_the_loss():
+def test_the_loss_from_its_parts_is_the_loss(monkeypatch):
   """mce_from_parts, which the chunked and fused losses feed with each row's logsumexp and
   target logits (here from numpy), gives mce_loss's value for each variant."""
   rng = np.random.default_rng(9)
@@ -208,6 +208,11 @@ def test_the_loss_from_its_parts_is_the_loss():
   for impl in ("naive", "auto"):
     np.testing.assert_allclose(losses.linear_mce_loss(hidden, head, targets, impl=impl),
                                losses.mce_loss(hidden @ head, targets), rtol=1e-5)
+  asked = []     # `auto` is what tst_jax.platform picks, and only `auto` asks it
+  monkeypatch.setattr(platform, "loss_impl", lambda impl: asked.append(impl) or ("naive", ""))
+  for impl in ("auto", "naive"):
+    losses.linear_mce_loss(hidden, head, targets, impl=impl)
+  assert asked == ["auto"]
 
 
 def test_bad_weighting_and_variant():
