@@ -3,6 +3,7 @@ end through main.py: killed between checkpoints and resumed, it logs the losses 
 on the local disk; a second run on its live workdir and a bucket that does not exist each stop
 with one error line."""
 
+import importlib.util
 import json
 import logging
 import os
@@ -363,16 +364,22 @@ EPATH_CHOICE = (
     "      else 'tf' if gpath._is_tf_installed() else 'other')\n")
 
 
-@pytest.mark.parametrize("tensorflow", [False, True], ids=["without_tf", "with_tf"])
-def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow, tmp_path):
+# Whether this environment has TensorFlow: the `seqio` extra brings it, [test] does not.
+TF_INSTALLED = importlib.util.find_spec("tensorflow") is not None
+
+
+@pytest.mark.parametrize("stand_in", [False, True], ids=["tf_as_installed", "a_tf_stand_in"])
+def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(stand_in, tmp_path):
   """etils.epath picks fsspec, the client of every other file of the run, for gs:// once
-  tst_jax is imported, with TensorFlow installed or not: a package named tensorflow on the
-  path stands in for it (etils only looks it up). Without tst_jax the stand-in is seen, and
-  an EPATH_USE_TF the user set stands."""
+  tst_jax is imported, with TensorFlow installed or not: TensorFlow as this environment has it,
+  or a package named tensorflow on the path that stands in for it (etils only looks it up).
+  Without tst_jax, TensorFlow is seen where it is there, and an EPATH_USE_TF the user set
+  stands."""
   (tmp_path / "tensorflow").mkdir()
   (tmp_path / "tensorflow" / "__init__.py").write_text("")
   env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
-  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * tensorflow + [ROOT])
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * stand_in + [ROOT])
+  tf_seen = ["True", "tf"] if stand_in or TF_INSTALLED else ["False", "fsspec"]
 
   def choice(*args, **extra):
     result = subprocess.run([sys.executable, "-c", EPATH_CHOICE, *args], env=env | extra,
@@ -381,6 +388,5 @@ def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow,
     return result.stdout.split()
 
   assert choice("tst_jax") == ["False", "fsspec"]
-  assert choice("alone") == (["True", "tf"] if tensorflow else ["False", "fsspec"])
-  assert choice("tst_jax", EPATH_USE_TF="1") == (["True", "tf"] if tensorflow
-                                                  else ["False", "fsspec"])
+  assert choice("alone") == tf_seen
+  assert choice("tst_jax", EPATH_USE_TF="1") == tf_seen

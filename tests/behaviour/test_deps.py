@@ -1,5 +1,6 @@
 """Dependencies: the tested versions satisfy the declared ranges; the tfds reader needs no
-TensorFlow; CI runs the README's test command at both ends of what an install resolves."""
+TensorFlow; CI runs the README's test command at both ends of what an install resolves, and
+once more with every extra installed and the slow tests too."""
 
 import os
 import re
@@ -100,6 +101,16 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
     assert req.specifier.contains(pins[name]), (name, pins[name])
 
 
+def test_every_extra_but_the_gpus_is_in_every():
+  """[every], what CI's third run installs, names each extra but [gpu] and [test]."""
+  tomllib = pytest.importorskip("tomllib")
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  (every,) = map(Requirement, extras["every"])
+  assert every.name == "tst-jax" and not every.specifier
+  assert every.extras == set(extras) - {"every", "gpu", "test"}
+
+
 def _readme_command(number: int) -> str:
   """The command of the README's quickstart block `number`."""
   with open(os.path.join(ROOT, "README.md")) as f:
@@ -108,9 +119,10 @@ def _readme_command(number: int) -> str:
   return command
 
 
-def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
-  """Sources .ci/run and runs both ends in tmp_path, with the test's Python as the default
-  python3 and fake pyenv Pythons ({version: exit code of anything but the version probe})."""
+def _ci(tmp_path, pyenv_versions: dict[str, str], command: str, every: str):
+  """Sources .ci/run and runs its three runs in tmp_path, with the test's Python as the default
+  python3 and fake pyenv Pythons ({version: exit code of anything but the version probe}),
+  `command` for the README's and `every` for the every-extras run's."""
   tools = tmp_path / "tools"
   tools.mkdir(parents=True)
   for tool in ("bash", "sort", "tail", "cut", "mktemp", "ln", "rm", "touch", "dirname"):
@@ -127,8 +139,9 @@ def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
   work = tmp_path / "work"
   work.mkdir()
   env = dict(PATH=f"{tmp_path / 'default'}:{tools}", PYENV_ROOT=str(tmp_path / "pyenv"),
-             HOME=str(tmp_path), FAKE=command)
-  script = f'source {os.path.join(ROOT, ".ci", "run")}; README_COMMAND="$FAKE"; both_ends'
+             HOME=str(tmp_path), FAKE=command, FAKE_EVERY=every)
+  script = (f'source {os.path.join(ROOT, ".ci", "run")}; README_COMMAND="$FAKE"; '
+            'EVERY_COMMAND="$FAKE_EVERY"; all_runs')
   result = subprocess.run([shutil.which("bash"), "-c", script], cwd=work, env=env,
                           capture_output=True, text=True)
   return result.returncode, result.stdout, sorted(os.listdir(work))
@@ -136,22 +149,33 @@ def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
 
 def test_ci_runs_the_readme_test_command_at_both_ends_and_fails_if_either_fails(tmp_path):
   """.ci/run's command is the README's command 2, run on the default python3 in .venv and on
-  the newest Python in .venv-newest; a failure of either fails CI, and with no newer Python
-  it says so and runs the one it has. Both venvs are ignored by git."""
-  source = f'source {os.path.join(ROOT, ".ci", "run")}; printf %s "$README_COMMAND"'
-  ci_command = subprocess.run([shutil.which("bash"), "-c", source], capture_output=True,
-                              text=True, check=True).stdout
+  the newest Python in .venv-newest, then once more in .venv-every with [every] and the slow
+  tests; a failure of any fails CI, and with no newer Python it says so and runs the one it
+  has. The venvs are ignored by git."""
+  source = (f'source {os.path.join(ROOT, ".ci", "run")}; '
+            'printf "%s\\n%s" "$README_COMMAND" "$EVERY_COMMAND"')
+  ci_command, every_command = subprocess.run(
+      [shutil.which("bash"), "-c", source], capture_output=True, text=True,
+      check=True).stdout.split("\n")
   assert ci_command == _readme_command(2)
+  assert every_command == ci_command.replace(".venv", ".venv-every").replace(
+      "'.[test]'", "'.[test,every]'") + " -m 'slow or not slow'"
   with open(os.path.join(ROOT, ".gitignore")) as f:
-    assert {"/.venv/", "/.venv-newest/"} <= set(f.read().split())
+    assert {"/.venv/", "/.venv-newest/", "/.venv-every/"} <= set(f.read().split())
   fake = "touch .venv.ran && python3 -c pass"
-  rc, out, ran = _ci(tmp_path / "a", {"3.99.0": 3, "3.10.0": 0}, fake)
-  assert rc == 1 and ran == [".venv-newest.ran", ".venv.ran"], out
+  every = "touch .venv-every.ran && python3 -c pass"
+  rc, out, ran = _ci(tmp_path / "a", {"3.99.0": 3, "3.10.0": 0}, fake, every)
+  assert rc == 1 and ran == [".venv-every.ran", ".venv-newest.ran", ".venv.ran"], out
   assert "=== newest Python: python3 is 3.99.0 " in out
   assert re.search(r"^=== default python3: no jax in \.venv: passed in \d+ s$", out, re.M)
   assert re.search(r"^=== newest Python: no jax in \.venv-newest: FAILED \(exit 3\)", out, re.M)
-  rc, out, ran = _ci(tmp_path / "b", {"3.99.0": 0}, fake)
-  assert rc == 0 and ran == [".venv-newest.ran", ".venv.ran"], out
-  rc, out, ran = _ci(tmp_path / "c", {"3.9.0": 0}, fake)
-  assert rc == 0 and ran == [".venv.ran"], out
+  assert re.search(r"^=== every extra, slow tests too: no jax in \.venv-every: passed in \d+ s$",
+                   out, re.M)
+  rc, out, ran = _ci(tmp_path / "b", {"3.99.0": 0}, fake, every)
+  assert rc == 0 and ran == [".venv-every.ran", ".venv-newest.ran", ".venv.ran"], out
+  rc, out, ran = _ci(tmp_path / "c", {"3.9.0": 0}, fake, every)
+  assert rc == 0 and ran == [".venv-every.ran", ".venv.ran"], out
   assert "no Python newer than the default python3 on this machine: it ran on that one" in out
+  rc, out, ran = _ci(tmp_path / "d", {"3.9.0": 0}, fake, every + " && exit 4")
+  assert rc == 1 and re.search(r"^=== every extra, slow tests too: no jax in \.venv-every: "
+                               r"FAILED \(exit 4\)", out, re.M), out
