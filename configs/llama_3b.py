@@ -6,7 +6,7 @@ Hardware: 64 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all device
 Fit check on that hardware (tests/train/test_fit.py runs it):
   python main.py --config configs/llama_3b.py --mode plan \
       --accelerator=b200 --config.mesh.fsdp=64
-says yes: 69.3 GB per B200 of the 135 GB JAX takes, at 16 rows of 2048 per device.
+says yes: 60.7 GB per B200 of the 135 GB JAX takes, at 16 rows of 2048 per device.
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared

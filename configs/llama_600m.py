@@ -6,8 +6,10 @@ Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices
 Fit check on that hardware (tests/train/test_fit.py runs it):
   python main.py --config configs/llama_600m.py --mode plan \
       --accelerator=b200 --config.mesh.fsdp=8
-says yes: 76.9 GB per B200 of the 135 GB JAX takes, with the 128 rows per device in 2
-micro-batches (optimizer.grad_accum=2, as the check advises); in one they need 152.5 GB.
+says yes: 75.1 GB per B200 of the 135 GB JAX takes, with the 128 rows per device in 2
+micro-batches (optimizer.grad_accum=2, as the check advises); in one they need 148.9 GB.
+remat=full would fit them in one (20.0 GB) but reruns every layer's forward, where 2
+micro-batches of a 600M model only gather its 1.1 GB of bf16 weights twice.
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared

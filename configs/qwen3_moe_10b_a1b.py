@@ -7,8 +7,10 @@ Hardware in the paper: 64 B200 GPUs (TorchTitan, FSDP); here FSDP over all devic
 Fit check on that hardware (tests/train/test_fit.py runs it):
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan \\
       --accelerator=b200 --config.mesh.fsdp=64
-says yes: 80.9 GB per B200 of the 135 GB JAX takes, with the 64 rows per device in 2
-micro-batches (optimizer.grad_accum=2, as the check advises); in one they need 202.6 GB.
+says yes: 49.3 GB per B200 of the 135 GB JAX takes, at 64 rows of 2048 per device in one
+micro-batch with remat=save_dots. remat=save_experts would skip rerunning the experts' sort and
+grouped GEMMs in the backward, but keeps [N·P, 2F + D] per sparse layer: 221.3 GB in one
+micro-batch, 112.1 GB in two, and each micro-batch gathers FSDP's weights again.
 
   python main.py --config configs/qwen3_moe_10b_a1b.py --mode plan
   python -m tst_jax.data.prepare --source='jsonl:/data/fineweb_edu/**/*.jsonl.zst' \\
@@ -34,8 +36,8 @@ from tst_jax.config import defaults
 
 def get_config(arg: str = ""):
   c = defaults.paper_base_config("qwen3_moe", "10b_a1b")  # bf16, remat, fused loss, FSDP
-  # model.remat stays save_dots, with 2 micro-batches (optimizer below): save_experts keeps
-  # more ([A, 2F + D] per layer), full recomputes every layer's forward
+  # model.remat stays save_dots, in one micro-batch: save_experts fits only in two (the fit
+  # check above), full recomputes every layer's forward
   # data: the paper's 50/50 FineWeb-Edu/DCLM mixture, each corpus its own store; set
   # data.mixture to the two stores (the commands above; docs/data.md, 'Mixtures')
   c.data.seq_len = 2048             # L
@@ -47,7 +49,7 @@ def get_config(arg: str = ""):
   c.optimizer.lr = 3e-4
   c.optimizer.warmup_steps = 2000
   c.optimizer.decay_fraction = 0.1  # the last 10% of the steps
-  c.optimizer.grad_accum = 2        # 2 micro-batches of 32 rows per B200: see the fit check above
+  c.optimizer.grad_accum = 1        # the 64 rows per B200 in one micro-batch: the fit check above
   # train
   c.train.steps = 49_983            # T: both phases ('<N>k': N x 1000)
   if "baseline" in defaults.arms(arg):

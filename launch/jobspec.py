@@ -309,8 +309,8 @@ def check_unit(config: str, overrides, point, target: Target, env: dict) -> fit.
 
 
 def fit_summary(record: dict) -> str:
-  """One line of a fit check's record: 'fit on 64 x b200, 135.0 GB per device: tst 80.9,
-  ntp 80.4 GB (fits, mesh {...}, model.remat=save_dots)'."""
+  """One line of a fit check's record: 'fit on 64 x b200, 135.0 GB per device: tst 49.3,
+  ntp 49.2 GB (fits, mesh {...}, model.remat=save_dots)'."""
   phases = ", ".join(f"{p['phase']} {p['estimate'] / fit.GB:.1f}" for p in record["phases"])
   return (f"fit on {record['devices']} x {record['accelerator']}, "
           f"{record['budget_bytes'] / fit.GB:.1f} GB per device: {phases} GB "

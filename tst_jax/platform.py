@@ -53,8 +53,13 @@ FUSES_GATE_UP = ("gmm", "ragged", "capacity")   # the expert_impls with grouped 
 # split, per GPU: (fused s, split s, where measured). A layer alone does not decide it: the
 # MoE lab's fastest dispatch alone made the step slower (docs/performance.md). None measured.
 _FUSED_STEP: dict[str, tuple[float, float, str]] = {}
+GPU_EXTRA = "pip install 'tst-jax[gpu]' -c constraints-gpu.txt"
 _NO_TOKAMAX = ("blocked", "gmm needs tokamax on a GPU (XLA's GPU ragged_dot expands to dense and "
-                          "ran out of memory): pip install 'tst-jax[gpu]' -c constraints-gpu.txt")
+                          f"ran out of memory): {GPU_EXTRA}")
+# A plan for a named GPU, made where none runs, resolves what a GPU install with the gpu extra
+# runs, as launch/Dockerfile.gpu installs it, whatever this machine has installed.
+_PLANNED_GPU = (f"planned for a GPU with the gpu extra ({GPU_EXTRA}; "
+                "launch/Dockerfile.gpu installs it): tokamax's grouped GEMMs")
 
 
 def _pins(**configs) -> tuple[tuple[str, str, str], ...]:
@@ -206,7 +211,7 @@ def grouped_matmul_backend(platform: str | None = None, device_kind: str | None 
   version = grouped_matmul.tokamax_version() if platform == "gpu" else None
   if version is None:
     return "xla", grouped_matmul.Kernels(), (f"jax.lax.ragged_dot on {platform}" + (
-        "; pip install 'tst-jax[gpu]' for tokamax's kernels" if platform == "gpu" else ""))
+        f"; {GPU_EXTRA} for tokamax's kernels" if platform == "gpu" else ""))
   if _version_tuple(version) < GMM_MIN_TOKAMAX:
     need = ".".join(map(str, GMM_MIN_TOKAMAX))
     raise ConfigError("model.expert_impl", f"gmm on a GPU needs tokamax >= {need} (with jax "
@@ -265,17 +270,24 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 def expert_impl(requested: str, platform: str | None = None,
-                device_kind: str | None = None) -> tuple[str, str]:
-  """Picks ragged, gmm, blocked or dense for `model.expert_impl` and says why."""
+                device_kind: str | None = None, planned: bool = False) -> tuple[str, str]:
+  """Picks ragged, gmm, blocked or dense for `model.expert_impl` and says why.
+
+  `planned` resolves for a platform this process does not run on, as a plan for a named
+  accelerator does: a GPU there has the gpu extra installed.
+  """
   platform = _platform(platform)
+  planned_gpu = planned and platform == "gpu"
   if requested == "auto":
     requested, why = _EXPERTS.get(platform, _EXPERTS["tpu"])
     if requested != "gmm":
       return requested, why
-    if grouped_matmul.tokamax_version() is None:
+    if grouped_matmul.tokamax_version() is None and not planned_gpu:
       return _NO_TOKAMAX
   else:
     why = "set in the config"
+  if requested in GROUPED_GEMMS and planned_gpu:
+    return requested, f"{why}; {_PLANNED_GPU}"
   if requested in GROUPED_GEMMS:
     backend, _, how = grouped_matmul_backend(platform, device_kind)
     return requested, f"{why}; grouped GEMM backend {backend}: {how}"
@@ -337,16 +349,22 @@ class Resolved:
 
 
 def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
-  """Resolves every `auto` of a model config and `loss.impl` on `platform`, by default this one."""
+  """Resolves every `auto` of a model config and `loss.impl` on `platform`, by default this one.
+
+  Another platform is planned for, as a plan for a named accelerator does: a GPU then counts as
+  one with the gpu extra installed.
+  """
   platform = _platform(platform)
-  kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
+  here = platform == jax.default_backend()
+  kind = jax.devices()[0].device_kind if here else platform
   choices = {
       "model.attention_impl": attention_impl(model_cfg.attention_impl, model_cfg.dtype,
                                              model_cfg.head_dim, platform),
       "loss.impl": loss_impl(loss, platform),
   }
   if hasattr(model_cfg, "expert_impl"):
-    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
+    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind,
+                                               planned=not here)
     choices["model.expert_fuse_gate_up"] = fuse_gate_up(
         model_cfg.expert_fuse_gate_up, choices["model.expert_impl"][0], platform, kind)
     choices["model.dispatch_impl"] = dispatch_impl(model_cfg.dispatch_impl, platform)

@@ -86,8 +86,13 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   tomllib = pytest.importorskip("tomllib")
   from tst_jax import platform   # pylint: disable=import-outside-toplevel
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-    gpu = {Requirement(r).name: Requirement(r)
-           for r in tomllib.load(f)["project"]["optional-dependencies"]["gpu"]}
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  # [gpu] is CUDA 12's JAX and [gpu-kernels], the one list, which launch/Dockerfile.gpu
+  # installs with the JAX of its CUDA.
+  cuda = {Requirement(r).name: Requirement(r) for r in extras["gpu"]}
+  assert set(cuda) == {"jax", "tst-jax"} and cuda["tst-jax"].extras == {"gpu-kernels"}
+  assert cuda["jax"].extras == {"cuda12"} and str(cuda["jax"].specifier) == ">=0.11.2"
+  gpu = {Requirement(r).name: Requirement(r) for r in extras["gpu-kernels"]}
   assert str(gpu["tokamax"].specifier) == ">=0.0.17"
   assert str(gpu["tokamax"].marker) == 'python_version >= "3.12"'
   assert not gpu["tokamax"].marker.evaluate({"python_version": "3.11"})

@@ -403,6 +403,24 @@ def test_the_image_build_context_holds_what_the_dockerfile_copies(platform):
   assert sum(os.path.getsize(os.path.join(ROOT, f)) for f in context) < 100e6
 
 
+@pytest.mark.parametrize("cuda", ["cuda12", "cuda13"])
+def test_the_gpu_image_installs_the_gpu_extras_kernels_with_the_jax_of_its_cuda(cuda):
+  """launch/Dockerfile.gpu installs pyproject's gpu-kernels (tokamax, jax-triton, qwix: what
+  [gpu] adds to CUDA 12's JAX) under constraints-gpu.txt, with jax[JAX_CUDA], cuda12 by
+  default, and its build fails unless tokamax imports: the image runs expert_impl=gmm on
+  tokamax, as a plan for a GPU resolves it (tests/test_platform.py)."""
+  with open(os.path.join(ROOT, "launch", "Dockerfile.gpu")) as f:
+    text = f.read().replace("\\\n", " ")
+  assert re.search(r"^ARG JAX_CUDA=cuda12$", text, re.M)
+  runs = [line.replace("${JAX_CUDA}", cuda) for line in text.splitlines()
+          if line.startswith("RUN ")]
+  installs = [shlex.split(r)[1:] for r in runs if " pip install " in f" {r} " and "-e" in r]
+  assert installs[0] == ["pip", "install", f"jax[{cuda}]", "-e", ".[gpu-kernels]", "-c",
+                         "constraints-gpu.txt"], installs
+  imported = re.search(r"python -c \"import ([\w, ]+);", runs[-1])
+  assert imported and "tokamax" in imported.group(1).split(", ") and "'jax-triton'" in runs[-1]
+
+
 def documented_launch_commands() -> list[tuple[str, list[str]]]:
   """Every launcher command the docs show, as (where, argv): the code blocks of README.md and
   docs/, and the docstrings of launch/ and the config files; continuation lines joined, a

@@ -50,6 +50,33 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
       in result.table()
 
 
+def test_moe_activations_are_each_devices_own_rows_on_the_targets_experts():
+  """FSDP over 8 devices, 16 rows: each device keeps the residuals of its own 2 rows, as each
+  sorts its own tokens (tests/parallel/test_mesh.py). remat=save_experts adds, per sparse
+  layer, the float32 [N·P, 2F + D] outputs of the grouped GEMMs and the int32 routing (row of
+  each of the A assignments, assignment of each of the R = A rows, E group sizes) of 2 rows
+  of 16 tokens, not of the batch's 16 rows. On an H100, expert_impl=auto means gmm (planned
+  with the gpu extra), whose rows are unpadded where this CPU's blocked pads them."""
+  config = tiny_config(data=dict(batch_size=16), mesh=dict(data=1, fsdp=8))
+  config.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512, dim=32,
+                                      n_layers=2, n_heads=2, n_kv_heads=2, ffw_dim=64,
+                                      n_experts=4, n_experts_per_token=2, moe_ffw_dim=32)
+  activations = {}
+  for remat in ("save_dots", "save_experts"):
+    config.model.remat = remat
+    checked = spec_lib.check(config)
+    assert checked.on_platform().model.expert_impl == "blocked"
+    assert checked.on_platform("gpu").model.expert_impl == "gmm"
+    result = fit.check(checked.on_platform(), "h100", checked.on_platform("gpu"),
+                       compile_steps=False)
+    activations[remat] = result.phases[0].activations
+  cfg = checked.model
+  a = 2 * checked.plan.phases[0].latent_seq_len * cfg.n_experts_per_token   # A of 2 rows
+  per_layer = a * (2 * cfg.moe_ffw_dim + cfg.dim) * 4 + (2 * a + cfg.n_experts) * 4
+  assert activations["save_experts"] - activations["save_dots"] == sum(
+      cfg.sparse_layers()) * per_layer
+
+
 def test_flash_attention_keeps_no_scores():
   """A bf16 model on a GPU gets cuDNN flash attention: its [L, L] scores are not counted as
   kept for the backward (remat=none keeps them with XLA attention, as on a TPU)."""

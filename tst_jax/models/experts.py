@@ -1,5 +1,6 @@
 """Runs a MoE layer's experts on tokens already routed: dropless in expert order (ragged, gmm),
-with a capacity, in fixed blocks, the dense reference, and expert parallelism as a shard_map.
+with a capacity, in fixed blocks, the dense reference, and over a mesh as a shard_map: each
+device its own tokens, and expert parallelism.
 
 Letters follow the package docstring and models/moe.py: N tokens, E experts, P experts per
 token, A = N·P assignments, R assignment rows in a dispatch buffer, D model dim, F expert ffw
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -211,37 +213,107 @@ def expert_fn(impl: str, dispatch: str = "gather", fuse_gate_up: str | bool = Fa
   return functools.partial(EXPERTS[impl], dispatch=dispatch, **fused)
 
 
-def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Runs `experts` with expert parallelism written out as a shard_map over the mesh.
+class _Split(NamedTuple):
+  """How `experts_sharded` splits the layer over the mesh: mesh axes larger than 1 only."""
+  batch: P              # the tokens' PartitionSpec, the 'batch' rule's
+  batch_axes: tuple     # mesh axes that split the tokens
+  ep_axes: tuple        # mesh axes that split the experts, E
+  tp_axes: tuple        # mesh axes that split each expert's F
+  gathered: tuple       # expert axes that split the tokens too: tokens gathered over them
+  replicated: tuple     # expert axes that do not: the same tokens on every expert shard
 
-  Under `axis_rules` whose 'expert' rule splits the expert weights' E axis, each device holds
-  E/ep experts and its own token rows. Inside one expert group the tokens, top-k ids and
-  weights are all-gathered, every device runs only its experts on the assignments routed to
-  them, and a reduce-scatter sums each token's P outputs back onto the device that owns the
-  token. This is dropless and needs no capacity. Its traffic, about (ep-1)/ep of the group's
-  tokens each way, is at most an all-to-all's P·(ep-1)/ep when ep <= P. Expert weights split
-  over 'tensor' by the 'mlp' rule add a psum. Without a mesh, or when nothing is split, this is
-  `experts` itself.
+
+def _split(n_tokens: int, context=None) -> _Split | None:
+  """Returns how `context`, a (mesh, rules) pair by default the enclosing `axis_rules`', splits
+  the layer, None where nothing is split.
+
+  Tokens that do not divide over the batch axes, a short last batch of generation say, stay
+  whole where the experts do too: XLA then runs every token on every device.
   """
-  context = logical.current()
-  args = (x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
+  context = context or logical.current()
   if context is None:
-    return experts(*args)
+    return None
   mesh, rules = context
   batch_pspec = logical.logical_to_pspec(("batch", None), rules)
   weight_pspec = logical.logical_to_pspec(("expert", None, "mlp"), rules)
   split = lambda entry: tuple(a for a in logical.mesh_axes(entry) if mesh.shape[a] > 1)
-  ep_axes, tp_axes = split(weight_pspec[0]), split(weight_pspec[2])
+  batch_axes, ep_axes, tp_axes = (split(e) for e in (batch_pspec[0], weight_pspec[0],
+                                                     weight_pspec[2]))
+  if not ep_axes and not tp_axes and n_tokens % math.prod(mesh.shape[a] for a in batch_axes):
+    batch_axes = ()
+  if not (batch_axes or ep_axes or tp_axes):
+    return None
+  gathered = tuple(a for a in ep_axes if a in batch_axes)
+  return _Split(batch_pspec, batch_axes, ep_axes, tp_axes, gathered,
+                tuple(a for a in ep_axes if a not in gathered))
+
+
+def group_devices(mesh, rules) -> int:
+  """Returns how many devices' tokens each device lays out under `mesh` and `rules`: the
+  expert shards its tokens are gathered over, 1 where the experts are not split."""
+  split = _split(0, (mesh, rules))
+  return math.prod(mesh.shape[a] for a in split.gathered) if split else 1
+
+
+def token_groups(ids_NxP):
+  """Returns the top-k ids [G, N/G, P] of the G groups of tokens that `experts_sharded` lays
+  out apart: each device's own tokens, those of its expert-parallel group where the tokens are
+  gathered over expert axes, or all N in one group outside a mesh."""
+  split = _split(ids_NxP.shape[0])
+  if split is None or not split.batch_axes:
+    return ids_NxP[None]
+  mesh, _ = logical.current()
+  axes = logical.mesh_axes(split.batch[0])   # the rows' blocks, major axis first
+  own = [i for i, a in enumerate(axes) if a not in split.gathered]
+  ids = ids_NxP.reshape(*(mesh.shape[a] for a in axes), -1, ids_NxP.shape[1])
+  ids = ids.transpose(own + [i for i in range(len(axes)) if i not in own]
+                      + [len(axes), len(axes) + 1])
+  return ids.reshape(math.prod(mesh.shape[axes[i]] for i in own), -1, ids_NxP.shape[1])
+
+
+def capacity_overflow(ids_NxP, n_experts: int, factor: float):
+  """Returns the share of the assignments past their expert's C rows, which `experts_capacity`
+  runs as grouped GEMMs, where each group of `token_groups` lays out its own C."""
+  ids_GxNxP = token_groups(ids_NxP)
+  g, n, k = ids_GxNxP.shape
+  c = moe_dispatch.capacity_rows(n * k, n_experts, factor)
+  keys = ids_GxNxP + n_experts * jnp.arange(g, dtype=ids_GxNxP.dtype)[:, None, None]
+  return moe_dispatch.overflow_share(jnp.bincount(keys.reshape(-1), length=g * n_experts), c)
+
+
+def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """Runs `experts` on each device's own tokens, as a shard_map over the mesh.
+
+  Under `axis_rules` that split the tokens over the 'batch' mesh axes, each device sorts,
+  dispatches, multiplies and combines its own N/shards tokens. Left to XLA's SPMD partitioner,
+  the sort of all N·P assignments would gather every token onto every device, which then
+  computes every token's experts. The expert weights enter whole, gathered over FSDP's D as
+  for any matmul. Inside, the tokens vary over the batch axes and the weights do not, so AD
+  sums the weights' gradients over them.
+
+  With expert parallelism, where the 'expert' rule splits the expert weights' E axis, each
+  device holds E/ep experts and its own token rows. Inside one expert group the tokens, top-k
+  ids and weights are all-gathered, every device runs only its experts on the assignments
+  routed to them, and a reduce-scatter sums each token's P outputs back onto the device that
+  owns the token. This is dropless and needs no capacity. Its traffic, about (ep-1)/ep of the
+  group's tokens each way, is at most an all-to-all's P·(ep-1)/ep when ep <= P. Expert weights
+  split over 'tensor' by the 'mlp' rule add a psum. Without a mesh, or when nothing is split,
+  this is `experts` itself.
+  """
+  args = (x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
+  split = _split(x_NxD.shape[0])
+  if split is None:
+    return experts(*args)
+  mesh, _ = logical.current()
+  ep_axes, tp_axes, gathered, replicated = (split.ep_axes, split.tp_axes, split.gathered,
+                                            split.replicated)
+  batch_pspec = split.batch
   in_pspec = P(ep_axes or None, None, tp_axes or None)          # FSDP's D gathered
   out_pspec = P(ep_axes or None, tp_axes or None, None)
-  if not ep_axes and not tp_axes:
-    return experts(*args)
   ep = math.prod(mesh.shape[a] for a in ep_axes)
   if gate_ExDxF.shape[0] % ep:
     raise ValueError(f"model.n_experts={gate_ExDxF.shape[0]} must divide over the expert "
                      f"mesh axes {ep_axes} (size {ep})")
-  gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_pspec[0]))
-  replicated = tuple(a for a in ep_axes if a not in gathered)   # tokens on every shard
 
   def local(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
     if gathered:
@@ -251,11 +323,13 @@ def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, 
                      # their gradients over the shards
       x_NxD, weights_NxP = (jax.lax.pcast(a, replicated, to="varying")
                             for a in (x_NxD, weights_NxP))
-    e_local = gate_ExDxF.shape[0]
-    ids_NxP = ids_NxP - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxP
-    mine_NxP = (ids_NxP >= 0) & (ids_NxP < e_local)
-    y_NxD = experts(x_NxD, jnp.where(mine_NxP, ids_NxP, e_local),
-                    jnp.where(mine_NxP, weights_NxP, 0), gate_ExDxF, up_ExDxF, down_ExFxD,
+    if ep_axes:      # another shard's expert becomes id e_local, which no local group holds
+      e_local = gate_ExDxF.shape[0]
+      ids_NxP = ids_NxP - jax.lax.axis_index(ep_axes) * e_local
+      mine_NxP = (ids_NxP >= 0) & (ids_NxP < e_local)
+      ids_NxP, weights_NxP = (jnp.where(mine_NxP, ids_NxP, e_local),
+                              jnp.where(mine_NxP, weights_NxP, 0))
+    y_NxD = experts(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
                     expert_shards=ep)
     if gathered:
       y_NxD = jax.lax.psum_scatter(y_NxD, gathered, scatter_dimension=0, tiled=True)

@@ -196,10 +196,9 @@ class SparseMoE(nnx.Module):
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
     weights_NxP, ids_NxP, aux = route(x_NxD, self.router[...], cfg)
-    if cfg.expert_impl == "capacity":   # the whole batch's counts: each expert-parallel group
-      c = moe_dispatch.capacity_rows(ids_NxP.size, cfg.n_experts,   # lays out its own
-                                     cfg.expert_capacity_factor)
-      aux["overflow"] = moe_dispatch.overflow_share(aux["expert_frac"] * ids_NxP.shape[0], c)
+    if cfg.expert_impl == "capacity":
+      aux["overflow"] = experts.capacity_overflow(ids_NxP, cfg.n_experts,
+                                                  cfg.expert_capacity_factor)
     run_experts = experts.expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up,
                         cfg.expert_capacity_factor)
     out_NxD = experts.experts_sharded(run_experts, x_NxD, ids_NxP,
@@ -277,8 +276,8 @@ class Qwen3MoE(llama.Llama):
     `moe/expert_load` [E] is each expert's share of the top-k assignments averaged over layers.
     `moe/max_load` is E times its maximum, 1 when balanced. Under expert_impl=capacity,
     `moe/overflow` is the share of the assignments past their expert's C rows, which run as
-    grouped GEMMs, over the step's whole batch: exact without expert parallelism, under which
-    each group of expert shards lays out its own tokens.
+    grouped GEMMs, over the step's whole batch, where each device lays out its own tokens
+    (`experts.capacity_overflow`).
     """
     if not aux:
       return jnp.zeros((), jnp.float32), {}
