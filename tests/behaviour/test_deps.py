@@ -107,13 +107,15 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
 
 
 def test_every_extra_but_the_gpus_is_in_every():
-  """[every], what CI's third run installs, names each extra but [gpu] and [test]."""
+  """[every], what CI's third run installs, names each extra but [gpu], [gpu-kernels] and [test]."""
   tomllib = pytest.importorskip("tomllib")
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     extras = tomllib.load(f)["project"]["optional-dependencies"]
-  (every,) = map(Requirement, extras["every"])
+  every, *pins = map(Requirement, extras["every"])
   assert every.name == "tst-jax" and not every.specifier
-  assert every.extras == set(extras) - {"every", "gpu", "test"}
+  assert every.extras == set(extras) - {"every", "gpu", "gpu-kernels", "test"}
+  nested = {str(r) for name in every.extras for r in map(Requirement, extras[name])}
+  assert pins and {str(p) for p in pins} <= nested, "a pin of [every] is a nested extra's own"
 
 
 def _readme_command(number: int) -> str:
