@@ -391,6 +391,7 @@ def test_kernels_tokamax_cannot_run_are_left_out_and_said_in_one_line(fake_packa
   monkeypatch.setattr(gemm_measured, "FILE", str(tmp_path / "none.json"))
   monkeypatch.setenv(tokamax_tuning.ENV, "off")
   _install_tokamax(monkeypatch, tmp_path / "a", ["xla", "mosaic_gpu"])
+  monkeypatch.setitem(sys.modules, "triton", None)   # absent, also where torch brought it
   assert "triton not used: triton does not import (ModuleNotFoundError" in \
       platform.grouped_matmul_backend("gpu", H100)[2]
   broken = "raise ImportError(\"cannot import name 'triton_call' from 'jaxlib'\")\n"
