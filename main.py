@@ -6,8 +6,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tst_jax import errors
-from tst_jax import cli
+from tst_jax import cli, configlib, errors
 from tst_jax.config import spec as spec_lib
 from tst_jax.train import fit
 
@@ -28,11 +27,18 @@ def parse_flags(argv):
     sys.exit(0)
   try:
     argv = flags.FLAGS(argv)
-    path = flags.FLAGS["config"].config_filename.partition(":")[0]
-    if not os.path.isfile(path):
-      raise errors.ConfigError("--config", f"no such file: {path}")
+    path_arg = flags.FLAGS["config"].config_filename
+    if not os.path.isfile(configlib.config_arg(path_arg)[0]):
+      raise errors.ConfigError("--config", f"no such file: {configlib.config_arg(path_arg)[0]}")
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    configlib.refuse_arm_overrides(path_arg, [f"{k}={v}" for k, v in overrides.items()],
+                                   "--config.")
     return argv
   except flags.Error as e:   # a config file that raised: its traceback is in the message
+    user_error = errors.user_error_in(e)
+    if user_error is not None:   # config_flags re-raises it as a TypeError: say it as it is
+      sys.stderr.write(errors.one_line(user_error) + "\n")
+      sys.exit(errors.EXIT_STATUS)
     head, _, trace = str(e).partition("Traceback")
     last = trace.strip().splitlines()[-1] if trace.strip() else ""
     line = f"error: {' '.join((head + last).split())}"
@@ -55,6 +61,7 @@ def main(argv):
   verbosity = flags.FLAGS.verbosity if flags.FLAGS["verbosity"].present else logging.WARNING
   debug = verbosity >= 1
   logging.set_verbosity(verbosity)
+  errors.plain_warnings()
   errors.main(cli.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
               accelerator=_ACCELERATOR.value or "")
 

@@ -2,7 +2,9 @@
 
   python benchmarks/data_store.py --root /tmp/tst_data_bench --sizes_gb 0.5,2 \
       --runs 2:0,0.5:0,0.5:1          # (corpus GB : workers, 0 = all cores); deletes --root
-A run of 1 worker is one core (RAYON_NUM_THREADS=1, as each worker of a larger pool).
+A run of 1 worker is one core (RAYON_NUM_THREADS=1, as each worker of a larger pool). A run
+`GB:workers:ray` runs prepare --runner=ray (a Ray cluster it starts on this machine, whose
+start is in its time); `local` is the default.
 
 Generates JSONL.zst shards (64 MB of text each) of the Python stdlib repeated with a per-copy
 header (so every document differs); a smaller size is the first shards of the largest; trains one BPE (--vocab_size) on a sample, then for each
@@ -108,9 +110,9 @@ class PeakRss:
     self._thread.join()
 
 
-def run_prepare(source, tokenizer, out, workers) -> dict:
+def run_prepare(source, tokenizer, out, workers, runner="local") -> dict:
   cmd = [sys.executable, "-m", "tst_jax.data.prepare", f"--source={source}",
-         f"--tokenizer={tokenizer}", f"--out={out}", f"--workers={workers}"]
+         f"--tokenizer={tokenizer}", f"--out={out}", f"--workers={workers}", f"--runner={runner}"]
   t0 = time.time()
   env = dict(os.environ)
   if workers == 1:      # one core: no tokenizer threads either (prepare's workers run so)
@@ -127,7 +129,7 @@ def run_prepare(source, tokenizer, out, workers) -> dict:
     manifest = json.load(f)
   text = manifest["sources"]["text_bytes"]
   tokens = sum(manifest["splits"][s]["tokens"] for s in ("train", "val"))
-  return dict(workers=workers, seconds=round(seconds, 1), text_mb=round(text / 1e6, 1),
+  return dict(runner=runner, workers=workers, seconds=round(seconds, 1), text_mb=round(text / 1e6, 1),
               tokens=tokens, mb_per_s=round(text / 1e6 / seconds, 2),
               tokens_per_s=round(tokens / seconds), peak_rss_mb=round(rss.peak_sum / 1e6),
               peak_rss_one_process_mb=round(rss.peak_one / 1e6),
@@ -222,7 +224,8 @@ def main():
   p = argparse.ArgumentParser()
   p.add_argument("--root", default="/tmp/tst_data_bench")
   p.add_argument("--sizes_gb", default="0.5,2")
-  p.add_argument("--runs", default="2:0,0.5:0,0.5:1", help="GB:workers (0: all cores)")
+  p.add_argument("--runs", default="2:0,0.5:0,0.5:1",
+                 help="GB:workers[:runner] (0: all cores; runner local or ray)")
   p.add_argument("--vocab_size", type=int, default=32768)
   p.add_argument("--synthetic_gb", default="0.5,4", help="random-token stores for startup")
   p.add_argument("--reader_batches", type=int, default=2000)
@@ -255,12 +258,13 @@ def main():
                                seconds=round(time.time() - t0, 1))
     stores = {}
     for run in args.runs.split(","):
-      gb, workers = run.split(":")
+      gb, workers, runner = (run.split(":") + ["local"])[:3]
       workers = int(workers) or os.cpu_count()
-      out = os.path.join(args.root, f"store-{gb}-{workers}")
+      # numbered: a run repeated for its spread writes a store of its own
+      out = os.path.join(args.root, f"store-{len(result['prepare'])}-{gb}-{workers}-{runner}")
       source = f"jsonl:{args.root}/corpus-{float(gb)}/*.jsonl.zst"
       load = os.getloadavg()[0]
-      r = dict(corpus_gb=float(gb), **run_prepare(source, tok_path, out, workers),
+      r = dict(corpus_gb=float(gb), **run_prepare(source, tok_path, out, workers, runner),
                load_avg_1min_before_after=[round(load, 1), round(os.getloadavg()[0], 1)])
       result["prepare"].append(r)
       print(json.dumps(r), file=sys.stderr, flush=True)

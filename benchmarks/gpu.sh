@@ -5,14 +5,21 @@
 #                                                 # SECTIONS: quick, all, or a comma list of
 #                                                 # those below
 #
-# moe_lab  the MoE lab in one call of at most LAB_S seconds (default 195) after the wheels'
+# moe_lab  the MoE lab in one call of at most LAB_S seconds (default 235) after the wheels'
 #          install: benchmarks/moe_lab.py times every piece of one MoE layer alone at the
 #          recipe's shapes (LAB_SHAPES=recipe,b10 adds the 10B-A1B's: a shape's compiles take
-#          about 90 s), each dispatch, combine and expert-GEMM
-#          alternative side by side (its rows in gpu.jsonl, its table in lab.md); then the
-#          recipe's train step as the whole layer it measured fastest (moe_lab.py --winner:
-#          expert_impl, dispatch_impl, expert_fuse_gate_up), beside quick's rows at auto.
+#          about 90 s), each dispatch, combine and expert-GEMM alternative side by side, and
+#          each product of the grouped GEMM on Mosaic and on Triton (its rows in gpu.jsonl,
+#          its table in lab.md); then the recipe's train step as the whole layer it measured
+#          fastest (moe_lab.py --winner: expert_impl, dispatch_impl), once with gate and up
+#          fused and once split: what decides expert_fuse_gate_up=auto (platform.py). Last,
+#          gemm_measured.json: the package's table with this call's kernel times per product
+#          (moe_lab.py --record), to copy into tst_jax/kernels/ once read.
 #          TINY=1: the tiny shape, a CPU dry run
+# search   the lab's bounded tuning search of the grouped GEMM (moe_lab.py --search): each of
+#          the recipe's nine calls (forward, dX, dW of gate/up, down and gate+up fused) on the
+#          kernel a run gives it, at most 36 configs around its pinned one in at most 60 s,
+#          the call at most SEARCH_S seconds (default 540); gemm_measured.json as moe_lab's
 # peer     the peers, apart from quick: Levanter's Grug MoE layer at the lab's shapes
 #          (benchmarks/peer_grug.py, where ./.whl_peer holds its wheels: peer_wheels.sh), then
 #          Hugging Face's Llama at llama_270m's shape under torch.compile (benchmarks/
@@ -61,13 +68,14 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 log() { grep --line-buffered '^{' | tee -a "$OUT_DIR/gpu.jsonl"; }
 want() { { [ "$SECTIONS" = all ] && [ "$1" != quick ] && [ "$1" != moe_lab ] \
-             && [ "$1" != peer ]; } \
+             && [ "$1" != peer ] && [ "$1" != search ]; } \
     || [[ ",$SECTIONS," == *",$1,"* ]]; }
 START=$(date +%s)
 SCALE=1
 [ -n "${TINY:-}" ] && SCALE=6   # the CPU compiles the tiny models about as long, on fewer cores
 QUICK_S=${QUICK_S:-$(( 470 * SCALE ))}
-LAB_S=${LAB_S:-$(( 195 * SCALE ))}
+LAB_S=${LAB_S:-$(( 235 * SCALE ))}
+SEARCH_S=${SEARCH_S:-$(( 540 * SCALE ))}
 END=$(( START + QUICK_S ))   # the running section's end: each section sets its own
 # bounded NAME BOUND_S CMD...: CMD under `timeout`, at most BOUND_S and never past END;
 # its JSON lines go to gpu.jsonl tagged {"row": NAME}, its whole output to quick_log.txt, and
@@ -126,8 +134,11 @@ EOF
 
 # The train-step runs of moe_lab and quick, at their shapes (TINY=1: tiny ones on the CPU).
 QSTEP=(python3 benchmarks/step.py --steps 6 --warmup 1)
-SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8)
-SHAPE_270=(--config.data.batch_size=16) SHAPE_600=(--config.data.batch_size=16)
+# One micro-batch each: the paper configs split a 64-GPU batch in 2 (their fit checks), a GPU
+# here steps on the rows it is given.
+SHAPE_B10=(--config.model.n_layers=4 --config.data.batch_size=8 --config.optimizer.grad_accum=1)
+SHAPE_270=(--config.data.batch_size=16)
+SHAPE_600=(--config.data.batch_size=16 --config.optimizer.grad_accum=1)
 SHAPE_RECIPE=() GEMM=()
 LAB=(python3 benchmarks/moe_lab.py --budget_s 105 --shapes "${LAB_SHAPES:-recipe}")
 if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, on the CPU
@@ -142,17 +153,36 @@ if [ -n "${TINY:-}" ]; then   # every model 2 layers of D 32, 2 x 32 positions, 
   LAB=(python3 benchmarks/moe_lab.py --tiny --repeats 2)
 fi
 
+# The package's table of grouped GEMM measurements with this call's in it, in OUT_DIR.
+record() {
+  [ -f tst_jax/kernels/gemm_measured.json ] && [ ! -f "$OUT_DIR/gemm_measured.json" ] \
+      && cp tst_jax/kernels/gemm_measured.json "$OUT_DIR/gemm_measured.json"
+  python3 benchmarks/moe_lab.py --record "$OUT_DIR/gpu.jsonl" \
+      --into "$OUT_DIR/gemm_measured.json" | tee -a "$OUT_DIR/quick_log.txt"
+}
+
 if want moe_lab; then
   # Bounds: the lab's rows stop starting at its --budget_s (105 s, half per shape; compiles
-  # are most of it); the step took 45 s with --profile on an H200 (2026-11-27's profile row).
-  # With the install's they fit the lab's 4 minutes: tests/behaviour/test_gpu_sh.py checks it.
+  # are most of it, 57 s in all on an H200, docs/gpu/2026-11-27-h200-b); a step took 41 s
+  # there. With the install's they fit one call of 5 minutes: tests/behaviour/test_gpu_sh.py.
   END=$(( $(date +%s) + LAB_S ))
-  export TST_JAX_TOKAMAX_TUNING=off   # tokamax's shipped tables, as quick
+  export TST_JAX_TOKAMAX_TUNING=off   # pinned configs and tokamax's tables, as quick
   bounded lab 135 "${LAB[@]}"
   python3 benchmarks/moe_lab.py --table "$OUT_DIR/gpu.jsonl" > "$OUT_DIR/lab.md"
-  read -r -a WINNER <<< "$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" | tail -n 1)"
-  bounded lab_step 60 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
-      "${SHAPE_RECIPE[@]}" --phase ntp "${WINNER[@]}"
+  for fuse in on off; do
+    read -r -a WINNER <<< "$(python3 benchmarks/moe_lab.py --winner "$OUT_DIR/gpu.jsonl" \
+                             --fuse $fuse | tail -n 1)"
+    bounded "lab_step_fuse_$fuse" 50 "${QSTEP[@]}" --config configs/qwen3_moe_gpu_small.py \
+        "${SHAPE_RECIPE[@]}" --phase ntp "${WINNER[@]}"
+  done
+  record
+fi
+
+if want search; then
+  END=$(( $(date +%s) + SEARCH_S ))
+  bounded search "$SEARCH_S" python3 benchmarks/moe_lab.py --search --shapes recipe \
+      ${TINY:+--tiny}
+  record
 fi
 
 if want peer; then
@@ -212,15 +242,15 @@ if want dense; then
   step "${M270[@]}" --phase ntp --config.model.remat=none
   step "${M270[@]}" --phase ntp --config.model.remat=full
   step "${M270[@]}" --phase both --config.model.matmul_precision=fp8   # qwix: '.[gpu]'
-  step --config configs/llama_600m.py --config.data.batch_size=16 --phase ntp
-  step --config configs/llama_600m.py --config.data.batch_size=16 --phase ntp \
-      --config.model.remat=full
+  M600=(--config configs/llama_600m.py --config.data.batch_size=16 --config.optimizer.grad_accum=1)
+  step "${M600[@]}" --phase ntp
+  step "${M600[@]}" --phase ntp --config.model.remat=full
 fi
 
 # MoE: the 10B-A1B layer shapes (4 of its 32 layers, 8 x 2048) and the one-GPU recipe.
 # (expert_impl=ragged, XLA's ragged_dot, ran out of memory there on 2026-11-25: not rerun.)
 B10=(--config configs/qwen3_moe_10b_a1b.py --config.model.n_layers=4 --config.data.batch_size=8
-     --phase ntp)
+     --config.optimizer.grad_accum=1 --phase ntp)
 RECIPE=(--config configs/qwen3_moe_gpu_small.py)
 if want tune; then   # traces each shape once: tokamax tunes what its tables lack, then keeps it
   LIMIT=3000 step "${B10[@]}" --config.model.expert_impl=gmm --steps 1

@@ -54,7 +54,8 @@ START_S = 40
 PLAN_S = 15             # the `ladder` step's own seconds, before the ladder trains
 # The lab's source, and the floor of what it imports that makes the MoE path.
 MOE_ROOTS = ("benchmarks/moe_lab.py",)
-MOE_FLOOR = ("benchmarks/", "tst_jax/kernels/", "tst_jax/models/moe.py", "tst_jax/parallel/",
+MOE_FLOOR = ("benchmarks/", "tst_jax/kernels/", "tst_jax/models/moe.py",
+             "tst_jax/models/experts.py", "tst_jax/parallel/",
              "tst_jax/platform.py")
 CODE_GLOBS = ("tst_jax/**/*.py", "configs/*.py", "benchmarks/*.py", "benchmarks/*.sh")
 # The CPU dry run's ladder (TINY=1): one rung of the tiny test config. Its rate is no

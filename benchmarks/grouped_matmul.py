@@ -29,7 +29,8 @@ from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning
 
 def backend_of(name: str) -> tuple[str, gm.Kernels]:
   """'xla'; 'tokamax' (the kernels platform.py picks for this GPU, what a run gets); or
-  'tokamax:<forward>/<dX>/<dW>', one tokamax kernel name each (e.g. mosaic/mosaic/triton)."""
+  'tokamax:<forward>/<dX>/<dW>', one tokamax kernel name each (e.g. mosaic/mosaic/triton),
+  each with the config platform.py pins for it on this GPU, where it pins one."""
   if name == "tokamax":
     backend, kernels, _ = platform.grouped_matmul_backend("gpu")
     return backend, kernels
@@ -37,7 +38,8 @@ def backend_of(name: str) -> tuple[str, gm.Kernels]:
     names = name.split(":", 1)[1].split("/")
     if len(names) != 3:
       raise SystemExit(f"--backends: {name!r}: give tokamax:<forward>/<dX>/<dW>")
-    return "tokamax", gm.Kernels(*((n,) for n in names))
+    pinned = platform.grouped_matmul_backend("gpu")[1].pinned
+    return "tokamax", gm.Kernels(*((n,) for n in names), pinned=pinned)
   return name, gm.Kernels()
 
 

@@ -4,6 +4,9 @@ GPU call decides what `auto` should be. JSON lines, then a table last.
   python benchmarks/moe_lab.py                       # GPU: the recipe's and 10B-A1B's shapes
   python benchmarks/moe_lab.py --tiny                # tiny shapes, any platform (CPU dry run)
   python benchmarks/moe_lab.py --winner gpu.jsonl    # the config of the layer it measured fastest
+  python benchmarks/moe_lab.py --search              # GPU: the bounded tuning search of the
+                                                     # grouped GEMM (benchmarks/gemm_search.py)
+  python benchmarks/moe_lab.py --record gpu.jsonl --into tst_jax/kernels/gemm_measured.json
 
 Shapes (one MoE layer, N = B·L tokens): `recipe` is configs/qwen3_moe_gpu_small.py (N 32768,
 D 768, E 64, P 8, F 384); `b10` is the 10B-A1B (N 16384, D 1024, E 128, P 8, F 768). Pieces,
@@ -13,19 +16,24 @@ each forward and forward+backward, timed by the median of `--repeats` calls afte
   dispatch  token rows into expert order, each of moe_dispatch.IMPLS
   combine   each token's P rows back, weighted, each of moe_dispatch.IMPLS
   experts   the SwiGLU's three grouped GEMMs on rows sorted by expert: tokamax as a run gets it
-            (shipped tables) and with Triton's kernel for dW or for all three products, XLA's
-            ragged_dot_general and jax.lax.ragged_dot (not on a GPU: E times the work there),
-            JAX's Pallas-Triton lowering of ragged_dot, the blocked batched matmul, and a
-            batched matmul over equal groups (not dropless: the ceiling a grouped GEMM can
-            reach)
+            (platform.py's kernels and configs) and with Triton's kernel for dW or for all three
+            products, XLA's ragged_dot_general and jax.lax.ragged_dot (not on a GPU: E times
+            the work there), JAX's Pallas-Triton lowering of ragged_dot, the blocked batched
+            matmul, capacity (each expert's first C rows as batched matmuls, the rest grouped;
+            its row says the share past C), and a batched matmul over equal groups (not
+            dropless: the ceiling a grouped GEMM can reach)
+  pass      each product alone (forward, dX, dW of the three GEMMs) on each tokamax kernel,
+            Mosaic and Triton, with the config a run gives it: what platform.py picks each
+            product's kernel from, once `--record` writes it into the package
   layer     route, sort, dispatch, experts, combine: the whole layer as a run gets it
             (`auto` expert_impl and dispatch_impl), then gmm with gate and up fused into one
-            grouped GEMM, with the rows past the groups left undefined, and with both
+            grouped GEMM, and capacity
 A piece alone misses what XLA does around it in a step: the fusions it joins and the layouts
 its neighbours ask for. `gpu.sh moe_lab` therefore also runs the recipe's train step with the
 fastest dispatch, beside quick's step at `auto`.
 Dispatch, combine, router and sort run both ways, the heavy experts and layer forward+backward
-only. Each shape gets its share of --budget_s; a row past it is skipped, said so. Each row
+only, a product forward only. The cotangents of forward+backward are drawn once, outside the
+timed function. Each shape gets its share of --budget_s; a row past it is skipped, said so. Each row
 carries its FLOPs, the fewest bytes it must move (each input read once, each output
 written once), the time those take at the device's bf16 peak and datasheet bandwidth
 (platform.py), the share of that floor the measured time reaches, and its compile time. A
@@ -44,10 +52,11 @@ import time
 import jax
 import jax.numpy as jnp
 
+import gemm_search                    # benchmarks/gemm_search.py: the bounded tuning search
 import grouped_matmul as gemm_bench   # benchmarks/grouped_matmul.py: tokamax's kernels by name
 from tst_jax import platform
 from tst_jax.kernels import grouped_matmul as gm, moe_dispatch
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts, moe
 
 SHAPES = {   # tokens N, D, E, P, F
     "recipe": (64 * 512, 768, 64, 8, 384),
@@ -56,12 +65,13 @@ SHAPES = {   # tokens N, D, E, P, F
     "tiny": (64, 32, 4, 2, 16),
 }
 EXPERT_IMPLS = ("tokamax", "tokamax:mosaic/mosaic/triton", "tokamax:triton/triton/triton",
-                "xla", "ragged_dot", "ragged_dot_triton", "blocked", "bmm_equal")
+                "xla", "ragged_dot", "ragged_dot_triton", "blocked", "capacity", "bmm_equal")
 # What the GPU call times. XLA's ragged_dot_general and jax.lax.ragged_dot do E times the work
 # there (0.5-0.7% of peak) and cost a GPU call 20 s each, blocked measured slower than tokamax
 # and jax 0.11.2 has no Pallas-Triton ragged_dot (docs/performance.md): left out.
 GPU_EXPERT_IMPLS = ("tokamax", "tokamax:mosaic/mosaic/triton", "tokamax:triton/triton/triton",
-                    "bmm_equal")
+                    "capacity", "bmm_equal")
+PASS_KERNELS = ("mosaic", "triton")   # each product timed on each
 # Pieces timed forward+backward only: their compiles are long and a step runs them both ways.
 BOTH_WAYS_ONLY = ("experts", "layer")
 
@@ -116,15 +126,19 @@ def timed(fn, args, repeats: int) -> tuple[float, float]:
   return compile_s, statistics.median(times)
 
 
-def with_grad(fn, argnums):
-  """Returns fn's forward and backward: the gradient of <fn(...), a fixed random cotangent>."""
-  def both(*args):
-    out, vjp = jax.vjp(lambda *a: fn(*a), *args)
-    ct = jax.tree.map(lambda o: (jax.random.normal(jax.random.key(1), o.shape, jnp.float32)
-                                 / 64).astype(o.dtype), out)
-    grads = vjp(ct)
+def with_grad(fn, argnums, args):
+  """Returns fn's forward and backward, the gradient of <fn(...), a random cotangent>, and its
+  arguments: `args` and the cotangent, drawn here once so that no timed call draws it."""
+  out = jax.eval_shape(fn, *args)
+  leaves, tree = jax.tree.flatten(out)
+  keys = jax.random.split(jax.random.key(1), len(leaves))
+  ct = tree.unflatten([(jax.random.normal(key, o.shape, jnp.float32) / 64).astype(o.dtype)
+                       for key, o in zip(keys, leaves)])
+  def both(*args_and_ct):
+    *args, ct = args_and_ct
+    grads = jax.vjp(fn, *args)[1](ct)
     return tuple(grads[i] for i in argnums)
-  return both
+  return both, tuple(args) + (ct,)
 
 
 def sorted_rows(case: Case, row_tile: int):
@@ -143,21 +157,52 @@ def expert_ffn(case: Case, impl: str):
     block = moe_dispatch.block_rows(case.a, case.e)
     routing, block_expert = moe_dispatch.blocked(case.ids_NxP, case.e, block)
     x_RxD = moe_dispatch.dispatch(case.x_NxD, routing, case.k)
-    return (lambda x, *w: moe._swiglu(moe.blocked_matmul(block_expert, block), x, *w)), x_RxD, None
+    return (lambda x, *w: moe_experts.swiglu(moe_experts.blocked_matmul(block_expert, block), x, *w)), x_RxD, None
+  if impl == "capacity":
+    backend, kernels = gemm_bench.backend_of("tokamax" if gm.tokamax_version() and
+                                             jax.default_backend() == "gpu" else "xla")
+    c = moe_dispatch.capacity_rows(case.a, case.e, case.cfg.expert_capacity_factor)
+    routing = moe_dispatch.capacity(case.ids_NxP, case.e, c, gm.row_tile(backend))
+    x_RxD = moe_dispatch.dispatch(case.x_NxD, routing, case.k)
+    matmul = moe_experts.capacity_matmul(case.e, c, lambda a, w, sizes: gm.grouped_matmul(
+        a, w, sizes, backend, kernels))
+    return (lambda x, *w: moe_experts.swiglu(lambda a, ww: matmul(a, ww, routing.sizes_E), x, *w)), \
+        x_RxD, None
   if impl == "bmm_equal":   # A / E rows per expert: the grouped GEMM's balanced ceiling
     per = case.a // case.e
     x_RxD = case.x_NxD[jnp.arange(per * case.e) % case.n]
     matmul = lambda a, w: jnp.einsum("egi,eio->ego", a.reshape(case.e, per, -1), w).reshape(
         a.shape[0], -1)
-    return (lambda x, *w: moe._swiglu(matmul, x, *w)), x_RxD, None
+    return (lambda x, *w: moe_experts.swiglu(matmul, x, *w)), x_RxD, None
   backend, kernels = gemm_bench.backend_of("xla" if impl.startswith("ragged") else impl)
   routing, x_RxD = sorted_rows(case, gm.row_tile(backend))
   sizes = routing.sizes_E
   if impl.startswith("ragged_dot"):
     matmul = lambda a, w: jax.lax.ragged_dot(a, w, sizes)
-  else:
-    matmul = lambda a, w: gm.grouped_matmul(a, w, sizes, backend, kernels)
-  return (lambda x, *w: moe._swiglu(matmul, x, *w)), x_RxD, None
+  else:   # the run's layout: rows past the groups only where A is not whole tiles
+    matmul = lambda a, w: gm.grouped_matmul(a, w, sizes, backend, kernels,
+                                            tail=x_RxD.shape[0] != case.a)
+  return (lambda x, *w: moe_experts.swiglu(matmul, x, *w)), x_RxD, None
+
+
+def pass_fn(case: Case, product: str, kernel: str):
+  """Returns (f(x, dy_f, dy_d, gate, up, down), reason it cannot run or None): `product` of
+  the layer's three grouped GEMMs on tokamax's `kernel` alone, with the config a run gives it;
+  x [R, D], dy_f [R, F] and dy_d [R, D] stand in for the rows and cotangents."""
+  if jax.default_backend() != "gpu" or not gm.tokamax_version():
+    return None, "tokamax needs a GPU and pip install 'tst-jax[gpu]'"
+  backend, kernels = gemm_bench.backend_of("tokamax")
+  kernels = kernels._replace(**{product: (kernel,)})
+  routing, _ = sorted_rows(case, gm.ROW_TILE)
+  sizes = routing.sizes_E
+  run = lambda lhs, rhs, out: gm.product(product, lhs, rhs, sizes, backend, kernels, out)
+  def f(x, dy_f, dy_d, gate, up, down):
+    if product == "forward":   # x·gate, x·up, h·down (dy_f stands in for h)
+      return run(x, gate, None), run(x, up, None), run(dy_f, down, None)
+    if product == "dx":
+      return run(dy_f, gate, x.dtype), run(dy_f, up, x.dtype), run(dy_d, down, x.dtype)
+    return run(x, dy_f, gate.dtype), run(x, dy_f, up.dtype), run(dy_f, dy_d, down.dtype)
+  return f, None
 
 
 def pieces(case: Case, impls: list[str], expert_impls: list[str]):
@@ -180,13 +225,21 @@ def pieces(case: Case, impls: list[str], expert_impls: list[str]):
     yield ("combine", impl, lambda y, w, i=impl: moe_dispatch.combine(y, w, routing, i),
            (y_RxD, case.weights_NxP), (0, 1), 0, r * d * b16 + n * k * 8 + n * d * b16,
            n * d * b16 + r * d * b16 * 2 + n * k * 8, None)
+  weights_bytes = 3 * e * d * f * b16
   for impl in expert_impls:
     ffn, x_RxD, why = expert_ffn(case, impl)
     rows = a if x_RxD is None else x_RxD.shape[0]
-    weights_bytes = 3 * e * d * f * b16
     yield ("experts", impl, ffn, None if x_RxD is None else (x_RxD,) + case.experts,
            (0, 1, 2, 3), 6 * a * d * f, rows * d * b16 * 2 + weights_bytes,
            rows * d * b16 * 2 + weights_bytes * 2, why)
+  keys = jax.random.split(jax.random.key(2), 2)
+  stand_ins = (y_RxD, jax.random.normal(keys[0], (r, f), jnp.bfloat16),
+               jax.random.normal(keys[1], (r, d), jnp.bfloat16))
+  for product in gm.PRODUCTS:
+    for kernel in PASS_KERNELS:
+      fn, why = pass_fn(case, product, kernel)
+      yield ("pass", f"{product}/{kernel}", fn, stand_ins + case.experts, None, 6 * a * d * f,
+             r * (d + f) * b16 + weights_bytes, 0, why)
 
 
 def layer_flops(case: Case) -> int:
@@ -195,17 +248,19 @@ def layer_flops(case: Case) -> int:
   return 6 * case.a * case.d * case.f + 2 * case.n * case.d * case.e
 
 
-# The layer's candidates beside the run's: gmm with gate and up as one grouped GEMM, with the
-# rows past the groups left undefined, and with both (moe.experts_gmm's arguments).
-LAYER_VARIANTS = {"fuse_gate_up": dict(fuse_gate_up=True), "no_zero_tail": dict(zero_tail=False),
-                  "fuse_gate_up+no_zero_tail": dict(fuse_gate_up=True, zero_tail=False)}
+# The layer's candidates beside the run's: (expert_impl, gate and up fused).
+LAYER_VARIANTS = (("gmm", "on"), ("capacity", "off"))
 
 
-def layer(case: Case, dispatch: str, variant: str | None = None):
-  """The whole MoE layer as a run gets it here: route, then the platform's expert_impl=auto
-  with `dispatch`; or gmm with one of LAYER_VARIANTS."""
-  experts = (moe.expert_fn(platform.expert_impl("auto")[0], dispatch) if variant is None else
-             functools.partial(moe.experts_gmm, dispatch=dispatch, **LAYER_VARIANTS[variant]))
+def layer_name(impl: str, dispatch: str, fuse: str) -> str:
+  """A layer row's impl, e.g. gmm/pallas+fuse_gate_up: what --winner turns into a config."""
+  return f"{impl}/{dispatch}" + ("+fuse_gate_up" if fuse == "on" else "")
+
+
+def layer(case: Case, dispatch: str, impl: str, fuse: str):
+  """The whole MoE layer: route, then experts `impl` with `dispatch`, gate and up fused or
+  not, as the config would run it."""
+  experts = moe_experts.expert_fn(impl, dispatch, fuse, case.cfg.expert_capacity_factor)
   def fn(x, router, gate, up, down):
     weights, ids, aux = moe.route(x, router, case.cfg)
     return experts(x, ids, weights, gate, up, down), aux["lb_loss"]
@@ -219,14 +274,14 @@ def measure(case, piece, impl, fn, args, argnums, flops, bytes_fwd, bytes_bwd, w
   if why:
     yield dict(base, skipped=why)
     return
-  modes = [] if piece in BOTH_WAYS_ONLY else [("fwd", fn, flops, bytes_fwd)]
+  modes = [] if piece in BOTH_WAYS_ONLY else [("fwd", fn, args, flops, bytes_fwd)]
   if argnums is not None:
-    modes.append(("fwd_bwd", with_grad(fn, argnums), 3 * flops, bytes_fwd + bytes_bwd))
-  for mode, f, fl, by in modes:
+    modes.append(("fwd_bwd", *with_grad(fn, argnums, args), 3 * flops, bytes_fwd + bytes_bwd))
+  for mode, f, f_args, fl, by in modes:
     if impl == "ragged_dot_triton":
       jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", True)
     try:
-      compile_s, seconds = timed(f, args, repeats)
+      compile_s, seconds = timed(f, f_args, repeats)
     except Exception as e:   # pylint: disable=broad-except  (a row that fails is a finding)
       yield dict(base, mode=mode, failed=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
       continue
@@ -253,8 +308,9 @@ def copy_bandwidth(repeats: int) -> float:
 
 
 def winners(rows: list[dict]) -> dict:
-  """Returns, per shape, the dispatch whose dispatch+combine forward+backward is fastest and
-  the expert implementation whose forward+backward is fastest, from lab rows."""
+  """Returns, per shape, the dispatch whose dispatch+combine forward+backward is fastest, the
+  expert implementation and the whole layer whose forward+backward is fastest, and each
+  product's ms per tokamax kernel, from lab rows."""
   out = {}
   for shape in sorted({r["shape"] for r in rows if r.get("lab") and r["shape"] != "-"}):
     timed_rows = [r for r in rows if r.get("shape") == shape and r.get("mode") == "fwd_bwd"
@@ -267,16 +323,18 @@ def winners(rows: list[dict]) -> dict:
     gemm = {r["impl"]: r["ms"] for r in timed_rows if r["piece"] == "experts"
             and r["impl"] != "bmm_equal"}
     layers = {r["impl"]: r["ms"] for r in timed_rows if r["piece"] == "layer"}
+    _, passes, _ = gemm_search.measured([r for r in rows if r.get("shape") == shape])
     out[shape] = dict(dispatch=min(move, key=move.get) if move else None,
                       dispatch_ms=move, experts=min(gemm, key=gemm.get) if gemm else None,
-                      layer=min(layers, key=layers.get) if layers else None)
+                      layer=min(layers, key=layers.get) if layers else None,
+                      passes=passes.get(shape, {}))
   return out
 
 
-def step_args(found: dict) -> str:
+def step_args(found: dict, fuse: str | None = None) -> str:
   """Returns the config overrides of the first shape's fastest whole layer, for a train step:
-  its expert_impl, dispatch and fused gate and up. zero_tail has no config field: a layer
-  that left it off is stepped with it on. Without layer rows, the fastest dispatch alone."""
+  its expert_impl, dispatch and gate and up fused or not, or as `fuse` says where its
+  expert_impl fuses them. Without layer rows, the fastest dispatch alone."""
   w = next((w for w in found.values() if w["layer"] or w["dispatch"]), None)
   if w is None:
     return "--config.model.dispatch_impl=gather"
@@ -284,8 +342,11 @@ def step_args(found: dict) -> str:
     return f"--config.model.dispatch_impl={w['dispatch']}"
   experts, rest = w["layer"].split("/", 1)
   dispatch, *variant = rest.split("+")
+  fused = "on" if "fuse_gate_up" in variant else "off"
+  if fuse and experts in platform.FUSES_GATE_UP:
+    fused = fuse
   return (f"--config.model.expert_impl={experts} --config.model.dispatch_impl={dispatch} "
-          f"--config.model.expert_fuse_gate_up={'fuse_gate_up' in variant}")
+          f"--config.model.expert_fuse_gate_up={fused}")
 
 
 def table(rows: list[dict]) -> str:
@@ -296,12 +357,14 @@ def table(rows: list[dict]) -> str:
     lines.append(f"| - | copy | device-to-device | {copy['copy_gbytes_per_s']:.0f} GB/s read + "
                  f"written, of {copy['datasheet_gbytes_per_s'] or '?'} on the datasheet | | | | |")
   for r in rows:
-    if r.get("lab") and r["shape"] != "-":
+    if r.get("lab") and r["shape"] != "-" and r["piece"] != "search":
       keyed.setdefault((r["shape"], r["piece"], r["impl"]), {})[r.get("mode", "-")] = r
   for (shape, piece, impl), modes in keyed.items():
     fwd, both = modes.get("fwd", {}), modes.get("fwd_bwd", {})
     note = next((m.get("skipped") or m.get("failed") for m in modes.values()
                  if m.get("skipped") or m.get("failed")), "")
+    if "overflow" in both:
+      note = f"{both['overflow']:.1%} of the assignments past C"
     ms = lambda m: f"{m['ms']:.3f}" if "ms" in m else ""
     share = both.get("of_floor", fwd.get("of_floor"))
     lines.append(f"| {shape} | {piece} | {impl} | {ms(fwd)} | {ms(both)} | "
@@ -309,11 +372,27 @@ def table(rows: list[dict]) -> str:
                  f"{both.get('bound') or fwd.get('bound') or ''} | "
                  f"{both.get('compile_s', fwd.get('compile_s', ''))} |"
                  + (f" {note}" if note else ""))
+  for r in rows:
+    if r.get("piece") == "search":
+      found = (f"{r['ms']:.3f} ms (from {r['start_ms'] or 0:.3f}), {r['candidates']} configs in "
+               f"{r['search_s']} s: {json.dumps(r['config'])}" if "config" in r
+               else r.get("skipped") or r.get("failed"))
+      lines.append(f"- search {r['shape']} {r.get('call', '')} {r['impl']}: {found}")
   for shape, w in winners(rows).items():
+    if not any((w["layer"], w["dispatch"], w["experts"], w["passes"])):
+      continue
+    passes = ", ".join(f"{p} {min(k, key=k.get)}" for p, k in w["passes"].items())
     lines.append(f"- {shape}: fastest whole layer {w['layer']}, dispatch+combine (fwd+bwd) "
-                 f"{w['dispatch']}, fastest "
-                 f"experts {w['experts']}")
+                 f"{w['dispatch']}, fastest experts {w['experts']}"
+                 + (f", fastest kernel per product: {passes}" if passes else ""))
   return "\n".join(lines)
+
+
+def capacity_overflow(case: Case) -> float:
+  """The share of the case's assignments past their expert's C slots under capacity."""
+  counts = jnp.bincount(case.ids_NxP.reshape(-1), length=case.e)
+  c = moe_dispatch.capacity_rows(case.a, case.e, case.cfg.expert_capacity_factor)
+  return float(moe_dispatch.overflow_share(counts, c))
 
 
 def main(argv=None):
@@ -330,16 +409,27 @@ def main(argv=None):
                  "are skipped, said so")
   p.add_argument("--winner", metavar="JSONL", help="print the config overrides of the fastest "
                  "whole layer in a lab's JSON lines (of the first shape) and exit")
+  p.add_argument("--fuse", choices=("on", "off"), help="with --winner: gate and up fused or "
+                 "not, whatever the winner did (where its expert_impl fuses them)")
   p.add_argument("--table", metavar="JSONL", help="print the table of a lab's JSON lines and "
                  "exit")
+  p.add_argument("--search", action="store_true", help="run the bounded tuning search of the "
+                 "grouped GEMM's calls at --shapes instead of the lab's pieces")
+  p.add_argument("--search_s", type=float, default=60.0, help="the search's seconds per call")
+  p.add_argument("--record", metavar="JSONL", help="fold a GPU call's pass and search rows "
+                 "into the table --into and exit")
+  p.add_argument("--into", metavar="JSON", help="with --record: the table to write (default: "
+                 "the package's tst_jax/kernels/gemm_measured.json)")
   args = p.parse_args(argv)
-  if args.winner or args.table:
-    rows = [json.loads(line) for line in open(args.winner or args.table)
+  if args.winner or args.table or args.record:
+    rows = [json.loads(line) for line in open(args.winner or args.table or args.record)
             if line.startswith("{")]
     if args.table:
       print(table(rows))
+    elif args.record:
+      print(gemm_search.record(rows, args.into))
     else:
-      print(step_args(winners(rows)))
+      print(step_args(winners(rows), args.fuse))
     return
   start = time.perf_counter()
   kind = jax.devices()[0].device_kind
@@ -351,6 +441,15 @@ def main(argv=None):
                         jax_version=jax.__version__, tokamax=gm.tokamax_version())), flush=True)
   rows = []
   shapes = ["tiny"] if args.tiny else args.shapes.split(",")
+  if args.search:
+    deadline = start + args.search_s * sum(len(list(gemm_search.calls(*SHAPES[name])))
+                                           for name in shapes)
+    for name in shapes:
+      for row in gemm_search.search_rows(name, SHAPES[name], args.search_s, deadline):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(table(rows), flush=True)
+    return
   impls = args.impls.split(",")
   expert_impls = ([i for i in args.expert_impls.split(",") if i]
                   if args.expert_impls is not None else
@@ -366,15 +465,17 @@ def main(argv=None):
       for row in measure(case, piece, impl, fn, fargs, argnums, flops, bf, bb, why,
                          repeats=args.repeats, peak=peak, bandwidth=bandwidth,
                          copy_bandwidth=copy):
+        if (piece, impl, row.get("mode")) == ("experts", "capacity", "fwd_bwd"):
+          row["overflow"] = capacity_overflow(case)
         rows.append(row)
         print(json.dumps(row), flush=True)
     dispatch = platform.dispatch_impl("auto")[0]   # the layer as a run gets it, then the lab's
-    for variant in [None] + list(LAYER_VARIANTS):  # candidates
+    experts = platform.expert_impl("auto")[0]      # candidates
+    run_fuse = platform.fuse_gate_up("auto", experts)[0]
+    for impl, fuse in [(experts, run_fuse)] + list(LAYER_VARIANTS):
       why = None if time.perf_counter() - start <= deadline else past
-      name = (f"gmm/{dispatch}+{variant}" if variant else
-              f"{platform.expert_impl('auto')[0]}/{dispatch}")
-      for row in measure(case, "layer", name,
-                         layer(case, dispatch, variant),
+      for row in measure(case, "layer", layer_name(impl, dispatch, fuse),
+                         layer(case, dispatch, impl, fuse),
                          (case.x_NxD, case.router_DxE) + case.experts, (0, 1, 2, 3, 4),
                          layer_flops(case), 0, 0, why, repeats=args.repeats, peak=peak,
                          bandwidth=None, copy_bandwidth=None):

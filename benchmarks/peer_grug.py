@@ -15,7 +15,7 @@ scatter-add and runs anywhere. Their GEMMs are haliax's ragged_dot, a Pallas-Tri
 GPUs and XLA's ragged_dot_general elsewhere. FLOPs are the lab's `layer` count.
 
 Before timing, each backend is checked in float32 at the tiny shape against
-tst_jax.models.moe.experts_dense, on the same routing and weights: values and gradients.
+tst_jax.models.moe_experts.experts_dense, on the same routing and weights: values and gradients.
 marin-levanter pins jax below what the GPU image has; the rows run anyway and say so
 (`jax_pin`, `pin_met`). A peer that cannot be imported is one line with `skipped` and the reason.
 """
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 import moe_lab   # benchmarks/moe_lab.py: the shapes, the inputs and the timing of the lab's rows
 from tst_jax import platform
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts, moe
 
 DIST = "marin-levanter"
 
@@ -114,7 +114,7 @@ def check(grug_moe, impl: str) -> dict:
   ct = jax.random.normal(jax.random.key(2), x.shape, jnp.float32)
   peer = lambda x, g, u, d: grug_moe.moe_mlp(x, ids, weights, jnp.concatenate([g, u], -1), d,
                                              implementation=impl)
-  ref = lambda x, g, u, d: moe.experts_dense(x, ids, weights, g, u, d)
+  ref = lambda x, g, u, d: moe_experts.experts_dense(x, ids, weights, g, u, d)
   outs, grads = [], []
   for fn in (peer, ref):
     out, vjp = jax.vjp(jax.jit(fn), x, gate, up, down)

@@ -115,6 +115,7 @@ def bench_phase(config, phase_name, devices=None) -> dict:
       loss_impl=spec.loss.impl, remat=model_cfg.remat,
       expert_impl=getattr(model_cfg, "expert_impl", None),
       dispatch_impl=getattr(model_cfg, "dispatch_impl", None),
+      expert_fuse_gate_up=getattr(model_cfg, "expert_fuse_gate_up", None),
       attention_impl=model_cfg.attention_impl, compile_s=compile_s, step_s=step_s,
       step_s_min=min(times), data_tokens_per_s=phase.data_tokens_per_step / step_s,
       equivalent_tokens_per_s=phase.equivalent_tokens_per_step / step_s,

@@ -3,6 +3,10 @@
 TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 2048),
 AdamW lr 2e-3, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
 Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
+Fit check on that hardware (tests/train/test_fit.py runs it):
+  python main.py --config configs/llama_270m.py --mode plan \
+      --accelerator=b200 --config.mesh.fsdp=8
+says yes: 83.7 GB per B200 of the 135 GB JAX takes, at 128 rows of 2048 per device.
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared

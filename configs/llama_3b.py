@@ -3,6 +3,10 @@
 TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 2048),
 AdamW lr 2e-4, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
 Hardware: 64 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
+Fit check on that hardware (tests/train/test_fit.py runs it):
+  python main.py --config configs/llama_3b.py --mode plan \
+      --accelerator=b200 --config.mesh.fsdp=64
+says yes: 60.7 GB per B200 of the 135 GB JAX takes, at 16 rows of 2048 per device.
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared
@@ -16,7 +20,7 @@ One GPU (docs/performance.md, "Will a run fit?"): the fit check estimates 54.1 G
       --config.optimizer.grad_accum=64 --config.data.source=tokens:/data/tok/dclm-llama3 ...
 keeps the paper's 1024-row batch as 64 micro-batches of 16 (step time and MFU to be measured:
 benchmarks/gpu.sh). Its fit check, --mode plan --accelerator=h100 --config.mesh.fsdp=1, says
-54.07 GB per phase (params 13.35, grads 13.35, Adam 26.70, activations 0.67; CPU, 2026-11-24).
+54.07 GB per phase (params 13.35, grads 13.35, Adam 26.70, activations 0.67).
 
 Expected final loss (paper, DCLM): baseline 2.808 (20k), 2.677 (36k), 2.640 (50k); TST 2.676.
 Table 1 data tokens at 20k steps: TST 75B (phase 1) + 30B = 105B; baseline 42B.

@@ -3,6 +3,13 @@
 TST with S=6 for 30% of the steps (6,000 of 20,000), 2M-token batches (1024 x 2048),
 AdamW lr 2e-3, WSD (2000 warmup, last 10% decay), bf16 compute, FSDP.
 Hardware: 8 B200 GPUs in the paper; any GPU/TPU mesh here (FSDP over all devices).
+Fit check on that hardware (tests/train/test_fit.py runs it):
+  python main.py --config configs/llama_600m.py --mode plan \
+      --accelerator=b200 --config.mesh.fsdp=8
+says yes: 75.1 GB per B200 of the 135 GB JAX takes, with the 128 rows per device in 2
+micro-batches (optimizer.grad_accum=2, as the check advises); in one they need 148.9 GB.
+remat=full would fit them in one (20.0 GB) but reruns every layer's forward, where 2
+micro-batches of a 600M model only gather its 1.1 GB of bf16 weights twice.
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3   # once, shared
@@ -30,6 +37,7 @@ def get_config(arg: str = "20k"):
   c.optimizer.lr = 2e-3              # the appendix's sweep reads 2e-3 or 1e-3: docs/results.md
   c.optimizer.warmup_steps = 2000
   c.optimizer.decay_fraction = 0.1  # the last 10% of the steps
+  c.optimizer.grad_accum = 2        # 2 micro-batches of 64 rows per B200: see the fit check above
   # train
   c.train.steps = 20_000            # T: both phases ('<N>k': N x 1000)
   return defaults.apply_arms(c, arg, "configs/llama_600m.py")

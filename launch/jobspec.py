@@ -1,8 +1,9 @@
-"""Accelerator targets and the platform-neutral job spec of a run (hosts, chips, env, command).
+"""Accelerator targets, the platform-neutral job spec of a run (hosts, chips, env, command),
+and the checks a unit passes before it launches.
 
-Pure functions shared by `launch/xm_launch.py` (which prints these specs with --dry_run) and
-`launch/gke/render.py` (which turns one into a JobSet manifest). Nothing here contacts a
-service.
+Shared by `launch/xm_launch.py` (which prints these specs with --dry_run) and
+`launch/gke/render.py` (which turns one into a JobSet manifest). A unit is checked by the
+trainer's own checks (`check_unit`), the fit check included. Nothing here contacts a service.
 
 TPU slice sizes (https://cloud.google.com/tpu/docs/v5p, "Configurations"): v4 and v5p names
 count TensorCores, 2 per chip, 4 chips per VM host, so v5p-128 = 64 chips = 16 hosts,
@@ -20,6 +21,11 @@ import os
 import re
 import sys
 
+from tst_jax import configlib, errors, fileio
+from tst_jax.config import spec as spec_lib
+from tst_jax.parallel import mesh as mesh_lib
+from tst_jax.train import fit
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTAINER_REPO = "/app"          # where the Dockerfiles put the checkout (WORKDIR)
 GCS_MOUNT_ROOT = "/gcs"          # gs://BUCKET/path is mounted at /gcs/BUCKET/path (gcsfuse)
@@ -34,23 +40,25 @@ class _TpuFamily:
   cores_per_chip: int            # what the number in the type name counts, per chip
   dims: int                      # 3D torus (v4, v5p) or 2D (v5e, v6e)
   single_host_chips: int         # slices up to this many chips are one host
+  chip: str                      # the chip's name in the fit check (train/fit.py's HBM_GB)
 
 
 # type prefix -> family. The number after the dash is TensorCores for v4/v5p, chips otherwise.
 TPU_FAMILIES = {
-    "v4": _TpuFamily("tpu-v4-podslice", 2, 3, 4),
-    "v5p": _TpuFamily("tpu-v5p-slice", 2, 3, 4),
-    "v5litepod": _TpuFamily("tpu-v5-lite-podslice", 1, 2, 8),
-    "v6e": _TpuFamily("tpu-v6e-slice", 1, 2, 8),
+    "v4": _TpuFamily("tpu-v4-podslice", 2, 3, 4, "v4"),
+    "v5p": _TpuFamily("tpu-v5p-slice", 2, 3, 4, "v5p"),
+    "v5litepod": _TpuFamily("tpu-v5-lite-podslice", 1, 2, 8, "v5e"),
+    "v6e": _TpuFamily("tpu-v6e-slice", 1, 2, 8, "v6e"),
 }
 TPU_CHIPS_PER_HOST = 4           # multi-host slices: 4 chips per VM
 
-# --gpu_type -> (GKE node label cloud.google.com/gke-accelerator, GCE machine type), 8 GPUs each.
+# --gpu_type -> (GKE node label cloud.google.com/gke-accelerator, GCE machine type, the GPU's
+# name in the fit check), 8 GPUs each.
 GPU_TYPES = {
-    "h100": ("nvidia-h100-80gb", "a3-highgpu-8g"),
-    "h100-mega": ("nvidia-h100-mega-80gb", "a3-megagpu-8g"),
-    "h200": ("nvidia-h200-141gb", "a3-ultragpu-8g"),
-    "b200": ("nvidia-b200", "a4-highgpu-8g"),
+    "h100": ("nvidia-h100-80gb", "a3-highgpu-8g", "h100"),
+    "h100-mega": ("nvidia-h100-mega-80gb", "a3-megagpu-8g", "h100"),
+    "h200": ("nvidia-h200-141gb", "a3-ultragpu-8g", "h200"),
+    "b200": ("nvidia-b200", "a4-highgpu-8g", "b200"),
 }
 GPUS_PER_HOST = 8
 
@@ -63,6 +71,7 @@ class Target:
   hosts: int
   per_host: int                  # chips (TPU) or GPUs per host
   gke_accelerator: str           # node-selector value
+  chip: str                      # the accelerator's name in the fit check: h100, v5e, ...
   topology: str = ""             # TPU slice topology, e.g. 4x4x4
   machine_type: str = ""         # GPU VM type, e.g. a4-highgpu-8g
 
@@ -103,7 +112,8 @@ def tpu_target(tpu_type: str, topology: str = "") -> Target:
   shape = [int(d) for d in topology.split("x")]
   if len(shape) != family.dims or _product(shape) != chips:
     raise ValueError(f"topology {topology!r} is not a {family.dims}D shape of {chips} chips")
-  return Target("tpu", tpu_type, hosts, per_host, family.gke_accelerator, topology=topology)
+  return Target("tpu", tpu_type, hosts, per_host, family.gke_accelerator, family.chip,
+                topology=topology)
 
 
 def _topology(chips: int, dims: int) -> str:
@@ -130,8 +140,8 @@ def gpu_target(gpu_type: str, num_hosts: int) -> Target:
     raise ValueError(f"--gpu_type {gpu_type!r}: expected one of {sorted(GPU_TYPES)}")
   if num_hosts < 1:
     raise ValueError(f"--num_hosts must be >= 1, got {num_hosts}")
-  label, machine = GPU_TYPES[gpu_type]
-  return Target("gpu", gpu_type, num_hosts, GPUS_PER_HOST, label, machine_type=machine)
+  label, machine, chip = GPU_TYPES[gpu_type]
+  return Target("gpu", gpu_type, num_hosts, GPUS_PER_HOST, label, chip, machine_type=machine)
 
 
 def make_target(platform: str, *, tpu_type: str = "", tpu_topology: str = "",
@@ -164,22 +174,23 @@ def container_config(spec: str) -> str:
   return rel + sep + arg
 
 
-_GS_URL = re.compile(r"gs://([a-z0-9][a-z0-9._-]{1,61}[a-z0-9])(?=/|$)")  # bucket: 3-63 chars
+_GS_URL = re.compile(r"gs://([^/\s'\",;=]+)")   # a bucket of a gs:// URL in a value
 
 
 def to_mounted(value: str) -> tuple[str, list[str]]:
   """Every gs://BUCKET in `value` -> /gcs/BUCKET, and the buckets to mount: the trainer reads
-  and writes with plain file I/O, so buckets are mounted with the GKE gcsfuse driver."""
+  and writes with plain file I/O, so buckets are mounted with the GKE gcsfuse driver. A bucket
+  GCS would refuse the name of is an error here, by the rule the trainer checks it with."""
   buckets = _GS_URL.findall(value)
+  for bucket in buckets:
+    fileio.check_bucket_name(f"gs://{bucket}", value)
   return _GS_URL.sub(lambda m: f"{GCS_MOUNT_ROOT}/{m.group(1)}", value), buckets
 
 
 def container_workdir(workdir: str) -> tuple[str, list[str]]:
   """(the workdir the trainer sees, the buckets to mount): gs://B/run -> /gcs/B/run."""
+  fileio.check_store(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
   path, buckets = to_mounted(workdir.rstrip("/"))
-  if path.startswith("gs://"):
-    raise ValueError(f"--workdir {workdir!r}: not gs://BUCKET/path with a valid bucket name "
-                     "(3-63 of a-z 0-9 . _ -)")
   if not os.path.isabs(path):
     raise ValueError(f"--workdir {workdir!r}: use gs://BUCKET/path or an absolute path "
                      "on a volume every host mounts")
@@ -250,66 +261,80 @@ def job_spec(target: Target, *, config: str, workdir: str, image: str, overrides
 
 def job_specs(target: Target, *, config: str, workdir: str, image: str, overrides=(),
               grid: str = "", name: str | None = None, env: dict | None = None,
-              validate: bool = True, require_data: bool = True) -> list[dict]:
+              validate: bool = True) -> list[dict]:
   """One spec per point of `grid` ('a=1,2;b=x,y', the sweep's syntax), each in its own
   subdirectory of `workdir`; without a grid, one spec in `workdir` itself. `overrides` are
-  'a.b=v' strings applied to every unit; `validate` loads the config and checks them, and
-  with `require_data` that data.source and data.tokenizer are set (else a warning)."""
-  from tst_jax import configlib
-  from tst_jax.config import spec as spec_lib
+  'a.b=v' strings applied to every unit. With `validate` each unit is checked as its run will
+  be (`check_unit`) and its spec holds the fit check's record under "fit"."""
   points = configlib.parse_grid(grid)
   base = name or config_name(config)
+  if validate:
+    fit.emulate_devices(target.devices)   # before JAX starts: the fit check's devices
   specs = []
   for index, point in enumerate(points, start=1):
-    unit_overrides = [*overrides, *point]
-    if validate:
-      loaded = validate_overrides(config, unit_overrides)
-      check_batch(loaded, target)
-      missing = spec_lib.sections_of(loaded)["data"].missing_fields()
-      if missing:
-        message = (f"{config}: config.data.{' and data.'.join(missing)} empty; the run would "
-                   "stop at start. Set e.g. --config.data.source=tokens:/gcs/BUCKET/store (made "
-                   "by python -m tst_jax.data.prepare), or --config.data.source='text:gs://"
-                   "BUCKET/corpus/**/*.txt' --config.data.tokenizer=gs://BUCKET/tokenizer.json")
-        if require_data:
-          raise ValueError(message)
-        print(f"warning: {message}", file=sys.stderr)
     suffix = unit_suffix(point)
-    specs.append(job_spec(
-        target, config=config, image=image, overrides=unit_overrides, env=env,
+    fitted = check_unit(config, overrides, point, target, env or {}) if validate else None
+    spec = job_spec(
+        target, config=config, image=image, overrides=[*overrides, *point], env=env,
         workdir=workdir.rstrip("/") + (f"/{suffix}" if grid.strip() else ""),
-        name=run_name(base, suffix if grid.strip() else ""), work_unit=index))
+        name=run_name(base, suffix if grid.strip() else ""), work_unit=index)
+    specs.append(spec | ({} if fitted is None else dict(fit=fitted.to_json())))
   return specs
 
 
-def validate_overrides(config: str, overrides):
-  """Load the config as main.py would, apply the overrides, and check the plan: a typo
-  fails here, not on 128 chips."""
-  from tst_jax import configlib
-  from tst_jax.config import spec as spec_lib
+def check_unit(config: str, overrides, point, target: Target, env: dict) -> fit.Fit:
+  """Checks a unit before it launches, as its run checks itself on start: the config loaded as
+  main.py loads it, no override of a field an arm sets, every field, the data the run will
+  read (its fields, forms and buckets), the batches over the target's mesh, and whether both
+  phases fit the accelerator's memory (the fit check, its steps lowered on emulated devices).
+  Returns the fit check; a unit that does not fit is a ValueError with the check's advice."""
   path, sep, arg = container_config(config).partition(":")
-  config = configlib.apply_overrides(
-      configlib.load_config(os.path.join(REPO, path) + sep + arg), overrides)
-  spec_lib.check(config)
-  return config
+  path_arg = os.path.join(REPO, path) + sep + arg
+  configlib.refuse_arm_overrides(path_arg, overrides, "--config.")
+  configlib.refuse_arm_overrides(path_arg, point, "--grid")
+  loaded = configlib.apply_overrides(configlib.load_config(path_arg), [*overrides, *point])
+  spec = spec_lib.check(loaded)
+  spec.check_fields()
+  sizes = mesh_lib.mesh_shape(spec.mesh, target.devices)
+  checked = spec_lib.check(configlib.apply_overrides(
+      loaded, [f"mesh.{axis}={size}" for axis, size in sizes.items()]))
+  fitted = fit.check(checked.on_platform(), target.chip,
+                     checked.on_platform(fit.target_platform(target.chip)),
+                     compile_steps=False, environ=env)
+  if not fitted.fits:
+    raise ValueError(f"{config} {' '.join(f'--config.{o}' for o in [*overrides, *point])}"
+                     f": {fit_summary(fitted.to_json())}; the fit check advises: "
+                     f"{'; '.join(fitted.advice)}")
+  return fitted
 
 
-def check_batch(config, target: Target) -> None:
-  """The global batch (per micro-batch) must split over the batch shards: every device not
-  on the `tensor` mesh axis (the batch rule spans data, fsdp and expert)."""
-  tensor = config.mesh.tensor
-  if tensor < 1:
-    return                                  # -1 fills: left to the trainer's own check
-  rows = config.data.batch_size // max(config.optimizer.grad_accum, 1)
-  if target.devices % tensor or rows % (target.devices // tensor):
-    raise ValueError(
-        f"config.data.batch_size={config.data.batch_size} (grad_accum "
-        f"{config.optimizer.grad_accum}) does not split over the {target.devices // tensor} "
-        f"batch shards of {target.devices} devices with mesh.tensor={tensor}: set "
-        "--config.data.batch_size to a multiple")
+def fit_summary(record: dict) -> str:
+  """One line of a fit check's record: 'fit on 64 x b200, 135.0 GB per device: tst 49.3,
+  ntp 49.2 GB (fits, mesh {...}, model.remat=save_dots)'."""
+  phases = ", ".join(f"{p['phase']} {p['estimate'] / fit.GB:.1f}" for p in record["phases"])
+  return (f"fit on {record['devices']} x {record['accelerator']}, "
+          f"{record['budget_bytes'] / fit.GB:.1f} GB per device: {phases} GB "
+          f"({'fits' if record['fits'] else 'does NOT fit'}, mesh {record['mesh']}, "
+          f"model.remat={record['remat']})")
 
 
 # -- command line ----------------------------------------------------------------------------
+def run_main(prog: str, build, show) -> int:
+  """Runs a launcher: `build()` makes the specs, each unit's fit check goes to stderr, then
+  `show(specs)`. A bad target, config, override or a unit that does not fit is one
+  'error: ...' line and exit status 2, before anything is printed or launched."""
+  try:
+    specs = build()
+  except (errors.UserError, ValueError, FileNotFoundError) as e:
+    print(errors.one_line(e) or f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return errors.EXIT_STATUS
+  for spec in specs:
+    if "fit" in spec:
+      print(f"{prog}: {spec['name']}: {fit_summary(spec['fit'])}", file=sys.stderr)
+  show(specs)
+  return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser):
   """The flags both launchers share."""
   parser.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")

@@ -1,20 +1,23 @@
 """Launch a tst-jax run (or a grid of them) on GKE with XManager: build the image, one work unit
 per grid point, each a JobSet of multi-host TPU or GPU pods.
 
-  python launch/xm_launch.py --config configs/qwen3_moe_10b_a1b.py --platform=gpu \\
-      --gpu_type=b200 --num_hosts=8 --workdir gs://BUCKET/moe --dry_run
+  python launch/xm_launch.py --config configs/qwen3_moe_10b_a1b.py --platform=gpu --gpu_type=b200 \\
+      --num_hosts=8 --workdir gs://my-tst-runs/moe_tst --dry_run \\
+      --config.data.mixture='tokens:gs://my-tst-data/tok/fineweb_edu-llama3=0.5,tokens:gs://my-tst-data/tok/dclm-llama3=0.5'
   python launch/xm_launch.py --config configs/llama_600m.py --platform=tpu --tpu_type=v5p-128 \\
-      --workdir gs://BUCKET/sweep --grid "tst.ratio=0.1,0.3;tst.bag_size=4,6" \\
-      --image us-docker.pkg.dev/PROJECT/tst/tst-jax-tpu \\
-      --config.data.source='text:gs://DATA/dclm/**/*.txt' --config.data.tokenizer=gs://DATA/tok.json
+      --workdir gs://my-tst-runs/sweep --image us-docker.pkg.dev/my-project/tst/tst-jax-tpu \\
+      --grid "tst.ratio=0.1,0.3;tst.bag_size=4,6" --service_account tst-ksa \\
+      --config.data.source=tokens:gs://my-tst-data/tok/dclm-llama3
 
 --dry_run prints the job specs as a JSON list (hosts, accelerator per host, image, env, the
-command on every host) and contacts nothing. Otherwise XManager (`pip install -e '.[xm]'`)
-builds launch/Dockerfile.<platform> and pushes it to --image, records the experiment, and each
-work unit creates its JobSet (launch/gke/render.py) through the Kubernetes API of the current
-kubectl context. Why JobSets and not xm_local's executors: its Kubernetes executor makes one
-single-pod Job per xm.Job with `nvidia-tesla-*` node selectors and no TPU slice selectors, and
-its Vertex executor maps only A100/L4 machine shapes and TPU v2/v3.
+command on every host, each unit's fit check) and contacts nothing. Either way each unit is
+checked first as its run will check itself (launch/jobspec.py's check_unit). Otherwise
+XManager (`pip install -e '.[xm]'`) builds launch/Dockerfile.<platform> and pushes it to
+--image, records the experiment, and each work unit creates its JobSet (launch/gke/render.py)
+through the Kubernetes API of the current kubectl context. Why JobSets and not xm_local's
+executors: its Kubernetes executor makes one single-pod Job per xm.Job with `nvidia-tesla-*`
+node selectors and no TPU slice selectors, and its Vertex executor maps only A100/L4 machine
+shapes and TPU v2/v3. docs/launch.md has the whole way from zero.
 """
 
 from __future__ import annotations
@@ -63,8 +66,7 @@ def build_specs(args) -> list[dict]:
   specs = jobspec.job_specs(
       target, config=args.config, workdir=args.workdir,
       image=args.image or f"tst-jax-{target.platform}:latest", overrides=args.overrides,
-      grid=args.grid, name=args.name or None, env=args.env, validate=not args.no_validate,
-      require_data=not args.dry_run)
+      grid=args.grid, name=args.name or None, env=args.env, validate=not args.no_validate)
   for spec in specs:
     spec["dockerfile"] = dockerfile(target.platform)
   return specs
@@ -113,15 +115,9 @@ async def _create_jobset(work_unit, manifest: dict):
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    specs = build_specs(args)
-  except (ValueError, FileNotFoundError) as e:   # bad target, config or override
-    sys.exit(f"xm_launch: {e}")
-  if args.dry_run:
-    print(json.dumps(specs, indent=1))
-    return 0
-  launch(args, specs)
-  return 0
+  show = ((lambda specs: print(json.dumps(specs, indent=1))) if args.dry_run
+          else (lambda specs: launch(args, specs)))
+  return jobspec.run_main("xm_launch", lambda: build_specs(args), show)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "tst_jax_test_compilation_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+# trackio keeps its local runs here, not in the user's cache; it reads this on import.
+os.environ.setdefault("TRACKIO_DIR", os.path.join(tempfile.gettempdir(), "tst_jax_test_trackio"))
 # gcsfs reads this on import: tests/fixtures/buckets.py says why the emulator needs it off.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

@@ -93,7 +93,7 @@ def test_every_config_file_takes_the_arms():
     assert (arms.tst.bag_size, arms.tst.ratio, arms.train.steps) == (8, 0.5, 4000), name
     assert arms.tst.reinit_at_switch, name
     assert configlib.load_config(path + ":4k,600mb").data.max_bytes == 600_000_000, name
-    with pytest.raises(ValueError, match=f"{name}: unknown arg 'bogus'"):
+    with pytest.raises(ValueError, match=f"{name}: unknown arm 'bogus'"):
       configlib.load_config(path + ":bogus")
   moe = os.path.join(ROOT, "configs", "qwen3_moe_10b_a1b.py")
   assert configlib.load_config(moe).train.steps == 49_983

@@ -105,6 +105,24 @@ def test_every_implementation_gives_the_slow_versions_loss(focal):
   assert abs(float(got) - float(losses.mce_loss(logits, targets, weighting="power"))) > 1e-3
 
 
+def test_a_bag_loss_has_a_floor_where_a_next_token_loss_has_0():
+  """MCE on a bag of S distinct tokens is least, its targets' entropy, where the model puts
+  each target's share of the weights on it: log S for uniform weights. The console prints it
+  beside the bag loss (losses.bag_floor); MCE-alt's is 0, and so is a variant's without one."""
+  targets = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+  for weighting in ("uniform", "power"):
+    share = losses.bag_weights(weighting, 4) / losses.bag_weights(weighting, 4).sum()
+    best = jnp.full((1, 11), -1e4).at[0, 1:5].set(jnp.log(share))
+    floor = losses.bag_floor(weighting, "mce", 4)
+    np.testing.assert_allclose(losses.mce_loss(best, targets, weighting=weighting), floor,
+                               rtol=1e-5)
+    assert losses.mce_loss(best.at[0, 1].add(0.5), targets, weighting=weighting) > floor
+  assert losses.bag_floor("uniform", "mce", 4) == pytest.approx(np.log(4))
+  assert losses.bag_floor("uniform", "mce", 1) == 0.0 and losses.bag_floor("uniform", "alt", 4) == 0
+  assert float(losses.mce_loss(jnp.full((1, 11), -1e4).at[0, 1:5].set(0.0), targets,
+                               variant="alt")) == pytest.approx(0.0, abs=1e-6)
+
+
 def test_a_run_trains_with_a_registered_variant(tmp_path, focal):
   """Phase 1 trains on the focal MCE: its held-out bag loss at the switch (step 6) is the slow
   version's on the checkpoint's parameters, over data.eval_batches batches of B held-out

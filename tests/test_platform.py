@@ -3,7 +3,7 @@
 import pytest
 
 from tests.fixtures.tiny import tiny_config
-from tst_jax import platform
+from tst_jax import models, platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul
 from tst_jax.config import spec as spec_lib
@@ -35,6 +35,26 @@ def test_loss_and_experts_auto(where, loss, experts, monkeypatch):
   assert platform.expert_impl("auto", where)[0] == experts
   assert platform.loss_impl("naive", where) == ("naive", "set in the config")
   assert platform.expert_impl("dense", where) == ("dense", "set in the config")
+
+
+def test_a_plan_for_a_named_gpu_resolves_what_the_gpu_extra_runs(monkeypatch):
+  """Planned from this CPU for a GPU, expert_impl=auto is gmm, as a GPU install with the gpu
+  extra (launch/Dockerfile.gpu's) runs it, whatever is installed here, and the reason says so;
+  a GPU this process runs on without tokamax gets blocked; the other choices are unchanged."""
+  monkeypatch.setattr(grouped_matmul, "tokamax_version", lambda: None)   # as on this machine
+  config = tiny_config()
+  config.model = models.preset_config("qwen3_moe", "tiny_moe")
+  model_cfg = spec_lib.check(config).model
+  planned = platform.resolve(model_cfg, "auto", "gpu").choices
+  impl, why = planned["model.expert_impl"]
+  assert impl == "gmm" and "planned for a GPU with the gpu extra" in why
+  assert platform.GPU_EXTRA in why and "launch/Dockerfile.gpu" in why
+  assert platform.expert_impl("auto", "gpu") == platform._NO_TOKAMAX   # a GPU run without it
+  assert platform.expert_impl("capacity", "gpu", planned=True)[1].startswith(
+      "set in the config; planned for a GPU with the gpu extra")
+  assert platform.expert_impl("auto", "tpu", planned=True)[0] == "ragged"
+  assert platform.resolve(model_cfg, "auto").choices["model.expert_impl"][0] == "blocked"
+  assert planned["model.dispatch_impl"][0] == "pallas"
 
 
 def test_resolve_applies_to_a_copy_and_prints_in_the_plan():

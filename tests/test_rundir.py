@@ -14,26 +14,40 @@ from tests.fixtures.paths import ROOT
 from tst_jax import fileio
 from tst_jax.rundir import RunDir
 
-# Every member and the path under the root it names.
-MEMBERS = {
-    "config": "config.json", "plan": "plan.json", "metrics": "metrics.jsonl",
-    "store": "store.json", "summary": "summary.json", "lock": "lock.json",
-    "tracker": "tracker.json", "checkpoints": "checkpoints", "tensorboard": "tensorboard",
-    "parts": ".parts", "loss_plot": "loss.png", "profile": "profile",
-    "profile_table": "profile/step_profile.txt", "profile_json": "profile/step_profile.json",
-    "tokenizer_json": "tokenizer.json", "tokenizer_model": "tokenizer.model",
-    "lm_eval": "lm_eval", "data": "data", "sweep_point": "sweep_point.json",
-    "sweep_log": "sweep_log.txt"}
-METHODS = {("checkpoint", 12): "checkpoints/12", ("lm_eval_step", 8): "lm_eval/step_8.json",
-           ("mixture_data", 1): "mixture/1/data", ("eval_set_data", "code"): "eval_sets/code/data"}
+# The methods' paths, at two arguments each: a path for each argument, as a member is one path.
+CALLS = [("checkpoint", 8), ("checkpoint", 12), ("lm_eval_step", 8), ("lm_eval_step", 12),
+         ("mixture_data", 0), ("mixture_data", 1), ("eval_set_data", "code"),
+         ("eval_set_data", "web")]
 
 
-def _under(rundir: RunDir) -> dict:
-  """Returns each member's path relative to the root, with '/' between its parts."""
-  cut = len(rundir.root) + 1
-  found = {name: getattr(rundir, name)[cut:] for name in MEMBERS}
-  found.update({(name, arg): getattr(rundir, name)(arg)[cut:] for name, arg in METHODS})
-  return {k: v.replace(os.sep, "/") for k, v in found.items()}
+def _members() -> list[str]:
+  """Names every path member of RunDir, read from the class: its properties but `name`."""
+  return [n for n, v in vars(RunDir).items() if isinstance(v, property) and n != "name"]
+
+
+def _layout(rundir: RunDir) -> dict:
+  """Returns {member or (method, arg): its path relative to the root, '/' between parts},
+  once each path is checked to lie under the root."""
+  paths = {n: getattr(rundir, n) for n in _members()}
+  paths.update({(n, arg): getattr(rundir, n)(arg) for n, arg in CALLS})
+  sep = "/" if rundir.remote else os.sep
+  outside = [p for p in paths.values() if not p.startswith(rundir.root + sep)]
+  assert not outside, outside
+  return {k: p[len(rundir.root) + 1:].replace(os.sep, "/") for k, p in paths.items()}
+
+
+def test_every_path_is_its_own_under_the_root_as_its_doc_says(tmp_path):
+  """No two members or calls share a path; each member's doc (help(RunDir)) starts with its
+  path; a method's folder is under the member of its kind, one folder per argument."""
+  layout = _layout(RunDir(tmp_path))
+  assert len(set(layout.values())) == len(layout) > 20
+  for name in _members():
+    assert getattr(RunDir, name).__doc__.startswith(f"{layout[name]}: "), name
+  for method, member in (("checkpoint", "checkpoints"), ("lm_eval_step", "lm_eval")):
+    assert all(layout[(method, arg)].startswith(layout[member] + "/")
+               for m, arg in CALLS if m == method)
+  assert layout[("checkpoint", 12)].rpartition("/")[2] == "12"   # Orbax's step folders
+  assert not any(p.startswith(layout["data"] + "/") for p in layout.values())
 
 
 def test_a_local_root_is_made_absolute_once_with_home_expanded(tmp_path, monkeypatch):
@@ -44,8 +58,7 @@ def test_a_local_root_is_made_absolute_once_with_home_expanded(tmp_path, monkeyp
     rundir = RunDir(given)
     assert rundir.root == str(root) and not rundir.remote and str(rundir) == str(root)
     assert rundir.name == root.name
-    assert _under(rundir) == {**MEMBERS, **METHODS}
-    assert all(getattr(rundir, m).startswith(str(root) + os.sep) for m in MEMBERS)
+    assert _layout(rundir) == _layout(RunDir(tmp_path / "b"))   # one layout, wherever
   assert RunDir("runs/a") == RunDir(str(tmp_path / "runs" / "a"))   # one root, one RunDir
   with pytest.raises(AttributeError):
     RunDir("x").root = "y"       # frozen
@@ -55,9 +68,9 @@ def test_a_local_root_is_made_absolute_once_with_home_expanded(tmp_path, monkeyp
 def test_a_bucket_root_is_kept_as_its_url(bucket):
   rundir = RunDir(f"{bucket}/run")
   assert rundir.root == f"{bucket}/run" and rundir.remote and rundir.name == "run"
-  assert _under(rundir) == {**MEMBERS, **METHODS}
-  assert rundir.metrics == f"{bucket}/run/metrics.jsonl"
-  assert rundir.mixture_data(0) == f"{bucket}/run/mixture/0/data"
+  local = RunDir("/tmp/run")
+  assert _layout(rundir) == _layout(local)     # the local layout, under the URL
+  assert rundir.metrics == f"{bucket}/run/" + local.metrics.removeprefix("/tmp/run/")
   traced = rundir.trace_dir()          # the profiler writes local files only
   assert not fileio.is_url(traced) and os.path.isdir(traced)
   os.rmdir(traced)
@@ -85,8 +98,8 @@ def test_check_writable_says_each_fault_in_one_line(tmp_path):
                   "run's directory to resume it",
       str(afile / "run"): f"--workdir {afile / 'run'} cannot be written: {afile} is a file, "
                           "not a folder",
-      "s3://bucket/run": "--workdir s3://bucket/run: a run's workdir is a local folder or "
-                         "gs://; s3:// is not supported there",
+      "memory://run": "--workdir memory://run: a run's workdir is a local folder, gs:// or "
+                      "s3://; memory:// is not supported there",
       "gs://b1/run": "--workdir gs://b1/run: 'b1' is not a GCS bucket name: 3 to 63 lowercase "
                      "letters, digits, '-' and '_' (or such parts joined by dots), starting and "
                      "ending with a letter or digit"}

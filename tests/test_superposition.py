@@ -1,5 +1,6 @@
-"""fold, bag_targets, superpose and tst_view: against the paper's appendix A PyTorch listings
-run in torch, and hypothesis properties, each with a `slow` twin of many examples."""
+"""fold, bag_targets, superpose, the phase views and the switch: against the paper's appendix A
+PyTorch listings run in torch, written-out cases, and hypothesis properties, each with a `slow`
+twin of many examples."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -59,17 +60,47 @@ def test_bag_targets_causal_shift():
 
 
 def test_ablation_modes():
+  """Two rows, the second the first + 20: every row gets its own inputs and targets."""
   s, length = 2, 6
-  window = jnp.arange(length + 1)[None] + 10
+  window = jnp.arange(length + 1)[None] + jnp.array([[10], [30]])
   inp, tgt = sp.tst_view(window, s, "input_only")
-  np.testing.assert_array_equal(inp[0], [[10, 11], [12, 13], [14, 15]])
-  np.testing.assert_array_equal(tgt[0, :, 0], [12, 14, 16])
+  np.testing.assert_array_equal(inp, [[[10, 11], [12, 13], [14, 15]],
+                                      [[30, 31], [32, 33], [34, 35]]])
+  np.testing.assert_array_equal(tgt, [[[12], [14], [16]], [[32], [34], [36]]])
   inp, tgt = sp.tst_view(window, s, "output_only")
-  np.testing.assert_array_equal(inp[0], [10, 11, 12, 13, 14, 15])
-  np.testing.assert_array_equal(tgt[0], [[11, 12], [12, 13], [13, 14], [14, 15], [15, 16],
-                                         [16, -100]])
+  np.testing.assert_array_equal(inp, [[10, 11, 12, 13, 14, 15], [30, 31, 32, 33, 34, 35]])
+  expect = np.array([[11, 12], [12, 13], [13, 14], [14, 15], [15, 16], [16, -100]])
+  np.testing.assert_array_equal(tgt, [expect, np.where(expect < 0, -100, expect + 20)])
   with pytest.raises(ValueError, match="tst.mode"):
     sp.tst_view(window, s, "both")
+
+
+@pytest.mark.parametrize("mode", sp.PHASE_MODES)
+def test_a_window_of_data_length_plus_one_gives_the_phase_its_l_positions(mode):
+  """data_length is T = S·L for full and input_only (L bags of S tokens) and L for
+  output_only and ntp (single tokens in); the phase's view of a window of T + 1 tokens has
+  those L positions, with a loss target per position."""
+  s, latent = 3, 4
+  expect = {"full": s * latent, "input_only": s * latent}.get(mode, latent)
+  assert sp.data_length(latent, s if mode != "ntp" else 1, mode) == expect
+  window = jnp.arange(expect + 1)[None]
+  inputs, targets = (sp.ntp_view(window) if mode == "ntp" else sp.tst_view(window, s, mode))
+  assert inputs.shape[1] == targets.shape[1] == latent
+  with pytest.raises(ValueError, match="a phase's mode must be one of"):
+    sp.data_length(latent, s, "bags")
+
+
+def test_the_switch_keeps_everything_or_takes_the_io_layers_from_fresh():
+  """Without `fresh` the tree itself (the paper); with it, the leaves under embed and
+  lm_head come from fresh and every other leaf from the tree (the ablation)."""
+  tree = {"embed": {"table": 1}, "layers": {"w": 2, "lm_head_like": 3}, "lm_head": {"w": 4}}
+  fresh = {"embed": {"table": 10}, "layers": {"w": 20, "lm_head_like": 30},
+           "lm_head": {"w": 40}}
+  assert sp.switch_to_next_token(tree) is tree
+  assert sp.switch_to_next_token(tree, fresh) == {
+      "embed": {"table": 10}, "layers": {"w": 2, "lm_head_like": 3}, "lm_head": {"w": 40}}
+  assert sp.switch_to_next_token(tree, fresh, io_params=("layers",)) == {
+      "embed": {"table": 1}, "layers": {"w": 20, "lm_head_like": 30}, "lm_head": {"w": 4}}
 
 
 def test_fold_errors():
@@ -159,6 +190,23 @@ def test_document_view_keeps_each_position_to_its_own_documents_targets():
   np.testing.assert_array_equal(docs, [[0, 0, 0, 1, 1, 1, 1, 2]])
   np.testing.assert_array_equal(targets[0, 1], [EOS, ig])        # token 2: EOS, then doc 1's 3
   np.testing.assert_array_equal(targets[0, 3], [4, 5])
+
+
+@pytest.mark.parametrize("bag_size", [2, 4])
+def test_a_document_loses_s_targets_at_a_bag_boundary_and_more_inside_a_bag(bag_size):
+  """Of the tst targets, a document that starts on a bag boundary loses its first bag, S, as
+  it does in a window of its own; one that starts j tokens into a bag also loses its S - j
+  tokens there: 2S - j (docs/data.md, "Document masks")."""
+  s, latent = bag_size, 6
+  for j in range(s):
+    window = np.full((1, s * latent + 1), 1, np.int32)
+    window[0, 2 * s + j - 1] = EOS                  # the second document starts at 2S + j
+    _, plain = sp.tst_view(jnp.asarray(window), s, "full")
+    _, masked, _ = sp.document_view(jnp.asarray(window), EOS,
+                                    lambda w: sp.tst_view(w, s, "full"))
+    counted = np.asarray(plain) != sp.IGNORE_INDEX
+    lost = int((counted & (np.asarray(masked) == sp.IGNORE_INDEX)).sum())
+    assert lost == (s if j == 0 else 2 * s - j), (s, j, lost)
 
 
 def test_document_positions_restart_at_each_document():

@@ -11,13 +11,13 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from tst_jax.config import defaults
 from tst_jax.errors import ConfigError, UserError
 
 
 def load_config(path_arg: str) -> ml_collections.ConfigDict:
   """Loads 'path/to/config.py[:arg]' as config_flags does: get_config(arg), or get_config()."""
-  path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
-                  else (path_arg, "", ""))
+  path, arg = config_arg(path_arg)
   if not os.path.isfile(path):
     raise ConfigError("--config", f"{path_arg}: file {path!r} does not exist")
   name = "_tst_config_" + os.path.splitext(os.path.basename(path))[0]
@@ -41,6 +41,27 @@ def parse_override(text: str, flag: str = "--set") -> tuple[str, str]:
   if not sep or not key.strip():
     raise ConfigError(flag, f"{text!r}: expected 'dotted.key=value'")
   return key.strip(), value.strip()
+
+
+def config_arg(path_arg: str) -> tuple[str, str]:
+  """Splits 'path/to/config.py[:arg]' into the file and its arg, as `load_config` reads it."""
+  path, _, arg = (path_arg.partition(":") if not os.path.isfile(path_arg)
+                  else (path_arg, "", ""))
+  return path, arg
+
+
+def refuse_arm_overrides(path_arg: str, overrides, flag: str = "--set"):
+  """Refuses an override of a field that an arm of `path_arg`'s arg sets, in one line naming
+  both: `--set train.steps=30` with a '2k' arm would make the arm's length a name only.
+  `flag` is where the overrides came from; '--config.' prints each as main.py's flag."""
+  path, arg = config_arg(path_arg)
+  sets = defaults.arm_fields(arg, path)
+  for text in overrides:
+    key, value = parse_override(text, flag)
+    if key in sets:
+      given = f"--config.{key}" if flag == "--config." else flag
+      raise ConfigError(given, f"{key}={value} and the arm {sets[key]!r} of {path_arg} both set "
+                        f"{key}: keep one of them")
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import errno
+import logging
 import sys
 import traceback
+
+from absl import logging as absl_logging
 
 # OSErrors that mean the machine, not the code: reported as one line like a UserError.
 _ENVIRONMENT = {errno.ENOSPC: "the disk is full: free space",
@@ -73,6 +76,18 @@ def one_line(e: BaseException) -> str | None:
   return "error: " + " ".join(text.split())
 
 
+def user_error_in(e: BaseException | None) -> UserError | None:
+  """Returns the UserError along `e`'s chain of causes, None where there is none: a config
+  file's ConfigError, which config_flags re-raises as a TypeError and absl wraps again."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, UserError):
+      return e
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
+
+
 def main(fn, *args, debug: bool = False, **kwargs):
   """Calls fn(*args, **kwargs), printing a user error as one line on stderr with exit status 2,
   after the traceback when `debug`. Any other exception propagates with its traceback."""
@@ -87,3 +102,27 @@ def main(fn, *args, debug: bool = False, **kwargs):
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
     sys.exit(EXIT_STATUS)
+
+
+class _PlainWarnings(logging.Handler):
+  """Writes a warning as 'warning: <message>' to the stderr of the moment."""
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+
+  def emit(self, record: logging.LogRecord):
+    sys.stderr.write(f"{record.levelname.lower()}: {' '.join(record.getMessage().split())}\n")
+
+
+def _not_plain(record: logging.LogRecord) -> bool:
+  return not (record.name.startswith("tst_jax") and record.levelno >= logging.WARNING)
+
+
+def plain_warnings():
+  """Says the warnings of tst_jax's logger as 'warning: ...' lines on stderr, where absl's
+  handler prints 'W1204 12:00:00.000000 1234 setup.py:72] ...'. A command's entry point
+  calls it; other handlers, a test's included, still get every record."""
+  log = logging.getLogger("tst_jax")
+  if not any(isinstance(h, _PlainWarnings) for h in log.handlers):
+    log.addHandler(_PlainWarnings())
+    absl_logging.get_absl_handler().addFilter(_not_plain)

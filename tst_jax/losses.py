@@ -14,8 +14,8 @@ MCE-alt is -log of the total probability on the distinct tokens of the bag.
 A variant (tst.variant) is one entry of VARIANTS: a function of the per-row logsumexp and
 target logits that every implementation gives, and of how much each target counts, to each
 row's weighted loss and its weight. The batch's loss is the sum of the one over the sum of the
-other, a position's loss their ratio. MCE's weights are the coefficients above, so its sum is
-the paper's reduction.
+other, a position's loss their ratio. In the batch's loss each target counts by its
+coefficient c above, so MCE's is the paper's reduction.
 
 The z-loss, as in PaLM and MaxText, adds z_loss * mean_r logsumexp(z_r)^2 over the rows r with
 a valid target: it keeps the softmax normaliser near 1. Every implementation adds it to the
@@ -131,6 +131,13 @@ def alt_rows(lse_N, target_logits_NxS, targets_NxS, coef_NxS):
           has_N.astype(jnp.float32))
 
 
+def _entropy(weights_S) -> float:
+  """Entropy of the distribution of targets that `weights_S` weigh, over distinct tokens."""
+  p = np.asarray(weights_S, np.float64)
+  p = p[p > 0] / p.sum()
+  return float(-(p * np.log(p)).sum())
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A TST loss variant: `rows(lse_N, target_logits_NxS, targets_NxS, coef_NxS)` gives each
@@ -139,10 +146,11 @@ class Variant:
   rows: Callable
   doc: str                # what it is, in tst.variant's line of --help-config
   weighted: bool = True   # False: it reads only which targets count, not how much
+  floor: Callable | None = None   # weights [S] -> its least loss on S distinct tokens; None: 0
 
 
 # tst.variant: register adds one, which the field then accepts.
-VARIANTS = {"mce": Variant(mce_rows, "the paper's"),
+VARIANTS = {"mce": Variant(mce_rows, "the paper's", floor=_entropy),
             "alt": Variant(alt_rows, "-log of the bag's probability: no per-position weights",
                            weighted=False)}
 VARIANT = schema.registered(VARIANTS)   # tst.variant's rule
@@ -228,9 +236,15 @@ def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
 
 def target_entropy(weighting, bag_size: int) -> float:
   """Entropy of the MCE target distribution over a bag of distinct tokens (log S if uniform)."""
-  p = bag_weights(weighting, bag_size).astype(np.float64)
-  p = p[p > 0] / p.sum()
-  return float(-(p * np.log(p)).sum())
+  return _entropy(bag_weights(weighting, bag_size))
+
+
+def bag_floor(weighting, variant: str, bag_size: int) -> float:
+  """Returns the least loss `variant` reaches on a bag of `bag_size` distinct tokens, where a
+  next-token loss reaches 0: MCE's is its targets' entropy (log S for uniform weights), lower
+  on a bag that repeats a token or has ignored targets. 0 for a variant without one."""
+  floor = _variant(variant).floor
+  return floor(bag_weights(weighting, bag_size)) if floor and bag_size > 1 else 0.0
 
 
 def mce_loss_per_position(logits, targets, *, weighting="uniform", variant="mce",

@@ -10,20 +10,24 @@ functions.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import jax
 
 from tst_jax.errors import ConfigError
-from tst_jax.kernels import grouped_matmul, moe_dispatch, splash_attention, tokamax_tuning
+from tst_jax.kernels import (gemm_measured, grouped_matmul, moe_dispatch, splash_attention,
+                             tokamax_tuning)
 
 # The config fields `auto` resolves on a platform: how a run computes, not what it computes.
 # A workdir resumes, evaluates and loads on another platform with its own choices.
 PLATFORM_FIELDS = ("model.attention_impl", "model.expert_impl", "model.dispatch_impl",
-                   "loss.impl")
+                   "model.expert_fuse_gate_up", "loss.impl")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")
 LOSS_IMPLS = ("auto", "naive", "xla", "pallas")
-EXPERT_IMPLS = ("auto", "ragged", "gmm", "blocked", "dense")
+EXPERT_IMPLS = ("auto", "ragged", "gmm", "capacity", "blocked", "dense")
+FUSE_GATE_UP = ("auto", "on", "off")
+GROUPED_GEMMS = ("gmm", "capacity")   # the expert_impls whose grouped GEMMs run on tokamax
 DISPATCH_IMPLS = ("auto",) + moe_dispatch.IMPLS
 
 # loss.impl=auto: the fastest forward and backward at the paper's shapes. TPU is not measured,
@@ -44,17 +48,64 @@ _DISPATCH = {"gpu": ("pallas", "the Pallas kernels' one pass: qwen3_moe_gpu_smal
                                "10B-A1B shapes 0.120 vs 0.132 s; H200 (docs/performance.md)"),
              "cpu": ("gather", "XLA gathers on CPU; the Pallas kernels only run interpreted"),
              "tpu": ("gather", "XLA gathers on TPU; the Pallas kernels are Triton's")}
-FUSES_GATE_UP = ("gmm", "ragged")   # the expert_impls that take model.expert_fuse_gate_up
+FUSES_GATE_UP = ("gmm", "ragged", "capacity")   # the expert_impls with grouped GEMMs to fuse
+# model.expert_fuse_gate_up=auto: on where a train step measured gate and up fused faster than
+# split, per GPU: (fused s, split s, where measured). A layer alone does not decide it: the
+# MoE lab's fastest dispatch alone made the step slower (docs/performance.md). None measured.
+_FUSED_STEP: dict[str, tuple[float, float, str]] = {}
+GPU_EXTRA = "pip install 'tst-jax[gpu]' -c constraints-gpu.txt"
 _NO_TOKAMAX = ("blocked", "gmm needs tokamax on a GPU (XLA's GPU ragged_dot expands to dense and "
-                          "ran out of memory): pip install 'tst-jax[gpu]' -c constraints-gpu.txt")
-# expert_impl=gmm on a GPU: tokamax's kernel for each product of the grouped GEMM, chosen from
-# tokamax's own H100 autotuning tables. The second kernel is the fallback where the first
-# raises NotImplementedError, as Mosaic does on sm100 for all but the forward.
-_GMM_KERNELS = {"H100": (
-    grouped_matmul.Kernels(forward=("mosaic", "triton"), dx=("mosaic", "triton"),
-                           dw=("triton", "mosaic")),
-    "tokamax's H100 tables: dW on Triton (393-595 TFLOP/s vs Mosaic 108-281), forward and dX "
-    "on Mosaic (ahead at 5 of 7 and 6 of 8 shapes)")}
+                          f"ran out of memory): {GPU_EXTRA}")
+# A plan for a named GPU, made where none runs, resolves what a GPU install with the gpu extra
+# runs, as launch/Dockerfile.gpu installs it, whatever this machine has installed.
+_PLANNED_GPU = (f"planned for a GPU with the gpu extra ({GPU_EXTRA}; "
+                "launch/Dockerfile.gpu installs it): tokamax's grouped GEMMs")
+
+
+def _pins(**configs) -> tuple[tuple[str, str, str], ...]:
+  """`grouped_matmul.Kernels.pinned` from product_kernel=config keywords."""
+  return tuple((key.split("_")[0], key.split("_")[1], json.dumps(config, sort_keys=True))
+               for key, config in configs.items())
+
+
+# expert_impl=gmm on a GPU: tokamax's kernel for each product of the grouped GEMM and its tile
+# config, from tokamax 0.0.17's own autotuning tables (tokamax/data/autotuning/<device>/: the
+# Mosaic kernel's pallas_mosaic_gpu_ragged_dot.json, the Triton kernel's triton_ragged_dot.json)
+# at the entries nearest the 10B-A1B layer's GEMMs: F 768, 128 experts, 131072 rows (D 2048
+# there, 1024 here). The second kernel is the fallback where the first raises
+# NotImplementedError, as Mosaic's dW does on sm100. Fields left out are tokamax's defaults.
+# The lab's measurements on a GPU, where there are some (gemm_measured.json), come first.
+_SM90_PINS = _pins(
+    forward_mosaic=dict(block_m=128, block_n=64, block_k=128, num_stages=4, split_k=1,
+                        persistent=True, grid_minor_dim=1, grid_tile_width=8),
+    forward_triton=dict(block_m=128, block_n=128, block_k=32, split_k=1, num_warps=4,
+                        num_stages=4),
+    dx_mosaic=dict(block_m=128, block_n=64, block_k=128, num_stages=2, split_k=1,
+                   persistent=False, grid_minor_dim=0, grid_tile_width=1),
+    dx_triton=dict(block_m=128, block_n=128, block_k=32, split_k=1, num_warps=4, num_stages=4),
+    dw_triton=dict(block_m=128, block_n=256, block_k=32, split_k=1, num_warps=8, num_stages=5),
+    dw_mosaic=dict(block_m=128, block_n=64, block_k=128, num_stages=2, split_k=1,
+                   persistent=False, grid_minor_dim=0, grid_tile_width=2))
+_SM90_KERNELS = grouped_matmul.Kernels(forward=("mosaic", "triton"), dx=("mosaic", "triton"),
+                                       dw=("triton", "mosaic"), pinned=_SM90_PINS)
+_SM90_WHY = ("dW on Triton (622 TFLOP/s vs Mosaic's 108), forward and dX on Mosaic (428 vs "
+             "384, 296 vs 173); configs pinned from the same entries")
+_GMM_KERNELS = {
+    "H100": (_SM90_KERNELS, "tokamax's H100 tables at F 768, 128 experts: " + _SM90_WHY),
+    "H200": (_SM90_KERNELS, "the H100's entry: tokamax ships no H200 table, and the H200 is "
+                            "sm_90 as the H100, with more memory bandwidth; its tables at F "
+                            "768, 128 experts: " + _SM90_WHY),
+    # tokamax ships Mosaic tables for the B200 and reads them itself, so forward and dX keep
+    # its choice. Its Triton kernel reads none there: dW's config is the B200 entry of
+    # pallas_triton_ragged_dot.json, the table 0.0.17 still ships under the kernel's old name.
+    "B200": (grouped_matmul.Kernels(
+        forward=("mosaic", "triton"), dx=("mosaic", "triton"), dw=("triton", "mosaic"),
+        pinned=_pins(dw_triton=dict(block_m=256, block_n=256, block_k=32, split_k=1,
+                                    num_warps=8, num_stages=5))),
+             "tokamax's B200 tables at F 768, 128 experts: forward and dX on Mosaic (844 vs "
+             "Triton's 282, 1040 vs 129 TFLOP/s) with tokamax's own configs, dW on Triton "
+             "(977; Mosaic has no sm100 dW) with its config pinned"),
+}
 GMM_MIN_TOKAMAX = (0, 0, 17)   # the oldest seen working with jax 0.11.2
 
 # Dense bf16 peak FLOP/s per device, from vendor datasheets: what MFU divides by.
@@ -160,7 +211,7 @@ def grouped_matmul_backend(platform: str | None = None, device_kind: str | None 
   version = grouped_matmul.tokamax_version() if platform == "gpu" else None
   if version is None:
     return "xla", grouped_matmul.Kernels(), (f"jax.lax.ragged_dot on {platform}" + (
-        "; pip install 'tst-jax[gpu]' for tokamax's kernels" if platform == "gpu" else ""))
+        f"; {GPU_EXTRA} for tokamax's kernels" if platform == "gpu" else ""))
   if _version_tuple(version) < GMM_MIN_TOKAMAX:
     need = ".".join(map(str, GMM_MIN_TOKAMAX))
     raise ConfigError("model.expert_impl", f"gmm on a GPU needs tokamax >= {need} (with jax "
@@ -168,16 +219,50 @@ def grouped_matmul_backend(platform: str | None = None, device_kind: str | None 
                       "'tst-jax[gpu]' -c constraints-gpu.txt")
   kind = device_kind or jax.devices()[0].device_kind
   kernels, why = next((v for name, v in _GMM_KERNELS.items() if name.lower() in kind.lower()),
-                      (grouped_matmul.Kernels(), f"tokamax's default kernels (none measured on "
-                                                 f"{kind})"))
+                      (grouped_matmul.Kernels(), f"no kernel table for {kind}: tokamax's own "
+                                                 "kernels and configs"))
+  kernels, measured = _measured_order(kernels, gemm_measured.pass_times(kind))
   installed = grouped_matmul.tokamax_kernels()
-  missing = sorted({n for k in kernels if k for n in k} - installed) if installed else []
+  missing = sorted({n for k in kernels[:3] if k for n in k} - installed) if installed else []
   if missing:
     kernels = kernels.within(installed)
-    why += (f"; {', '.join(missing)} not used: not installed (tokamax's Triton kernels "
-            "need the jax-triton and triton packages)")
-  return "tokamax", kernels, (f"tokamax {version}: {kernels.line()} ({why}); "
-                              f"{tokamax_tuning.describe()}")
+    cause = (grouped_matmul.triton_unavailable() or "tokamax registered no Triton kernel"
+             if "triton" in missing else "not registered by this tokamax")
+    why += f"; {', '.join(missing)} not used: {cause}"
+  passes = "; ".join(_pass_line(kernels, product, kind) for product in grouped_matmul.PRODUCTS)
+  return "tokamax", kernels, (f"tokamax {version} on {kind}: {passes} ({why}{measured}); "
+                              f"{gemm_measured.describe(kind)}")
+
+
+def _measured_order(kernels: grouped_matmul.Kernels, times: dict) -> tuple:
+  """Returns `kernels` with each product's kernels in the order the lab measured them, fastest
+  first, and the words for it ('' where nothing was measured)."""
+  said = []
+  for product, per_kernel in times.items():
+    ranked = sorted(per_kernel, key=per_kernel.get)
+    rest = tuple(k for k in kernels.order(product) or () if k not in ranked)
+    kernels = kernels._replace(**{product: tuple(ranked) + rest})
+    said.append(f"{product} {ranked[0]}: " + " vs ".join(
+        f"{k} {per_kernel[k]:.3g} ms" for k in ranked))
+  return kernels, ("; measured fastest by the MoE lab: " + ", ".join(said)) if said else ""
+
+
+def _pass_line(kernels: grouped_matmul.Kernels, product: str, kind: str) -> str:
+  """Says a product's kernels in tokamax's order, each with where its config comes from."""
+  def source(kernel):
+    tuned = gemm_measured.tuned_count(kind, product, kernel)
+    if kernels.config(product, kernel) is not None:
+      return f"tuned at {tuned} shapes, else pinned" if tuned else "pinned"
+    mine = f"tuned at {tuned} shapes, else " if tuned else ""
+    if tokamax_tuning.directory() is not None:
+      return mine + "autotuned by tokamax once per shape"
+    table = grouped_matmul.tokamax_table(kernel, kind)
+    return mine + {True: "tokamax's table where it lists the shape, else its heuristic tile",
+                   False: "fallback: tokamax's heuristic tile"}.get(table, "tokamax's")
+  order = kernels.order(product)
+  if not order:
+    return f"{product} tokamax's own kernel and config"
+  return f"{product} " + " then ".join(f"{k} [{source(k)}]" for k in order)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -185,21 +270,49 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 def expert_impl(requested: str, platform: str | None = None,
-                device_kind: str | None = None) -> tuple[str, str]:
-  """Picks ragged, gmm, blocked or dense for `model.expert_impl` and says why."""
+                device_kind: str | None = None, planned: bool = False) -> tuple[str, str]:
+  """Picks ragged, gmm, blocked or dense for `model.expert_impl` and says why.
+
+  `planned` resolves for a platform this process does not run on, as a plan for a named
+  accelerator does: a GPU there has the gpu extra installed.
+  """
   platform = _platform(platform)
+  planned_gpu = planned and platform == "gpu"
   if requested == "auto":
     requested, why = _EXPERTS.get(platform, _EXPERTS["tpu"])
     if requested != "gmm":
       return requested, why
-    if grouped_matmul.tokamax_version() is None:
+    if grouped_matmul.tokamax_version() is None and not planned_gpu:
       return _NO_TOKAMAX
   else:
     why = "set in the config"
-  if requested == "gmm":
+  if requested in GROUPED_GEMMS and planned_gpu:
+    return requested, f"{why}; {_PLANNED_GPU}"
+  if requested in GROUPED_GEMMS:
     backend, _, how = grouped_matmul_backend(platform, device_kind)
     return requested, f"{why}; grouped GEMM backend {backend}: {how}"
   return requested, why
+
+
+def fuse_gate_up(requested: str, experts: str, platform: str | None = None,
+                 device_kind: str | None = None) -> tuple[str, str]:
+  """Picks on or off for `model.expert_fuse_gate_up` under expert_impl `experts`, and says why."""
+  platform = _platform(platform)
+  if requested == "on" and experts not in FUSES_GATE_UP:
+    raise ConfigError("model.expert_fuse_gate_up", f"fuses the grouped GEMMs of expert_impl "
+                      f"{', '.join(FUSES_GATE_UP)}; this run's is {experts}")
+  if requested != "auto":
+    return requested, "set in the config"
+  if experts not in FUSES_GATE_UP:
+    return "off", f"expert_impl {experts} has no grouped GEMM to fuse"
+  kind = device_kind or platform
+  measured = _lookup(_FUSED_STEP, kind) if platform == "gpu" else None
+  if measured is None:
+    return "off", (f"no train step measured gate and up fused against split on {kind}: "
+                   "gpu.sh moe_lab steps both (docs/performance.md)")
+  fused, split, where = measured
+  return ("on" if fused < split else "off"), (f"a train step took {fused:.3f} s fused, "
+                                              f"{split:.3f} s split ({where})")
 
 def dispatch_impl(requested: str, platform: str | None = None) -> tuple[str, str]:
   """Picks how MoE dispatch and combine move rows, `model.dispatch_impl`, and says why."""
@@ -236,23 +349,32 @@ class Resolved:
 
 
 def resolve(model_cfg, loss: str, platform: str | None = None) -> Resolved:
-  """Resolves every `auto` of a model config and `loss.impl` on `platform`, by default this one."""
+  """Resolves every `auto` of a model config and `loss.impl` on `platform`, by default this one.
+
+  Another platform is planned for, as a plan for a named accelerator does: a GPU then counts as
+  one with the gpu extra installed.
+  """
   platform = _platform(platform)
-  kind = jax.devices()[0].device_kind if platform == jax.default_backend() else platform
+  here = platform == jax.default_backend()
+  kind = jax.devices()[0].device_kind if here else platform
   choices = {
       "model.attention_impl": attention_impl(model_cfg.attention_impl, model_cfg.dtype,
                                              model_cfg.head_dim, platform),
       "loss.impl": loss_impl(loss, platform),
   }
   if hasattr(model_cfg, "expert_impl"):
-    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind)
-    experts = choices["model.expert_impl"][0]
-    if getattr(model_cfg, "expert_fuse_gate_up", False) and experts not in FUSES_GATE_UP:
-      raise ConfigError("model.expert_fuse_gate_up", f"fuses the grouped GEMMs of expert_impl "
-                        f"{' or '.join(FUSES_GATE_UP)}; this run's is {experts} "
-                        f"({choices['model.expert_impl'][1]})")
+    choices["model.expert_impl"] = expert_impl(model_cfg.expert_impl, platform, kind,
+                                               planned=not here)
+    choices["model.expert_fuse_gate_up"] = fuse_gate_up(
+        model_cfg.expert_fuse_gate_up, choices["model.expert_impl"][0], platform, kind)
     choices["model.dispatch_impl"] = dispatch_impl(model_cfg.dispatch_impl, platform)
   return Resolved(platform, kind, choices)
+
+
+def has_auto(model_cfg) -> bool:
+  """Says whether a model config leaves any of its PLATFORM_FIELDS at `auto`."""
+  return any(getattr(model_cfg, f.split(".")[1], None) == "auto" for f in PLATFORM_FIELDS
+             if f.startswith("model."))
 
 
 def unresolved(section, name: str):
@@ -265,12 +387,13 @@ def unresolved(section, name: str):
 def portable(model_cfg):
   """Returns `model_cfg` with each `auto` kernel set to one that every platform runs.
 
-  That is XLA attention, dense experts and XLA's gathers, for what does not depend on the kernel, such as the
+  That is XLA attention, dense experts unfused and XLA's gathers, for what does not depend on the kernel, such as the
   parameters' shapes. It does not ask the platform: the first question starts JAX's backend,
   and the XLA flags, the emulated devices of a fit check and jax.distributed must all come
   before that.
   """
-  fields = {"attention_impl": "xla", "expert_impl": "dense", "dispatch_impl": "gather"}
+  fields = {"attention_impl": "xla", "expert_impl": "dense", "dispatch_impl": "gather",
+            "expert_fuse_gate_up": "off"}
   return dataclasses.replace(model_cfg, **{f: v for f, v in fields.items()
                                            if getattr(model_cfg, f, None) == "auto"})
 

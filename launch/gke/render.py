@@ -1,9 +1,13 @@
 """Render a tst-jax run as a GKE JobSet manifest (multi-host TPU slice or GPU nodes).
 
   python -m launch.gke.render --config configs/llama_600m.py --platform tpu --tpu_type v5p-128 \\
-      --workdir gs://BUCKET/llama_600m --image IMAGE [--config.a.b=v ...] | kubectl apply -f -
+      --workdir gs://my-tst-runs/llama_600m --image us-docker.pkg.dev/my-project/tst/tst-jax-tpu:v1 \\
+      --service_account tst-ksa --config.data.source=tokens:gs://my-tst-data/tok/dclm-llama3 \\
+    | kubectl apply -f -
   python -m launch.gke.render --config configs/qwen3_moe_10b_a1b.py --platform gpu \\
-      --gpu_type b200 --num_hosts 8 --workdir gs://BUCKET/moe --image IMAGE
+      --gpu_type b200 --num_hosts 8 --workdir gs://my-tst-runs/moe_tst \\
+      --image us-docker.pkg.dev/my-project/tst/tst-jax-gpu:v1 --service_account tst-ksa \\
+      --config.data.mixture='tokens:gs://my-tst-data/tok/fineweb_edu-llama3=0.5,tokens:gs://my-tst-data/tok/dclm-llama3=0.5'
 
 One replicated job of `hosts` pods (an Indexed Job: parallelism = completions = hosts), one
 process per host. TPU: the slice's node selectors and google.com/tpu chips per host;
@@ -11,7 +15,8 @@ jax.distributed finds the slice from the variables GKE injects. GPU: nvidia.com/
 the coordinator = pod 0 through the JobSet's headless service, process id = the pod's job
 completion index. Preemption: SIGTERM makes the trainer finish its step and checkpoint within
 the grace period; any failed pod fails the job (backoffLimit 0) and JobSet restarts the whole
-set (failurePolicy.maxRestarts), which resumes from the workdir. See launch/README.md.
+set (failurePolicy.maxRestarts), which resumes from the workdir. Each unit is checked first as
+its run will check itself, fit check included, which goes to stderr. See docs/launch.md.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ if __package__ in (None, ""):   # run as a file: make `launch` importable
 from launch import jobspec  # noqa: E402
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+# The JobSet controller release these manifests are written and tested for (its CRD's schema:
+# tests/testdata/jobset/), installed as docs/launch.md shows.
+JOBSET_VERSION = "v0.12.0"
+JOBSET_INSTALL = ("kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
+                  f"releases/download/{JOBSET_VERSION}/manifests.yaml")
 CONTAINER = "tst"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 
@@ -122,29 +132,39 @@ def parse_args(argv):
   return args
 
 
-def render(args) -> list[dict]:
-  specs = jobspec.job_specs(
+def specs(args) -> list[dict]:
+  """The job spec of each unit, checked as its run will be (jobspec.check_unit)."""
+  return jobspec.job_specs(
       jobspec.target_from_args(args), config=args.config, workdir=args.workdir,
       image=args.image, overrides=args.overrides, grid=args.grid, name=args.name or None,
       env=args.env, validate=not args.no_validate)
+
+
+def manifests(args, job_specs: list[dict]) -> list[dict]:
+  """The JobSet of each job spec, with the flags of `args`."""
   return [jobset(s, service_account=args.service_account, max_restarts=args.max_restarts,
                  grace_period_s=args.grace_period_s, spot=args.spot, namespace=args.namespace)
-          for s in specs]
+          for s in job_specs]
 
 
-def main(argv=None):
+def render(args) -> list[dict]:
+  """The JobSet of each unit of `args`."""
+  return manifests(args, specs(args))
+
+
+def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    manifests = render(args)
-  except (ValueError, FileNotFoundError) as e:   # bad target, config or override
-    sys.exit(f"render: {e}")
-  if args.format == "json":
-    import json
-    print(json.dumps(manifests if len(manifests) > 1 else manifests[0], indent=1))
-  else:
-    import yaml
-    print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+
+  def show(job_specs: list[dict]):
+    docs = manifests(args, job_specs)
+    if args.format == "json":
+      import json
+      print(json.dumps(docs if len(docs) > 1 else docs[0], indent=1))
+    else:
+      import yaml
+      print(yaml.safe_dump_all(docs, sort_keys=False), end="")
+  return jobspec.run_main("render", lambda: specs(args), show)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -8,6 +8,7 @@ ConfigError naming its field, before anything is built. One goes through main.py
 the `error:` line, exit status 2 and a workdir never made."""
 
 import collections
+import glob
 import math
 import os
 import re
@@ -21,7 +22,7 @@ from tests.fixtures.fields import BASES
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tst_jax import configlib, models, schema
 from tst_jax.errors import ConfigError
-from tst_jax.config import sections, spec as spec_lib
+from tst_jax.config import defaults, sections, spec as spec_lib
 
 UNKNOWN = "bogus"   # a choice no field offers
 
@@ -143,3 +144,75 @@ def test_main_py_says_one_line_and_exits_2(tmp_path):
   assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
   assert result.stderr.startswith(f"error: config.{name}: must be "), result.stderr
   assert not result.stdout and not workdir.exists()
+
+
+# The config files' args: every configs/*.py with each kind of bad arm, from the arm registry.
+CONFIG_FILES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs",
+                                                                              "*.py")))
+# A registered arm only dense models take, so the family case is swept whatever ARMS holds.
+DENSE_ONLY = defaults.Arm("dense_only", "a test's arm for Llama models only", "tst.ratio", 0.5,
+                          families=("llama",))
+
+
+def bad_arms(family: str) -> list[tuple[str, str]]:
+  """Returns (what, arm) of each bad arm of a config of `family`: an unknown one, each
+  numbered arm with a malformed number and with one its field's rule refuses, and each
+  registered arm `family` does not take."""
+  bad = [("unknown", "bogus")]
+  for arm in defaults.ARMS.values():
+    if arm.read is not None:
+      prefix, _, rest = arm.form.partition("<")
+      suffix = rest.partition(">")[2]
+      bad += [("malformed number", f"{prefix}5x{suffix}"), ("malformed number",
+                                                            f"{prefix}-3{suffix}")]
+    if arm.families and family not in arm.families:   # a numbered one written with 1
+      bad.append(("not for its family", re.sub(r"<[^>]*>", "1", arm.form)))
+  return bad
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_a_bad_arm_is_one_config_error_naming_it_and_the_arms(name, monkeypatch):
+  monkeypatch.setitem(defaults.ARMS, DENSE_ONLY.form, DENSE_ONLY)
+  family = configlib.load_config(os.path.join(ROOT, name)).model.family
+  cases = bad_arms(family)
+  kinds = collections.Counter(what for what, _ in cases)
+  assert kinds["unknown"] == 1 and kinds["malformed number"] >= 8
+  assert (("not for its family", "dense_only") in cases) == (family != "llama")
+  failures = []
+  for what, arm in cases:
+    try:
+      configlib.load_config(os.path.join(ROOT, name) + f":tst,{arm}")
+      failures.append(f"{name}:{arm} ({what}): accepted")
+    except ConfigError as e:
+      line = " ".join(str(e).split())
+      expected = (f"arm {arm!r} is for " if what == "not for its family"
+                  else f"the arms{', a comma list' if what == 'unknown' else ''}: "
+                  f"{defaults.arm_forms()}")
+      if e.field != "--config" or f"{arm!r}" not in line or expected not in line:
+        failures.append(f"{name}:{arm} ({what}): {line}")
+  assert not failures, "\n".join(failures)
+
+
+def test_main_py_says_a_bad_arm_in_one_line():
+  """The issue's three arms through main.py: one line naming the arm and the arms, exit 2."""
+  runs = {arm: subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "main.py"), "--config", f"configs/demo.py:{arm}",
+       "--mode", "plan"], cwd=ROOT, env=subprocess_env.one_cpu_device(), text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for arm in ("bogus", "5xk", "s-3")}
+  for arm, process in runs.items():
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 2 and not out, (arm, err)
+    assert err.splitlines() == [err.strip()], err
+    assert err.startswith(f"error: --config: configs/demo.py: ") and f"arm {arm!r}" in err
+    assert defaults.arm_forms() in err, err
+
+
+def test_an_override_of_a_field_an_arm_sets_is_refused_naming_both():
+  """`--set train.steps=30` with a '<N>k' arm: one line, not a run that ignores the arm."""
+  with pytest.raises(ConfigError, match=r"train.steps=30 and the arm '0.045k' of "
+                     r"configs/demo.py:baseline,0.045k both set train.steps"):
+    configlib.refuse_arm_overrides("configs/demo.py:baseline,0.045k", ["train.steps=30"])
+  with pytest.raises(ConfigError, match="tst.bag_size=4 and the arm 's8'"):
+    configlib.refuse_arm_overrides("configs/demo.py:s8", ["tst.bag_size=4"], "--config.")
+  configlib.refuse_arm_overrides("configs/demo.py:s8", ["tst.ratio=0.5", "train.steps=30"])
+  configlib.refuse_arm_overrides("configs/demo.py", ["train.steps=30"])   # no arm: it is yours

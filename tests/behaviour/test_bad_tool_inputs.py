@@ -85,6 +85,7 @@ def runnable_modules() -> set[str]:
 
 def test_every_command_is_swept():
   assert runnable_modules() == set(COMMANDS)
+  assert {name for name, _ in CASES} == set(COMMANDS) and {k for _, k in CASES} == set(KINDS)
 
 
 def _inputs(tmp: pathlib.Path) -> dict:
@@ -109,9 +110,21 @@ def _inputs(tmp: pathlib.Path) -> dict:
       under_a_file=str(tmp / "a_file" / "out"), unwritable_run=str(unwritable_run))
 
 
-def _case(command: Command, kind: str, given: dict) -> tuple[list[str], str] | None:
-  """Returns the arguments of `kind` for `command` and the path its error line must name,
-  None where the command has no such role: sample writes nothing, a config file is local."""
+def _applies(command: Command, kind: str) -> bool:
+  """Whether `command` has the role that `kind` makes bad: every command reads, but sample
+  writes nothing, eval writes only into the run it reads, and a config file is local."""
+  if kind == "unwritable output":
+    return command.writes != "none"
+  if kind.endswith(": input"):
+    return command.reads != "config"
+  if kind.endswith(": output"):
+    return command.writes not in ("none", "the run")
+  return True
+
+
+def _case(command: Command, kind: str, given: dict) -> tuple[list[str], str]:
+  """Returns the arguments of `kind` for `command`, a case that `_applies`, and the path its
+  error line must name."""
   out = dict(folder=str(given["tmp"] / "out"), file=str(given["tmp"] / "out.json"))
   out = out.get(command.writes, str(given["tmp"] / "out"))
   buckets = {"no bucket": f"gs://no-such-{uuid.uuid4().hex[:12]}", "a bucket name GCS "
@@ -120,8 +133,6 @@ def _case(command: Command, kind: str, given: dict) -> tuple[list[str], str] | N
     bad = given[kind.split()[0]][command.reads]
     return command.argv(bad, out), bad.partition(":")[2] if command.reads == "source" else bad
   if kind == "unwritable output":
-    if command.writes == "none":
-      return None
     if command.writes == "the run":
       bad = given["unwritable_run"]
       return command.argv(bad, out), fileio.join(bad, "lm_eval")
@@ -130,17 +141,13 @@ def _case(command: Command, kind: str, given: dict) -> tuple[list[str], str] | N
   what, _, role = kind.partition(": ")
   bucket = buckets[what]
   if role == "input":
-    if command.reads == "config":
-      return None
     bad = f"{bucket}/run" if command.reads == "run" else f"text:{bucket}/*.txt"
     return command.argv(bad, out), bad.removeprefix("text:")
-  if command.writes in ("none", "the run"):
-    return None
   bad = f"{bucket}/out" + (".json" if command.writes == "file" else "")
   return command.argv(given["good"][command.reads], bad), bad
 
 
-CASES = [(name, kind) for name in COMMANDS for kind in KINDS]
+CASES = [(name, kind) for name in COMMANDS for kind in KINDS if _applies(COMMANDS[name], kind)]
 
 
 def _tree(*folders) -> dict[str, str]:
@@ -168,12 +175,9 @@ def test_a_bad_input_is_one_line_naming_it_and_nothing_is_written(name, kind, tm
                                                                  gcs_emulator, monkeypatch,
                                                                  capsys):
   given = dict(_inputs(tmp_path / "given"), tmp=tmp_path / "work")
-  case = _case(COMMANDS[name], kind, given)
-  if case is None:
-    pytest.skip(f"{name} has no such role")
   if name.endswith(".eval"):
     pytest.importorskip("lm_eval")
-  argv, named = case
+  argv, named = _case(COMMANDS[name], kind, given)
   (tmp_path / "work").mkdir()
   monkeypatch.chdir(tmp_path / "work")
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # prepare's work files

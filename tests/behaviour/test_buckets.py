@@ -3,6 +3,7 @@ end through main.py: killed between checkpoints and resumed, it logs the losses 
 on the local disk; a second run on its live workdir and a bucket that does not exist each stop
 with one error line."""
 
+import importlib.util
 import json
 import logging
 import os
@@ -73,6 +74,22 @@ def _logged(workdir) -> dict:
   return logged
 
 
+def _run_beside_one_killed(reference_args: list[str], killed_args: list[str], env: dict):
+  """Runs main.py with `reference_args` to its end and, at once, with `killed_args` killed at
+  step KILL_AT, whose workdir is the last argument. The killed run's record is whole: every
+  line up to its last checkpoint, none after, and its lock is left behind."""
+  remote = killed_args[-1]
+  reference = subprocess.Popen(CMD + reference_args, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+  killed = subprocess.run([sys.executable, "-c", KILLED, *CMD[1:], *killed_args], env=env,
+                          cwd=ROOT, capture_output=True, text=True)
+  assert reference.wait() == 0, reference.stdout.read()[-3000:]
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert max(step for step, _ in _logged(remote)) == KILL_AT - 1
+  assert workdir_lib.checkpoint_steps(RunDir(remote))[-1] == KILL_AT - 1
+  assert fileio.exists(RunDir(remote).lock)
+
+
 def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(bucket,
                                                                                tmp_path):
   """The same run, one with its store and workdir on the local disk and one with both in the
@@ -84,17 +101,8 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   source = [f"--config.data.source=tokens:{in_bucket}"]
   local, remote = str(tmp_path / "local"), fileio.join(bucket, "run")
   env = _env()
-  reference = subprocess.Popen(CMD + [f"--config.data.source=tokens:{on_disk}", "--workdir",
-                                      local], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-  killed = subprocess.run([sys.executable, "-c", KILLED, *CMD[1:], *source, "--workdir",
-                           remote], env=env, cwd=ROOT, capture_output=True, text=True)
-  assert reference.wait() == 0, reference.stdout.read()[-3000:]
-  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-  # The killed run's record is whole: every line up to its last checkpoint, none after.
-  assert max(step for step, _ in _logged(remote)) == KILL_AT - 1
-  assert workdir_lib.checkpoint_steps(RunDir(remote))[-1] == KILL_AT - 1
-  assert fileio.exists(RunDir(remote).lock)
+  _run_beside_one_killed([f"--config.data.source=tokens:{on_disk}", "--workdir", local],
+                         [*source, "--workdir", remote], env)
 
   resumed = subprocess.run(CMD + source + ["--workdir", remote], env=env,
                            capture_output=True, text=True)
@@ -134,6 +142,52 @@ def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(b
   fs.put(RunDir(local).checkpoints, at, recursive=True)
   assert workdir_lib.checkpoint_steps(copied) == workdir_lib.checkpoint_steps(
       RunDir(local)) == [6, 8, 10, 12]
+
+
+def test_a_run_in_s3_killed_and_resumed_logs_the_losses_of_the_local_run(s3_bucket, tmp_path,
+                                                                          monkeypatch):
+  """The same run, on the local disk and with its workdir in moto's S3, started at once. The
+  S3 run is killed at step 9, between checkpoints 8 and 10, and run again on a machine whose
+  disk holds nothing of it (another cache): it downloads checkpoint 8, takes over the dead
+  run's lock and ends with every loss of the local run, bit for bit. A second run on its live
+  workdir stops with one line."""
+  store = _store(tmp_path / "store")
+  source = [f"--config.data.source=tokens:{store}"]
+  local, remote = str(tmp_path / "local"), fileio.join(s3_bucket, "run")
+  env = _env() | dict(XDG_CACHE_HOME=str(tmp_path / "cache-killed"))
+  _run_beside_one_killed([*source, "--workdir", local], [*source, "--workdir", remote], env)
+
+  # Resumed, it stops at step PAUSE_AT until the second run was refused.
+  paused, go = tmp_path / "paused", tmp_path / "go"
+  env |= dict(XDG_CACHE_HOME=str(tmp_path / "cache-resumed"), PAUSED=str(paused), GO=str(go))
+  resumed = subprocess.Popen([sys.executable, "-c", PAUSED, *CMD[1:], *source, "--workdir",
+                              remote], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 300
+  while not paused.exists():
+    assert resumed.poll() is None and time.monotonic() < deadline, resumed.communicate()
+    time.sleep(0.1)
+  second = subprocess.run(CMD + source + ["--workdir", remote], env=env, capture_output=True,
+                          text=True)
+  go.touch()
+  stdout, stderr = resumed.communicate()
+  assert resumed.returncode == 0, stderr[-3000:]
+  assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr[-3000:]
+  assert second.stderr.startswith(f"error: --workdir {remote}: a live run holds it: pid "
+                                  f"{resumed.pid} on host "), second.stderr
+  assert not LIBRARY_LINE.search(stderr), stderr[-3000:]
+  assert (f"taking over {RunDir(remote).lock} from a dead run: pid" in stdout
+          and f"resuming {remote} at step {KILL_AT - 1} of 12" in stdout), stdout
+  assert _logged(remote) == _logged(local)
+  assert sorted(s for s, kind in _logged(remote) if kind == "loss") == list(range(1, 13))
+  assert workdir_lib.checkpoint_steps(RunDir(remote)) == workdir_lib.checkpoint_steps(
+      RunDir(local)) == [6, 8, 10, 12]
+  assert fileio.basename(RunDir(remote).lock) not in fileio.listdir(remote)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-read"))
+  there, here = trained_run.load(RunDir(remote)), trained_run.load(RunDir(local))
+  assert there.step == here.step == 12
+  for a, b in zip(*(jax.tree.leaves(nnx.state(t.model)) for t in (there, here))):
+    np.testing.assert_array_equal(a, b)
 
 
 # The bucket stops answering before step PAUSE_AT is saved, once checkpoint PAUSE_AT - 1 is
@@ -247,28 +301,28 @@ def test_a_workdir_in_a_bucket_gcs_would_not_name_is_one_line_before_anything_co
     assert "items" not in json.loads(listing.read())
 
 
-@pytest.mark.parametrize("workdir", ["s3://bucket/run", "memory://run", "gcs://bucket/run"])
-def test_a_workdir_in_a_store_other_than_gs_is_one_line(workdir, monkeypatch):
-  """Orbax marks a checkpoint complete in a bucket with a commit file only on gs://."""
+@pytest.mark.parametrize("workdir", ["memory://run", "gcs://bucket/run", "hf://me/run"])
+def test_a_workdir_in_a_store_other_than_gs_or_s3_is_one_line(workdir, monkeypatch):
+  """A workdir's lock needs a store's conditional writes, which gs:// and s3:// have."""
   monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
   with pytest.raises(fileio.PathError) as e:
     cli.run(tiny_config(), workdir)
   scheme = workdir.split("://")[0]
   assert errors.one_line(e.value) == (
-      f"error: --workdir {workdir}: a run's workdir is a local folder or gs://; {scheme}:// is "
-      "not supported there")
+      f"error: --workdir {workdir}: a run's workdir is a local folder, gs:// or s3://; "
+      f"{scheme}:// is not supported there")
 
 
 # Each tool's output in a store it cannot write: (tool, its arguments, its one error line).
 # Sweeps and ladders hold runs, so their workdir is refused as --workdir is; files written
 # whole go to gs:// or s3://, never hf://.
 REFUSED = [
-    ("sweep", ["--config", TINY_CONFIG, "--workdir", "s3://b/sweep", "--grid", "tst.ratio=0.5"],
-     "--workdir s3://b/sweep: a sweep's workdir is a local folder or gs://; s3:// is not "
-     "supported there"),
-    ("ladder", ["--config", TINY_CONFIG, "--workdir", "memory://ladder"],
-     "--workdir memory://ladder: a ladder's workdir is a local folder or gs://; memory:// is "
+    ("sweep", ["--config", TINY_CONFIG, "--workdir", "hf://b/sweep", "--grid", "tst.ratio=0.5"],
+     "--workdir hf://b/sweep: a sweep's workdir is a local folder, gs:// or s3://; hf:// is "
      "not supported there"),
+    ("ladder", ["--config", TINY_CONFIG, "--workdir", "memory://ladder"],
+     "--workdir memory://ladder: a ladder's workdir is a local folder, gs:// or s3://; "
+     "memory:// is not supported there"),
     ("compare", ["--runs", "/nonexistent/a", "--out", "hf://me/report"],
      "--out hf://me/report: the comparison's folder is a local folder, gs:// or s3://; hf:// "
      "is not supported there"),
@@ -310,16 +364,22 @@ EPATH_CHOICE = (
     "      else 'tf' if gpath._is_tf_installed() else 'other')\n")
 
 
-@pytest.mark.parametrize("tensorflow", [False, True], ids=["without_tf", "with_tf"])
-def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow, tmp_path):
+# Whether this environment has TensorFlow: the `seqio` extra brings it, [test] does not.
+TF_INSTALLED = importlib.util.find_spec("tensorflow") is not None
+
+
+@pytest.mark.parametrize("stand_in", [False, True], ids=["tf_as_installed", "a_tf_stand_in"])
+def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(stand_in, tmp_path):
   """etils.epath picks fsspec, the client of every other file of the run, for gs:// once
-  tst_jax is imported, with TensorFlow installed or not: a package named tensorflow on the
-  path stands in for it (etils only looks it up). Without tst_jax the stand-in is seen, and
-  an EPATH_USE_TF the user set stands."""
+  tst_jax is imported, with TensorFlow installed or not: TensorFlow as this environment has it,
+  or a package named tensorflow on the path that stands in for it (etils only looks it up).
+  Without tst_jax, TensorFlow is seen where it is there, and an EPATH_USE_TF the user set
+  stands."""
   (tmp_path / "tensorflow").mkdir()
   (tmp_path / "tensorflow" / "__init__.py").write_text("")
   env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
-  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * tensorflow + [ROOT])
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] * stand_in + [ROOT])
+  tf_seen = ["True", "tf"] if stand_in or TF_INSTALLED else ["False", "fsspec"]
 
   def choice(*args, **extra):
     result = subprocess.run([sys.executable, "-c", EPATH_CHOICE, *args], env=env | extra,
@@ -328,6 +388,5 @@ def test_orbax_reaches_a_bucket_through_fsspec_whatever_is_installed(tensorflow,
     return result.stdout.split()
 
   assert choice("tst_jax") == ["False", "fsspec"]
-  assert choice("alone") == (["True", "tf"] if tensorflow else ["False", "fsspec"])
-  assert choice("tst_jax", EPATH_USE_TF="1") == (["True", "tf"] if tensorflow
-                                                  else ["False", "fsspec"])
+  assert choice("alone") == tf_seen
+  assert choice("tst_jax", EPATH_USE_TF="1") == tf_seen

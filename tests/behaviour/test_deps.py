@@ -1,5 +1,6 @@
 """Dependencies: the tested versions satisfy the declared ranges; the tfds reader needs no
-TensorFlow; CI runs the README's test command at both ends of what an install resolves."""
+TensorFlow; CI runs the README's test command at both ends of what an install resolves, and
+once more with every extra installed and the slow tests too."""
 
 import os
 import re
@@ -79,22 +80,42 @@ def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
 
 def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   """The [gpu] extra asks for what ran on the H100 (jax >= 0.11.2, tokamax >= 0.0.17 on
-  Python >= 3.12), constraints-gpu.txt pins versions inside those ranges, and the floor the
-  run enforces (platform.GMM_MIN_TOKAMAX) is the extra's."""
+  Python >= 3.12) and the jax-triton that the GPU machines' triton 3.6 takes, constraints-gpu.txt
+  pins versions inside those ranges, and the floor the run enforces (platform.GMM_MIN_TOKAMAX)
+  is the extra's."""
   tomllib = pytest.importorskip("tomllib")
   from tst_jax import platform   # pylint: disable=import-outside-toplevel
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-    gpu = {Requirement(r).name: Requirement(r)
-           for r in tomllib.load(f)["project"]["optional-dependencies"]["gpu"]}
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  # [gpu] is CUDA 12's JAX and [gpu-kernels], the one list, which launch/Dockerfile.gpu
+  # installs with the JAX of its CUDA.
+  cuda = {Requirement(r).name: Requirement(r) for r in extras["gpu"]}
+  assert set(cuda) == {"jax", "tst-jax"} and cuda["tst-jax"].extras == {"gpu-kernels"}
+  assert cuda["jax"].extras == {"cuda12"} and str(cuda["jax"].specifier) == ">=0.11.2"
+  gpu = {Requirement(r).name: Requirement(r) for r in extras["gpu-kernels"]}
   assert str(gpu["tokamax"].specifier) == ">=0.0.17"
   assert str(gpu["tokamax"].marker) == 'python_version >= "3.12"'
   assert not gpu["tokamax"].marker.evaluate({"python_version": "3.11"})
   assert str(gpu["jax"].specifier) == ">=0.11.2"
+  assert gpu["jax-triton"].specifier.contains("0.3.1")             # triton >= 3.6
+  assert not gpu["jax-triton"].specifier.contains("0.4.0")         # triton >= 3.7
   assert ".".join(map(str, platform.GMM_MIN_TOKAMAX)) == "0.0.17"
   pins = _pins("constraints-gpu.txt")
   assert pins["tokamax"] == "0.0.17" and pins["jax"] == pins["jaxlib"] == "0.11.2"
   for name, req in gpu.items():
     assert req.specifier.contains(pins[name]), (name, pins[name])
+
+
+def test_every_extra_but_the_gpus_is_in_every():
+  """[every], what CI's third run installs, names each extra but [gpu], [gpu-kernels] and [test]."""
+  tomllib = pytest.importorskip("tomllib")
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  every, *pins = map(Requirement, extras["every"])
+  assert every.name == "tst-jax" and not every.specifier
+  assert every.extras == set(extras) - {"every", "gpu", "gpu-kernels", "test"}
+  nested = {str(r) for name in every.extras for r in map(Requirement, extras[name])}
+  assert pins and {str(p) for p in pins} <= nested, "a pin of [every] is a nested extra's own"
 
 
 def _readme_command(number: int) -> str:
@@ -105,9 +126,10 @@ def _readme_command(number: int) -> str:
   return command
 
 
-def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
-  """Sources .ci/run and runs both ends in tmp_path, with the test's Python as the default
-  python3 and fake pyenv Pythons ({version: exit code of anything but the version probe})."""
+def _ci(tmp_path, pyenv_versions: dict[str, str], command: str, every: str):
+  """Sources .ci/run and runs its three runs in tmp_path, with the test's Python as the default
+  python3 and fake pyenv Pythons ({version: exit code of anything but the version probe}),
+  `command` for the README's and `every` for the every-extras run's."""
   tools = tmp_path / "tools"
   tools.mkdir(parents=True)
   for tool in ("bash", "sort", "tail", "cut", "mktemp", "ln", "rm", "touch", "dirname"):
@@ -124,8 +146,9 @@ def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
   work = tmp_path / "work"
   work.mkdir()
   env = dict(PATH=f"{tmp_path / 'default'}:{tools}", PYENV_ROOT=str(tmp_path / "pyenv"),
-             HOME=str(tmp_path), FAKE=command)
-  script = f'source {os.path.join(ROOT, ".ci", "run")}; README_COMMAND="$FAKE"; both_ends'
+             HOME=str(tmp_path), FAKE=command, FAKE_EVERY=every)
+  script = (f'source {os.path.join(ROOT, ".ci", "run")}; README_COMMAND="$FAKE"; '
+            'EVERY_COMMAND="$FAKE_EVERY"; all_runs')
   result = subprocess.run([shutil.which("bash"), "-c", script], cwd=work, env=env,
                           capture_output=True, text=True)
   return result.returncode, result.stdout, sorted(os.listdir(work))
@@ -133,22 +156,33 @@ def _ci(tmp_path, pyenv_versions: dict[str, str], command: str):
 
 def test_ci_runs_the_readme_test_command_at_both_ends_and_fails_if_either_fails(tmp_path):
   """.ci/run's command is the README's command 2, run on the default python3 in .venv and on
-  the newest Python in .venv-newest; a failure of either fails CI, and with no newer Python
-  it says so and runs the one it has. Both venvs are ignored by git."""
-  source = f'source {os.path.join(ROOT, ".ci", "run")}; printf %s "$README_COMMAND"'
-  ci_command = subprocess.run([shutil.which("bash"), "-c", source], capture_output=True,
-                              text=True, check=True).stdout
+  the newest Python in .venv-newest, then once more in .venv-every with [every] and the slow
+  tests; a failure of any fails CI, and with no newer Python it says so and runs the one it
+  has. The venvs are ignored by git."""
+  source = (f'source {os.path.join(ROOT, ".ci", "run")}; '
+            'printf "%s\\n%s" "$README_COMMAND" "$EVERY_COMMAND"')
+  ci_command, every_command = subprocess.run(
+      [shutil.which("bash"), "-c", source], capture_output=True, text=True,
+      check=True).stdout.split("\n")
   assert ci_command == _readme_command(2)
+  assert every_command == ci_command.replace(".venv", ".venv-every").replace(
+      "'.[test]'", "'.[test,every]'") + " -m 'slow or not slow'"
   with open(os.path.join(ROOT, ".gitignore")) as f:
-    assert {"/.venv/", "/.venv-newest/"} <= set(f.read().split())
+    assert {"/.venv/", "/.venv-newest/", "/.venv-every/"} <= set(f.read().split())
   fake = "touch .venv.ran && python3 -c pass"
-  rc, out, ran = _ci(tmp_path / "a", {"3.99.0": 3, "3.10.0": 0}, fake)
-  assert rc == 1 and ran == [".venv-newest.ran", ".venv.ran"], out
+  every = "touch .venv-every.ran && python3 -c pass"
+  rc, out, ran = _ci(tmp_path / "a", {"3.99.0": 3, "3.10.0": 0}, fake, every)
+  assert rc == 1 and ran == [".venv-every.ran", ".venv-newest.ran", ".venv.ran"], out
   assert "=== newest Python: python3 is 3.99.0 " in out
   assert re.search(r"^=== default python3: no jax in \.venv: passed in \d+ s$", out, re.M)
   assert re.search(r"^=== newest Python: no jax in \.venv-newest: FAILED \(exit 3\)", out, re.M)
-  rc, out, ran = _ci(tmp_path / "b", {"3.99.0": 0}, fake)
-  assert rc == 0 and ran == [".venv-newest.ran", ".venv.ran"], out
-  rc, out, ran = _ci(tmp_path / "c", {"3.9.0": 0}, fake)
-  assert rc == 0 and ran == [".venv.ran"], out
+  assert re.search(r"^=== every extra, slow tests too: no jax in \.venv-every: passed in \d+ s$",
+                   out, re.M)
+  rc, out, ran = _ci(tmp_path / "b", {"3.99.0": 0}, fake, every)
+  assert rc == 0 and ran == [".venv-every.ran", ".venv-newest.ran", ".venv.ran"], out
+  rc, out, ran = _ci(tmp_path / "c", {"3.9.0": 0}, fake, every)
+  assert rc == 0 and ran == [".venv-every.ran", ".venv.ran"], out
   assert "no Python newer than the default python3 on this machine: it ran on that one" in out
+  rc, out, ran = _ci(tmp_path / "d", {"3.9.0": 0}, fake, every + " && exit 4")
+  assert rc == 1 and re.search(r"^=== every extra, slow tests too: no jax in \.venv-every: "
+                               r"FAILED \(exit 4\)", out, re.M), out

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.fixtures.paths import ROOT
-from tst_jax import configlib
+from tst_jax import configlib, platform
 from tst_jax.kernels import moe_dispatch
 
 
@@ -26,7 +26,8 @@ def _dry_run(tmp_path, sections, **env):
   log = tmp_path / "calls.txt"
   fake = (f'printf "%q " "$@" >> {log}; echo >> {log}; cat > /dev/null; '
           'case "$*" in *--winner*) echo --config.model.dispatch_impl=gather '
-          '--config.model.expert_fuse_gate_up=True; exit;; *--table*) exit;; esac; '
+          '--config.model.expert_fuse_gate_up=${@: -1}; exit;; *--table*|*--record*) exit;; '
+          'esac; '
           '[ "$1" = benchmarks/gpu_table.py ] || echo \'{"fake": 1}\'')
   for name, body in (("python3", fake),
                      ("timeout", 'while [ "${1#-}" != "$1" ]; do shift 2; done; shift; '
@@ -166,30 +167,54 @@ def test_peer_runs_grug_where_its_wheels_are_then_the_torch_peer(tmp_path):
 @pytest.mark.parametrize("tiny", [False, True])
 def test_moe_lab_runs_the_lab_then_the_step_with_its_winner(tmp_path, tiny):
   """`moe_lab`: the lab (tiny shapes under TINY=1), its table into lab.md, then the recipe's
-  step as the whole layer the lab found fastest; each bounded, the bounds and the install within the
-  lab's 4 minutes."""
+  step as the whole layer the lab found fastest, with gate and up fused and split, then the
+  record of its measurements; each bounded, the bounds and the install within one call of 5
+  minutes."""
   calls = [c for c in _dry_run(tmp_path, "moe_lab", **({"TINY": "1"} if tiny else {}))
            if c[0] != "-"]   # the environment's line
-  assert [c[0] for c in calls] == ["benchmarks/moe_lab.py"] * 3 + ["benchmarks/step.py"]
-  assert ("--tiny" in calls[0]) == tiny and "--table" in calls[1] and "--winner" in calls[2]
+  assert [c[0] for c in calls] == (["benchmarks/moe_lab.py"] * 3 + ["benchmarks/step.py"]
+                                   + ["benchmarks/moe_lab.py", "benchmarks/step.py"]
+                                   + ["benchmarks/moe_lab.py"])
+  assert ("--tiny" in calls[0]) == tiny and "--table" in calls[1]
+  assert calls[2][-2:] == ["--fuse", "on"] and calls[4][-2:] == ["--fuse", "off"]
   assert calls[3][-2:] == ["--config.model.dispatch_impl=gather",
-                           "--config.model.expert_fuse_gate_up=True"]
+                           "--config.model.expert_fuse_gate_up=on"]
+  assert calls[5][-1] == "--config.model.expert_fuse_gate_up=off"
+  assert "--record" in calls[6] and calls[6][-1] == str(tmp_path / "out" / "gemm_measured.json")
   _check_step_configs(calls)
   lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
-  assert [r["row"] for r in lines if "rc" in r] == ["env", "lab", "lab_step"]
+  assert [r["row"] for r in lines if "rc" in r] == ["env", "lab", "lab_step_fuse_on",
+                                                    "lab_step_fuse_off"]
   text = open(os.path.join(ROOT, "benchmarks", "gpu.sh")).read()
   lab = text.split("if want moe_lab; then", 1)[1].split("\nfi\n", 1)[0]
-  bounds = [int(b) for b in re.findall(r"^\s*bounded \w+ (\d+) ", lab, re.M)]
+  bounds = [int(b) for b in re.findall(r"^\s*bounded \S+ (\d+) ", lab, re.M)]
+  bounds[-1] *= 2   # the step's, once fused and once split
   lab_s = int(re.search(r"LAB_S=\$\{LAB_S:-\$\(\( (\d+) \* SCALE", text).group(1))
   install_s = int(re.search(r"^INSTALL_S=(\d+)$", text, re.M).group(1))
   budget = int(re.search(r"moe_lab.py --budget_s (\d+)", text).group(1))
-  assert budget + 30 <= bounds[0] and sum(bounds) <= lab_s and lab_s + install_s <= 4 * 60
+  assert budget + 30 <= bounds[0] and sum(bounds) <= lab_s and lab_s + install_s <= 5 * 60
   assert "END=$(( $(date +%s) + LAB_S ))" in lab
 
 
+@pytest.mark.parametrize("tiny", [False, True])
+def test_search_runs_the_labs_bounded_search_then_records_it(tmp_path, tiny):
+  """`search`, never part of `all`: the lab's tuning search of the recipe's grouped GEMM calls
+  within SEARCH_S, then the record of what it found into OUT_DIR's gemm_measured.json."""
+  calls = [c for c in _dry_run(tmp_path, "search", **({"TINY": "1"} if tiny else {}))
+           if c[0] != "-"]
+  assert [c[0] for c in calls] == ["benchmarks/moe_lab.py"] * 2
+  assert "--search" in calls[0] and ("--tiny" in calls[0]) == tiny and "--record" in calls[1]
+  lines = [json.loads(line) for line in open(tmp_path / "out" / "gpu.jsonl")]
+  ends = {r["row"]: r for r in lines if "rc" in r}
+  assert list(ends) == ["env", "search"] and ends["search"]["bound_s"] > 60
+  (tmp_path / "all").mkdir()
+  assert not any("--search" in c for c in _dry_run(tmp_path / "all", "all"))
+
+
 def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
-  """The CPU dry run of `moe_lab` (TINY=1), in the default suite (20 s): the lab's rows, its
-  table and the step with its winner, for real."""
+  """The CPU dry run of `moe_lab` (TINY=1), in the default suite: the lab's rows, its table,
+  the step with its winner fused and split, and the record, which finds no GPU's measurements
+  to write, for real (about 3 minutes on 2 busy cores, most of it compiling)."""
   out = tmp_path / "out"
   run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out),
                         "moe_lab"], capture_output=True, text=True, timeout=900,
@@ -199,16 +224,23 @@ def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
   assert run.returncode == 0, run.stderr[-2000:]
   lines = [json.loads(line) for line in open(out / "gpu.jsonl")]
   ends = {r["row"]: r for r in lines if "rc" in r}
-  assert list(ends) == ["env", "lab", "lab_step"] and all(r["rc"] == 0 for r in ends.values())
+  assert list(ends) == ["env", "lab", "lab_step_fuse_on", "lab_step_fuse_off"]
+  assert all(r["rc"] == 0 for r in ends.values())
   lab = [r for r in lines if r.get("lab") and "ms" in r]
   assert {r["piece"] for r in lab} >= {"router", "sort", "dispatch", "combine", "experts",
                                        "layer"}
+  assert {r["impl"] for r in lab if r["piece"] == "layer"} >= {"capacity/gather",
+                                                               "gmm/gather+fuse_gate_up"}
   (winner,) = [r["winners"]["tiny"]["layer"] for r in lines if r.get("piece") == "winners"]
-  (step,) = [r for r in lines if r.get("row") == "lab_step" and "step_s" in r]
+  steps = [r for r in lines if str(r.get("row")).startswith("lab_step") and "step_s" in r]
   assert "| tiny | combine | pallas |" in (out / "lab.md").read_text()
   experts, dispatch = winner.split("+")[0].split("/")
   assert dispatch in moe_dispatch.IMPLS
-  assert (step["expert_impl"], step["dispatch_impl"]) == (experts, dispatch)
+  assert {(s["expert_impl"], s["dispatch_impl"]) for s in steps} == {(experts, dispatch)}
+  fusing = experts in platform.FUSES_GATE_UP
+  assert [s["expert_fuse_gate_up"] for s in steps] == (["on", "off"] if fusing else ["off"] * 2)
+  assert "nothing to record: no GPU measurements" in (out / "quick_log.txt").read_text()
+  assert not (out / "gemm_measured.json").exists()
 
 
 def _step(row, phase, **kw):
@@ -305,8 +337,8 @@ def test_ladder_sh_plan_only_names_the_call_that_adds_the_most(tmp_path):
 def test_the_labs_step_is_its_fastest_whole_layer_not_its_fastest_piece():
   """On an H200 (2026-11-27, twice) the dispatch fastest alone (unrolled) made the step slower
   (0.267 against 0.180 s), and gate and up fused made the layer 22% faster: the step the lab
-  runs is its fastest whole layer's expert_impl, dispatch and fusion; zero_tail, which no
-  config field sets, is left on. Without layer rows, the fastest dispatch alone."""
+  runs is its fastest whole layer's expert_impl and dispatch, fused or split as asked, or as
+  the layer was. Without layer rows, the fastest dispatch alone."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   try:
     moe_lab = importlib.import_module("moe_lab")
@@ -317,14 +349,18 @@ def test_the_labs_step_is_its_fastest_whole_layer_not_its_fastest_piece():
   rows = [row("dispatch", "unrolled", 1.32), row("combine", "unrolled", 0.55),
           row("dispatch", "pallas", 1.60), row("combine", "pallas", 0.84),
           row("layer", "gmm/pallas", 11.49), row("layer", "gmm/pallas+fuse_gate_up", 8.98),
-          row("layer", "gmm/pallas+fuse_gate_up+no_zero_tail", 8.64),
-          row("layer", "gmm/pallas+no_zero_tail", 10.81)]
+          row("layer", "capacity/pallas", 9.40)]
   found = moe_lab.winners(rows)
   assert found["recipe"]["dispatch"] == "unrolled"
-  assert found["recipe"]["layer"] == "gmm/pallas+fuse_gate_up+no_zero_tail"
+  assert found["recipe"]["layer"] == "gmm/pallas+fuse_gate_up"
   assert moe_lab.step_args(found) == ("--config.model.expert_impl=gmm --config.model."
                                       "dispatch_impl=pallas --config.model.expert_fuse_gate_up="
-                                      "True")
+                                      "on")
+  assert moe_lab.step_args(found, "off").endswith("expert_fuse_gate_up=off")
+  blocked = moe_lab.winners(rows[:4] + [row("layer", "blocked/pallas", 5.0)])
+  assert moe_lab.step_args(blocked, "on").endswith("expert_impl=blocked --config.model."
+                                                   "dispatch_impl=pallas --config.model."
+                                                   "expert_fuse_gate_up=off")
   no_layers = moe_lab.winners(rows[:4])
   assert moe_lab.step_args(no_layers) == "--config.model.dispatch_impl=unrolled"
   assert moe_lab.step_args({}) == "--config.model.dispatch_impl=gather"

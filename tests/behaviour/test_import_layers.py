@@ -1,6 +1,6 @@
-"""Imports point down the layers (README, module map): every tst_jax import, at module level or
-inside a function, goes to its own layer or a lower one, and no tst_jax module is imported
-inside a function (that hides a cycle: the code is in the wrong place). Libraries may be
+"""Imports point down the layers (LAYERS here, docs/architecture.md's table): every tst_jax
+import, at module level or inside a function, goes to its own layer or a lower one, and no
+tst_jax module is imported inside a function (that hides a cycle: the code is in the wrong place). Libraries may be
 imported lazily where a command does not always need them (matplotlib, jax in the sweep's
 driver, optional extras). Parsed from the source, so no module has to be importable."""
 
@@ -62,7 +62,7 @@ def test_imports_point_down_the_layers(path):
   if me == "tst_jax":
     return
   mine = layer(me)
-  assert mine is not None, f"{me} is in no layer: add it to the README's table and LAYERS"
+  assert mine is not None, f"{me} is in no layer: add it to LAYERS and docs/architecture.md's table"
   problems = []
   for name, line, in_function in imports(ast.parse(path.read_text())):
     theirs = layer(name)
@@ -120,3 +120,13 @@ def test_the_graph_sees_every_model_family_under_the_train_step():
           "tst_jax.models.layers"} <= _reachable("tst_jax.train.step")
   assert {"tst_jax.convert.llama_hf",
           "tst_jax.convert.qwen3_moe_hf"} <= _reachable("tst_jax.convert.hf")
+
+
+# A module past this many lines holds more than one idea (STYLE.md: one module per idea).
+MAX_MODULE_LINES = 450
+
+
+def test_every_module_holds_one_idea_in_at_most_450_lines():
+  long = {str(p.relative_to(ROOT)): n for p in MODULES
+          if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert not long, f"split by idea: {long}"

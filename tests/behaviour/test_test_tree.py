@@ -22,13 +22,13 @@ NAMED_FOR_A_PART = {
 
 # Modules tested through others, and where. Each named file must import the module.
 ELSEWHERE = {
-    "errors.py": ["behaviour/test_user_errors.py"],
     "convert/hf.py": ["convert/test_llama_hf.py", "convert/test_qwen3_moe_hf.py"],
     "data/output_shards.py": ["data/test_store.py"],
     "convert/reading.py": ["convert/test_llama_hf.py"],
     "data/run_data.py": ["config/test_plan.py", "data/test_store.py"],
     "kernels/sharded.py": ["kernels/test_linear_mce.py"],
     "models/sampling.py": ["tools/test_sample.py"],
+    "models/experts.py": ["models/test_moe.py", "parallel/test_mesh.py"],
     "kernels/tokamax_tuning.py": ["kernels/test_grouped_matmul.py"],
     "tools/arms.py": ["tools/test_compare.py", "tools/test_sweep.py"],
     "tools/eval_curve.py": ["tools/test_compare.py"],

@@ -23,6 +23,8 @@ LOCAL = {
     ("tst_jax/data/prepare.py", "_tokenize_documents"): "files in prepare's local work folder",
     ("tst_jax/data/output_shards.py", "write"): "a shard staged in the local work folder",
     ("tst_jax/kernels/tokamax_tuning.py", "_load"): "the autotuning cache, a local folder",
+    ("tst_jax/kernels/gemm_measured.py", "_load"): "the package's table, or the lab's local copy",
+    ("tst_jax/data/runners.py", "check_shared"): "a probe in prepare's local work folder",
     ("tst_jax/kernels/tokamax_tuning.py", "_tune"): "the autotuning cache, a local folder",
     ("tst_jax/tools/sweep/run.py", "link_prepared_data"):
         "hard links, made only in a local sweep folder (shared_store)",

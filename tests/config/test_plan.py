@@ -1,8 +1,11 @@
 """The run's plan (tst_jax/config/plan.py): the paper configs' sizes and data tokens, a phase as
-the single source of its batches and loss, and plan.json's record read back typed."""
+the single source of its batches and loss, plan.json's record read back typed, and every count
+of a plan against the plan written out."""
 
+import dataclasses
 import json
 import os
+import types
 
 import jax
 import numpy as np
@@ -97,6 +100,8 @@ def test_the_plan_record_reads_back_typed_and_old_sweep_records_still_read():
     assert [p["first_step"] for p in written["phases"]] == (
         [0, 6] if len(data) == 2 else [0, 3, 6] if len(data) == 3 else [0])
     assert written["data"]["passes"] == pytest.approx([d / 1000 for d in data])
+    # One store: no per-source or per-stage passes, which a data.mixture's record adds.
+    assert set(written["data"]) == {"train_tokens", "exact", "where", "passes", "passes_total"}
     assert written["data"]["passes_total"] == pytest.approx(sum(data) / 1000)
     assert written["flops_total"] == pytest.approx(sum(p.flops_per_step * p.steps
                                                        for p in spec.plan.phases))
@@ -111,3 +116,98 @@ def test_the_plan_record_reads_back_typed_and_old_sweep_records_still_read():
   assert spec_lib.check(staged).plan.phases[0].weighting == "power"
 
 
+class _Model:
+  """A model config of 1000 parameters, 700 active, and 100 + L FLOPs per token at length L:
+  the plan needs nothing else of a model."""
+
+  def param_counts(self):
+    return 1000, 700
+
+  def flops_per_token(self, latent):
+    return 100.0 + latent
+
+
+def _tst(**kw):
+  return types.SimpleNamespace(**dict(dict(bag_size=4, ratio=0.3, schedule="", mode="full",
+                                           equal_flops="seq", weighting="power",
+                                           variant="alt"), **kw))
+
+
+def test_the_plans_counts_are_those_of_a_plan_written_out():
+  """10 steps, r = 0.3, S = 4, L = 16, B = 2: tst for steps 0-2 reads 2 x 64 tokens a step,
+  ntp for 3-9 reads 2 x 16; every count the plan gives, at every step, is that arithmetic."""
+  plan = plan_lib.make_plan(_Model(), _tst(), 16, 2, 10)
+  tst, ntp = plan.phases
+  assert (tst.name, tst.first_step, tst.steps, tst.bag_size, tst.latent_seq_len,
+          tst.batch_size, tst.weighting, tst.variant) == ("tst", 0, 3, 4, 16, 2, "power", "alt")
+  assert (ntp.name, ntp.first_step, ntp.steps, ntp.bag_size, ntp.mode, ntp.weighting,
+          ntp.variant) == ("ntp", 3, 7, 1, "ntp", "uniform", "mce")
+  assert (plan.params_total, plan.params_active, plan.ratio, plan.total_steps) == (
+      1000, 700, 0.3, 10)
+  assert tst.window == 65 and ntp.window == 17 and tst.last_step == 3 and ntp.last_step == 10
+  assert tst.flops_per_step == ntp.flops_per_step == 116.0 * 16 * 2
+  assert [plan.phase_at(step).name for step in range(12)] == ["tst"] * 3 + ["ntp"] * 9
+  data = [0, 128, 256, 384] + [384 + 32 * k for k in range(1, 8)] + [608]
+  assert [plan.tokens_at(step) for step in range(12)] == [
+      dict(data_tokens=d, equivalent_tokens=32 * min(step, 10)) for step, d in enumerate(data)]
+  assert plan.flops_at(2.5) == 2.5 * 116 * 32
+  np.testing.assert_array_equal(plan.flops_at(np.array([0, 4, 11])), [0, 4 * 116 * 32,
+                                                                       10 * 116 * 32])
+  assert plan.flops_total == 10 * 116 * 32
+  assert (plan.data_tokens_total, plan.equivalent_tokens_total) == (608, 320)
+  assert [plan.data_start(p) for p in plan.phases] == [0, 384]
+  assert plan.passes(64) == [384 / 64, 224 / 64]
+  assert plan.tokens_per_param == 320 / 700 and plan.ntp_tokens_per_param == 224 / 700
+  # A plan is checked once and changed by nothing after, its record neither.
+  record = plan_lib.PlanRecord(plan)
+  for frozen, field in ((plan, "ratio"), (tst, "steps"), (record, "tokens")):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      setattr(frozen, field, 1)
+
+
+def test_a_plan_of_one_phase_at_either_end_of_r():
+  """r = 0 or S = 1 is the baseline, next-token only; r = 1 is tst only, with no empty ntp."""
+  for tst in (_tst(ratio=0.0), _tst(bag_size=1)):
+    plan = plan_lib.make_plan(_Model(), tst, 16, 2, 10)
+    assert [(p.name, p.steps) for p in plan.phases] == [("ntp", 10)] and plan.ratio == 0.0
+    assert plan.ntp_tokens_per_param is None       # no tst phase for it to follow
+  only = plan_lib.make_plan(_Model(), _tst(ratio=1.0), 16, 2, 10)
+  assert [(p.name, p.steps) for p in only.phases] == [("tst", 10)] and only.ratio == 1.0
+  assert only.ntp_tokens_per_param == 0.0
+  two = plan_lib.make_plan(_Model(), _tst(bag_size=2), 16, 2, 10)    # the smallest bag
+  assert [(p.name, p.bag_size, p.steps) for p in two.phases] == [("tst", 2, 3), ("ntp", 1, 7)]
+
+
+def test_stages_share_phase_one_and_batch_equal_flops_trades_length_for_rows():
+  """'halve' at S = 8 over 7 phase-1 steps: S = 8, 4, 2 for 3, 2, 2 steps; equal_flops=batch
+  gives L / S positions and S x B rows, except in output_only, which keeps L and B."""
+  plan = plan_lib.make_plan(_Model(), _tst(bag_size=8, ratio=0.5, schedule="halve"), 16, 2, 14)
+  assert [(p.bag_size, p.first_step, p.steps) for p in plan.phases] == [
+      (8, 0, 3), (4, 3, 2), (2, 5, 2), (1, 7, 7)]
+  assert plan_lib.bag_schedule(_tst(bag_size=6, schedule="halve")) == (6, 3)
+  assert plan_lib.bag_schedule(_tst(bag_size=5, schedule=" 5, 3,2 ")) == (5, 3, 2)
+  batch = plan_lib.make_plan(_Model(), _tst(equal_flops="batch"), 16, 2, 10).phases[0]
+  assert (batch.latent_seq_len, batch.batch_size, batch.data_seq_len) == (4, 8, 16)
+  kept = plan_lib.make_plan(_Model(), _tst(equal_flops="batch", mode="output_only"), 16, 2,
+                            10).phases[0]
+  assert (kept.latent_seq_len, kept.batch_size, kept.data_seq_len) == (16, 2, 16)
+
+
+@pytest.mark.parametrize("schedule,bag_size", [("8,8", 8), ("4,2", 8), ("8,1", 8), ("8,x", 8),
+                                               ("8,4,3,3", 8)])
+def test_a_schedule_that_does_not_decrease_from_s_to_2_is_refused(schedule, bag_size):
+  with pytest.raises(ValueError, match="must start at tst.bag_size|comma list"):
+    plan_lib.bag_schedule(_tst(bag_size=bag_size, schedule=schedule))
+
+
+def test_an_old_sweep_record_reads_back_with_r_as_the_tst_share():
+  plan = plan_lib.make_plan(_Model(), _tst(), 16, 2, 10)
+  record = plan.to_json()
+  del record["ratio"]
+  for p in record["phases"]:
+    del p["first_step"]
+  back = plan_lib.Plan.from_json(record)
+  assert back.ratio == 0.3 and [p.first_step for p in back.phases] == [0, 3]
+  one = plan_lib.make_plan(_Model(), _tst(ratio=1.0), 16, 2, 1).to_json()   # one tst step
+  del one["ratio"]
+  assert plan_lib.Plan.from_json(one).ratio == 1.0

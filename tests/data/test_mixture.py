@@ -276,6 +276,8 @@ def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_
   code, prose = two_stores
   assert f"data: tokens:{code} (weight tst S=2 0, ntp 0.6)" in out
   assert f"data: tokens:{prose} (weight tst S=2 1, ntp 0.4)" in out
+  assert ("data: eval_bag_loss reads the held-out split of data.mixture, as eval_loss does, not "
+          "data.tst_mixture's") in out
   record = json.loads((tmp_path / "plan.json").read_text())["data"]
   assert [s["source"] for s in record["sources"]] == [f"tokens:{prose}", f"tokens:{code}"]
   logged = _losses(tmp_path)

@@ -358,7 +358,8 @@ def test_store_of_another_tokenizer(one_shard, corpus, tmp_path):
     TokenStore(str(copy)).tokenizer()
 
 
-def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, tmp_path):
+def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, tmp_path,
+                                                            caplog):
   _, source, _ = corpus
   config = tiny_config()
   config.data.source = f"tokens:{one_shard.directory}"
@@ -368,7 +369,11 @@ def test_trainer_reads_a_store_in_place_and_refuses_another(one_shard, corpus, t
   stores = run_data.open_stores(_data(config), rundir, 512)
   workdir_lib.check_store(rundir, stores, force=False)     # a new run trains on any store
   fileio.makedirs(rundir.root)
-  data = run_data.load_data(_data(config), stores, rundir, 512, (0, 1))
+  with caplog.at_level("WARNING", logger="tst_jax"):
+    data = run_data.load_data(_data(config), stores, rundir, 512, (0, 1))
+  # The model's 512 ids against the store's 300: a warning, not a silent waste.
+  assert ("model.vocab_size 512 is larger than the 300 tokens of the tokenizer of the store "
+          f"{one_shard.directory}: 212 rows") in caplog.text
   assert data.train.directory == one_shard.directory and data.fingerprint == one_shard.fingerprint
   workdir_lib.write_store(rundir, data.fingerprint, data.train.directory, len(data.train))
   assert len(data.eval_windows) == 2 and not os.path.exists(rundir.data)
@@ -442,8 +447,10 @@ def test_empty_source_and_missing_jsonl_field(tmp_path):
   folder = tmp_path / "j"
   os.makedirs(folder)
   (folder / "x.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
-  with pytest.raises(DataError, match=f"{folder}/x.jsonl:2: no string field 'text'"):
+  with pytest.raises(DataError, match=f"{folder}/x.jsonl:2: no string field 'text'") as e:
     prepare(f"jsonl:{folder}/*.jsonl", tmp_path / "s3", tokenizer=prepare_lib_tokenizer(tmp_path))
+  # The flag of each command that reads a corpus: main.py has no --text_field.
+  assert "--config.data.text_field=NAME (main.py), --text_field=NAME (prepare)" in str(e.value)
   (folder / "x.jsonl").write_text('{"text": "fine"}\nnot json\n')
   with pytest.raises(DataError, match=f"{folder}/x.jsonl:2: not a JSON line"):
     load_documents(f"jsonl:{folder}/*.jsonl")
@@ -542,8 +549,24 @@ def test_cli_prints_the_store_or_one_error_line(corpus, tmp_path, capsys):
   out = tmp_path / "s"
   argv = [f"--source={source}", f"--out={out}", "--vocab_size=300", "--workers=1"]
   assert prepare_lib.main(argv) == 0
-  printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert printed["fingerprint"] == TokenStore(str(out)).fingerprint
+  said = capsys.readouterr()
+  summary, last = said.out.strip().splitlines()[-2:]
+  printed = json.loads(last)
+  store = TokenStore(str(out))
+  assert printed["fingerprint"] == store.fingerprint
+  val = printed["val_tokens"]
+  assert summary.startswith(f"prepared {out}: ") and (
+      f"{printed['train_tokens']:,} training and {val:,} held-out tokens "
+      f"({val // 129:,} windows of 129 tokens, {val // 2049:,} of 2,049)") in summary
+  # A held-out split too small for an eval of the paper's length says so, with a fraction.
+  [warning] = [line for line in said.err.splitlines() if line.startswith("warning: ")]
+  assert val < 16 * 2049 and warning.startswith(
+      f"warning: the held-out split holds {val:,} tokens, {val // 2049} windows of 2,049")
+  wanted = float(warning.split("--val_fraction=")[1].split()[0])
+  assert abs(wanted - 0.02 * 64 * 2049 / val) < 0.01 * wanted or wanted == 0.5
+  assert store_lib.held_out_warning(16 * 2049, 0.02) == ""
+  assert "4 windows of 2,049 " in store_lib.held_out_warning(4 * 2049, 0.02)
+  assert "--val_fraction=0.32 for about 64" in store_lib.held_out_warning(4 * 2049, 0.02)
   with pytest.raises(SystemExit) as stop:
     errors.main(prepare_lib.main, [f"--source=text:{tmp_path}/none/*.txt", f"--out={tmp_path}/t",
                                    "--vocab_size=300"])

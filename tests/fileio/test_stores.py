@@ -60,7 +60,7 @@ def test_refusals_are_one_line_with_the_reason(monkeypatch, error, reason):
 
 
 def test_gs_credentials_reason_says_how_to_log_in():
-  assert "gcloud auth application-default login" in stores.reason(   # pylint: disable=protected-access
+  assert "gcloud auth application-default login" in stores.reason(
       DefaultCredentialsError(), "gs://b/x")
 
 

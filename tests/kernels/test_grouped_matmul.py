@@ -2,6 +2,7 @@
 per-group loop: forward, dX and dW, for uneven, empty and all-rows groups, rows past the last
 group (other shards' experts), float32 and bfloat16; its backward is grouped GEMMs only."""
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -19,7 +20,7 @@ import pytest
 from tests.fixtures.paths import ROOT
 from tst_jax import platform
 from tst_jax.errors import ConfigError
-from tst_jax.kernels import grouped_matmul as gm, tokamax_tuning
+from tst_jax.kernels import gemm_measured, grouped_matmul as gm, tokamax_tuning
 
 
 def per_group(x_AxI, w_ExIxO, sizes_E):
@@ -109,15 +110,59 @@ def test_the_benchmark_runs_at_tiny_shapes():
 
 # ------------------------------------------------------------------ tokamax, faked on CPU
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FakeMosaicConfig:
+  """tokamax 0.0.17's Mosaic GPU ragged dot Config: its fields and defaults."""
+  block_m: int
+  block_n: int
+  block_k: int
+  num_stages: int
+  split_k: int
+  split_m: int = 1
+  persistent: bool = True
+  post_scale: bool = False
+  collective: bool = False
+  grid_minor_dim: int = 1
+  grid_tile_width: int = 1
+  epilogue_quant_qtype: object = None
+  epilogue_quant_subchannel_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FakeTritonConfig:
+  """tokamax 0.0.17's Triton ragged dot Config."""
+  block_m: int
+  block_n: int
+  block_k: int
+  split_k: int = 1
+  num_warps: int = 4
+  num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeOp:
+  """One of tokamax's ragged dot kernels as its registry holds it: a config class and
+  `replace(config=...)`."""
+  name: str
+  config_cls: type
+  config: object = None
+
+  def replace(self, **kwargs):
+    return dataclasses.replace(self, **kwargs)
+
+
 class FakeTokamax(types.ModuleType):
   """tokamax's API as the code calls it (openxla/tokamax: ragged_dot_general's
-  `implementation=`, autotune, AutotuningResult), computed by jax.lax.ragged_dot_general; like
-  its Mosaic GPU kernels it refuses a row count that is not a multiple of 8. Records calls."""
+  `implementation=` of names or of kernels from its registry with a fixed config, autotune,
+  AutotuningResult), computed by jax.lax.ragged_dot_general; like its Mosaic GPU kernels it
+  refuses a row count that is not a multiple of 8. Records calls."""
 
   def __init__(self, version="0.0.17"):
     super().__init__("tokamax")
     self.__version__, self.calls, self.tuned, self.entered = version, [], [], []
     self.exact = True
+    self.registry = {"mosaic_gpu": FakeOp("mosaic_gpu", FakeMosaicConfig),
+                     "triton": FakeOp("triton", FakeTritonConfig), "xla": FakeOp("xla", None)}
     fake = self
 
     class AutotuningResult:
@@ -138,6 +183,16 @@ class FakeTokamax(types.ModuleType):
         return False
     self.AutotuningResult = AutotuningResult
 
+  def modules(self) -> dict:
+    """sys.modules entries for the fake and its registry, tokamax._src.ops.ragged_dot.api."""
+    api = types.ModuleType("tokamax._src.ops.ragged_dot.api")
+    api.IMPLEMENTATIONS = self.registry
+    ragged_dot = types.ModuleType("tokamax._src.ops.ragged_dot")
+    ops, src = types.ModuleType("tokamax._src.ops"), types.ModuleType("tokamax._src")
+    ragged_dot.api, ops.ragged_dot, src.ops, self._src = api, ragged_dot, ops, src
+    return {"tokamax": self, "tokamax._src": src, "tokamax._src.ops": ops,
+            "tokamax._src.ops.ragged_dot": ragged_dot, "tokamax._src.ops.ragged_dot.api": api}
+
   def ragged_dot_general(self, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                          precision=None, preferred_element_type=None, *, implementation=None):
     if lhs.shape[0] % 8:
@@ -146,9 +201,13 @@ class FakeTokamax(types.ModuleType):
     if ragged_dot_dimension_numbers == gm._DIMS["dw"] and lhs.shape[0] % 64:   # on an H200
       raise ValueError("When no rounding mode is specified, dimension 1 must have size smaller "
                        f"or a multiple of its tiling 64, but got {lhs.shape[0]}")
+    kernels = [i if isinstance(i, FakeOp) else self.registry[
+        "mosaic_gpu" if i == "mosaic" else i] for i in implementation or ()]
+    names = tuple("mosaic" if k.name == "mosaic_gpu" else k.name for k in kernels)
     self.calls.append(dict(dims=ragged_dot_dimension_numbers, rows=lhs.shape[0],
-                           implementation=implementation, out=preferred_element_type,
-                           entered=len(self.entered)))
+                           implementation=names or None,
+                           configs=tuple(k.config for k in kernels),
+                           out=preferred_element_type, entered=len(self.entered)))
     product = functools.partial(jax.lax.ragged_dot_general, group_sizes=group_sizes,
                                 ragged_dot_dimension_numbers=ragged_dot_dimension_numbers,
                                 precision=precision, preferred_element_type=jnp.float32)
@@ -166,26 +225,30 @@ class FakeTokamax(types.ModuleType):
 @pytest.fixture
 def fake_tokamax(monkeypatch, tmp_path):
   fake = FakeTokamax()
-  monkeypatch.setitem(sys.modules, "tokamax", fake)
+  for name, module in fake.modules().items():
+    monkeypatch.setitem(sys.modules, name, module)
   monkeypatch.setattr(gm, "tokamax_version", lambda: fake.__version__)
   monkeypatch.setenv(tokamax_tuning.ENV, str(tmp_path / "tuning"))
   monkeypatch.setattr(tokamax_tuning, "_RESULTS", {})
+  monkeypatch.setattr(gm, "_ANNOUNCED", set())
+  monkeypatch.setattr(gemm_measured, "FILE", str(tmp_path / "no_measurements.json"))
   return fake
 
 
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tokamax):
+def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tokamax, capsys):
   """131009 rows (benchmarks/grouped_matmul.py's: tokamax refused them on the H100 and, padded
   to 131016, on the H200): padded to whole tiles of 64 inside grouped_matmul, values and both
   gradients as XLA's; the forward and dX on Mosaic, dW on Triton (platform's H100 entry),
-  each with its fallback."""
+  each with its fallback and each kernel with the config pinned from tokamax's H100 tables, so
+  nothing is autotuned."""
   with pytest.raises(ValueError, match="multiple of its tiling 8, but got 131009"):
     fake_tokamax.ragged_dot_general(jnp.ones((131009, 2)), jnp.ones((1, 2, 2)),
                                     jnp.asarray([1]), gm._DIMS["forward"])
   backend, kernels, why = platform.grouped_matmul_backend("gpu", H100)
-  assert backend == "tokamax" and "Triton" in why and "autotuned once" in why
+  assert backend == "tokamax" and "Triton" in why and "dw triton [pinned] then mosaic" in why
   a, i, o = 131009, 8, 4
   sizes_E = jnp.asarray([40000, 0, 51000, 39000], jnp.int32)          # 130000 of 131009 rows
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
@@ -207,6 +270,18 @@ def test_tokamax_pads_rows_and_runs_the_measured_kernel_of_each_product(fake_tok
   assert by_product["forward"]["implementation"] == ("mosaic", "triton")
   assert by_product["dx"]["implementation"] == ("mosaic", "triton")
   assert by_product["dw"]["implementation"] == ("triton", "mosaic")
+  # tokamax's H100 tables at F 768, 128 experts (pallas_mosaic_gpu_ragged_dot.json,
+  # triton_ragged_dot.json of its 0.0.17 wheel), the fastest entry of each
+  forward_mosaic, _ = by_product["forward"]["configs"]
+  assert forward_mosaic == FakeMosaicConfig(block_m=128, block_n=64, block_k=128, num_stages=4,
+                                            split_k=1, grid_minor_dim=1, grid_tile_width=8)
+  assert by_product["dw"]["configs"][0] == FakeTritonConfig(
+      block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5)
+  dx_mosaic, dx_triton = by_product["dx"]["configs"]
+  assert (dx_mosaic.persistent, dx_mosaic.num_stages, dx_triton.block_n) == (False, 2, 128)
+  assert fake_tokamax.tuned == [] and fake_tokamax.entered == []
+  said = capsys.readouterr().err
+  assert "tokamax: dw float32[131072,8] x float32[131072,4]: triton, config pinned" in said
 
 
 def test_tokamax_autotunes_each_shape_once_and_keeps_it(fake_tokamax, monkeypatch):
@@ -261,8 +336,8 @@ def test_tokamax_versions_and_auto_on_gpu(monkeypatch):
   impl, why = platform.expert_impl("auto", "gpu", H100)
   assert impl == "gmm" and "1.42x" in why and "0.161 vs 0.228 s" in why and "tokamax 0.0.17" in why
   assert "Triton" in why and "Mosaic" in why
-  _, kernels, why = platform.grouped_matmul_backend("gpu", "NVIDIA B200")
-  assert kernels == gm.Kernels() and "none measured on NVIDIA B200" in why
+  _, kernels, why = platform.grouped_matmul_backend("gpu", "NVIDIA A40")
+  assert kernels == gm.Kernels() and "no kernel table for NVIDIA A40" in why
   monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.12")
   for requested in ("auto", "gmm"):
     with pytest.raises(ConfigError, match=r"needs tokamax >= 0\.0\.17 .*tokamax 0\.0\.12 is "
@@ -276,30 +351,96 @@ def test_tokamax_versions_and_auto_on_gpu(monkeypatch):
   assert platform.expert_impl("auto", "cpu")[0] == "blocked"
 
 
-def test_kernels_tokamax_cannot_run_are_left_out_and_said(monkeypatch, tmp_path):
+@pytest.fixture
+def fake_packages():
+  """Forgets, after the test and after monkeypatch has put back what it took out, the tokamax,
+  triton and jax_triton it imported from a folder of its own: a later import (torch's, of
+  triton) must find the installed ones. Ask for it before monkeypatch."""
+  before = set(sys.modules)
+  yield
+  for name in set(sys.modules) - before:
+    if name.split(".")[0] in ("tokamax", "triton", "jax_triton"):
+      del sys.modules[name]
+
+
+def _install_tokamax(monkeypatch, tmp_path, names, modules=()):
+  """A tokamax laid out as 0.0.17 (its registry in tokamax._src.ops.ragged_dot.api) that
+  registers the kernels `names`, on sys.path, with each of `modules` (name -> __init__ source)
+  beside it."""
+  root = tmp_path / "_".join(names)
+  api = root / "tokamax" / "_src" / "ops" / "ragged_dot"
+  api.mkdir(parents=True)
+  for folder in (api, api.parent, api.parent.parent, api.parent.parent.parent):
+    (folder / "__init__.py").touch()
+  (api / "api.py").write_text(f"IMPLEMENTATIONS = {dict.fromkeys(names)!r}\n")
+  for module, source in dict(modules).items():
+    (root / module).mkdir()
+    (root / module / "__init__.py").write_text(source)
+  for name in [m for m in sys.modules if m.split(".")[0] in ("tokamax", "triton", "jax_triton")]:
+    monkeypatch.delitem(sys.modules, name)
+  monkeypatch.syspath_prepend(str(root))
+
+
+def test_kernels_tokamax_cannot_run_are_left_out_and_said_in_one_line(fake_packages,
+                                                                     monkeypatch, tmp_path):
   """tokamax 0.0.17 registers its Triton kernels only where jax-triton and triton import, and
   refuses an unknown name ("Unknown implementation: triton" on an H200 without them, 2026-11-27):
-  the H100's Triton-first choice keeps Mosaic alone there, and the reason says why. A tokamax
-  laid out as 0.0.17 (its registry in tokamax._src.ops.ragged_dot.api) stands in for it."""
-  def install(names):
-    api = tmp_path / "_".join(names) / "tokamax" / "_src" / "ops" / "ragged_dot"
-    api.mkdir(parents=True)
-    for folder in (api, api.parent, api.parent.parent, api.parent.parent.parent):
-      (folder / "__init__.py").touch()
-    (api / "api.py").write_text(f"IMPLEMENTATIONS = {dict.fromkeys(names)!r}\n")
-    for name in [m for m in sys.modules if m == "tokamax" or m.startswith("tokamax.")]:
-      monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(api.parents[3]))
+  the H100's Triton-first choice keeps Mosaic alone there, and the reason says in one line
+  which of the two does not import and why."""
   monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.17")
-  install(["xla", "mosaic_gpu"])
+  monkeypatch.setattr(gemm_measured, "FILE", str(tmp_path / "none.json"))
+  monkeypatch.setenv(tokamax_tuning.ENV, "off")
+  _install_tokamax(monkeypatch, tmp_path / "a", ["xla", "mosaic_gpu"])
+  monkeypatch.setitem(sys.modules, "triton", None)   # absent, also where torch brought it
+  assert "triton not used: triton does not import (ModuleNotFoundError" in \
+      platform.grouped_matmul_backend("gpu", H100)[2]
+  broken = "raise ImportError(\"cannot import name 'triton_call' from 'jaxlib'\")\n"
+  _install_tokamax(monkeypatch, tmp_path / "b", ["xla", "mosaic_gpu"],
+                   {"triton": "", "jax_triton": broken})
   assert gm.tokamax_kernels() == {"xla", "mosaic_gpu", "mosaic"}
   _, kernels, why = platform.grouped_matmul_backend("gpu", H100)
-  assert kernels == gm.Kernels(forward=("mosaic",), dx=("mosaic",), dw=("mosaic",))
-  assert "triton not used: not installed" in why and "jax-triton" in why
-  install(["xla", "triton", "mosaic_gpu"])
+  assert kernels[:3] == (("mosaic",), ("mosaic",), ("mosaic",))
+  assert {p[1] for p in kernels.pinned} == {"mosaic"}
+  assert ("triton not used: jax_triton does not import (ImportError: cannot import name "
+          "'triton_call' from 'jaxlib')") in why and "\n" not in why
+  assert "dw mosaic [pinned]" in why
+  _install_tokamax(monkeypatch, tmp_path / "c", ["xla", "triton", "mosaic_gpu"])
   _, kernels, why = platform.grouped_matmul_backend("gpu", H100)
   assert kernels.dw == ("triton", "mosaic") and "not used" not in why
   assert gm.Kernels(dw=("triton",)).within({"mosaic"}) == gm.Kernels()
+
+
+@pytest.mark.parametrize("kind,lines,why", [
+    (H100, ["forward mosaic [pinned] then triton [pinned]", "dx mosaic [pinned] then triton "
+            "[pinned]", "dw triton [pinned] then mosaic [pinned]"], "tokamax's H100 tables"),
+    ("NVIDIA H200", ["forward mosaic [pinned] then triton [pinned]",
+                     "dw triton [pinned] then mosaic [pinned]"],
+     "the H100's entry: tokamax ships no H200 table, and the H200 is sm_90 as the H100"),
+    ("NVIDIA B200", ["forward mosaic [fallback: tokamax's heuristic tile] then triton "
+                     "[fallback: tokamax's heuristic tile]",
+                     "dw triton [pinned] then mosaic [fallback"], "tokamax's B200 tables"),
+    ("NVIDIA A40", ["forward tokamax's own kernel and config", "dx tokamax's own kernel and "
+                    "config", "dw tokamax's own kernel and config"],
+     "no kernel table for NVIDIA A40: tokamax's own kernels and configs"),
+])
+def test_the_plan_says_each_products_kernels_and_where_their_configs_come_from(
+    fake_tokamax, monkeypatch, kind, lines, why):
+  """The run's plan line, per GPU: each product's kernels in order, each with its config's
+  source (pinned; tokamax's heuristic tile where tokamax ships no table and tuning is off; a
+  GPU with no entry in one line), and where the table came from; what the MoE lab measured
+  on that GPU, here nothing."""
+  monkeypatch.setenv(tokamax_tuning.ENV, "off")
+  monkeypatch.setattr(gm, "tokamax_table", lambda kernel, device_kind: False)
+  impl, reason = platform.expert_impl("gmm", "gpu", kind)
+  assert impl == "gmm" and "\n" not in reason
+  for line in lines:
+    assert line in reason, (line, reason)
+  assert why in reason
+  assert f"the MoE lab measured nothing on {kind} (no_measurements.json has no entry)" in reason
+  monkeypatch.setenv(tokamax_tuning.ENV, "/tmp/kept")
+  if kind == "NVIDIA B200":
+    assert "forward mosaic [autotuned by tokamax once per shape]" in platform.expert_impl(
+        "gmm", "gpu", kind)[1]
 
 
 def test_the_benchmark_runs_131009_rows_on_tokamax(fake_tokamax, capsys, monkeypatch):
@@ -361,7 +502,7 @@ def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
   """experts_gmm on (fake) tokamax: the dispatch lays the 30 assignments out as 64 rows, whole
   tiles, so neither the forward nor the backward pads a matrix; values
   and gradients as the dense reference (every expert on every token), which pads nothing."""
-  from tst_jax.models import moe   # pylint: disable=import-outside-toplevel
+  from tst_jax.models import experts as moe_experts   # pylint: disable=import-outside-toplevel
   n, d, f, e, p = 10, 6, 5, 4, 3                                       # A = 30 -> R = 64
   k = jax.random.split(jax.random.key(1), 6)
   x = jax.random.normal(k[0], (n, d))
@@ -370,15 +511,95 @@ def test_the_moe_step_pads_no_rows_and_matches_the_dense_experts(fake_tokamax):
   gate, up = jax.random.normal(k[3], (e, d, f)), jax.random.normal(k[4], (e, d, f))
   down = jax.random.normal(k[5], (e, f, d))
   _, kernels, _ = platform.grouped_matmul_backend("gpu", H100)
-  gmm = lambda *a: moe.experts_gmm(*a, backend="tokamax", kernels=kernels)
+  gmm = lambda *a: moe_experts.experts_gmm(*a, backend="tokamax", kernels=kernels)
 
   def loss(impl):
     return lambda x, w, g, u, dn: jnp.sum(jnp.sin(impl(x, ids, w, g, u, dn)))
   args = (x, weights, gate, up, down)
   grad = lambda impl: jax.grad(loss(impl), argnums=(0, 1, 2, 3, 4))
   assert _row_pads(jax.make_jaxpr(grad(gmm))(*args).jaxpr) == []
-  for got, want in zip(grad(gmm)(*args), grad(moe.experts_dense)(*args)):
+  for got, want in zip(grad(gmm)(*args), grad(moe_experts.experts_dense)(*args)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe.experts_dense(x, ids, *args[1:]),
+  np.testing.assert_allclose(gmm(x, ids, *args[1:]), moe_experts.experts_dense(x, ids, *args[1:]),
                              rtol=1e-5, atol=1e-5)
   assert {c["rows"] for c in fake_tokamax.calls} == {64}
+
+
+def _measure(path, device_kind, passes=None, tuned=()):
+  """A gemm_measured.json at `path` holding one device's measurements."""
+  gemm_measured.write(gemm_measured.record({}, device_kind, "a test's numbers",
+                                           passes or {}, list(tuned)), str(path))
+
+
+def test_tuned_and_pinned_configs_run_as_is_and_tokamax_tunes_the_rest(fake_tokamax, capsys):
+  """Each call's config: the MoE lab's tuned one for its exact shapes on this device (the
+  forward here), else the pinned one (dW), else tokamax's, autotuned once per shape (dX, the
+  one product tuned); the fallback kernels keep their pins; each call says its choice once."""
+  x, w = jnp.ones((64, 3), jnp.bfloat16), jnp.ones((2, 3, 5), jnp.bfloat16)
+  sizes = jnp.asarray([30, 34], jnp.int32)
+  tuned = dict(block_m=64, block_n=32, block_k=128, num_stages=2, split_k=1)
+  _measure(gemm_measured.FILE, jax.devices()[0].device_kind, tuned=[dict(
+      product="forward", kernel="mosaic", lhs="bfloat16[64,3]", rhs="bfloat16[2,3,5]",
+      out="None", config=tuned, ms=0.1, start_ms=0.2, candidates=30, search_s=40.0)])
+  pinned = dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5)
+  kernels = gm.Kernels(forward=("mosaic", "triton"), dx=("mosaic",), dw=("triton", "mosaic"),
+                       pinned=(("dw", "triton", json.dumps(pinned)),
+                               ("forward", "triton", json.dumps(pinned))))
+  grad = jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes, "tokamax", kernels).astype(
+      jnp.float32).sum(), argnums=(0, 1))
+  got = jax.jit(grad)(x, w)
+  want = jax.grad(lambda x, w: gm.grouped_matmul(x, w, sizes).astype(jnp.float32).sum(),
+                  argnums=(0, 1))(x, w)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32))
+  by_product = {next(p for p, d in gm._DIMS.items() if d == c["dims"]): c
+                for c in fake_tokamax.calls}
+  assert by_product["forward"]["configs"] == (FakeMosaicConfig(**tuned),
+                                              FakeTritonConfig(**pinned))
+  assert by_product["dw"]["configs"] == (FakeTritonConfig(**pinned), None)
+  assert by_product["dx"]["configs"] == (None,)
+  assert fake_tokamax.tuned == [[(64, 5), (2, 3, 5), (2,)]]           # dX's shapes alone
+  assert [c["entered"] for c in fake_tokamax.calls] == [0, 1, 1]     # forward, dX, dW
+  said = capsys.readouterr().err.splitlines()
+  assert [line.split(": ", 2)[-1].split(",")[0] for line in said if ", config" in line] == [
+      "mosaic", "mosaic", "triton"]
+  assert any("forward bfloat16[64,3] x bfloat16[2,3,5]: mosaic, config tuned" in l for l in said)
+  assert any("dx bfloat16[64,5] x bfloat16[2,3,5]: mosaic, config by tokamax" in l for l in said)
+  jax.block_until_ready(jax.jit(grad)(x * 2, w))                      # said once per call
+  assert not [l for l in capsys.readouterr().err.splitlines() if ", config" in l]
+
+
+def test_a_config_the_installed_tokamax_refuses_runs_tokamaxs_own(fake_tokamax, capsys):
+  """A pinned config with a field the installed tokamax's Config lacks (another version's):
+  that kernel runs tokamax's own config, which is autotuned, and the line says why."""
+  kernels = gm.Kernels(forward=("mosaic",), pinned=(
+      ("forward", "mosaic", json.dumps(dict(block_m=128, block_n=64, block_k=128, num_stages=4,
+                                            split_k=1, swizzle=128))),))
+  x, w, sizes = jnp.ones((64, 3)), jnp.ones((2, 3, 5)), jnp.asarray([30, 34], jnp.int32)
+  np.testing.assert_allclose(gm.grouped_matmul(x, w, sizes, "tokamax", kernels),
+                             gm.grouped_matmul(x, w, sizes))
+  assert fake_tokamax.calls[0]["configs"] == (None,) and len(fake_tokamax.tuned) == 1
+  said = capsys.readouterr().err
+  assert "mosaic, config by tokamax" in said and "mosaic's config refused by tokamax " \
+      "(TypeError" in said and "swizzle" in said
+
+
+def test_the_kernel_of_each_product_is_what_the_lab_measured_fastest(fake_tokamax):
+  """Where the MoE lab timed a product's kernels on this GPU (gemm_measured.json), the fastest
+  of them, summed over the shapes that timed both, runs first, and the plan says the times;
+  products it did not time keep the table's order."""
+  kind = "NVIDIA H200"
+  _measure(gemm_measured.FILE, kind, passes={
+      "recipe": {"forward": {"mosaic": 2.0, "triton": 1.5}, "dw": {"mosaic": 4.1, "triton": 1.2}},
+      "b10": {"forward": {"mosaic": 1.0, "triton": 1.8}, "dw": {"triton": 0.9}}})
+  assert gemm_measured.pass_times(kind) == {"forward": {"mosaic": 3.0, "triton": 3.3},
+                                            "dw": {"triton": 2.1}}
+  _, kernels, why = platform.grouped_matmul_backend("gpu", kind)
+  assert (kernels.forward, kernels.dx, kernels.dw) == (("mosaic", "triton"),
+                                                       ("mosaic", "triton"),
+                                                       ("triton", "mosaic"))
+  assert ("measured fastest by the MoE lab: forward mosaic: mosaic 3 ms vs triton 3.3 ms, "
+          "dw triton: triton 2.1 ms") in why
+  assert "the MoE lab measured 2 shapes' kernels and tuned 0 calls on NVIDIA H200" in why
+  _measure(gemm_measured.FILE, kind, passes={"recipe": {"dx": {"mosaic": 2.0, "triton": 1.0}}})
+  assert platform.grouped_matmul_backend("gpu", kind)[1].dx == ("triton", "mosaic")

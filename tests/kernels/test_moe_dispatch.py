@@ -1,5 +1,6 @@
 """MoE dispatch and combine (tst_jax/kernels/moe_dispatch.py) against slow per-assignment loops:
-the layouts (sorted, sorted into whole tiles of 8 rows, blocked), values and both gradients for
+the layouts (sorted, sorted into whole tiles of 8 rows, blocked, capacity), values and both
+gradients for
 every implementation (moe_dispatch.IMPLS, the Pallas kernels interpreted), ids of other shards'
 experts, backwards made of gathers (no scatter in the differentiated program), and a routing
 program whose size does not depend on the number of assignments."""
@@ -27,6 +28,8 @@ def _layout(ids, kind):
     return moe_dispatch.sort_by_expert(ids, E), None
   if kind == "tiled":   # 36 assignments in 40 rows: whole tiles of a grouped GEMM's 8
     return moe_dispatch.sort_by_expert(ids, E, 8), None
+  if kind == "capacity":   # 2 slots per expert, the rest past them: 10 + 40 rows
+    return moe_dispatch.capacity(ids, E, 2, 8), None
   return moe_dispatch.blocked(ids, E, 4)
 
 
@@ -67,6 +70,56 @@ def test_layout_is_a_permutation_both_ways(kind, other_shards):
     assert r == {"sorted": a, "tiled": 40}[kind]
 
 
+def _slow_capacity(ids, capacity: int):
+  """`capacity`'s buffer the obvious way: each expert's assignments in stable order, the first
+  C in its slots, the rest appended after the E·C slots; -1 marks an empty row."""
+  flat = np.asarray(ids).reshape(-1)
+  slots, overflow, sizes = np.full(E * capacity, -1), [], []
+  for e in range(E):
+    group = [a for a in range(flat.size) if flat[a] == e]
+    slots[e * capacity: e * capacity + min(len(group), capacity)] = group[:capacity]
+    overflow += group[capacity:]
+    sizes.append(max(len(group) - capacity, 0))
+  return slots, np.asarray(overflow), np.asarray(sizes)
+
+
+@pytest.mark.parametrize("other_shards", [False, True])
+@pytest.mark.parametrize("capacity,tile", [(2, 8), (3, 1), (9, 8), (40, 8)])
+def test_capacity_layout_fills_each_experts_slots_then_the_groups_past_them(capacity, tile,
+                                                                           other_shards):
+  """Each expert's first C assignments in its C slots, the rest as groups after them (sizes_E
+  theirs), in A - C rows rounded to whole tiles: room for any routing, none past the groups
+  when C holds every expert's (C = 9, 40), other shards' assignments in no row."""
+  ids = _ids(other_shards)
+  routing = moe_dispatch.capacity(ids, E, capacity, tile)
+  flat = np.asarray(ids).reshape(-1)
+  a, slots = flat.size, E * capacity
+  r = routing.assignment_R.shape[0]
+  assert r == slots + -(-max(a - capacity, 0) // tile) * tile
+  want_slots, want_overflow, want_sizes = _slow_capacity(ids, capacity)
+  assignment_R, row_A = np.asarray(routing.assignment_R), np.asarray(routing.row_A)
+  np.testing.assert_array_equal(np.where(assignment_R[:slots] < a, assignment_R[:slots], -1),
+                                want_slots)
+  np.testing.assert_array_equal(assignment_R[slots: slots + want_overflow.size], want_overflow)
+  assert np.all(assignment_R[slots + want_overflow.size:] == a)
+  np.testing.assert_array_equal(routing.sizes_E, want_sizes)
+  assert np.all(row_A[flat >= E] == r)
+  for i in np.flatnonzero(flat < E):             # row_A and assignment_R are inverses
+    assert assignment_R[row_A[i]] == i
+  counts = jnp.asarray(np.bincount(flat[flat < E], minlength=E))
+  np.testing.assert_allclose(moe_dispatch.overflow_share(counts, capacity),
+                             want_overflow.size / np.sum(flat < E))
+
+
+def test_capacity_rows_are_whole_tiles_of_the_capacity_factors_share():
+  """C = roundup(cf·A/E, 128): the recipe's 32768 x 8 assignments over 64 experts at cf 1 fill
+  4096 slots each, at 1.25 5120; a share below one tile is one tile."""
+  assert moe_dispatch.capacity_rows(262144, 64, 1.0) == 4096
+  assert moe_dispatch.capacity_rows(262144, 64, 1.25) == 5120
+  assert moe_dispatch.capacity_rows(262144, 64, 1.01) == 4224
+  assert moe_dispatch.capacity_rows(48, 8, 1.25) == 128
+
+
 def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
   """Per assignment: x rows into the buffer; out[n] = sum_p w[n,p] y[row of (n, p)]."""
   x, y_rows, w = (np.asarray(v, np.float64) for v in (x, y_rows, weights))
@@ -81,7 +134,7 @@ def _slow_dispatch_combine(x, y_rows, weights, ids, routing):
 
 
 @pytest.mark.parametrize("impl", moe_dispatch.IMPLS)
-@pytest.mark.parametrize("kind", ["sorted", "tiled", "blocked"])
+@pytest.mark.parametrize("kind", ["sorted", "tiled", "blocked", "capacity"])
 @pytest.mark.parametrize("other_shards", [False, True])
 def test_dispatch_combine_values_and_gradients(kind, other_shards, impl):
   ids = _ids(other_shards)

@@ -15,13 +15,17 @@ import pytest
 from flax import nnx
 from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 
+from tests.fixtures.grouped import nan_past_the_groups
 from tests.fixtures.paths import ROOT
-from tst_jax import configlib, platform
+from tests.fixtures.tiny import tiny_config
+from tst_jax import configlib, models, platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import grouped_matmul, moe_dispatch
-from tst_jax.models import llama, moe
+from tst_jax.models import experts as moe_experts, llama, moe
 from tst_jax.config import spec as spec_lib
+from tst_jax.rundir import RunDir
 from tst_jax.train import step as step_lib
+from tst_jax.train.setup import Setup
 
 
 # Shapes: B batch, L length, l bags, S bag size, D 32, E experts, K top-k, F expert width.
@@ -114,44 +118,87 @@ def test_dispatch_impls_match_dense_values_and_grads(impl, dispatch):
   test_grouped_matches_dense_values_and_grads(True, True, impl, dispatch)
 
 
-@pytest.mark.parametrize("fuse_gate_up,zero_tail", [(True, True), (False, False),
-                                                    (True, False)])
-def test_the_labs_gmm_variants_match_dense_values_and_grads(fuse_gate_up, zero_tail,
-                                                           monkeypatch):
-  """gate and up as one grouped GEMM, and rows past the groups left undefined, here NaN as a
-  kernel may leave them: the layer's output, statistics and gradients are still the dense
-  per-token reference's, so no one reads those rows."""
-  product, tails = grouped_matmul._product, []
+def _row_selects(jaxpr, rows: int) -> int:
+  """Counts the selects over [rows, ...] matrices in `jaxpr` and the jaxprs inside it."""
+  found = 0
+  for eqn in jaxpr.eqns:
+    shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
+    found += eqn.primitive.name == "select_n" and len(shape) == 2 and shape[0] == rows
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += _row_selects(sub, rows)
+  return found
 
-  def nan_tail(backend, kernels, name, lhs, rhs, sizes_E, out_dtype):
-    out = product(backend, kernels, name, lhs, rhs, sizes_E, out_dtype)
-    if name == "dw":
-      return out
-    tails.append(out.shape[0])
-    tail = jnp.arange(out.shape[0]) >= jnp.sum(sizes_E)
-    return jnp.where(tail[:, None], jnp.nan, out).astype(out.dtype)
-  monkeypatch.setattr(grouped_matmul, "_product", nan_tail)
-  # Rows in whole tiles of 7, as tokamax's of 64: 48 assignments in 49 rows, one past them.
-  monkeypatch.setattr(grouped_matmul, "row_tile", lambda backend: 7)
+
+@pytest.mark.parametrize("fuse_gate_up", [False, True])
+@pytest.mark.parametrize("tile,rows", [(7, 49), (8, 48)])
+def test_rows_past_the_groups_never_reach_a_gradient(fuse_gate_up, tile, rows, monkeypatch):
+  """Grouped GEMMs leave the rows past their groups undefined, here NaN. In tiles of 7 rows,
+  as tokamax's of 64, the 48 assignments take 49 rows: the one past them is zeroed in every
+  product, and the layer's output, statistics and gradients are the dense per-token
+  reference's, gate and up fused or not. In tiles of 8 they take exactly 48 rows: no row lies
+  past the groups, which the layout knows before tracing, so no product selects rows at all.
+  (Under expert parallelism: tests/parallel/test_mesh.py.)"""
+  monkeypatch.setattr(grouped_matmul, "row_tile", lambda backend: tile)
   cfg, layer, dense, x_BxLxD = _twin_layers(True, True, "gmm", "pallas")
   f_dense, state = _split_call(dense)
-  variant = functools.partial(moe.experts_gmm, dispatch="pallas", fuse_gate_up=fuse_gate_up,
-                              zero_tail=zero_tail)
+  variant = functools.partial(moe_experts.experts_gmm, dispatch="pallas", fuse_gate_up=fuse_gate_up)
   cotangent = jax.random.normal(jax.random.key(4), x_BxLxD.shape)
 
-  def grads(experts):
+  def value_and_grads(experts):
     def loss(st, x):
       weights, ids, aux = moe.route(x.reshape(-1, cfg.dim), st["router"][...], cfg)
       out = experts(x.reshape(-1, cfg.dim), ids, weights, st["gate_proj"][...],
                     st["up_proj"][...], st["down_proj"][...])
       return jnp.sum(out.reshape(x.shape) * cotangent) + aux["lb_loss"]
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(state, x_BxLxD)
+    return jax.value_and_grad(loss, argnums=(0, 1))
 
-  (value, got), (want_value, want) = grads(variant), grads(moe.experts_dense)
-  assert tails and all(rows == 49 for rows in tails)
+  jaxpr = jax.make_jaxpr(value_and_grads(variant))(state, x_BxLxD).jaxpr
+  matmuls = 2 if fuse_gate_up else 3   # forward and dX of each, and dY before each dW
+  assert _row_selects(jaxpr, rows) == (3 * matmuls if rows > 48 else 0)
+  written = nan_past_the_groups(monkeypatch)
+  (value, got), (want_value, want) = (jax.jit(value_and_grads(e))(state, x_BxLxD)
+                                      for e in (variant, moe_experts.experts_dense))
+  assert written and set(written) == {rows}
   _close(value, want_value)
   jax.tree.map(_close, got, want)
   assert float(jnp.abs(got[0]["up_proj"][...]).max()) > 0
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+def test_capacity_matches_dense_values_and_grads_and_logs_its_overflow(routing, monkeypatch):
+  """expert_impl=capacity with C rounded to tiles of 8 rather than 128 (C = 8 for these 48
+  assignments over 8 experts): the rows past C run as grouped GEMMs, whose rows past their
+  groups are NaN here, and the output, statistics and gradients are the dense per-token
+  reference's, with balanced routing (4 of the 48 past C) and skewed (experts 4..7 get none:
+  17 past C on the others); `moe/overflow` is the share past C."""
+  monkeypatch.setattr(moe_dispatch, "CAPACITY_TILE", 8)
+  written = nan_past_the_groups(monkeypatch)
+  cfg, layer, dense, x_BxLxD = _twin_layers(routing == "skewed", True, "capacity")
+  cfg = dataclasses.replace(cfg, expert_capacity_factor=1.0)
+  layer.cfg = cfg
+  f_layer, state = _split_call(layer)
+  f_dense, _ = _split_call(dense)
+  cotangent = jax.random.normal(jax.random.key(2), x_BxLxD.shape)
+
+  def value_and_grads(f):
+    def loss(st, x):
+      out, aux = f(st, x)
+      return jnp.sum(out * cotangent) + aux["lb_loss"], aux
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(state, x_BxLxD)
+
+  ((value, aux), grads), ((want_value, want_aux), want) = (value_and_grads(f_layer),
+                                                           value_and_grads(f_dense))
+  _close(value, want_value)
+  jax.tree.map(_close, grads, want)
+  _close(aux["lb_loss"], want_aux["lb_loss"])
+  counts = np.asarray(aux["expert_frac"]) * x_BxLxD.shape[0] * x_BxLxD.shape[1]
+  share = np.sum(np.maximum(counts - 8, 0)) / 48
+  np.testing.assert_allclose(aux["overflow"], share, rtol=1e-6)
+  assert share > 0 and written and set(written) == {40}     # 8 x 8 slots, then 48 - 8 rows
+  assert round(share * 48) == {"balanced": 4, "skewed": 17}[routing], share * 48
+  abstract = nnx.eval_shape(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0)))
+  _, metrics = abstract.aux_loss(jax.tree.map(lambda a: jnp.stack([a, a]), aux))
+  np.testing.assert_allclose(metrics["moe/overflow"], share, rtol=1e-6)
 
 
 @pytest.mark.parametrize("dispatch", moe_dispatch.IMPLS)
@@ -378,27 +425,93 @@ def test_save_experts_keeps_the_grouped_gemm_outputs(impl):
                grads["save_dots"], grads["save_experts"])
 
 
-@pytest.mark.parametrize("impl", ["gmm", "ragged"])
+@pytest.mark.parametrize("impl", ["gmm", "ragged", "capacity"])
 def test_the_config_fuses_gate_and_up_to_the_same_loss_and_grads(impl):
-  """model.expert_fuse_gate_up=True runs gate and up as one grouped GEMM in the whole model
+  """model.expert_fuse_gate_up=on runs gate and up as one grouped GEMM in the whole model
   (one forward product fewer in the layers' jaxpr), with the loss and gradients of the
   unfused model, save_experts' saved outputs included; with an expert_impl that has no grouped
-  GEMM it is one ConfigError naming the field."""
+  GEMM it is one ConfigError naming the field; a bool, as config.json of earlier runs holds
+  it, reads as on or off."""
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, SMALL["vocab_size"], (2, 8)))
   results, counts = {}, {}
-  for fuse in (False, True):
+  for fuse in ("off", "on"):
     cfg = moe.MoEConfig(**SMALL, expert_impl=impl, remat="save_experts",
                         expert_fuse_gate_up=fuse)
     graphdef, params = nnx.split(_random(lambda: moe.Qwen3MoE(cfg, rngs=nnx.Rngs(0))))
     loss = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p).forward(tokens)[0]))
     results[fuse] = jax.jit(jax.value_and_grad(loss))(params)
     counts[fuse] = _primitive_counts(jax.make_jaxpr(loss)(params).jaxpr)
-  fewer = counts[False]["ragged_dot_general"] - counts[True]["ragged_dot_general"]
-  assert fewer == 1   # in the scanned layers' body
+  matmul = "dot_general" if impl == "capacity" else "ragged_dot_general"   # C >= A here
+  assert counts["off"][matmul] - counts["on"][matmul] == 1   # in the scanned layers' body
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5),
-               results[False], results[True])
-  blocked = moe.MoEConfig(**SMALL, expert_impl="blocked", expert_fuse_gate_up=True)
-  with pytest.raises(ConfigError, match="fuses the grouped GEMMs of expert_impl gmm or ragged; "
-                                        "this run's is blocked") as e:
+               results["off"], results["on"])
+  blocked = moe.MoEConfig(**SMALL, expert_impl="blocked", expert_fuse_gate_up="on")
+  with pytest.raises(ConfigError, match="fuses the grouped GEMMs of expert_impl gmm, ragged, "
+                                        "capacity; this run's is blocked") as e:
     platform.resolve(blocked, "naive", "cpu")
   assert e.value.field == "model.expert_fuse_gate_up"
+  assert [moe.MoEConfig(**SMALL, expert_fuse_gate_up=b).expert_fuse_gate_up
+          for b in (True, False)] == ["on", "off"]
+  with pytest.raises(ConfigError, match=r"model.expert_fuse_gate_up: must be one of \('auto', "
+                                        r"'on', 'off'\), got 'True'"):
+    moe.MoEConfig(**SMALL, expert_fuse_gate_up="True")
+
+
+def test_fused_gate_up_is_auto_only_where_a_train_step_measured_it_faster(monkeypatch):
+  """expert_fuse_gate_up=auto: off where no train step measured fused against split (a layer
+  alone does not decide it), on where one measured fused faster on this GPU, off where slower
+  or where the expert_impl has nothing to fuse; a run's record of it goes back to auto."""
+  kind = "NVIDIA H200"
+  assert platform.fuse_gate_up("auto", "gmm", "gpu", kind) == (
+      "off", f"no train step measured gate and up fused against split on {kind}: gpu.sh "
+             "moe_lab steps both (docs/performance.md)")
+  monkeypatch.setitem(platform._FUSED_STEP, "H200", (0.170, 0.180, "a test's step"))
+  value, why = platform.fuse_gate_up("auto", "gmm", "gpu", kind)
+  assert value == "on" and why == "a train step took 0.170 s fused, 0.180 s split (a test's step)"
+  assert platform.fuse_gate_up("auto", "gmm", "gpu", "NVIDIA H100 80GB HBM3")[0] == "off"
+  assert platform.fuse_gate_up("auto", "blocked", "gpu", kind) == (
+      "off", "expert_impl blocked has no grouped GEMM to fuse")
+  assert platform.fuse_gate_up("auto", "gmm", "cpu")[0] == "off"
+  monkeypatch.setitem(platform._FUSED_STEP, "H200", (0.190, 0.180, "a test's step"))
+  assert platform.fuse_gate_up("auto", "capacity", "gpu", kind)[0] == "off"
+  cfg = moe.MoEConfig(**SMALL, expert_impl="gmm")
+  resolved = platform.resolved_model(cfg, platform.resolve(cfg, "naive", "cpu"))
+  assert resolved.expert_fuse_gate_up == "off"
+  assert platform.unresolved(resolved, "model").expert_fuse_gate_up == "auto"
+
+
+def test_a_runs_loss_with_gate_and_up_fused_and_no_tail_selects_is_the_old_paths(tmp_path,
+                                                                               monkeypatch):
+  """Four bf16 train steps of a small MoE on the same batches from the same state: gmm with gate
+  and up fused and no tail selects (its buffer is exactly the N·P rows: what `auto` picks on a
+  GPU once a step measures fusion faster), against gmm unfused with every select (the path
+  before): the same losses and gradient norms within bf16's noise."""
+  config = tiny_config(steps=4, ratio=0.0, bag_size=1, data=dict(batch_size=4))
+  config.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512, dim=32,
+                                      n_layers=2, n_heads=2, n_kv_heads=2, ffw_dim=64,
+                                      n_experts=4, n_experts_per_token=2, moe_ffw_dim=32,
+                                      dtype="bfloat16", expert_impl="gmm", init_std=0.2)
+  always_selects = grouped_matmul.grouped_matmul
+  losses, init = {}, None
+  for path in ("before", "fused"):
+    config.model.expert_fuse_gate_up = "on" if path == "fused" else "off"
+    with monkeypatch.context() as patch:
+      if path == "before":
+        patch.setattr(grouped_matmul, "grouped_matmul",
+                      lambda x, w, sizes, backend, kernels, tail: always_selects(
+                          x, w, sizes, backend, kernels, tail=True))
+      run = Setup.create(spec_lib.build(config), RunDir(str(tmp_path)))   # one corpus
+      (phase,) = run.spec.plan.phases
+      state = (run.trainer.init_state(config.seed) if init is None
+               else jax.device_put(init, run.trainer.shardings))
+      init = init or jax.device_get(state)
+      step, batches = jax.jit(run.trainer.train_step(phase)), run.batches(phase, 0)
+      losses[path] = []
+      for _ in range(4):
+        state, metrics = step(state, next(batches))
+        losses[path].append((float(metrics["loss"]), float(metrics["grad_norm"])))
+  assert losses["before"][0][0] > 5 and losses["before"][-1][0] < losses["before"][0][0]
+  # bf16's precision, 2^-8: the paths round differently (6e-4 of the loss and 3e-3 of the
+  # gradient's norm apart by the fourth step here); gate and up swapped in the fused path
+  # would be 3% apart from the first.
+  np.testing.assert_allclose(losses["fused"], losses["before"], rtol=2 ** -8)

@@ -2,18 +2,21 @@
 
 import dataclasses
 import functools
+import math
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.fixtures import gpu_target
+from tests.fixtures.grouped import nan_past_the_groups
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
 from tst_jax.kernels import moe_dispatch, moe_gather
-from tst_jax.models import moe
+from tst_jax.models import experts as moe_experts
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
@@ -105,7 +108,12 @@ def reference(tmp_path_factory):
     # The experts' shard_map, compiled afresh (no_persistent_cache): the longest case, so
     # slow; test_expert_parallel_shard_map_matches_one_device checks its values and gradients.
     pytest.param((4, 1, 1, 2), "qwen3_moe", 1, "naive", marks=pytest.mark.slow),
-], ids=["data8", "fsdp8", "data2_fsdp4_accum2", "fsdp4_tensor2_fused", "moe_data4_expert2"])
+    # The experts whole, each device's own tokens in the shard_map: the load-balancing loss
+    # stays the whole batch's. Slow for its two compiles of the MoE;
+    # test_expert_parallel_shard_map_matches_one_device checks each expert_impl there.
+    pytest.param((2, 4, 1, 1), "qwen3_moe", 1, "naive", marks=pytest.mark.slow),
+], ids=["data8", "fsdp8", "data2_fsdp4_accum2", "fsdp4_tensor2_fused", "moe_data4_expert2",
+        "moe_data2_fsdp4"])
 def test_mesh_trains_like_one_device(mesh, family, grad_accum, loss_impl, reference, tmp_path,
                                      record_property, request):
   if mesh[3] > 1:
@@ -132,16 +140,31 @@ def test_mesh_trains_like_one_device(mesh, family, grad_accum, loss_impl, refere
   assert len(losses) == 6 and np.all(np.isfinite(losses))
 
 
+def sort_lengths(jaxpr) -> list[int]:
+  """Returns the operand length of every sort in `jaxpr` and the jaxprs inside it."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "sort":
+      found.append(eqn.invars[0].aval.shape[0])
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      found += sort_lengths(sub)
+  return found
+
+
 @pytest.mark.parametrize("impl,dispatch", [("ragged", "gather"), ("gmm", "gather"),
-                                           ("blocked", "gather")])
+                                           ("blocked", "gather"), ("dense", "gather")])
 @pytest.mark.parametrize("mesh,batch_axes", [
     ((4, 1, 1, 2), ("data", "fsdp", "expert")),   # tokens split over experts: gather, scatter
     ((1, 2, 2, 2), ("data", "fsdp", "expert")),   # and expert weights split over tensor
     ((2, 1, 1, 4), ("data", "fsdp")),             # tokens replicated over experts: psum
-], ids=["data4_expert2", "fsdp2_tensor2_expert2", "replicated_tokens_expert4"])
+    ((8, 1, 1, 1), ("data", "fsdp", "expert")),   # experts whole: each device its own tokens
+    ((1, 8, 1, 1), ("data", "fsdp", "expert")),
+], ids=["data4_expert2", "fsdp2_tensor2_expert2", "replicated_tokens_expert4", "data8", "fsdp8"])
 def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, dispatch):
-  """The expert-parallel shard_map gives the unsharded dense reference's output and
-  gradients; each device runs E/ep experts (F/tp wide) with explicit collectives."""
+  """The experts' shard_map gives the unsharded dense reference's output and gradients. Each
+  device sorts the assignments of its own tokens, N·P/shards of them, or of its expert group's
+  where tokens are gathered over expert shards, and runs E/ep experts (F/tp wide) with explicit
+  collectives; with the experts whole there are none."""
   e, d, f, k, n = 8, 16, 24, 2, 64
   keys = jax.random.split(jax.random.key(0), 5)
   x_NxD = jax.random.normal(keys[0], (n, d))
@@ -154,10 +177,10 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, di
     return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
 
   grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
-  expected = grad(moe.experts_dense, x_NxD, weights_NxK, *experts)
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
   run_mesh = mesh_lib.make_mesh(mesh_config(mesh).mesh)
   rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn(impl, dispatch))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn(impl, dispatch))
   with axis_rules(run_mesh, rules):
     got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
     jaxpr = jax.make_jaxpr(sharded)(x_NxD, ids_NxK, weights_NxK, *experts)
@@ -165,15 +188,96 @@ def test_expert_parallel_shard_map_matches_one_device(mesh, batch_axes, impl, di
   for a, b in zip(got, expected):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * (1 + float(jnp.abs(b).max())))
   assert float(jnp.abs(expected[2][3]).max()) == 0 and float(jnp.abs(got[2][3]).max()) == 0
-  # Inside the shard_map: the local expert weights, and the collectives that move tokens.
+  # Inside the shard_map: each device's tokens, the local expert weights, the sort of the
+  # assignments it lays out, and the collectives that move tokens.
+  shards = math.prod(mesh[AXES.index(a)] for a in batch_axes)
+  gathered = mesh[3] if "expert" in batch_axes else 1
+  assert sort_lengths(jaxpr.jaxpr) == ([] if impl == "dense" else
+                                       [n * k * gathered // shards] * 2)   # order, inverse
   (inner,) = [q for q in jaxpr.jaxpr.eqns if q.primitive.name == "shard_map"]
   local_shapes = [v.aval.shape for v in inner.params["jaxpr"].invars]
+  assert local_shapes[0] == (n // shards, d)
   assert local_shapes[3] == (e // mesh[3], d, f // mesh[2])
   collectives = {c for c in ("all_gather", "reduce_scatter", "all_reduce")
                  if f"stablehlo.{c}" in hlo}
-  assert collectives == ({"all_gather", "reduce_scatter"} | ({"all_reduce"} if mesh[2] > 1
-                                                              else set())
-                         if "expert" in batch_axes else {"all_reduce"})
+  ep_collectives = {"all_gather", "reduce_scatter"} if "expert" in batch_axes else {"all_reduce"}
+  assert collectives == (set() if mesh[2] == mesh[3] == 1 else
+                         ep_collectives | ({"all_reduce"} if mesh[2] > 1 else set()))
+
+
+@pytest.mark.parametrize("impl", ["gmm", "capacity"])
+def test_expert_parallel_rows_past_the_groups_never_reach_a_gradient(impl, monkeypatch):
+  """Under expert parallelism another shard's assignments leave rows past the groups, as many
+  as the routing decides: their selects stay, so NaN written there by the grouped GEMMs (a
+  kernel leaves them undefined) reaches no output and no gradient, weights' included; with C
+  in tiles of 4 rather than 128, capacity's rows past C run as grouped GEMMs too."""
+  monkeypatch.setattr(moe_dispatch, "CAPACITY_TILE", 4)
+  written = nan_past_the_groups(monkeypatch)
+  test_expert_parallel_shard_map_matches_one_device((4, 1, 1, 2), ("data", "fsdp", "expert"),
+                                                    impl, "gather")
+  assert written
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+@pytest.mark.parametrize("mesh,batch_axes", [
+    ((4, 1, 1, 2), ("data", "fsdp", "expert")), ((8, 1, 1, 1), ("data", "fsdp")),
+    ((2, 4, 1, 1), ("data", "fsdp"))], ids=["data4_expert2", "data8", "data2_fsdp4"])
+def test_capacity_on_8_devices_matches_the_per_token_reference(mesh, batch_axes, routing,
+                                                               monkeypatch):
+  """expert_impl=capacity on 8 devices, with expert parallelism and without, balanced and
+  skewed routing: the unsharded dense reference's output and gradients. C in tiles of 4 and a
+  capacity factor of 0.5 send many assignments past C; skewed routing (experts 0 and 5 favoured)
+  sends most of theirs. Each device lays out its own tokens, or its expert group's, with its
+  own C: the overflow share counts past each group's C."""
+  monkeypatch.setattr(moe_dispatch, "CAPACITY_TILE", 4)
+  e, d, f, k, n = 8, 16, 24, 2, 64
+  keys = jax.random.split(jax.random.key(1), 5)
+  x_NxD = jax.random.normal(keys[0], (n, d))
+  experts = [jax.random.normal(kk, shape) * 0.3 for kk, shape in
+             zip(keys[1:4], [(e, d, f), (e, d, f), (e, f, d)])]
+  router_NxE = jax.random.normal(keys[4], (n, e))
+  if routing == "skewed":
+    router_NxE = router_NxE.at[:, jnp.asarray([0, 5])].add(3.0)
+  weights_NxK, ids_NxK = jax.lax.top_k(jax.nn.softmax(router_NxE), k)
+  counts = np.bincount(np.asarray(ids_NxK).reshape(-1), minlength=e)
+  assert counts.max() > moe_dispatch.capacity_rows(n * k, e, 0.5)   # some past C
+
+  def loss(experts_fn, x, w, *weights):
+    return jnp.sum(jnp.sin(experts_fn(x, ids_NxK, w, *weights)))
+
+  grad = jax.grad(loss, argnums=(1, 2, 3, 4, 5))
+  expected = grad(moe_experts.experts_dense, x_NxD, weights_NxK, *experts)
+  rules = (("batch", batch_axes),) + LOGICAL_AXIS_RULES[1:]
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("capacity", "gather",
+                                                                 capacity_factor=0.5))
+  with axis_rules(mesh_lib.make_mesh(mesh_config(mesh).mesh), rules):
+    got = jax.jit(grad, static_argnums=0)(sharded, x_NxD, weights_NxK, *experts)
+    overflow = moe_experts.capacity_overflow(ids_NxK, e, 0.5)
+  for a, b in zip(got, expected):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * (1 + float(jnp.abs(b).max())))
+  # The groups: 8 devices' 8 tokens each, or 4 expert groups' 16 (rows in device order).
+  groups = 4 if "expert" in batch_axes else 8
+  c = moe_dispatch.capacity_rows(n * k // groups, e, 0.5)
+  past = sum(np.maximum(np.bincount(g.reshape(-1), minlength=e) - c, 0).sum()
+             for g in np.split(np.asarray(ids_NxK), groups))
+  assert past > 0
+  np.testing.assert_allclose(overflow, past / (n * k), rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch_axes,want", [
+    (("data", "fsdp", "expert"), [[0, 1], [2, 3], [4, 5], [6, 7]]),  # expert minor: neighbours
+    (("expert", "data", "fsdp"), [[0, 4], [1, 5], [2, 6], [3, 7]]),  # expert major: strided
+    (("data", "fsdp"), [[0, 1], [2, 3], [4, 5], [6, 7]]),             # tokens not over experts
+    ((), [list(range(8))])])                                          # tokens not split
+def test_token_groups_are_the_rows_each_expert_group_lays_out(batch_axes, want):
+  """On data 4 x expert 2, the rows of each group that lays out its own assignments: device
+  (d, x) holds row d·2 + x with expert minor in the batch rule, x·4 + d with it major, and
+  rows 2d, 2d + 1 where the tokens are split over data alone."""
+  rules = (("batch", batch_axes or None),) + LOGICAL_AXIS_RULES[1:]
+  ids_NxP = jnp.arange(16, dtype=jnp.int32).reshape(8, 2)   # 8 rows, 1 or 2 per device
+  with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):
+    groups = moe_experts.token_groups(ids_NxP)
+  np.testing.assert_array_equal(groups, np.asarray(ids_NxP)[np.asarray(want)])
 
 
 @pytest.mark.parametrize("dispatch", [i for i in moe_dispatch.IMPLS
@@ -196,7 +300,7 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
   experts = [jnp.ones(shape) for shape in [(e, d, f), (e, d, f), (e, f, d)]]
-  sharded = functools.partial(moe.experts_sharded, moe.expert_fn("blocked", "pallas"))
+  sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("blocked", "pallas"))
   loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
   rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
   with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):

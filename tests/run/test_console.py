@@ -3,10 +3,13 @@
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from tst_jax.configlib import load_config
 from tst_jax.rundir import RunDir
@@ -49,7 +52,8 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   assert [l for l in lines if l.startswith("eval ")] == [
       f"eval  step {r['step']}: held-out next-token loss {r['eval_loss']:.4f}, "
       f"{r['eval_bpb']:.4f} bits/byte"
-      + (f"; held-out bag loss {r['eval_bag_loss']:.4f} (the tst S=2 task)"
+      + (f"; held-out bag loss {r['eval_bag_loss']:.4f} (the tst S=2 task, whose floor is up "
+         f"to {math.log(2):.4f}, its targets' entropy)"
          if r["phase"] == "tst" else "") for r in evals]
   assert "phase switch at step 6: restored the tst checkpoint, now ntp" in lines
   summary = json.loads((workdir / "summary.json").read_text())
@@ -58,8 +62,10 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   assert final[0].startswith(f"done: 12 steps (") and final[0].endswith(
       f"held-out loss {summary['final_eval_loss']:.4f}, {summary['final_eval_bpb']:.4f} "
       f"bits/byte (end of phase 1: {summary['phase1_end_eval_loss']:.4f}; its held-out bag loss "
-      f"{summary['phase1_end_eval_bag_loss']:.4f})")
-  assert f"tensorboard --logdir {workdir}/tensorboard" in final[3]
+      f"{summary['phase1_end_eval_bag_loss']:.4f}, whose floor is up to {math.log(2):.4f}, its "
+      "targets' entropy)")
+  assert summary["phase1_bag_floor"] == pytest.approx(math.log(2))
+  assert final[3] == console_lib.tensorboard_line(f"{workdir}/tensorboard")
   assert "the same command resumes" in final[4]
   # Resumed (finished): one line saying so instead of the plan, then the final block.
   again = subprocess.run(CMD + ["--workdir", str(workdir), "--mode", "eval", "--verbosity=0"],
@@ -81,7 +87,8 @@ def test_bar_on_a_terminal_writes_other_lines_above_it(monkeypatch):
   console.close()
   text = out.getvalue()
   assert ("eval  step 4: held-out next-token loss 4.5000, 1.2500 bits/byte; old 4.7500, bytes "
-          "unknown; held-out bag loss 5.2500 (the tst S=2 task)\n") in text
+          "unknown; held-out bag loss 5.2500 (the tst S=2 task, whose floor is up to 0.6931, "
+          "its targets' entropy)\n") in text
   assert "tst S=2" in text and "loss=9.000" in text and "4/12" in text
   assert not re.search(r"^step ", text, re.M)          # no per-step lines with a bar
   assert console_lib.duration(3725) == "1h02m" and console_lib.duration(65) == "1m05s"
@@ -188,3 +195,14 @@ def test_the_demos_reference_names_the_data_it_was_measured_on():
     reference = spec_lib.check(load_config(os.path.join(ROOT, "configs", "demo.py") + arg)
                                ).reference
     assert reference.name and reference.data == "builtin:pystdlib@3.11"
+
+
+def test_the_tensorboard_hint_names_the_install_it_needs(monkeypatch):
+  """No extra installs TensorBoard: where it is missing, the run's last lines say to."""
+  specs = {"tensorboard": None}
+  monkeypatch.setattr(console_lib.importlib.util, "find_spec", specs.get)
+  assert console_lib.tensorboard_line("/r/tensorboard") == (
+      "  tensorboard --logdir /r/tensorboard   (pip install tensorboard first: tst-jax writes "
+      "the files, it does not show them)")
+  specs["tensorboard"] = object()
+  assert console_lib.tensorboard_line("/r/tensorboard") == "  tensorboard --logdir /r/tensorboard"

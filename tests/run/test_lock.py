@@ -26,12 +26,13 @@ from tst_jax.run import lock as lock_lib, workdir as workdir_lib
 from tst_jax.train import loop
 
 
-@pytest.fixture(params=["local", "bucket"])
+@pytest.fixture(params=["local", "bucket", "s3"])
 def root(request, tmp_path):
-  """A folder to make workdirs in: on the local disk, or gs://<bucket> in the emulator."""
+  """A folder to make workdirs in: on the local disk, gs://<bucket> in the emulator, or
+  s3://<bucket> in moto's server."""
   if request.param == "local":
     return str(tmp_path)
-  return request.getfixturevalue("bucket")
+  return request.getfixturevalue("bucket" if request.param == "bucket" else "s3_bucket")
 
 
 def _lock_of(workdir, **fields):

@@ -3,9 +3,9 @@ and the phase switch; a resumed run continues its tracker run; a missing package
 
 import glob
 import json
-import struct
+import subprocess
 import sys
-import types
+import uuid
 
 import pytest
 
@@ -23,75 +23,66 @@ def test_a_missing_package_says_how_to_install_it(tmp_path, monkeypatch):
     tracker_lib.wandb(RunDir(tmp_path), None, {})
 
 
-def _fake_trackio(calls):
-  module = types.ModuleType("trackio")
-  module.init = lambda **kw: calls.append(("init", kw))
-  module.log = lambda values, step: calls.append(("log", dict(values, step=step)))
-  module.finish = lambda: calls.append(("finish", None))
-  return module
-
-
 def test_trackio_gets_both_phases_the_plan_and_the_switch_and_resumes(tmp_path, monkeypatch):
-  calls = []
-  monkeypatch.setitem(sys.modules, "trackio", _fake_trackio(calls))
+  """trackio itself, in its local mode: its runs live in TRACKIO_DIR (tests/conftest.py puts
+  that in a temporary folder), read back through its own API."""
+  trackio = pytest.importorskip("trackio", reason="trackio is not installed (it is in [test])")
+  project = f"tst-jax-test-{uuid.uuid4().hex[:8]}"
+  monkeypatch.setenv("TRACKIO_PROJECT", project)
   config = tiny_config(steps=8, train=dict(tracker="trackio", checkpoint_every=0))
-  cli.run(config, str(tmp_path))
-  (_, init), *logs, (last, _) = calls
-  assert last == "finish" and init["resume"] == "allow"
-  assert [p["name"] for p in init["config"]["plan"]["phases"]] == ["tst", "ntp"]
-  records = workdir_lib.read_metrics(RunDir(tmp_path))
-  train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-  assert [(v["step"], v["loss"]) for _, v in logs if "loss" in v] == train   # both phases
-  assert [v["step"] for _, v in logs if "eval_loss" in v] == [r["step"] for r in records
-                                                               if "eval_loss" in r]
-  assert [v["step"] for _, v in logs if "phase_switch" in v] == [5]   # the first ntp step
-  # Run again, longer: the same tracker run continues.
-  calls.clear()
-  with config.unlocked():
-    config.train.steps = 10
-  config.train.force_resume = True
-  cli.run(config, str(tmp_path))
-  assert calls[0][1]["name"] == init["name"] == workdir_lib.read_tracker(RunDir(tmp_path))["id"]
+  try:
+    cli.run(config, str(tmp_path))
+    (run,) = trackio.Api().runs(project)
+    assert run.name == workdir_lib.read_tracker(RunDir(tmp_path))["id"] == tmp_path.name
+    assert [p["name"] for p in run.config["plan"]["phases"]] == ["tst", "ntp"]
+    assert run.config["config"]["train"]["tracker"] == "trackio"
+    _same_records_and_switch(trackio.SQLiteStorage.get_logs(project, run.name),
+                             RunDir(tmp_path), switch_at=5)
+    # Run again, longer: the same trackio run continues, with the new steps after the old.
+    with config.unlocked():
+      config.train.steps = 10
+    config.train.force_resume = True
+    cli.run(config, str(tmp_path))
+    (again,) = trackio.Api().runs(project)
+    assert again.name == run.name
+    logs = trackio.SQLiteStorage.get_logs(project, run.name)
+    _same_records_and_switch(logs, RunDir(tmp_path), switch_at=5)
+  finally:
+    trackio.delete_project(project, force=True)
 
 
-def _wandb_records(run_dir: str):
-  """Yields the protobuf Records of an offline run's .wandb file (LevelDB's log format)."""
-  from wandb.proto import wandb_internal_pb2   # pylint: disable=g-import-not-at-top
+def _same_records_and_switch(logged: list[dict], rundir: RunDir, switch_at: int):
+  """Asserts that a tracker logged metrics.jsonl's train losses of both phases and its eval
+  steps, in order, and one phase switch, at step `switch_at`."""
+  records = workdir_lib.read_metrics(rundir)
+  assert [(v["step"], v["loss"]) for v in logged if "loss" in v] == [
+      (r["step"], r["loss"]) for r in records if "loss" in r]
+  assert [v["step"] for v in logged if "eval_loss" in v] == [
+      r["step"] for r in records if "eval_loss" in r]
+  assert [v["step"] for v in logged if "phase_switch" in v] == [switch_at]
+
+
+def _wandb_records(run_dir: str) -> list[dict]:
+  """Returns the records of the offline run under `run_dir`, as wandb's own reader of its
+  transaction log gives them (`wandb leet inspect --json`), one dict per record."""
   (path,) = glob.glob(f"{run_dir}/wandb/offline-run-*/run-*.wandb")
-  data, pos, pending = open(path, "rb").read(), 7, b""   # 7: the file's own header
-  while pos + 7 <= len(data):
-    if 32768 - pos % 32768 < 7:                           # a block's padding
-      pos += 32768 - pos % 32768
-      continue
-    _, size, kind = struct.unpack("<IHB", data[pos:pos + 7])
-    if kind == 0:
-      break
-    pending += data[pos + 7:pos + 7 + size]
-    pos += 7 + size
-    if kind in (1, 4):                                    # a full record, or its last piece
-      record = wandb_internal_pb2.Record()
-      record.ParseFromString(pending)
-      pending = b""
-      yield record
+  result = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", path],
+                          capture_output=True, text=True, timeout=120, check=True)
+  return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def test_wandb_offline_run_holds_both_phases_and_the_config(tmp_path, monkeypatch):
-  pytest.importorskip("wandb")
+  pytest.importorskip("wandb", reason="wandb is not installed (it is in [test])")
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_SILENT", "true")
   cli.run(tiny_config(steps=8, train=dict(tracker="wandb", checkpoint_every=0)), str(tmp_path))
-  history, config = [], {}
-  for record in _wandb_records(str(tmp_path)):
-    kind = record.WhichOneof("record_type")
-    if kind == "history":
-      history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                      for i in record.history.item})
-    elif kind in ("run", "config"):
-      updates = record.run.config.update if kind == "run" else record.config.update
-      config.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                     for i in updates})
-  records = workdir_lib.read_metrics(RunDir(tmp_path))
-  logged = {(h["_step"], h["loss"]) for h in history if "loss" in h}
-  assert logged == {(r["step"], r["loss"]) for r in records if "loss" in r}   # both phases
+  records = _wandb_records(str(tmp_path))
+  history = [dict(r["history"]["item"], step=r["history"]["step"]["num"])
+             for r in records if r["type"] == "history"]
+  config = {}
+  for r in records:
+    if r["type"] in ("run", "config"):
+      config.update((r["run"]["config"] if r["type"] == "run" else r["config"])["update"])
+  _same_records_and_switch(history, RunDir(tmp_path), switch_at=5)
   assert [p["name"] for p in config["plan"]["phases"]] == ["tst", "ntp"]
   assert config["config"]["train"]["tracker"] == "wandb"

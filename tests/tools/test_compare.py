@@ -4,16 +4,18 @@ known answers; the H100 case of 2026-11-25, where the mid-curve method printed 1
 import json
 import os
 import re
+import shlex
 
 import numpy as np
 import pytest
 
+from tests.fixtures.brought_back import write_point
 from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import configlib, errors, fileio
 from tst_jax.analysis.frontier import Frontier
 from tst_jax.rundir import RunDir
-from tst_jax.tools import arms as arms_lib, compare
+from tst_jax.tools import arms as arms_lib, compare, sweep
 from tst_jax.tools.eval_curve import load_run
 from tst_jax.config import plan as plan_lib, record as record_lib, spec as spec_lib
 from tst_jax.run import metrics as metrics_lib
@@ -372,8 +374,11 @@ def test_paper_table_1_at_270m_log_flops_and_the_wide_bracket(tmp_path, capsys):
   assert naive == pytest.approx(3.33, abs=0.01)
   assert tst["speedup"] == pytest.approx(5 ** (0.07 / 0.12), abs=1e-3) and tst["speedup"] < 2.7
   assert tst["speedup_text"] == "2.56x (see the warnings)"
-  assert tst["warnings"] == ["its baselines are 5.0x apart in FLOPs, wider than 2x: add "
-                             "--arms baseline+45k"]
+  assert tst["warnings"] == ["its baselines are 5.0x apart in FLOPs, wider than 2x: train "
+                             "them: the command that trained llama_270m_20k once per arm, "
+                             "'baseline,45k', added to its --config's arms (c.py:2k becomes "
+                             "c.py:2k,baseline,45k), each in a new --workdir, then add those "
+                             "folders to --runs"]
   assert "llama_270m_20k: its baselines are 5.0x apart" in printed
   # One segment, 20k-100k: the Δ/slope model is the log-FLOPs interpolation itself.
   assert tst["speedup_predicted"] == pytest.approx(tst["speedup"])
@@ -402,8 +407,10 @@ def test_a_baseline_of_another_model_is_left_out_and_named(tmp_path, capsys):
   rows, _ = _compare_rows(tmp_path, [big["20k"], big["50k,baseline"], small["20k,baseline"],
                                      small["100k,baseline"]], capsys)
   assert rows["llama_3b_20k"]["speedup_text"] == (
-      "one matching baseline length, 2 other baselines left out (see the notes): add --arms "
-      "baseline+30k,baseline+40k")
+      "one matching baseline length, 2 other baselines left out (see the notes): train them: "
+      "the command that trained llama_3b_20k once per arm, 'baseline,30k', 'baseline,40k', "
+      "added to its --config's arms (c.py:2k becomes c.py:2k,baseline,30k), each in a new "
+      "--workdir, then add those folders to --runs")
   # With no baseline of its model left, the command stops with one line.
   with pytest.raises(errors.DataError, match=r"^llama_3b_20k: no baseline among the runs "
                      r"matches it: llama_270m_20k_baseline is not a baseline of llama_3b_20k: "
@@ -451,10 +458,14 @@ def test_a_row_the_power_law_disagrees_with_is_flagged(tmp_path):
   rows, notes = compare.compare(runs)
   row = rows[-1]
   assert row["speedup_text"] == "5.04x (see the warnings)" and compare.fit_text(row) == "3.24x"
-  assert notes == ["t: its baselines are 4.0x apart in FLOPs, wider than 2x: add --arms "
-                   "baseline+0.04k",
+  assert notes[0].startswith("t: its baselines are 4.0x apart in FLOPs, wider than 2x: train "
+                             "them: the command that trained t once per arm, 'baseline,0.04k',")
+  assert notes[1:] == [
                    "t: the power law fitted to the baselines gives 3.24x, more than 10% from "
                    "5.04x"]
+  # The sweep's tables say the same in the sweep's terms: the arm to add to --arms.
+  assert compare.run_row(runs[-1], compare.frontier_of(runs[:-1]))["warnings"][0].endswith(
+      "wider than 2x: add --arms baseline+0.04k")
 
 
 
@@ -496,3 +507,38 @@ def test_the_predicted_speed_up_takes_the_slope_next_to_the_run_not_the_naive_on
   assert all(rows[f"b{s}"]["speedup_predicted"] is None for s in curves)
   table = compare.format_table(list(rows.values()))
   assert "| -0.4328 | 1.41x |" in table and "| -0.4328 | 2.52x |" in table
+
+
+def test_a_hint_is_a_command_the_user_can_run_and_nothing_lands_in_the_current_folder(
+    tmp_path, capsys, monkeypatch):
+  """A 1k-step TST run (--set train.steps=1000) above its one baseline of 2k ('baseline+2k'),
+  made by the sweep: its row names the sweep command that trains the baselines it needs, for
+  its seed, with the sweep's --set but the steps, which the arms set. compare with no --out
+  prints the table and writes nothing; with --out it says where it wrote."""
+  config = os.path.join(ROOT, "configs", "gpu_small.py")
+  sweep_dir = tmp_path / "sweep"
+  runs = []
+  for arm, sets, evals in (("baseline+2k", ["data.seed=0"], {1000: 4.0, 2000: 3.5}),
+                           ("tst", ["data.seed=0", "train.steps=1000"], {500: 4.2, 1000: 3.6})):
+    point = sweep.Point(f"{arm.replace('+', '-')}_seed1", {}, 1, False, arm)
+    path = write_point(str(sweep_dir), config, point, sets, evals)
+    fileio.write_json(RunDir(path).sweep_point, dict(
+        name=point.name, config=point.config_arg(config), overrides=point.overrides(sets),
+        arm=arm, seed=1))
+    runs.append(path)
+  monkeypatch.chdir(sweep_dir)
+  before = sorted(os.listdir("."))
+  assert compare.main(["--runs", ",".join(runs)]) == 0
+  printed = capsys.readouterr().out
+  assert sorted(os.listdir(".")) == before and "nothing written: --out DIR writes" in printed
+  command = (f"python -m tst_jax.tools.sweep --config {config} --workdir {sweep_dir} --arms "
+             "baseline+1.5k,baseline+2k --seeds 1 --set data.seed=0")
+  assert f"train them with {command}, then add their folders to --runs" in printed, printed
+  # The hint runs as it is: the sweep lists the baselines it would train.
+  assert sweep.main(shlex.split(command)[3:] + ["--dry_run"]) == 0
+  listed = capsys.readouterr().out.splitlines()
+  assert [line.split()[0] for line in listed] == ["baseline-1.5k_seed1", "baseline-2k_seed1"]
+  out = tmp_path / "report"
+  assert compare.main(["--runs", ",".join(runs), "--out", str(out)]) == 0
+  assert capsys.readouterr().out.endswith(
+      f"\nwrote {out}/compare.md, {out}/compare.json, {out}/compare.png\n")

@@ -3,6 +3,8 @@ loglikelihoods, rolling loglikelihoods, greedy generations and task accuracy (lo
 
 import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")   # the task's data is local; never download
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -12,7 +14,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from tests.fixtures import trained  # noqa: E402
-from tests.fixtures.paths import TESTDATA  # noqa: E402
+from tests.fixtures import subprocess_env  # noqa: E402
+from tests.fixtures.paths import ROOT, TESTDATA  # noqa: E402
 from tst_jax import fileio  # noqa: E402
 from tst_jax.rundir import RunDir
 from tst_jax.train import trained_run  # noqa: E402
@@ -108,6 +111,18 @@ def test_a_run_in_a_bucket_gets_its_results_in_the_bucket(workdir, bucket, capsy
   record = fileio.read_json(path)
   assert record["step"] == trained.FINAL_STEP and record["workdir"] == remote
   assert "acc,none" in record["results"]["tst_mc"]
+
+
+def test_a_task_whose_dataset_is_unreachable_is_one_line(workdir):
+  """lm-eval's own download of arc_easy, with the Hub unreachable (offline mode, which fails at
+  once where a missing network retries for half a minute): one error line, exit 2."""
+  env = dict(subprocess_env.one_cpu_device(), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+  out = subprocess.run([sys.executable, "-m", "tst_jax.tools.eval", "--workdir", workdir,
+                        "--tasks", "arc_easy", "--limit", "2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 2 and out.stderr.splitlines()[-1] == out.stderr.strip(), out.stderr
+  assert out.stderr.startswith("error: --tasks arc_easy: Couldn't reach 'allenai/ai2_arc' on "
+                               "the Hub") and "--include_path" in out.stderr, out.stderr
 
 
 def test_paper_tasks_run_0_shot_and_print_the_7_task_average(workdir, capsys, monkeypatch):

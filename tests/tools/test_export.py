@@ -4,6 +4,7 @@ a run initialised from the folder starts where the exported one ended; clear err
 import json
 import os
 import shutil
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,10 @@ def _hf_eval_loss(model, windows) -> float:
 def test_transformers_alone_reproduces_the_eval_loss(workdir, hf_dir):
   assert sorted(os.listdir(hf_dir)) == ["config.json", "model.safetensors", "tokenizer.json",
                                         "tokenizer_config.json"]
+  # The weights are as readable as the files open() writes (safetensors makes its own 0600).
+  modes = {f: stat.S_IMODE(os.stat(os.path.join(hf_dir, f)).st_mode) for f in os.listdir(hf_dir)}
+  assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044 == (
+      0o666 & ~_umask()) & 0o044, modes
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
   ours = workdir_lib.read_tokenizer(RunDir(workdir), model.config.vocab_size)
@@ -166,3 +171,9 @@ def test_an_export_to_a_bucket_holds_the_bytes_of_the_local_one(workdir, hf_dir,
   assert e.value.code == 2 and capsys.readouterr().err == (
       "error: --out hf://me/model: an export is a local folder, gs:// or s3://; hf:// is not "
       "supported there\n")
+
+
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask

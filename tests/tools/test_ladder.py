@@ -298,7 +298,8 @@ def test_the_plan_says_where_a_trend_of_its_kind_expects_tst_to_pay(tmp_path, mo
     text = outlook.format_plan(plan)
     pays = trend.pays_from()                          # 1.10x at x: 1x at x / 2^0.5
     assert pays == pytest.approx(x / 2 ** 0.5)
-    assert "predicted 1.10x by the trend of 2 measured runs" in text
+    assert (f"where TST pays: this run reads {x:.3g} tokens per parameter, where the "
+            "equal-loss speed-up is predicted 1.10x by the trend of 2 measured runs") in text
     assert (f"it reaches 1x at {pays:.3g} tokens per parameter, {12 / 2 ** 0.5:,.0f} steps of "
             "this run's batch (docs/results.md)") in text
     assert outlook.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule

@@ -120,8 +120,12 @@ def _run_and_resume(workdir, grid, expected, monkeypatch, capsys, baseline=("--i
     raise AssertionError("a finished point was trained again")
   monkeypatch.setattr("tst_jax.cli.run", no_training)
   assert sweep.main(args) == 0
-  assert capsys.readouterr().out.count("finished, skipped") == len(expected)
+  out = capsys.readouterr().out
+  assert out.count("finished, skipped") == len(expected)
   assert fileio.read_text(fileio.join(str(workdir), "sweep.csv")) == table
+  tables = ", ".join(fileio.join(str(workdir), f) for f in ("sweep.csv", "sweep.md",
+                                                             "sweep_heatmap.png"))
+  assert out.endswith(f"\nwrote {tables}; the points' runs in {workdir}\n"), out[-400:]
 
 
 def test_sweep_1x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, capsys):
@@ -219,8 +223,23 @@ def test_gpu_small_arms_set_the_tst_fields_at_equal_flops_per_step():
     assert plan.phases[0].steps == (round(ratio * 2000) if ratio else 2000)
   assert configlib.load_config(gpu_small + ":baseline,4k").train.steps == 4000
   assert configlib.load_config(gpu_small + ":baseline,1.5k").train.steps == 1500
-  with pytest.raises(ValueError, match="unknown arg 'r'"):
+  with pytest.raises(ValueError, match="unknown arm 'r'"):
     configlib.load_config(gpu_small + ":r")
+
+
+def test_set_of_a_field_an_arm_sets_is_one_line_before_anything(tmp_path, capsys):
+  """`--set train.steps=30` with '<N>k' arms would give every arm 30 steps: refused, naming
+  the override and the arm, before a point or the workdir is made."""
+  workdir = tmp_path / "sweep"
+  with pytest.raises(errors.ConfigError, match=r"^--set: train.steps=30 and the arm '0.045k' "
+                     r"of .*gpu_small.py:baseline,0.045k both set train.steps: keep one"):
+    sweep.main(["--config", os.path.join(ROOT, "configs", "gpu_small.py"), "--workdir",
+                str(workdir), "--arms", "tst,baseline,baseline+0.045k", "--set",
+                "train.steps=30", "--dry_run"])
+  assert not workdir.exists() and not capsys.readouterr().out
+  sweep.main(["--config", os.path.join(ROOT, "configs", "gpu_small.py"), "--workdir",
+              str(workdir), "--arms", "tst,baseline", "--set", "train.steps=30", "--dry_run"])
+  assert "tst_seed0" in capsys.readouterr().out      # no arm sets the steps: --set does
 
 
 def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(

@@ -1,8 +1,10 @@
 """Will a run fit (`--mode plan --accelerator=...`): state bytes per device, both phases compiled,
 the knob to turn when it does not (the XLA flags it prints: tests/parallel/test_xla_flags.py)."""
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -46,6 +48,33 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
   assert full.phases[0].activations < result.phases[1].activations
   assert "XLA:CPU" in result.table() and "--xla_gpu_enable_latency_hiding_scheduler=true" \
       in result.table()
+
+
+def test_moe_activations_are_each_devices_own_rows_on_the_targets_experts():
+  """FSDP over 8 devices, 16 rows: each device keeps the residuals of its own 2 rows, as each
+  sorts its own tokens (tests/parallel/test_mesh.py). remat=save_experts adds, per sparse
+  layer, the float32 [N·P, 2F + D] outputs of the grouped GEMMs and the int32 routing (row of
+  each of the A assignments, assignment of each of the R = A rows, E group sizes) of 2 rows
+  of 16 tokens, not of the batch's 16 rows. On an H100, expert_impl=auto means gmm (planned
+  with the gpu extra), whose rows are unpadded where this CPU's blocked pads them."""
+  config = tiny_config(data=dict(batch_size=16), mesh=dict(data=1, fsdp=8))
+  config.model = models.preset_config("qwen3_moe", "tiny_moe", vocab_size=512, dim=32,
+                                      n_layers=2, n_heads=2, n_kv_heads=2, ffw_dim=64,
+                                      n_experts=4, n_experts_per_token=2, moe_ffw_dim=32)
+  activations = {}
+  for remat in ("save_dots", "save_experts"):
+    config.model.remat = remat
+    checked = spec_lib.check(config)
+    assert checked.on_platform().model.expert_impl == "blocked"
+    assert checked.on_platform("gpu").model.expert_impl == "gmm"
+    result = fit.check(checked.on_platform(), "h100", checked.on_platform("gpu"),
+                       compile_steps=False)
+    activations[remat] = result.phases[0].activations
+  cfg = checked.model
+  a = 2 * checked.plan.phases[0].latent_seq_len * cfg.n_experts_per_token   # A of 2 rows
+  per_layer = a * (2 * cfg.moe_ffw_dim + cfg.dim) * 4 + (2 * a + cfg.n_experts) * 4
+  assert activations["save_experts"] - activations["save_dots"] == sum(
+      cfg.sparse_layers()) * per_layer
 
 
 def test_flash_attention_keeps_no_scores():
@@ -93,15 +122,70 @@ def test_a_fit_plan_says_what_auto_means_there_and_ends_with_its_json(capsys):
   assert len(on_h100) == 1 and "platform gpu" in on_h100[0] and "loss.impl=" in on_h100[0]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama_3b", "qwen3_moe_10b_a1b"])
-def test_paper_configs_at_64_device_fsdp(name):
-  """The command of docs/performance.md: 64 emulated devices, both phases compiled."""
+PAPER_CONFIGS = ["llama_270m", "llama_600m", "llama_3b", "qwen3_moe_10b_a1b"]
+# Checks each (config file, accelerator, overrides) in one process of 64 emulated devices, the
+# steps lowered, not compiled: the estimate that decides the fit is the one main.py prints.
+_FIT_SCRIPT = """
+import json, sys
+from tst_jax import configlib
+from tst_jax.config import spec as spec_lib
+from tst_jax.train import fit
+cases = json.loads(sys.argv[1])
+fit.emulate_devices(max(fit.mesh_devices(configlib.apply_overrides(configlib.load_config(c),
+                                                                    o).mesh)
+                        for c, _, o in cases))
+for path, accelerator, overrides in cases:
+  checked = spec_lib.check(configlib.apply_overrides(configlib.load_config(path), overrides))
+  result = fit.check(checked.on_platform(), accelerator,
+                     checked.on_platform(fit.target_platform(accelerator)), compile_steps=False)
+  print(json.dumps(result.to_json()))
+"""
+
+
+def documented_fit_command(name: str) -> list[str]:
+  """Returns the fit check the config's docstring gives for the hardware it names, as argv."""
+  path = os.path.join(ROOT, "configs", f"{name}.py")
+  with open(path) as f:
+    doc = ast.get_docstring(ast.parse(f.read()))
+  found = re.search(r"Fit check on that hardware[^\n]*:\n\s*(python main\.py .*?)\n\S",
+                    doc.replace("\\\n", " "), re.S)
+  assert found, f"{path}: its docstring gives no 'Fit check on that hardware' command"
+  return found.group(1).split()
+
+
+def test_each_paper_config_fits_the_hardware_its_docstring_names():
+  cases = []
+  for name in PAPER_CONFIGS:
+    argv = documented_fit_command(name)
+    assert argv[:5] == ["python", "main.py", "--config", f"configs/{name}.py", "--mode"], argv
+    flags = dict(a.split("=", 1) for a in argv[6:])
+    assert argv[5] == "plan" and set(flags) >= {"--accelerator", "--config.mesh.fsdp"}, argv
+    cases.append((argv[3], flags.pop("--accelerator"),
+                  [f"{k.removeprefix('--config.')}={v}" for k, v in flags.items()]))
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  out = subprocess.run([sys.executable, "main.py", "--config", f"configs/{name}.py",
-                        "--mode", "plan", "--config.mesh.fsdp=64", "--accelerator=b200"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+  out = subprocess.run([sys.executable, "-c", _FIT_SCRIPT, json.dumps(cases)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  fits = [json.loads(line) for line in out.stdout.splitlines()]
+  assert len(fits) == len(PAPER_CONFIGS)
+  for name, (_, accelerator, _), result in zip(PAPER_CONFIGS, cases, fits):
+    estimates = [p["estimate"] / fit.GB for p in result["phases"]]
+    assert result["accelerator"] == accelerator and len(estimates) == 2, name
+    assert result["fits"] and max(estimates) <= result["budget_bytes"] / fit.GB, (
+        f"configs/{name}.py does not fit {result['devices']} x {accelerator}: "
+        f"{estimates} GB per device; {result['advice']}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_configs_fit_by_their_documented_command(name):
+  """The docstring's command itself: both phases compiled on the emulated devices."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  out = subprocess.run([sys.executable, *documented_fit_command(name)[1:]], cwd=ROOT, env=env,
+                       capture_output=True, text=True, check=True).stdout
   plan = json.loads(out.splitlines()[-1])
   assert out.startswith("XLA_FLAGS: none added (cpu")
-  assert "fit on 64 x b200" in out
   assert [p["name"] for p in plan["phases"]] == ["tst", "ntp"]
+  rows = [line.split() for line in out.splitlines() if line.startswith(("tst ", "ntp "))]
+  assert [row[6] for row in rows[:2]] == ["yes", "yes"], out       # the fit table's rows
+  assert all(float(row[7]) > 0 for row in rows[:2]), out            # XLA:CPU's, compiled

@@ -20,7 +20,7 @@ from tests.fixtures.tiny import tiny_config
 from tests.parallel.test_mesh import mesh_config, train_losses
 from tst_jax import cli, configlib, fileio
 from tst_jax.config import spec as spec_lib
-from tst_jax.config.plan import Phase, Plan
+from tst_jax.config.plan import Plan
 from tst_jax.errors import ConfigError
 from tst_jax.models import mtp as mtp_lib
 from tst_jax.rundir import RunDir
@@ -85,7 +85,7 @@ def test_mtp_arms_set_k_and_kind_and_alone_leave_out_tst(arg, k, kind, ratio):
 
 @pytest.mark.parametrize("arg", ["mtp1", "mtp", "mtpx", "mtp2-dss"])
 def test_a_malformed_mtp_arm_is_an_unknown_arg(arg):
-  with pytest.raises(ConfigError, match=f"unknown arg {arg!r}.*mtp<k>, mtp<k>-ds"):
+  with pytest.raises(ConfigError, match=f"arm {arg!r}.*mtp<k>, mtp<k>-ds"):
     configlib.load_config(f"{TINY_CONFIG}:{arg}")
 
 

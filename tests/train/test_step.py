@@ -15,7 +15,8 @@ from tst_jax.errors import ConfigError
 from tst_jax.models import llama, moe
 from tst_jax.rundir import RunDir
 from tst_jax import cli
-from tst_jax.config import spec as spec_lib
+from tst_jax.config import plan as plan_lib, spec as spec_lib
+from tst_jax.config.sections import Loss
 from tst_jax import optim
 from tst_jax.train import step as step_lib
 from tst_jax.run import workdir as workdir_lib
@@ -103,6 +104,33 @@ def test_packed_documents_get_the_hidden_states_and_targets_they_get_alone(famil
     if d:
       assert np.abs(unmasked[span] - alone_hidden).max() > 1e-3
     start += len(doc)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_a_straddling_bags_tokens_of_the_next_document_do_not_move_the_loss(family):
+  """Under data.document_mask a bag that straddles a boundary is its first document's: the next
+  document's tokens in it are no input of that document's positions and no position's
+  target, so phase 1's loss does not change when they do. The next document's first whole
+  bag does move it, and without the mask the straddling tokens do too."""
+  bag_size, latent = 4, 4
+  phase = plan_lib.Phase("tst", 0, 1, bag_size, "full", latent, 1, 1.0)
+  rng = np.random.default_rng(1)
+  window = rng.integers(0, EOS, (1, phase.window)).astype(np.int32)
+  window[0, 5] = EOS                  # document A is tokens 0-5, B starts inside bag 1 (4-7)
+  model = _model(family)
+  documents = step_lib.Documents(EOS)
+
+  def loss(tokens, masked=True):
+    return float(step_lib.loss(model, jnp.asarray(tokens), phase, Loss(),
+                               documents if masked else None)[0])
+
+  straddling = window.copy()
+  straddling[0, 6:8] = (window[0, 6:8] + 1) % EOS          # B's two tokens in bag 1
+  assert loss(straddling) == loss(window)
+  assert abs(loss(straddling, masked=False) - loss(window, masked=False)) > 1e-4
+  first_whole = window.copy()
+  first_whole[0, 8] = (window[0, 8] + 1) % EOS              # B's first whole bag, 8-11
+  assert abs(loss(first_whole) - loss(window)) > 1e-4
 
 
 def test_a_document_mask_needs_the_stores_eos_and_refuses_positions_alone():

@@ -212,7 +212,8 @@ def main(argv=None) -> int:
           f"(rmse {f['rmse']:.2g})")
   print(f"weights ({args.estimator}), d = 1..8: "
         + ", ".join(f"{w:.3f}" for w in out["weights"][:8]))
-  print(f"use with --config.tst.weighting=fitted:{args.out}")
+  print(f"wrote {path} and {os.path.splitext(path)[0]}.png; use the weights with "
+        f"--config.tst.weighting=fitted:{args.out}")
   return 0
 
 

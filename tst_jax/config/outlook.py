@@ -75,7 +75,8 @@ def pays_line(plan: Plan, trend: Trend | None) -> str | None:
   if plan.ntp_tokens_per_param is None:
     return None
   x = plan.tokens_per_param
-  line = f"where TST pays: {x:.3g} tokens per parameter; equal-loss speed-up "
+  line = (f"where TST pays: this run reads {x:.3g} tokens per parameter, where the equal-loss "
+          "speed-up is ")
   if trend is None:
     return line + ("not predicted: no measured trend of a model like this one at its bag size "
                    "(python -m tst_jax.tools.ladder; docs/results.md)")

@@ -16,7 +16,8 @@ import os
 
 from tst_jax import fileio, losses, models, platform, schema
 from tst_jax.data.mixture import RunMixture
-from tst_jax.data.section import Data, check_paths as check_data_paths
+from tst_jax.data.section import (Data, check_fields as check_data_fields,
+                                  check_paths as check_data_paths)
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
 from tst_jax.models.mtp import Mtp
@@ -99,10 +100,16 @@ class RunSpec:
     _require(sizes["data"] % self.mesh.dcn_data == 0, "mesh.dcn_data",
              f"{self.mesh.dcn_data} must divide the data axis ({sizes['data']})")
 
+  def check_fields(self) -> None:
+    """Checks what the run will read without reading it: its data fields set, each source of a
+    known form, the buckets named as GCS names them. A launcher checks this where it cannot
+    see the data; `check_paths` adds the files themselves."""
+    check_data_fields(self.data)
+
   def check_paths(self) -> None:
     """Checks that the files a train or eval run reads exist, and lm-eval for
     train.eval_tasks. Plan mode does not need them."""
-    check_data_paths(self.data)
+    check_data_paths(self.data)   # check_data_fields first
     if self.train.eval_tasks:
       _require(importlib.util.find_spec("lm_eval") is not None, "train.eval_tasks",
                "needs lm-eval: pip install -e '.[eval]' (or pip install lm-eval)")

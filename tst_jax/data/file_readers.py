@@ -16,6 +16,9 @@ from tst_jax.errors import DataError
 
 _READ_BYTES = 1 << 16  # compressed bytes read at a time from a .zst file
 
+# The field's flag in each command that reads a corpus: a run's config, or prepare's.
+TEXT_FIELD_FLAGS = "--config.data.text_field=NAME (main.py), --text_field=NAME (prepare)"
+
 
 class BadFile(DataError):
   """An input file that cannot be read to its end: truncated, corrupt or of another format.
@@ -132,7 +135,7 @@ def jsonl_texts(path: str, field: str) -> Iterator[str]:
       if not isinstance(text, str):
         keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
         raise DataError(f"{path}:{line_no}: no string field {field!r} (has {keys}); "
-                        "set --text_field to the field that holds the document")
+                        f"name the field that holds the document: {TEXT_FIELD_FLAGS}")
       yield text
 
 
@@ -148,7 +151,7 @@ def parquet_texts(path: str, field: str) -> Iterator[str]:
 def _parquet_column(f, path: str, field: str) -> Iterator[str]:
   if field not in f.schema_arrow.names:
     raise DataError(f"{path}: no column {field!r} (has {f.schema_arrow.names[:8]}); "
-                    "set --text_field to the column that holds the document")
+                    f"name the column that holds the document: {TEXT_FIELD_FLAGS}")
   row = 0
   for batch in f.iter_batches(columns=[field], batch_size=1024):
     for text in batch.column(0).to_pylist():

@@ -12,12 +12,14 @@ stopped, at `Plan.data_start`, without skipping or repeating a token.
 
 from __future__ import annotations
 
+import logging
 
 import grain
 import numpy as np
-from absl import logging
 
 from tst_jax.data.store import StoreSplit
+
+log = logging.getLogger("tst_jax")
 
 _ENDLESS = 2**40  # Length reported to Grain when no number of batches is given.
 _MAX_BLOCK = 2**20  # Windows shuffled together: bounds the permutation's memory to 8 MiB.
@@ -183,8 +185,9 @@ def eval_windows(val_stream: Stream, *, batch_size: int, window: int, num_batche
                         process_index=process_index, process_count=process_count)
   n = min(num_batches, source.fresh_batches())
   if n < num_batches:
-    logging.warning("Validation stream has only %d windows of %d x %d tokens (asked for %d).",
-                    n, batch_size, window, num_batches)
+    log.warning("the held-out split holds %d of the %d batches of %d windows of %d tokens "
+                "asked for: a larger val_fraction when preparing holds out more", n,
+                num_batches, batch_size, window)
   tokens = _tokens(val_stream)
   count = n * batch_size                                # windows in all, globally
   stride = max(window - 1, (len(tokens) - window) // max(count - 1, 1))

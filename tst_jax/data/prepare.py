@@ -2,6 +2,7 @@ r"""Tokenize a corpus once into a sharded token store that every run reads in pl
 
   python -m tst_jax.data.prepare --source='jsonl:/data/dclm/**/*.jsonl.zst' \
       --tokenizer=/models/llama3/tokenizer.json --out=/data/tok/dclm-llama3 [--workers=16]
+      [--runner=ray]      # the tasks below on a Ray cluster (runners.py, docs/data.md)
 
 A tokenizer comes first: a file copied in, or `bpe` trained on the first 64 MB of training
 text. Then two passes whose memory does not grow with the corpus:
@@ -30,7 +31,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import sys
@@ -40,7 +40,7 @@ import numpy as np
 import tqdm
 
 from tst_jax import errors, fileio
-from tst_jax.data import formats, output_shards, sources as sources_lib
+from tst_jax.data import formats, output_shards, runners, sources as sources_lib
 from tst_jax.data import store as store_lib
 from tst_jax.errors import ConfigError, DataError
 from tst_jax.data.tokenizer import Tokenizer, get_tokenizer
@@ -55,8 +55,9 @@ _INDEX = np.dtype([("offset", "<i8"), ("length", "<i8"), ("u", "<f8"), ("bytes_a
 PENDING = "prepare.json"          # the request of a prepare under way in its --out
 
 
-def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size):
+def _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size, runner):
   """Refuses an argument out of its range, naming its flag, before anything is read."""
+  runners.check(runner)
   for flag, check, value in (("--val_fraction", sources_lib.check_val_fraction, val_fraction),
                              ("--max_bytes", sources_lib.check_max_bytes, max_bytes)):
     try:
@@ -76,15 +77,15 @@ def _tokenize_inputs(pool, jobs, tasks, work, bad: list[dict], progress: bool
   Returns the done marker of each input shard read, and `bad` with the files left out.
   """
   t0 = time.time()
-  bar = tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
-                  desc="tokenize", disable=not progress)
-  bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
-  tokens_so_far = 0
-  for done in pool.imap_unordered(_tokenize_shard, jobs):
-    tokens_so_far += done["tokens"]
-    bar.update(done["num_bytes"])
-    bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
-  bar.close()
+  # closed by `with` on an error too, so the error's line starts a line of its own
+  with tqdm.tqdm(total=sum(_size(t) for t in tasks), unit="B", unit_scale=True,
+                 desc="tokenize", disable=not progress) as bar:
+    bar.update(sum(_size(t) for t in tasks) - sum(_size(j[0]) for j in jobs))
+    tokens_so_far = 0
+    for done in pool.imap_unordered(_tokenize_shard, jobs):
+      tokens_so_far += done["tokens"]
+      bar.update(done["num_bytes"])
+      bar.set_postfix(tokens_per_s=f"{tokens_so_far / max(time.time() - t0, 1e-9):.3g}")
   inputs = [dict(index=i, **_input_done(work, i)) for i, _, _ in tasks]
   bad = bad + [d["skipped"] for d in inputs if "skipped" in d]
   for record in bad:
@@ -97,14 +98,15 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
             max_bytes: int | None = None,
             text_field: str = "text", workers: int | None = None,
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
-            progress: bool = True, skip_bad_files: bool = False) -> str:
-  """Writes, finishes or finds already written the store of `source` in `out`.
+            progress: bool = True, skip_bad_files: bool = False, runner: str = "local") -> str:
+  """Writes, finishes or finds already written the store of `source` in `out`, its tasks run
+  by `runner` of runners.RUNNERS.
 
   An input file that cannot be read to its end stops it with a BadFile naming the file. The
   finished input shards are kept for the rerun. `skip_bad_files` leaves such files out
   instead, each named in the log and the manifest. Every rerun tries a left-out file again.
   """
-  _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size)
+  _check_arguments(val_fraction, max_bytes, val_piece_bytes, tokenizer, vocab_size, runner)
   out = fileio.absolute(str(out))
   fileio.check_store(out, "--out", "a token store")
   request = dict(source=source, text_field=text_field, seed=seed, val_fraction=val_fraction,
@@ -129,7 +131,8 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
     jobs = [(t, tok.path, dtype, split, work, skip_bad_files) for t in tasks
             if _to_read(work, t[0])]
     t0 = time.time()
-    with _pool(workers, len(jobs)) as pool:
+    with runners.start(runner, workers) as pool:
+      pool.check_shared(work)
       inputs, bad = _tokenize_inputs(pool, jobs, tasks, work, bad or [], progress)
       if not any(d["docs"] for d in inputs):
         raise DataError(f"source {source!r} gave an empty corpus (no non-whitespace documents"
@@ -286,29 +289,6 @@ def _training_texts(shard, budget, split, size: int, sample_bytes: int
   return texts, size
 
 
-class _Inline:
-  """Runs a pool's work in this process: one worker, no process start, all tokenizer threads."""
-  imap = imap_unordered = staticmethod(map)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
-
-
-def _pool(workers: int | None, jobs: int):
-  workers = workers or os.cpu_count() or 1
-  if workers == 1:
-    return _Inline()
-  ctx = multiprocessing.get_context("spawn")   # no fork of a process that may hold JAX threads
-  return ctx.Pool(workers, initializer=_one_thread_per_worker)
-
-
-def _one_thread_per_worker():
-  os.environ["RAYON_NUM_THREADS"] = "1"   # the workers are parallel already
-
-
 def _input_done(work: str, index: int) -> dict | None:
   """The done marker of input shard `index`, None before it is done."""
   path = output_shards.done_path(work, f"in-{index:05d}")
@@ -439,7 +419,11 @@ def main(argv=None) -> int:
                       "(0: whole documents; small corpora: e.g. 2048, docs/data.md)")
   p.add_argument("--max_bytes", type=int, default=None, help="read at most this much text")
   p.add_argument("--text_field", default="text", help="JSONL field / Parquet column")
-  p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+  p.add_argument("--workers", type=int, default=None,
+                 help="processes at once (default: all cores, or the Ray cluster's)")
+  p.add_argument("--runner", default="local", choices=sorted(runners.RUNNERS),
+                 help="local: a process pool on this machine; ray: tasks on a Ray cluster "
+                      "(RAY_ADDRESS, else one on this machine; docs/data.md)")
   p.add_argument("--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per shard")
   p.add_argument("--bpe_sample_bytes", type=int, default=BPE_SAMPLE_BYTES,
                  help="text a bpe tokenizer is trained on")
@@ -447,20 +431,18 @@ def main(argv=None) -> int:
                  help="leave out input files that cannot be read to their end (truncated, "
                       "corrupt): each is named, and listed in the manifest")
   args = p.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+  t0 = time.time()
   out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                 seed=args.seed, val_fraction=args.val_fraction,
                 val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
                 text_field=args.text_field, workers=args.workers,
                 shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
-                skip_bad_files=args.skip_bad_files)
-  manifest = store_lib.read_manifest(out)
-  print(json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
-                        **{f"{s}_tokens": manifest["splits"][s]["tokens"]
-                           for s in store_lib.SPLITS},
-                        skipped_files=len(manifest["sources"].get("skipped", [])))))
+                skip_bad_files=args.skip_bad_files, runner=args.runner)
+  for line in store_lib.prepared_lines(out, time.time() - t0, args.val_fraction):
+    print(line, file=sys.stderr if line.startswith("warning: ") else sys.stdout)
   return 0
 
 
 if __name__ == "__main__":
+  errors.plain_warnings()
   sys.exit(errors.main(main))

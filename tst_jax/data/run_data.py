@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from typing import Callable
 
@@ -20,6 +21,8 @@ from tst_jax.data.section import Data, eval_sets, store_dir
 from tst_jax.data.store import MANIFEST, TokenStore
 from tst_jax.errors import ConfigError
 from tst_jax.rundir import RunDir
+
+log = logging.getLogger("tst_jax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,9 +351,16 @@ def _open_store(d: Data, prepared: str, model_vocab: int, say) -> TokenStore:
 
 
 def _check_vocab(vocab_size: int, model_vocab: int, what: str):
+  """Refuses a tokenizer of more tokens than the model's vocabulary, and warns of one of
+  fewer: the rows past its last id are never trained, which padding may mean, a typo not."""
   if vocab_size > model_vocab:
     raise ConfigError("model.vocab_size", f"the tokenizer of {what} has {vocab_size} "
                       f"tokens, more than the model's {model_vocab}")
+  if vocab_size < model_vocab and jax.process_index() == 0:
+    log.warning("model.vocab_size %d is larger than the %d tokens of the tokenizer of %s: "
+                "%d rows of the embedding and the head are never trained; set "
+                "--config.model.vocab_size=%d unless the padding is meant", model_vocab,
+                vocab_size, what, model_vocab - vocab_size, vocab_size)
 
 
 def store_request(d: Data, model_vocab: int) -> dict:

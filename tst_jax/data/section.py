@@ -96,17 +96,54 @@ class Data:
     return [f for f in needed if not getattr(self, f)]
 
 
+def check_fields(data: Data) -> None:
+  """Checks what a run will read without reading it: the fields it needs are set, each source
+  is of a known form, a mixture's raw sources share one tokenizer, and every bucket is named as
+  GCS names them. A launcher checks this on a machine that cannot see the data; a run adds
+  `check_paths`."""
+  mixed = bool(data.mixture or data.tst_mixture)
+  for field in ([] if mixed else data.missing_fields()):
+    raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "
+                      "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
+                      "the config's docstring)")
+  sources = _mixture_sources(data) if mixed else [("data.source", data.source)]
+  for field, source in sources + [("data.eval_sets", s) for _, s in eval_sets(data)]:
+    kind, _, where = source.partition(":")
+    if kind != "tokens" and (kind not in formats.FORMATS or not where):
+      raise ConfigError(field, f"{source!r} is not a source: expected {formats.forms()}, or "
+                        "tokens:<dir> of a store made by python -m tst_jax.data.prepare")
+    _bucket_named(where, field)
+  if data.tokenizer not in ("", "bpe"):
+    _bucket_named(data.tokenizer, "data.tokenizer")
+  raw = [s for _, s in sources if not s.startswith("tokens:")]
+  if mixed and raw and len(sources) > 1 and data.tokenizer in ("", "bpe"):
+    raise ConfigError("data.tokenizer", f"the mixture tokenizes {raw[0]!r} here, and each "
+                      "source would get its own bpe: give a tokenizer.json, or prepare the "
+                      "sources with one tokenizer and mix the tokens: stores (docs/data.md)")
+
+
+def _mixture_sources(data: Data) -> list[tuple[str, str]]:
+  """Returns (field, source) of each source of the run's mixtures."""
+  field = "data.mixture" if data.mixture else "data.tst_mixture"
+  return [(field, s) for s in mixture_lib.RunMixture.of(data).sources]
+
+
+def _bucket_named(path: str, field: str):
+  """`fileio.check_bucket_name` as a ConfigError of `field`."""
+  try:
+    fileio.check_bucket_name(path, "")
+  except fileio.PathError as e:
+    raise ConfigError(field, str(e)) from None
+
+
 def check_paths(data: Data) -> None:
   """Checks that the files a train or eval run reads exist. Plan mode does not need them."""
+  check_fields(data)
   if data.eval_sets:
     _check_sources(data, [s for _, s in eval_sets(data)], "data.eval_sets")
   if data.mixture or data.tst_mixture:
     _check_mixture_paths(data)
     return
-  for field in data.missing_fields():
-    raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "
-                      "of your copy of the data, or the data and the Llama-3 tokenizer.json; see "
-                      "the config's docstring)")
   kind, _, pattern = data.source.partition(":")
   if kind in formats.FORMATS:
     formats.FORMATS[kind].check(kind, pattern)
@@ -131,15 +168,9 @@ def _reachable(path: str, field: str, what: str):
 
 
 def _check_mixture_paths(data: Data) -> None:
-  """Each source of the mixtures as `check_paths` checks data.source, and one tokenizer for
-  them all: each source tokenized here with `bpe` would get its own."""
+  """Each source of the mixtures as `check_paths` checks data.source."""
   mix = mixture_lib.RunMixture.of(data)
   _check_sources(data, mix.sources, "data.mixture" if data.mixture else "data.tst_mixture")
-  raw = [s for s in mix.sources if not s.startswith("tokens:")]
-  if raw and len(mix.sources) > 1 and data.tokenizer in ("", "bpe"):
-    raise ConfigError("data.tokenizer", f"the mixture tokenizes {raw[0]!r} here, and each "
-                      "source would get its own bpe: give a tokenizer.json, or prepare the "
-                      "sources with one tokenizer and mix the tokens: stores (docs/data.md)")
 
 
 def _check_sources(data: Data, sources: list[str], field: str) -> None:

@@ -209,3 +209,43 @@ class TokenStore:
   def __repr__(self) -> str:
     return f"TokenStore({self.directory!r}, train={len(self.train)}, val={len(self.val)})"
 
+
+# Held-out windows of the paper configs' length (L = 2048, W = L + 1) below which prepare warns,
+# and how many a larger --val_fraction should give: 64 is a run's default eval (4 batches of 16).
+LONG_WINDOW, FEW_WINDOWS, EVAL_WINDOWS = 2049, 16, 64
+
+
+def summary_line(manifest: dict, out: str, seconds: float) -> str:
+  """Says what a store holds, as prepare's last line before its JSON: documents, text, tokens
+  per split, and the held-out windows of a short and a long run."""
+  splits, text = manifest["splits"], manifest["sources"]["text_bytes"]
+  val = splits["val"]["tokens"]
+  return (f"prepared {out}: {sum(s['docs'] for s in splits.values()):,} documents, "
+          f"{text / 1e6:.1f} MB of text, {splits['train']['tokens']:,} training and {val:,} "
+          f"held-out tokens ({val // 129:,} windows of 129 tokens, {val // LONG_WINDOW:,} of "
+          f"{LONG_WINDOW:,}), in {seconds:.1f} s")
+
+
+def held_out_warning(val_tokens: int, val_fraction: float) -> str:
+  """Says when the held-out split is too small to evaluate a run of the paper's length, with
+  the --val_fraction that would hold out about EVAL_WINDOWS of its windows; '' otherwise."""
+  windows = val_tokens // LONG_WINDOW
+  if windows >= FEW_WINDOWS:
+    return ""
+  wanted = min(0.5, val_fraction * EVAL_WINDOWS * LONG_WINDOW / max(val_tokens, 1))
+  return (f"the held-out split holds {val_tokens:,} tokens, {windows} windows of "
+          f"{LONG_WINDOW:,} (L = 2048), where a run's eval reads data.eval_batches x "
+          f"data.batch_size windows (64 by default): prepare again into a new --out with "
+          f"--val_fraction={wanted:.2g} for about {EVAL_WINDOWS}, or evaluate with shorter "
+          "windows")
+
+
+def prepared_lines(out: str, seconds: float, val_fraction: float) -> list[str]:
+  """Returns what prepare prints of the store it made in `out`: its summary line, a warning
+  where its held-out split is small, and last the store as one JSON line."""
+  manifest = read_manifest(out)
+  warning = held_out_warning(manifest["splits"]["val"]["tokens"], val_fraction)
+  return [summary_line(manifest, out, seconds)] + ([f"warning: {warning}"] if warning else []) + [
+      json.dumps(dict(out=out, fingerprint=manifest["fingerprint"], dtype=manifest["dtype"],
+                      **{f"{s}_tokens": manifest["splits"][s]["tokens"] for s in SPLITS},
+                      skipped_files=len(manifest["sources"].get("skipped", []))))]

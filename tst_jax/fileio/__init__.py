@@ -30,10 +30,11 @@ import uuid
 from tst_jax.fileio.stores import (PathError, check_bucket_name, filesystem, is_url, protocol,
                                    reason, store_error, url_of)
 
-# The stores an output may go to besides the local disk. A run's workdir is on gs:// only:
-# Orbax marks a checkpoint complete in a bucket with its commit file only there. A file written
-# whole (a token store, an export, a report) goes to any store fsspec writes objects to.
-RUN_STORES = ("gs",)
+# The stores an output may go to besides the local disk. A run's workdir is on a store whose
+# writes can be conditional, for its lock: GCS's generations, S3's If-None-Match and If-Match.
+# A file written whole (a token store, an export, a report) goes to any store fsspec writes
+# objects to.
+RUN_STORES = ("gs", "s3")
 FILE_STORES = ("gs", "gcs", "s3")
 NEW_FOLDER = "give a new directory"   # what to do about a file where an output folder goes
 
@@ -133,6 +134,9 @@ def remove(path: str):
     os.remove(path)
     return
   fs, p = filesystem(path)
+  if protocol(path) == "s3":
+    fs.invalidate_cache(p)
+    fs.info(p)        # S3 deletes a missing key without a word: this raises FileNotFoundError
   fs.rm_file(p)
 
 
@@ -254,10 +258,19 @@ def staged(path: str):
     local = path + ".tmp"
   try:
     yield local
+    if not is_url(path):   # a writer may make its file private, as safetensors' 0600
+      os.chmod(local, _new_file_mode())
     move_in(local, path)
   finally:
     if os.path.exists(local):
       os.remove(local)
+
+
+def _new_file_mode() -> int:
+  """Returns the mode open() gives a new file here: 0o666 less the process's umask."""
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return 0o666 & ~mask
 
 
 def upload_folder(local: str, path: str):

@@ -68,7 +68,8 @@ def version(path: str) -> str | None:
 
 def remove_if_unchanged(path: str, seen: str) -> bool:
   """Removes the file at `path` if its `version` is still `seen`, and returns whether it did: a
-  dead run's lock. GCS's delete carries ifGenerationMatch, a local file is renamed aside first."""
+  dead run's lock. GCS's delete carries ifGenerationMatch, S3's If-Match, and a local file is
+  renamed aside first."""
   if not is_url(path):
     aside = f"{path}.{uuid.uuid4().hex}.stale"
     try:
@@ -90,20 +91,52 @@ def remove_if_unchanged(path: str, seen: str) -> bool:
     if protocol(path) in ("gs", "gcs"):
       fs.call("DELETE", "b/{}/o/{}", *fs.split_path(p)[:2], ifGenerationMatch=seen)
       fs.invalidate_cache(p)
+    elif protocol(path) == "s3":
+      fs.call_s3("delete_object", Bucket=fs.split_path(p)[0], Key=fs.split_path(p)[1],
+                 IfMatch=seen)
+      fs.invalidate_cache(p)
     else:
       fs.rm_file(p)
   except (FileNotFoundError, FileExistsError):    # gone, or a precondition that failed
     return False
+  except OSError as e:
+    if _s3_condition_failed(e):
+      return False
+    raise
   return True
+
+
+# S3's answers to a write or delete whose If-Match or If-None-Match did not hold: 412, or 409
+# while another conditional write of the same key is under way. s3fs raises them as OSError.
+_S3_CONDITION_FAILED = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+
+
+def _s3_condition_failed(e: OSError) -> bool:
+  response = getattr(e.__cause__, "response", None) or {}
+  return response.get("Error", {}).get("Code") in _S3_CONDITION_FAILED
 
 
 def write_if_unchanged(path: str, data: bytes | str, seen: str) -> str | None:
   """Writes `data` to `path` whole if its `version` is still `seen`, and returns the new version,
-  None where it changed or is gone: a lock's heartbeat. GCS's write carries ifGenerationMatch."""
+  None where it changed or is gone: a lock's heartbeat. GCS's write carries ifGenerationMatch,
+  S3's If-Match on the ETag."""
   data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
   if not is_url(path):
     return _replace_if_unchanged(path, data, seen)
   fs, p = filesystem(path)
+  if protocol(path) == "s3":
+    bucket, key, _ = fs.split_path(p)
+    try:
+      written = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=seen)
+    except FileNotFoundError:
+      return None
+    except OSError as e:
+      if _s3_condition_failed(e):
+        return None
+      raise
+    finally:
+      fs.invalidate_cache(p)
+    return str(written["ETag"])
   if protocol(path) not in ("gs", "gcs"):
     if version(path) != seen:
       return None

@@ -3,7 +3,7 @@
 Letters follow the package docstring: N tokens, P experts per token, A = N·P assignments with
 assignment a = n·P + p, E experts, D model dim, and R rows of the expert-ordered buffer. R = A
 for grouped GEMMs, rounded up to whole kernel tiles where the kernel asks, and more when each
-expert's group is padded to whole blocks of C rows.
+expert's group is padded to whole blocks of C rows (`blocked`) or has C slots (`capacity`).
 
 One sort of the A expert ids lays the buffer out both ways in `Routing`: the row of every
 assignment and the assignment in every row. `dispatch` gathers the token rows into the buffer.
@@ -16,12 +16,13 @@ weights. The inverse permutation is a second sort, of the first one's order, and
 sizes a search of the sorted ids: no scatter anywhere, no float atomics.
 
 An expert id >= E belongs to no row. It marks an expert that another shard holds in
-`moe.experts_sharded`, sorts after every group, is dispatched nowhere and combines as 0.
+`experts.experts_sharded`, sorts after every group, is dispatched nowhere and combines as 0.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -111,6 +112,61 @@ def blocked(ids_NxP, n_experts: int, block: int) -> tuple[Routing, jax.Array]:
   assignment_R = jnp.where(filled_R, jnp.take(order_A, starts_E[expert_R] + offset_R,
                                               mode="clip"), a)
   return Routing(row_A, assignment_R, sizes_E), block_expert
+
+
+# C of `capacity` is a whole multiple of this many rows: the batched matmul's tiles.
+CAPACITY_TILE = 128
+
+
+def capacity_rows(assignments: int, n_experts: int, factor: float) -> int:
+  """Returns C, each expert's slots in `capacity`: cf·A/E rounded up to whole CAPACITY_TILEs."""
+  return -(-math.ceil(factor * assignments / n_experts) // CAPACITY_TILE) * CAPACITY_TILE
+
+
+def overflow_share(counts_E, capacity: int):
+  """Returns the share of the assignments past their expert's first `capacity`, which
+  `capacity`'s layout sends to the grouped GEMM; counts_E [E] is each expert's assignments."""
+  counts_E = counts_E.astype(jnp.float32)
+  return jnp.sum(jnp.maximum(counts_E - capacity, 0)) / jnp.maximum(jnp.sum(counts_E), 1)
+
+
+@jax.named_scope("moe_dispatch")
+def capacity(ids_NxP, n_experts: int, capacity: int, row_tile: int = 1) -> Routing:
+  """Lays out the buffer of `experts.experts_capacity`: each expert's first C assignments in its C
+  slots, then every assignment past them, by expert, as groups of a grouped GEMM.
+
+  Rows [e·C, e·C + C) hold expert e's first min(size_e, C) assignments in sorted order and
+  empty rows after them. The R_O rows past E·C hold the rest, expert e's size_e - C of them
+  where that is positive, and `sizes_E` are those groups' sizes. R_O is A - C rounded up to
+  whole tiles of `row_tile`: every assignment past C, as when one expert has all of them, so
+  none is dropped.
+  """
+  e, (n, k) = n_experts, ids_NxP.shape
+  a, slots = n * k, n_experts * capacity
+  order_A, inverse_A, bounds = _sort(ids_NxP, e)
+  starts_E, sizes_E = bounds[:-1], jnp.diff(bounds)
+  over_E = jnp.maximum(sizes_E - capacity, 0)
+  over_ends_E = jnp.cumsum(over_E)
+  over_starts_E = over_ends_E - over_E
+  rows_over = -(-max(a - capacity, 0) // row_tile) * row_tile
+  ids_A = ids_NxP.reshape(-1)
+  expert_A = jnp.minimum(ids_A, e - 1)
+  rank_A = inverse_A - starts_E[expert_A]                       # within its expert's group
+  row_A = jnp.where(ids_A >= e, slots + rows_over,
+                    jnp.where(rank_A < capacity, expert_A * capacity + rank_A,
+                              slots + over_starts_E[expert_A] + rank_A - capacity))
+  slot_S = jnp.arange(slots)
+  slot_expert, slot_rank = slot_S // capacity, slot_S % capacity
+  assignment_S = jnp.where(slot_rank < sizes_E[slot_expert], jnp.take(
+      order_A, starts_E[slot_expert] + slot_rank, mode="clip"), a)
+  over_O = jnp.arange(rows_over)
+  over_expert = jnp.minimum(jnp.searchsorted(over_ends_E, over_O, side="right",
+                                             method=_SEARCH), e - 1)
+  assignment_O = jnp.where(over_O < over_ends_E[-1], jnp.take(
+      order_A, starts_E[over_expert] + capacity + over_O - over_starts_E[over_expert],
+      mode="clip"), a)
+  return Routing(row_A.astype(jnp.int32), jnp.concatenate([assignment_S, assignment_O]),
+                 over_E)
 
 
 def _rows(table, index):

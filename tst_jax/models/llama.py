@@ -127,8 +127,7 @@ class Llama(nnx.Module):
   """Llama-3: the embedding, superposed for bags, scanned decoder blocks, a norm and the head."""
 
   def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-    if "auto" in (cfg.attention_impl, getattr(cfg, "expert_impl", None),
-                  getattr(cfg, "dispatch_impl", None)):
+    if platform.has_auto(cfg):
       cfg = platform.resolved_model(cfg)   # a model built outside a run is resolved here once
     self.cfg = cfg
     self.dtype = DTYPES[cfg.dtype]

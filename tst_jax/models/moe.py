@@ -5,7 +5,8 @@ token, A = N·P assignments, R assignment rows padded to whole blocks of C, D mo
 ffw dim, I and O a matmul's input and output dims. Attention, norms, RoPE and the decoder block
 come from `layers`. Only the feed-forward differs: a float32 softmax router picks P of E SwiGLU
 experts per token, and the experts run dropless as one grouped matmul over the assignments
-sorted by expert. As in Qwen3-30B-A3B there is no shared expert, attention has QK-norm and the
+sorted by expert, or with a capacity: each expert's first C as a batched matmul, the rest
+grouped. As in Qwen3-30B-A3B there is no shared expert, attention has QK-norm and the
 head is untied.
 
 Dense and sparse layers follow Hugging Face's `mlp_only_layers` and `decoder_sparse_step`.
@@ -17,20 +18,15 @@ scanned over `r`. First-k-dense gives 2 stages, every-n-th-sparse gives 1.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import PartitionSpec as P
 
 from tst_jax import platform, schema
-from tst_jax.kernels import grouped_matmul, moe_dispatch
+from tst_jax.kernels import moe_dispatch
 from tst_jax.errors import ConfigError
-from tst_jax.models import layers, llama
-from tst_jax.parallel import logical
+from tst_jax.models import experts, layers, llama
 
 _LAYERS = schema.Rule(lambda v: isinstance(v, (tuple, list)) and all(
     isinstance(i, int) and not isinstance(i, bool) for i in v), "a tuple of layer indices", tuple)
@@ -54,18 +50,28 @@ class MoEConfig(llama.LlamaConfig):
   decoder_sparse_step: int = schema.field(1, schema.integer(1), "layer i is sparse iff "
                                           "(i + 1) % step == 0 (and not mlp_only)")
   expert_impl: str = schema.field("auto", schema.one_of(platform.EXPERT_IMPLS), "ragged | gmm "
-                                  "(grouped GEMMs both ways, tokamax on GPU) | blocked | dense "
-                                  "(reference) | auto (the platform's measured fastest)")
+                                  "(grouped GEMMs both ways, tokamax on GPU) | capacity (each "
+                                  "expert's first C rows as batched matmuls, the rest as gmm) | "
+                                  "blocked | dense (reference) | auto (the platform's measured "
+                                  "fastest)")
   dispatch_impl: str = schema.field("auto", schema.one_of(platform.DISPATCH_IMPLS), "how "
                                     "dispatch and combine move rows: " + " | ".join(
                                         moe_dispatch.IMPLS) + " (kernels/moe_dispatch.py) | "
                                     "auto (the platform's measured fastest)")
-  expert_fuse_gate_up: bool = schema.field(False, schema.BOOL, "run the experts' gate and up "
-                                           "as one grouped GEMM against their weights side "
-                                           "by side (expert_impl gmm or ragged): the rows "
-                                           "read once, one dX product")
+  expert_fuse_gate_up: str = schema.field("auto", schema.one_of(platform.FUSE_GATE_UP), "on: "
+                                          "the experts' gate and up as one grouped GEMM "
+                                          "against their weights side by side (expert_impl "
+                                          "gmm, ragged or capacity), the rows read once | off "
+                                          "| auto (on where a train step measured it faster)")
+  expert_capacity_factor: float = schema.field(1.25, schema.number(0, open_lo=True), "cf of "
+                                               "expert_impl=capacity: C = roundup(cf·N·P/E, "
+                                               "128) rows per expert run as batched matmuls, "
+                                               "the rows past C as grouped GEMMs")
 
   def __post_init__(self):
+    if isinstance(self.expert_fuse_gate_up, bool):   # the field's spelling in the config.json
+      object.__setattr__(self, "expert_fuse_gate_up",  # of runs from before it took auto
+                         "on" if self.expert_fuse_gate_up else "off")
     super().__post_init__()
     object.__setattr__(self, "mlp_only_layers", tuple(sorted(set(self.mlp_only_layers))))
     if self.n_experts_per_token > self.n_experts:
@@ -148,191 +154,6 @@ def _route(x_NxD, router_DxE, k: int, norm_topk_prob: bool):
   return logits_NxE, probs_NxE, weights_NxP, ids_NxP
 
 
-# The names that remat=save_experts saves: the routing and the grouped matmuls' outputs.
-_ROUTING, _GATE, _UP, _OUT = layers.EXPERT_SAVES
-
-
-def _swiglu(matmul, x, gate, up, down, fuse_gate_up: bool = False):
-  """Applies the experts' SwiGLU to rows in expert order, naming the matmuls' outputs.
-
-  `fuse_gate_up` runs gate and up as one matmul against their weights side by side, [E, I,
-  2F]: the rows are read once and their two cotangents come out of one dX product.
-  """
-  if fuse_gate_up:
-    f = gate.shape[-1]
-    gate_up = matmul(x, jnp.concatenate([gate, up], axis=-1))
-    g, u = checkpoint_name(gate_up[:, :f], _GATE), checkpoint_name(gate_up[:, f:], _UP)
-  else:
-    g, u = checkpoint_name(matmul(x, gate), _GATE), checkpoint_name(matmul(x, up), _UP)
-  return checkpoint_name(matmul(jax.nn.silu(g) * u, down), _OUT)
-
-
-def _routed(routing: moe_dispatch.Routing) -> moe_dispatch.Routing:
-  return moe_dispatch.Routing(*(checkpoint_name(a, _ROUTING) for a in routing))
-
-
-def _experts_sorted(matmul, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-                    row_tile: int = 1, dispatch: str = "gather", fuse_gate_up: bool = False):
-  """Sorts the N·P assignments by expert into whole row tiles, runs three matmuls, combines.
-
-  `matmul` takes rows [R, I], weights [E, I, O] and group sizes [E]; `dispatch` is one of
-  moe_dispatch.IMPLS.
-  """
-  routing = _routed(moe_dispatch.sort_by_expert(ids_NxP, gate_ExDxF.shape[0], row_tile))
-  x_RxD = moe_dispatch.dispatch(x_NxD, routing, ids_NxP.shape[1], dispatch)
-  y_RxD = _swiglu(lambda a, w: matmul(a, w, routing.sizes_E), x_RxD, gate_ExDxF, up_ExDxF,
-                  down_ExFxD, fuse_gate_up)
-  # rows past the groups: unread
-  return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
-
-
-def experts_ragged(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                   dispatch: str = "gather", fuse_gate_up: bool = False):
-  """Runs dropless experts on jax.lax.ragged_dot: sort by expert, three grouped matmuls, unsort.
-
-  Each ragged_dot multiplies row block e by expert e's weights only, so a grouped-GEMM backend
-  does N·P rows of work whatever E is. TPU lowers ragged_dot natively. On GPU it needs
-  `jax_ragged_dot_use_gpu_pallas_triton_lowering` or XLA's cuDNN ragged-dot fusion, otherwise
-  XLA expands every group to a zero-masked dense matmul, as XLA:CPU always does. There
-  `experts_blocked` is the one whose cost follows the active parameters. The gradients are
-  JAX's own transposes of ragged_dot, where `experts_gmm` writes them as grouped GEMMs.
-  """
-  return _experts_sorted(jax.lax.ragged_dot, x_NxD, ids_NxP, weights_NxP, gate_ExDxF,
-                         up_ExDxF, down_ExFxD, dispatch=dispatch, fuse_gate_up=fuse_gate_up)
-
-
-def experts_gmm(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                backend: str | None = None, kernels: grouped_matmul.Kernels | None = None,
-                dispatch: str = "gather", fuse_gate_up: bool = False, zero_tail: bool = True):
-  """Runs dropless experts on `kernels.grouped_matmul`, gradients included.
-
-  The forward, dX per group and dW as one per-expert xᵀ·dy reduction are all grouped GEMMs,
-  with no [A, E] array. The dispatch lays out whole kernel tiles of rows, so no product pads.
-  `backend` and `kernels` default to `platform.grouped_matmul_backend`: tokamax's kernels where
-  installed on a GPU, else XLA's ragged_dot. `fuse_gate_up` (`_swiglu`) and `zero_tail` False
-  (`grouped_matmul`: the combine reads no row past the groups) are the MoE lab's candidates.
-  """
-  if backend is None:
-    backend, kernels, _ = platform.grouped_matmul_backend()
-  kernels = kernels or grouped_matmul.Kernels()
-  return _experts_sorted(
-      lambda a, w, sizes: grouped_matmul.grouped_matmul(a, w, sizes, backend, kernels,
-                                                        zero_tail),
-      x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD,
-      grouped_matmul.row_tile(backend), dispatch, fuse_gate_up)
-
-
-def blocked_matmul(block_expert, block: int):
-  """Returns the matmul of rows in blocks of C, a [R, I] times w [E, I, O] -> [R, O], each
-  block by the weights of its expert `block_expert` [blocks]: one batched matmul."""
-  def matmul(a, w):
-    a_blocks = a.reshape(block_expert.shape[0], block, -1)   # [blocks, C, I]
-    return jnp.einsum("bti,bio->bto", a_blocks, jnp.take(w, block_expert, axis=0)).reshape(
-        a.shape[0], -1)
-  return matmul
-
-
-def experts_blocked(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD, *,
-                    block: int | None = None, dispatch: str = "gather"):
-  """Runs dropless experts as a batched matmul over fixed-size row blocks, one expert each.
-
-  `moe_dispatch.blocked` gathers the assignments, sorted by expert, into a buffer where each
-  expert's group is padded to whole blocks. Block b is multiplied by the weights of its expert,
-  a gather of [blocks, D, F]. Work is N·P + E·block rows, so the compiled FLOPs follow the
-  active parameters on every backend, XLA:CPU included. The price is the gathered weights,
-  blocks x D x F per matrix, which is why TPU and GPU use grouped GEMMs.
-  """
-  (n, k), e = ids_NxP.shape, gate_ExDxF.shape[0]
-  block = moe_dispatch.block_rows(n * k, e) if block is None else block
-  routing, block_expert = moe_dispatch.blocked(ids_NxP, e, block)
-  routing, block_expert = _routed(routing), checkpoint_name(block_expert, _ROUTING)
-  x_RxD = moe_dispatch.dispatch(x_NxD, routing, k, dispatch)
-
-  y_RxD = _swiglu(blocked_matmul(block_expert, block), x_RxD, gate_ExDxF, up_ExDxF, down_ExFxD)
-  return moe_dispatch.combine(y_RxD, weights_NxP, routing, dispatch)
-
-
-def experts_dense(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Runs every expert on every token and combines them with the top-k weights, as a reference."""
-  e = gate_ExDxF.shape[0]
-  gate_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, gate_ExDxF)
-  up_ExNxF = jnp.einsum("nd,edf->enf", x_NxD, up_ExDxF)
-  y_ExNxD = jnp.einsum("enf,efd->end", jax.nn.silu(gate_ExNxF) * up_ExNxF, down_ExFxD)
-  combine_NxE = jnp.einsum("nke,nk->ne", jax.nn.one_hot(ids_NxP, e, dtype=weights_NxP.dtype),
-                           weights_NxP)
-  return jnp.einsum("end,ne->nd", y_ExNxD, combine_NxE.astype(y_ExNxD.dtype))
-
-
-EXPERTS = {"ragged": experts_ragged, "gmm": experts_gmm, "blocked": experts_blocked,
-           "dense": experts_dense}
-
-
-def expert_fn(impl: str, dispatch: str = "gather", fuse_gate_up: bool = False):
-  """Returns the expert implementation `impl` with the dispatch `dispatch`, both resolved from
-  auto by the model's config; the dense reference has no dispatch. `fuse_gate_up` applies to
-  platform.FUSES_GATE_UP alone (platform.resolve refuses it with another): the others compute the
-  same function without it."""
-  if impl == "dense":
-    return EXPERTS[impl]
-  fused = dict(fuse_gate_up=fuse_gate_up) if impl in platform.FUSES_GATE_UP else {}
-  return functools.partial(EXPERTS[impl], dispatch=dispatch, **fused)
-
-
-def experts_sharded(experts, x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Runs `experts` with expert parallelism written out as a shard_map over the mesh.
-
-  Under `axis_rules` whose 'expert' rule splits the expert weights' E axis, each device holds
-  E/ep experts and its own token rows. Inside one expert group the tokens, top-k ids and
-  weights are all-gathered, every device runs only its experts on the assignments routed to
-  them, and a reduce-scatter sums each token's P outputs back onto the device that owns the
-  token. This is dropless and needs no capacity. Its traffic, about (ep-1)/ep of the group's
-  tokens each way, is at most an all-to-all's P·(ep-1)/ep when ep <= P. Expert weights split
-  over 'tensor' by the 'mlp' rule add a psum. Without a mesh, or when nothing is split, this is
-  `experts` itself.
-  """
-  context = logical.current()
-  args = (x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD)
-  if context is None:
-    return experts(*args)
-  mesh, rules = context
-  batch_pspec = logical.logical_to_pspec(("batch", None), rules)
-  weight_pspec = logical.logical_to_pspec(("expert", None, "mlp"), rules)
-  split = lambda entry: tuple(a for a in logical.mesh_axes(entry) if mesh.shape[a] > 1)
-  ep_axes, tp_axes = split(weight_pspec[0]), split(weight_pspec[2])
-  in_pspec = P(ep_axes or None, None, tp_axes or None)          # FSDP's D gathered
-  out_pspec = P(ep_axes or None, tp_axes or None, None)
-  if not ep_axes and not tp_axes:
-    return experts(*args)
-  ep = math.prod(mesh.shape[a] for a in ep_axes)
-  if gate_ExDxF.shape[0] % ep:
-    raise ValueError(f"model.n_experts={gate_ExDxF.shape[0]} must divide over the expert "
-                     f"mesh axes {ep_axes} (size {ep})")
-  gathered = tuple(a for a in ep_axes if a in logical.mesh_axes(batch_pspec[0]))
-  replicated = tuple(a for a in ep_axes if a not in gathered)   # tokens on every shard
-
-  def local(x_NxD, ids_NxP, weights_NxP, gate_ExDxF, up_ExDxF, down_ExFxD):
-    if gathered:
-      x_NxD, ids_NxP, weights_NxP = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
-                                     for a in (x_NxD, ids_NxP, weights_NxP))
-    if replicated:   # same tokens on every expert shard: marking them varying makes AD sum
-                     # their gradients over the shards
-      x_NxD, weights_NxP = (jax.lax.pcast(a, replicated, to="varying")
-                            for a in (x_NxD, weights_NxP))
-    e_local = gate_ExDxF.shape[0]
-    ids_NxP = ids_NxP - jax.lax.axis_index(ep_axes) * e_local if ep_axes else ids_NxP
-    mine_NxP = (ids_NxP >= 0) & (ids_NxP < e_local)
-    y_NxD = experts(x_NxD, jnp.where(mine_NxP, ids_NxP, e_local),
-                    jnp.where(mine_NxP, weights_NxP, 0), gate_ExDxF, up_ExDxF, down_ExFxD)
-    if gathered:
-      y_NxD = jax.lax.psum_scatter(y_NxD, gathered, scatter_dimension=0, tiled=True)
-    if replicated or tp_axes:
-      y_NxD = jax.lax.psum(y_NxD, replicated + tp_axes)
-    return y_NxD
-
-  return jax.shard_map(local, mesh=mesh, out_specs=batch_pspec,
-                       in_specs=(batch_pspec,) * 3 + (in_pspec, in_pspec, out_pspec))(*args)
-
-
 def route(x_NxD, router_DxE, cfg: MoEConfig):
   """Routes tokens: returns the top-k weights and ids [N, P] and the layer's statistics.
 
@@ -360,6 +181,9 @@ class SparseMoE(nnx.Module):
     d, e, f, std = cfg.dim, cfg.n_experts, cfg.moe_ffw_dim, cfg.init_std
     if cfg.dispatch_impl == "auto":   # a layer built alone; a model resolves its config first
       cfg = dataclasses.replace(cfg, dispatch_impl=platform.dispatch_impl("auto")[0])
+    if cfg.expert_fuse_gate_up == "auto":
+      cfg = dataclasses.replace(cfg, expert_fuse_gate_up=platform.fuse_gate_up(
+          "auto", cfg.expert_impl)[0])
     self.cfg, self.dtype = cfg, dtype
     # The router stays replicated over experts: it is tiny and top-k needs every logit.
     self.router = layers.param(rngs, (d, e), ("embed", None), std=std)
@@ -372,8 +196,12 @@ class SparseMoE(nnx.Module):
     b, length, d = x_BxLxD.shape
     x_NxD = x_BxLxD.reshape(b * length, d)
     weights_NxP, ids_NxP, aux = route(x_NxD, self.router[...], cfg)
-    experts = expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up)
-    out_NxD = experts_sharded(experts, x_NxD, ids_NxP,
+    if cfg.expert_impl == "capacity":
+      aux["overflow"] = experts.capacity_overflow(ids_NxP, cfg.n_experts,
+                                                  cfg.expert_capacity_factor)
+    run_experts = experts.expert_fn(cfg.expert_impl, cfg.dispatch_impl, cfg.expert_fuse_gate_up,
+                        cfg.expert_capacity_factor)
+    out_NxD = experts.experts_sharded(run_experts, x_NxD, ids_NxP,
                               weights_NxP, self.gate_proj[...].astype(dt),
                               self.up_proj[...].astype(dt), self.down_proj[...].astype(dt))
     return out_NxD.astype(x_BxLxD.dtype).reshape(b, length, d), aux
@@ -450,7 +278,10 @@ class Qwen3MoE(llama.Llama):
     """Returns the weighted load-balancing and z-losses, averaged over layers, and metrics.
 
     `moe/expert_load` [E] is each expert's share of the top-k assignments averaged over layers.
-    `moe/max_load` is E times its maximum, 1 when balanced.
+    `moe/max_load` is E times its maximum, 1 when balanced. Under expert_impl=capacity,
+    `moe/overflow` is the share of the assignments past their expert's C rows, which run as
+    grouped GEMMs, over the step's whole batch, where each device lays out its own tokens
+    (`experts.capacity_overflow`).
     """
     if not aux:
       return jnp.zeros((), jnp.float32), {}
@@ -459,4 +290,6 @@ class Qwen3MoE(llama.Llama):
     load_E = jnp.mean(aux["expert_frac"], axis=0) / cfg.n_experts_per_token
     metrics = {"moe/lb_loss": lb, "moe/z_loss": z, "moe/expert_load": load_E,
                "moe/max_load": cfg.n_experts * jnp.max(load_E)}
+    if "overflow" in aux:
+      metrics["moe/overflow"] = jnp.mean(aux["overflow"])
     return cfg.aux_loss_coef * lb + cfg.router_z_loss_coef * z, metrics

@@ -3,11 +3,13 @@ phase switch and a final block. Only process 0 prints, and main.py keeps library
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
 import tqdm
 
+from tst_jax import losses
 from tst_jax.rundir import RunDir
 
 
@@ -78,13 +80,14 @@ class Console:
 
   def eval(self, step: int, record: dict, phase=None):
     """Prints an eval's `record` (`Evaluator.record`): the held-out loss, each set of
-    data.eval_sets by name, and in a tst `phase` its held-out bag loss."""
+    data.eval_sets by name, and in a tst `phase` its held-out bag loss with its floor: a bag
+    of distinct tokens scores at least its targets' entropy, where a next-token loss's is 0."""
     names = [k.partition("/")[2] for k in record if k.startswith("eval_loss/")]
     line = (f"eval  step {step}: held-out next-token loss {_with_bpb(record, '')}"
             + "".join(f"; {name} {_with_bpb(record, '/' + name)}" for name in names))
     if "eval_bag_loss" in record:
       line += (f"; held-out bag loss {record['eval_bag_loss']:.4f} (the {_phase_name(phase)} "
-               "task)")
+               f"task{_floor(losses.bag_floor(phase.weighting, phase.variant, phase.bag_size))})")
     self.print(line)
 
   def tasks(self, step: int, record: dict, seconds: float):
@@ -111,13 +114,14 @@ class Console:
     if summary.get("phase1_end_eval_loss") is not None:
       lines[-1] += f" (end of phase 1: {summary['phase1_end_eval_loss']:.4f}"
       if summary.get("phase1_end_eval_bag_loss") is not None:
-        lines[-1] += f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+        lines[-1] += (f"; its held-out bag loss {summary['phase1_end_eval_bag_loss']:.4f}"
+                      + _floor(summary.get("phase1_bag_floor") or 0.0))
       lines[-1] += ")"
     if reference is not None and reference.name:
       lines += _reference_lines(reference, summary, run or {})
     lines += [f"  unigram entropy of the data: {summary['unigram_entropy']:.3f} nats",
               f"  metrics: {rundir.metrics}, plot: {rundir.loss_plot}",
-              f"  tensorboard --logdir {rundir.tensorboard}",
+              tensorboard_line(rundir.tensorboard),
               f"  checkpoints: {rundir.checkpoints} (the same command "
               "resumes from the latest)"]
     self.print("\n".join(lines))
@@ -176,5 +180,19 @@ def _speed(speed: dict) -> str:
   return "  ".join(parts)
 
 
+def _floor(floor: float) -> str:
+  """Says the floor of a bag loss beside it, since its scale is not a next-token loss's."""
+  return f", whose floor is up to {floor:.4f}, its targets' entropy" if floor > 0 else ""
+
+
 def _phase_name(phase) -> str:
   return phase.name + (f" S={phase.bag_size}" if phase.bag_size > 1 else "")
+
+
+def tensorboard_line(folder: str) -> str:
+  """Says how to look at the run's TensorBoard files: the command, and the install it needs
+  where TensorBoard is not installed (tst-jax writes the files with tensorboardX)."""
+  line = f"  tensorboard --logdir {folder}"
+  if importlib.util.find_spec("tensorboard") is None:
+    line += "   (pip install tensorboard first: tst-jax writes the files, it does not show them)"
+  return line

@@ -2,8 +2,8 @@
 
 A file created only if absent is the whole protocol, so a bucket's create-if-absent write holds
 a workdir there the same way as a hard link does on a disk, and a dead run's lock is removed
-only if unchanged since it was read: by its generation in a bucket. The holder rewrites its
-heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
+only if unchanged since it was read: by its generation or ETag in a bucket. The holder rewrites
+its heartbeat from a thread: steps, checkpoints and logs can be hours apart while a store is
 prepared or a step compiles, and one small write every LOCK_BEAT_S costs nothing. Each rewrite
 is conditional on the holder's own last one, so it never overwrites a lock that another run
 took. A holder that lost its lock, or wrote no heartbeat for LOCK_GIVE_UP_S, stops at its next

@@ -10,7 +10,7 @@ import struct
 import sys
 import time
 
-from tst_jax import fileio
+from tst_jax import fileio, losses
 from tst_jax.rundir import RunDir
 from tst_jax.run import appending, sinks, workdir as workdir_lib
 
@@ -136,7 +136,8 @@ class MetricsWriter:
 
 def summarize(rundir: RunDir, plan, final_eval: float, write: bool = True, **fields) -> dict:
   """Returns the run's summary: final held-out loss, the phase-1-end evals (next-token, and
-  the bag loss of its task), steps, token counts and `fields`. With `write`, also writes
+  the bag loss of its task with that task's floor, losses.bag_floor), steps, token counts and
+  `fields`. With `write`, also writes
   summary.json and the plot loss.png."""
   records = workdir_lib.read_metrics(rundir)
   evals = {r["step"]: r for r in records if "eval_loss" in r}
@@ -145,6 +146,8 @@ def summarize(rundir: RunDir, plan, final_eval: float, write: bool = True, **fie
   summary = dict(final_eval_loss=final_eval, steps=plan.total_steps,
                  phase1_end_eval_loss=evals.get(switch, {}).get("eval_loss"),
                  phase1_end_eval_bag_loss=evals.get(switch, {}).get("eval_bag_loss"),
+                 phase1_bag_floor=(losses.bag_floor(tst[-1].weighting, tst[-1].variant,
+                                                    tst[-1].bag_size) if tst else None),
                  **fields, **plan.tokens_at(plan.total_steps))
   if write:
     workdir_lib.write_summary(rundir, summary)

@@ -129,13 +129,19 @@ def read_tokenizer(rundir: RunDir, vocab_size: int) -> tokenizer_lib.Tokenizer:
 
 
 def checkpoint_steps(rundir: RunDir) -> list[int]:
-  """Returns the steps with a complete checkpoint, in order. In a bucket, where a folder
-  cannot be renamed into place, Orbax marks a complete one with its commit file."""
-  if not fileio.isdir(rundir.checkpoints):
+  """Returns the steps with a complete checkpoint, in order."""
+  return complete_steps(rundir.checkpoints, rundir.remote)
+
+
+def complete_steps(folder: str, remote: bool) -> list[int]:
+  """Returns the steps of the checkpoint folder `folder` that are complete, in order. In a
+  bucket (`remote`), where a folder cannot be renamed into place, a complete one holds the
+  commit file that Orbax, or for s3:// train/checkpoint_mirror.py, writes last."""
+  if not fileio.isdir(folder):
     return []
-  done = ORBAX_COMMIT if rundir.remote else "state"
-  return sorted(int(d) for d in fileio.listdir(rundir.checkpoints)
-                if d.isdigit() and fileio.exists(fileio.join(rundir.checkpoint(int(d)), done)))
+  done = ORBAX_COMMIT if remote else "state"
+  return sorted(int(d) for d in fileio.listdir(folder)
+                if d.isdigit() and fileio.exists(fileio.join(folder, d, done)))
 
 
 def check_same_run(where: str, what: str, differs: str | None, force: bool):

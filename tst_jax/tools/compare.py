@@ -24,8 +24,10 @@ left is an error. For every run:
                          recorded them); `--rank bpb` orders the table by it, and keeps
                          a run no baseline matches, such as one of another tokenizer.
   phase-1 bag loss       its held-out MCE on phase 1's bags at the switch (eval_bag_loss).
-Writes DIR/compare.{md,json,png}. tools/arms.py makes the same comparison per seed and
-summarises it per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
+Prints the table; with --out DIR also writes DIR/compare.{md,json,png} and says so. A row that
+needs more baselines says how to train them: the sweep command of a sweep's point, else the
+arms to add to the command that trained the run. tools/arms.py makes the same comparison per
+seed and summarises it per arm over seeds (`python -m tst_jax.tools.sweep --arms`).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shlex
 import sys
 
 import numpy as np
 
 from tst_jax import errors, fileio
+from tst_jax.rundir import RunDir
 from tst_jax.analysis.frontier import (FIT_DISAGREES, LENGTHS_NEEDED, WIDE_BRACKET, EqualLoss,
                                        Frontier)
 from tst_jax.tools.eval_curve import EvalCurve, differs, load_run
@@ -99,10 +103,42 @@ def value_at(x: np.ndarray, y: np.ndarray, at: float) -> float | None:
   return float(np.interp(at, x, y))
 
 
-def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
+def sweep_hint(run: EvalCurve, arms: list[str]) -> str:
+  """Says to add baseline `arms` to the sweep that made `run`: its tables come from one."""
+  del run
+  return f"add --arms {','.join(arms)}"
+
+
+def runs_hint(run: EvalCurve, arms: list[str]) -> str:
+  """Says how to train the baseline `arms` of `run` for compare's --runs: the sweep command of
+  its point where a sweep made it, else the arms to add to the command that trained it."""
+  record = (fileio.read_json(RunDir(run.workdir).sweep_point)
+            if fileio.isfile(RunDir(run.workdir).sweep_point) else {})
+  if record.get("arm") and record.get("config"):
+    path, _, arg = record["config"].partition(":")
+    own = defaults.arms(record["arm"].replace("+", ","))
+    rest = defaults.arms(arg)[:-len(own)] if own else defaults.arms(arg)
+    config = path + (":" + ",".join(rest) if rest else "")
+    taken = defaults.arm_fields(",".join(a.replace("+", ",") for a in arms))   # by the arms
+    sets = [o for o in record.get("overrides", []) if o.partition("=")[0] not in
+            ("seed", *taken)]
+    command = shlex.join(["python", "-m", "tst_jax.tools.sweep", "--config", config,
+                          "--workdir", fileio.dirname(run.workdir), "--arms", ",".join(arms),
+                          "--seeds", str(record.get("seed", 0)),
+                          *(x for o in sets for x in ("--set", o))])
+    return f"train them with {command}, then add their folders to --runs"
+  each = ", ".join(f"'{a.replace('+', ',')}'" for a in arms)
+  first = arms[0].replace("+", ",")
+  return (f"train them: the command that trained {run.name} once per arm, {each}, added to "
+          f"its --config's arms (c.py:2k becomes c.py:2k,{first}), each in a new --workdir, "
+          "then add those folders to --runs")
+
+
+def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0, hint=sweep_hint) -> dict:
   """Compares one run with the frontier: Δ at equal FLOPs, the equal-loss speed-up, the power
   law's, the one the Δ/slope model predicts, and the row's warnings. Δ is None outside the
-  frontier, where `delta_text` bounds it, and then nothing is predicted."""
+  frontier, where `delta_text` bounds it, and then nothing is predicted. `hint(run, arms)`
+  says how to add the baseline arms a row asks for, in the terms of the command that runs."""
   delta, delta_bound = frontier.delta(run.final_loss, run.total_flops)
   if run.is_baseline:                    # a point of the frontier itself, or left out
     equal = (EqualLoss(1.0, "=", run.total_flops) if frontier.holds(run.name) else
@@ -116,12 +152,12 @@ def run_row(run: EvalCurve, frontier: Frontier, left_out: int = 0) -> dict:
                                   "other baselines left out (see the notes)")
     if equal.speedup is None and equal.note != "its final loss is not finite":
       add = lengths_to_add(run.total_steps, have_one=bool(frontier.points))
-      equal = dataclasses.replace(equal, note=f"{equal.note}: add --arms {','.join(add)}")
+      equal = dataclasses.replace(equal, note=f"{equal.note}: {hint(run, add)}")
   warnings = []
   if equal.wide:
     warnings.append(f"its baselines are {equal.bracket[1] / equal.bracket[0]:.1f}x apart in "
-                    f"FLOPs, wider than {WIDE_BRACKET:g}x: add --arms "
-                    f"{between_arm(frontier, equal.bracket)}")
+                    f"FLOPs, wider than {WIDE_BRACKET:g}x: "
+                    f"{hint(run, [between_arm(frontier, equal.bracket)])}")
   if equal.fit_disagrees:
     warnings.append(f"the power law fitted to the baselines gives {equal.fit:.2f}x, more "
                     f"than {FIT_DISAGREES:.0%} from {equal.text()}")
@@ -175,7 +211,7 @@ def compare(runs: list[EvalCurve], curve: EvalCurve | None = None, *,
       more = f" ({len(left_out) - 1} more left out)" if len(left_out) > 1 else ""
       raise errors.DataError(f"{run.name}: no baseline among the runs matches it: "
                              f"{left_out[0]}{more}")
-    row = run_row(run, frontier, len(left_out))
+    row = run_row(run, frontier, len(left_out), runs_hint)
     notes += left_out + frontier_notes(frontier, runs) + [
         f"{run.name}: {w}" for w in row["warnings"]]
     if curve is not None and run is not curve:
@@ -307,14 +343,17 @@ def main(argv=None) -> int:
   p.add_argument("--curve", default="",
                  help="the run whose eval curve gives the equal-data view (default: the "
                       "longest baseline)")
-  p.add_argument("--out", default="", help="output directory (default: the current one)")
+  p.add_argument("--out", default="",
+                 help="folder for compare.{md,json,png}, local or a bucket's (default: none, "
+                      "the table is printed only)")
   p.add_argument("--rank", default="", choices=RANKS,
                  help="order the table by final loss or bits per byte (default: as given)")
   p.add_argument("--verbosity", type=int, default=0,
                  help="1: tracebacks of user errors too (else one 'error:' line)")
   args = p.parse_args(sys.argv[1:] if argv is None else argv)
-  out = args.out or "."
-  fileio.check_output(out, "--out", "the comparison's folder")   # before the runs are read
+  out = args.out
+  if out:
+    fileio.check_output(out, "--out", "the comparison's folder")   # before the runs are read
   dirs = [d for d in args.runs.split(",") if d]
   if args.curve and args.curve not in dirs:
     dirs.insert(0, args.curve)
@@ -326,6 +365,9 @@ def main(argv=None) -> int:
   frontier = frontier_for(tst, runs)[0] if tst else frontier_of(runs)
   table = "\n".join([format_table(rows)] + [f"\nNote: {n}" for n in notes])
   print(table)
+  if not out:
+    print("\nnothing written: --out DIR writes compare.md, compare.json and compare.png there")
+    return 0
   fileio.makedirs(out)
   fileio.write_text(fileio.join(out, "compare.md"), "\n".join(report_head(
       "Runs against finished baselines",
@@ -336,6 +378,8 @@ def main(argv=None) -> int:
                                                   for x, y, n in frontier.points],
                          rows=rows, notes=notes))
   plot(runs, rows, frontier, fileio.join(out, "compare.png"))
+  written = (fileio.join(out, f) for f in ("compare.md", "compare.json", "compare.png"))
+  print(f"\nwrote {', '.join(written)}")
   return 0
 
 

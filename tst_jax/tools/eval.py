@@ -74,8 +74,14 @@ def main(argv=None):
   lm = TstJaxLM(trained=trained, batch_size=args.batch_size, max_length=args.max_length)
   limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
   shots = fewshot(args.tasks, args.num_fewshot)
-  results = evaluate(lm, task_list(args.tasks), num_fewshot=shots, limit=limit,
-                     include_path=args.include_path)
+  try:
+    results = evaluate(lm, task_list(args.tasks), num_fewshot=shots, limit=limit,
+                       include_path=args.include_path)
+  except ConnectionError as e:   # datasets' for a Hub it cannot reach, after its retries
+    raise errors.DataError(
+        f"--tasks {args.tasks}: {' '.join(str(e).split())}: lm-eval downloads a task's dataset "
+        "from the Hugging Face Hub on first use and reads its cache after (HF_HOME): run where "
+        "the Hub is reachable once, or give local tasks with --include_path") from None
   print(results_table(results))
   average = paper_average(results)
   if average is not None:

@@ -24,6 +24,7 @@ from tst_jax.errors import ConfigError, StoreError
 from tst_jax.parallel import distributed
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.config.spec import RunSpec
+from tst_jax.train import checkpoint_mirror
 
 log = logging.getLogger("tst_jax")
 # A save that waits this long for the previous one to finish writing is said once, in our
@@ -143,6 +144,11 @@ class Checkpoints:
   def __init__(self, directory: str, *, keep: int, keep_steps=(), every: int = 0,
                clock: SaveClock | None = None, before_save: Callable[[], None] | None = None):
     self.directory = fileio.absolute(directory)   # a bucket's URL: Orbax writes it itself
+    # ... except where TensorStore cannot reach it: then through a local mirror
+    self.mirror = (checkpoint_mirror.Mirror(self.directory)
+                   if checkpoint_mirror.mirrored(self.directory) else None)
+    if self.mirror is not None:
+      self.mirror.pull()
     quiet_storage(self.directory)
     self.said_slow = False
     self.before_save = before_save or (lambda: None)
@@ -155,7 +161,7 @@ class Checkpoints:
     preserve = policies.AnyPreservationPolicy(
         [policies.LatestN(keep), policies.CustomSteps(list(keep_steps))])
     self.manager = ocp.CheckpointManager(
-        self.directory,
+        self.mirror.local if self.mirror is not None else self.directory,
         item_handlers=dict(state=ocp.StandardCheckpointHandler(),
                            meta=ocp.JsonCheckpointHandler()),
         options=ocp.CheckpointManagerOptions(preservation_policy=preserve, create=True,
@@ -193,6 +199,8 @@ class Checkpoints:
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
     if saved:
       self._writing = step
+      if self.mirror is not None:
+        self.mirror.upload_when_written(step, self.manager)
     self.clock.saved()
     return saved
 
@@ -229,6 +237,8 @@ class Checkpoints:
   def wait(self):
     with self._write_faults():
       self.manager.wait_until_finished()
+      if self.mirror is not None:
+        self.mirror.wait()
     if self._writing is not None:
       self.complete, self._writing = self._writing, None
 

@@ -6,7 +6,7 @@ same jitted train step the loop runs, `step.Trainer.train_step`, from abstract a
 allocated, and prints per device:
 - parameters and optimizer state, exact from the shapes and shardings,
 - the activations the backward pass keeps at the config's remat, exact from the residuals JAX
-  saves, over the batch shards,
+  saves on one device's rows,
 - XLA's own temporaries and peak from `compiled.memory_analysis()`.
 XLA:CPU compiles the plain-XLA kernels, where attention materialises its scores and there is
 no cuDNN flash attention or Pallas loss. It also schedules memory differently from XLA:GPU and
@@ -27,13 +27,14 @@ from jax._src import ad_checkpoint   # saved_residuals: public only as a printer
 from jax._src import xla_bridge      # backends_are_initialized: no public equivalent
 
 from tst_jax import models
+from tst_jax.models import experts
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
 from tst_jax.train import step as step_lib
 
 GB = 1e9
 # HBM per device, datasheet decimal GB. B200 is DGX B200's 1,440 GB over 8 GPUs.
-HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v5p": 95, "v5e": 16, "v6e": 32}
+HBM_GB = {"h100": 80, "h200": 141, "b200": 180, "v4": 32, "v5p": 95, "v5e": 16, "v6e": 32}
 # GPU runs get XLA_PYTHON_CLIENT_MEM_FRACTION of it, and JAX preallocates 75% by default.
 DEFAULT_GPU_FRACTION = 0.75
 
@@ -91,27 +92,28 @@ def _shard_bytes(abstract_tree, shardings) -> int:
   return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in zip(leaves, specs))
 
 
-def activation_bytes(graphdef, params, phase, loss_cfg, window, batch_shards: int,
-                     flash_len: int = 0) -> int:
+def activation_bytes(graphdef, params, phase, loss_cfg, rows: int, flash_len: int = 0) -> int:
   """Counts the bytes per device that the backward pass keeps from the forward at the remat.
 
-  The count comes from JAX's saved residuals. Those with a batch axis are split over the batch
-  shards only, so with mesh.tensor > 1 this is an upper bound. `flash_len` is L when the target
-  runs cuDNN flash attention, which keeps its softmax statistics but no L x L scores. Residuals
-  with two axes of that length are then left out, and the small float32 statistics
-  [layers, B, H, L] are counted.
+  The count comes from JAX's saved residuals of the loss on `rows`, one device's rows of a
+  micro-batch, traced without the mesh. Every residual that follows the tokens, [B, ...] or
+  flattened to [B·L, ...] or to the experts' [N·P, ...], is then one device's, and those that
+  do not, weights that FSDP gathers, are whole, as each device holds them. With
+  mesh.tensor > 1 heads, F and V are split further, so this is then an upper bound.
+  `flash_len` is L when the target runs cuDNN flash attention, which keeps its softmax
+  statistics but no L x L scores. Residuals with two axes of that length are then left out,
+  and the small float32 statistics [layers, B, H, L] are counted.
   """
   def loss(params, window):
     return step_lib.objective(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
-  rows = window.shape[0]
+  window = jax.ShapeDtypeStruct((rows, phase.window), jnp.int32)
   total = 0
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
     if "from the argument" in source:   # parameters and the batch: counted elsewhere
       continue
     if flash_len and list(aval.shape).count(flash_len) >= 2:
       aval = jax.ShapeDtypeStruct(aval.shape[:-1], jnp.float32)   # scores -> statistics
-    size = math.prod(aval.shape) * aval.dtype.itemsize
-    total += size // batch_shards if rows in aval.shape else size
+    total += math.prod(aval.shape) * aval.dtype.itemsize
   return total
 
 
@@ -126,9 +128,9 @@ class PhaseFit:
   params: int            # bytes per device, exact
   opt_state: int         # bytes per device, exact
   activations: int       # bytes per device kept for the backward pass at model.remat
-  xla_temp: int          # XLA:CPU's temporaries of the compiled step, activations included
-  xla_peak: int          # arguments + outputs - aliased + temporaries, on XLA:CPU
-  compile_s: float
+  xla_temp: int | None   # XLA:CPU's temporaries of the compiled step, activations included
+  xla_peak: int | None   # arguments + outputs - aliased + temporaries, on XLA:CPU
+  compile_s: float       # None above and 0 here: a check that did not compile
 
   @property
   def estimate(self) -> int:
@@ -161,7 +163,7 @@ class Fit:
                 advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
 
   def table(self) -> str:
-    g = lambda b: f"{b / GB:.2f}"
+    g = lambda b: "--" if b is None else f"{b / GB:.2f}"
     lines = [f"fit on {self.devices} x {self.accelerator} (budget {self.budget / GB:.1f} GB per "
              f"device: {self.budget_note}), mesh {self.mesh}, remat={self.remat}; GB per device:",
              f"{'phase':<6}{'params':>9}{'grads':>9}{'opt':>9}{'activ.':>9}{'estimate':>10}"
@@ -216,25 +218,37 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
   return tuple(out)
 
 
-def check(spec, accelerator: str, target, devices=None) -> Fit:
+def check(spec, accelerator: str, target, devices=None, compile_steps: bool = True,
+          environ=os.environ) -> Fit:
   """Compiles both phases' train steps from abstract arrays and measures each device's memory.
 
   `spec` is resolved on this CPU platform, for its mesh on `devices`, by default the first
   mesh-size CPU devices. The memory is what each device holds on `accelerator`. `target` is
   the same spec resolved for the accelerator's platform, which says whether its attention is
-  flash attention.
+  flash attention and which experts' layout the activations are counted on. Without `compile_steps` the steps are lowered only: the estimate, which
+  decides the fit, is the same, and XLA:CPU's columns are left out. `environ` is the run's
+  environment, where XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
   """
-  budget, note = accelerator_budget(accelerator)
+  budget, note = accelerator_budget(accelerator, environ)
   flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
   plan = spec.plan
   n = mesh_devices(spec.mesh)
   model_cfg = spec.model
   trainer = step_lib.Trainer.of(spec, list(devices or jax.devices()[:n]))
   trainer.check()
-  graphdef, abstract, shardings = trainer.graphdef, trainer.abstract, trainer.shardings
+  abstract, shardings = trainer.abstract, trainer.shardings
+  # The residuals of the target's experts: XLA:CPU's blocked layout pads each expert's rows.
+  kept = lambda remat: step_lib.abstract_model(dataclasses.replace(
+      model_cfg, remat=remat, **{f: getattr(target.model, f) for f in ("expert_impl",)
+                                 if hasattr(model_cfg, f)}), spec.mtp)[0]
+  graphdef = kept(model_cfg.remat)
   batch_sharding, mesh, params = trainer.batch_sharding, trainer.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)
   accum = spec.optimizer.grad_accum
+  # One device's rows of a micro-batch, times the devices whose tokens its experts lay out
+  # under expert parallelism: there the experts' residuals are exact and the rest an upper bound.
+  group = experts.group_devices(mesh, spec.run.logical_axis_rules)
+  rows = lambda phase: phase.batch_size // accum // shards * group
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        abstract, shardings)
   results = []
@@ -243,23 +257,20 @@ def check(spec, accelerator: str, target, devices=None) -> Fit:
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
     t0 = time.perf_counter()
-    memory = step.lower(state, window).compile().memory_analysis()
-    compile_s = time.perf_counter() - t0
-    micro = jax.ShapeDtypeStruct((phase.batch_size // accum, phase.window), jnp.int32)
+    lowered = step.lower(state, window)
+    memory = lowered.compile().memory_analysis() if compile_steps else None
+    compile_s = time.perf_counter() - t0 if compile_steps else 0.0
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
-        activation_bytes(graphdef, params, phase, spec.loss, micro, shards,
+        activation_bytes(graphdef, params, phase, spec.loss, rows(phase),
                          flash and phase.latent_seq_len),
-        int(memory.temp_size_in_bytes),
-        int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+        None if memory is None else int(memory.temp_size_in_bytes),
+        None if memory is None else int(
+            memory.argument_size_in_bytes + memory.output_size_in_bytes
             - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
-  full_graphdef, _ = step_lib.abstract_model(dataclasses.replace(model_cfg, remat="full"),
-                                            spec.mtp)
-  full_activations = max(activation_bytes(full_graphdef, params, p, spec.loss,
-                                          jax.ShapeDtypeStruct((p.batch_size // accum, p.window),
-                                                               jnp.int32), shards,
+  full_activations = max(activation_bytes(kept("full"), params, p, spec.loss, rows(p),
                                           flash and p.latent_seq_len)
                          for p in plan.phases)
   gpu_flags = xla_flags.recommended("gpu", n, layer_param_bytes(model_cfg))

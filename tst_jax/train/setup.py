@@ -178,6 +178,10 @@ def _data(spec: spec_lib.RunSpec, rundir: RunDir, block: tuple[int, int], say
   workdir_lib.check_store(rundir, stores, spec.train.force_resume)
   data = run_data.load_data(d, stores, rundir, vocab, block, say)
   data.check_batches(d, spec.plan.phases)
+  if d.tst_mixture:        # one HeldOut draws both evals' windows, from the main mixture
+    main = "data.mixture" if d.mixture else "data.source"
+    say(f"data: eval_bag_loss reads the held-out split of {main}, as eval_loss does, not "
+        "data.tst_mixture's")
   if distributed.is_primary():
     workdir_lib.write_tokenizer(rundir, data.tokenizer)
     workdir_lib.write_store(rundir, data.fingerprint, data.directory, data.train_tokens.count)

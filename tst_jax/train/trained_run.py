@@ -22,7 +22,7 @@ from tst_jax.data.section import Data
 from tst_jax.errors import DataError, WorkdirError
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
-from tst_jax.train import checkpoint as ckpt_lib, step as step_lib
+from tst_jax.train import checkpoint as ckpt_lib, checkpoint_mirror, step as step_lib
 from tst_jax.config import record as record_lib
 from tst_jax.config.sections import Tst
 
@@ -86,7 +86,8 @@ def restore_params(directory: str, step: int, model_cfg):
   target = {"params": jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)}
   ckpt_lib.quiet_storage(directory)
-  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  manager = ocp.CheckpointManager(checkpoint_mirror.readable(directory),
+                                  options=ocp.CheckpointManagerOptions(create=False))
   try:
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(

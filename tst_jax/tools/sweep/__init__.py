@@ -135,7 +135,10 @@ def main(argv=None) -> int:
     for spec in {data_key(s): s for s in todo}.values():
       prepare_shared_data(args.workdir, spec)        # tokenize once, before any point runs
     status = _run_points(args, points, report)
-  print(fileio.read_text(report()["md"]))
+  paths = report()
+  print(fileio.read_text(paths["md"]))
+  written = [p for value in paths.values() for p in (value if isinstance(value, list) else [value])]
+  print(f"wrote {', '.join(written)}; the points' runs in {args.workdir}")
   unfinished = [p.name for p in points if status[p.name] in ("interrupted", "not started")]
   if unfinished:
     print(f"unfinished at the deadline: {', '.join(unfinished)}; the same command resumes them")

@@ -71,6 +71,9 @@ def estimate_s(plans, parallel: int, rate: float, overhead_s: float,
 
 
 def resolve(config_arg: str, overrides: list[str]):
-  """(config, its checked RunSpec) of 'path[:arg]' with `overrides` applied."""
-  config = configlib.apply_overrides(configlib.load_config(config_arg), overrides)
+  """(config, its checked RunSpec) of 'path[:arg]' with `overrides` applied. An override of a
+  field an arm of `config_arg` sets is refused (configlib.refuse_arm_overrides)."""
+  config = configlib.load_config(config_arg)
+  configlib.refuse_arm_overrides(config_arg, overrides)
+  config = configlib.apply_overrides(config, overrides)
   return config, spec_lib.check(config)
