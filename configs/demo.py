@@ -10,6 +10,9 @@ where TST wins (docs/demo.md, "TST on CPU: the ladder"). The corpus is the runni
 standard library: on another Python the run reads other data, and its final block prints no
 difference from these losses. Baseline arm (r = 0, same FLOPs per step):
   python main.py --config configs/demo.py:baseline --workdir /tmp/tst_demo_baseline
+Multi-token prediction arm, Gloeckle et al.'s k = 2 heads at the baseline's FLOPs (197 steps;
+4.588 measured, `mtp2-ds` 4.035; docs/results.md, "TST against multi-token prediction"):
+  python main.py --config configs/demo.py:mtp2 --workdir /tmp/tst_demo_mtp2
 """
 
 from tst_jax.config import defaults

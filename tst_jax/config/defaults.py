@@ -69,6 +69,9 @@ class Arm:
   read: Callable[[str], object] | None = None   # a numbered arm's text -> the field's value
   must: str = ""                           # what a numbered arm's number must be
   families: tuple[str, ...] = ()           # the model families that take it (): every one
+  also: tuple[tuple[str, object], ...] = ()     # further (field, value) it sets
+  alone: tuple[tuple[str, object], ...] = ()    # (field, value) it sets where the same arg
+                                                # names no TST phase 1 (tst, r<ratio>)
 
   def number_text(self, part: str) -> str | None:
     """Returns the number's text where `part` is written in this numbered arm's form: its
@@ -131,6 +134,14 @@ for _arm in (
     Arm("<N>mb", "data.max_bytes in millions of bytes: a corpus for a longer run",
         "data.max_bytes", read=lambda t: int(t) * 1_000_000 if t.isdigit() and int(t) else None,
         must="N is millions of bytes, a whole number >= 1: 600mb"),
+    *(Arm(f"mtp<k>{suffix}", f"multi-token prediction of k tokens a position, {who}, at the "
+          "baseline's FLOPs (fewer steps); alone next-token training throughout (r = 0), with "
+          "tst or r<ratio> in the next-token phase after TST's phase 1", "mtp.k",
+          read=lambda t: int(t) if t.isdigit() and int(t) >= 2 else None,
+          must="k is mtp.k, the tokens a position with the next one, a whole number >= 2",
+          also=(("mtp.kind", kind),), alone=(("tst.ratio", 0.0),))
+      for suffix, who, kind in (("", "Gloeckle et al.'s heads", "gloeckle"),
+                                ("-ds", "DeepSeek-V3's cascaded modules", "deepseek"))),
 ):
   register_arm(_arm)
 
@@ -173,19 +184,29 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
 
   `arg` is a comma list of the forms of ARMS. `name` is the config file, for the error line.
   """
-  for part in arms(arg):
-    arm, value = parse_arm(part, name, c.model.family)
-    if arm.field:
-      section, _, leaf = arm.field.partition(".")
-      c[section][leaf] = value
+  for field, value, _ in arm_settings(arg, name, c.model.family):
+    section, _, leaf = field.partition(".")
+    c[section][leaf] = value
   return c
+
+
+def arm_settings(arg: str, name: str = "", family: str = "") -> list[tuple[str, object, str]]:
+  """Returns the (config field, value, arm) that the arms of `arg` set, in the order they are
+  set: first each arm's `alone` fields where no arm names TST's phase 1, then each arm's field
+  and `also` fields as written. 'mtp2' -> tst.ratio 0.0, mtp.k 2, mtp.kind 'gloeckle'."""
+  parsed = [(part, *parse_arm(part, name, family)) for part in arms(arg)]
+  with_tst = any(arm.form in ("tst", "r<ratio>") for _, arm, _ in parsed)
+  out = [(field, value, part) for part, arm, _ in parsed if not with_tst
+         for field, value in arm.alone]
+  for part, arm, value in parsed:
+    out += [(field, v, part) for field, v in ((arm.field, value), *arm.also) if field]
+  return out
 
 
 def arm_fields(arg: str, name: str = "") -> dict[str, str]:
   """Returns {config field: the arm of `arg` that sets it}: '2k,s8' -> train.steps: '2k',
   tst.bag_size: 's8'."""
-  return {arm.field: part for part in arms(arg)
-          for arm, _ in [parse_arm(part, name)] if arm.field}
+  return {field: part for field, _, part in arm_settings(arg, name)}
 
 
 def arm_steps(part: str) -> int:

@@ -170,6 +170,21 @@ def _label(phase: Phase) -> str:
   return phase.name + (f" S={phase.bag_size}" if phase.is_tst else "")
 
 
+def mtp_lines(plan: Plan) -> list[str]:
+  """Says what multi-token prediction adds to the plan: the heads' parameters, which export
+  drops, and their share of each MTP phase's FLOPs per step. None without MTP."""
+  lines = []
+  for p in plan.phases:
+    if p.mtp_k > 1:
+      extra = p.mtp_flops_per_step / (p.flops_per_step - p.mtp_flops_per_step)
+      lines.append(f"mtp: {plan.mtp_kind}, k={p.mtp_k} (tokens t+1..t+{p.mtp_k}), "
+                   f"λ={p.mtp_weight:g} in {p.name}: heads of {human(plan.params_mtp)} "
+                   f"parameters (training only: export drops them) and "
+                   f"{human(p.mtp_flops_per_step / p.equivalent_tokens_per_step)} FLOPs per "
+                   f"token, +{extra:.0%} FLOPs per step")
+  return lines
+
+
 def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None,
                 max_passes: float = 0.0) -> str:
   """Formats the plan as a readable table, then its JSON, the record of plan.json.
@@ -189,6 +204,7 @@ def format_plan(plan: Plan, resolved=None, with_json: bool = True, tokens=None,
   lines.append(f"total: {plan.total_steps} steps, {human(plan.data_tokens_total)} data "
                f"tokens, {human(plan.equivalent_tokens_total)} equivalent tokens, "
                f"{human(plan.flops_total)} FLOPs")
+  lines += mtp_lines(plan)
   if resolved is not None:
     lines.append(resolved.line())
   lines += data_lines(plan, tokens, max_passes)

@@ -10,6 +10,7 @@ import numpy as np
 from tst_jax import models, platform
 from tst_jax import superposition as sp
 from tst_jax.data.run_data import TrainTokens
+from tst_jax.models import mtp as mtp_lib
 
 EQUAL_FLOPS = ("seq", "batch")
 
@@ -44,7 +45,7 @@ def _shares(steps: int, parts: int) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class Phase:
   """One phase's settings: the single source of its batches (window, rows) and its loss
-  (bag size, mode, weighting, variant)."""
+  (bag size, mode, weighting, variant, and the tokens of multi-token prediction)."""
   name: str            # "tst" (token superposition) or "ntp" (next-token prediction)
   first_step: int      # global optimizer step at which the phase starts
   steps: int
@@ -55,11 +56,16 @@ class Phase:
   flops_per_step: float
   weighting: str = "uniform"   # the MCE's bag weighting (tst)
   variant: str = "mce"         # a loss variant of losses.VARIANTS (tst)
+  mtp_k: int = 1               # tokens predicted per position, the next included (ntp; 1: no MTP)
+  mtp_weight: float = 0.0      # λ of the further tokens' mean CE (models/mtp.py)
+  mtp_flops_per_step: float = 0.0   # the MTP heads' share of flops_per_step
 
   def __post_init__(self):
     if (self.mode == "ntp") != (self.bag_size == 1):
       raise ValueError(f"phase {self.name}: mode {self.mode!r} with S={self.bag_size}: the "
                        "ntp phase and only it has S = 1")
+    if self.mtp_k > 1 and self.mode != "ntp":
+      raise ValueError(f"phase {self.name}: multi-token prediction runs in the ntp phase only")
 
   @property
   def is_tst(self) -> bool:
@@ -100,23 +106,33 @@ class Phase:
     """Every field (`from_json` reads them back) and the counts derived from them."""
     return dict(name=self.name, first_step=self.first_step, steps=self.steps,
                 bag_size=self.bag_size, mode=self.mode, weighting=self.weighting,
-                variant=self.variant, latent_seq_len=self.latent_seq_len,
+                variant=self.variant, mtp_k=self.mtp_k, mtp_weight=self.mtp_weight,
+                mtp_flops_per_step=self.mtp_flops_per_step,
+                latent_seq_len=self.latent_seq_len,
                 data_seq_len=self.data_seq_len, batch_size=self.batch_size,
                 data_tokens=self.data_tokens, equivalent_tokens=self.equivalent_tokens,
                 flops_per_step=self.flops_per_step)
 
   @classmethod
   def from_json(cls, record: dict) -> Phase:
-    """Reads a phase back from its `to_json` record, ignoring the derived counts in it."""
-    return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
+    """Reads a phase back from its `to_json` record, ignoring the derived counts in it. A
+    field a record written before it existed lacks takes its default."""
+    return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  params_total: int
+  params_total: int      # the model's, which export keeps
   params_active: int
   phases: tuple[Phase, ...]
   ratio: float = 0.0     # r, tst.ratio: the share of the steps in phase 1, 0 without one
+  params_mtp: int = 0    # the MTP heads', which only training uses
+  mtp_kind: str = ""     # mtp.kind of the heads, '' without MTP
+
+  @property
+  def is_baseline(self) -> bool:
+    """Plain next-token training: no tst phase and no multi-token prediction."""
+    return all(not p.is_tst and p.mtp_k == 1 for p in self.phases)
 
   @property
   def total_steps(self) -> int:
@@ -181,6 +197,7 @@ class Plan:
     """Every field (`from_json` reads them back), each phase with its region of the training
     stream (data_start, data_tokens), and the totals."""
     return dict(params_total=self.params_total, params_active=self.params_active,
+                params_mtp=self.params_mtp, mtp_kind=self.mtp_kind,
                 ratio=self.ratio, total_steps=self.total_steps,
                 data_tokens_total=self.data_tokens_total,
                 equivalent_tokens_total=self.equivalent_tokens_total,
@@ -198,21 +215,34 @@ class Plan:
       first += p["steps"]
     tst_share = sum(p.steps for p in phases if p.is_tst) / max(first, 1)
     return cls(record["params_total"], record["params_active"], tuple(phases),
-               record.get("ratio", tst_share))
+               record.get("ratio", tst_share), record.get("params_mtp", 0),
+               record.get("mtp_kind", ""))
 
 
 def make_plan(model_cfg: models.ModelConfig, tst, seq_len: int, batch_size: int,
-              total_steps: int) -> Plan:
+              total_steps: int, mtp: mtp_lib.Mtp | None = None) -> Plan:
   """Phases of a run of `total_steps` (T) from the model's config dataclass, the tst section
-  (checked) and the data's L and B. r = 0 or S = 1 is the baseline."""
+  (checked) and the data's L and B. r = 0 or S = 1 is the baseline.
+
+  With multi-token prediction (`mtp`, config.mtp) the ntp phase predicts k tokens a position,
+  and its FLOPs per step grow by the heads'. Under mtp.equal_flops the phase runs fewer steps,
+  round(steps x base / MTP FLOPs per step), so that the run costs what it would without MTP.
+  Fewer steps and not fewer rows: the batch keeps its shape on the mesh and its
+  learning-rate-to-batch relation, and the steps round far finer than B rows would.
+  """
   total, active = model_cfg.param_counts()
   seq, batch = seq_len, batch_size
   steps_total = total_steps
   tst_steps = round(tst.ratio * steps_total) if tst.bag_size > 1 else 0
+  mtp = mtp if mtp is not None and mtp.on else None
 
-  def phase(name, first, steps, bag, mode, latent, rows):
+  def phase(name, first, steps, bag, mode, latent, rows, **loss):
     flops = model_cfg.flops_per_token(latent) * latent * rows
-    loss = dict(weighting=tst.weighting, variant=tst.variant) if mode != "ntp" else {}
+    if loss.get("mtp_k", 1) > 1:
+      loss["mtp_flops_per_step"] = mtp_lib.flops_per_token(model_cfg, mtp, latent) * latent * rows
+      flops += loss["mtp_flops_per_step"]
+    if mode != "ntp":
+      loss = dict(weighting=tst.weighting, variant=tst.variant)
     return Phase(name, first, steps, bag, mode, latent, rows, flops, **loss)
 
   phases, first = [], 0
@@ -225,9 +255,18 @@ def make_plan(model_cfg: models.ModelConfig, tst, seq_len: int, batch_size: int,
     else:   # the paper's choice: L positions of S-token bags, a data sequence of S x L
       phases.append(phase("tst", first, steps, bag, tst.mode, seq, batch))
     first += steps
-  if steps_total - tst_steps:
-    phases.append(phase("ntp", tst_steps, steps_total - tst_steps, 1, "ntp", seq, batch))
-  return Plan(total, active, tuple(phases), float(tst.ratio) if tst_steps else 0.0)
+  ntp_steps = steps_total - tst_steps
+  if ntp_steps and mtp is not None:
+    ntp = phase("ntp", tst_steps, ntp_steps, 1, "ntp", seq, batch, mtp_k=mtp.k,
+                mtp_weight=mtp.loss_weight)
+    if mtp.equal_flops:
+      base = ntp.flops_per_step - ntp.mtp_flops_per_step
+      ntp = dataclasses.replace(ntp, steps=max(1, round(ntp_steps * base / ntp.flops_per_step)))
+    phases.append(ntp)
+  elif ntp_steps:
+    phases.append(phase("ntp", tst_steps, ntp_steps, 1, "ntp", seq, batch))
+  return Plan(total, active, tuple(phases), float(tst.ratio) if tst_steps else 0.0,
+              mtp_lib.param_count(model_cfg, mtp) if mtp else 0, mtp.kind if mtp else "")
 
 
 @dataclasses.dataclass(frozen=True)

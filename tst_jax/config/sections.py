@@ -176,7 +176,7 @@ class Train:
 # What makes two runs one run: a workdir resumes only a run equal in these, and a run prints
 # its difference from config.reference only where it equals the run the reference was measured
 # for. A section stands for all its fields.
-SAME_RUN = ("seed", "model", "tst", "data", "optimizer", "loss", "train.steps")
+SAME_RUN = ("seed", "model", "tst", "data", "optimizer", "loss", "mtp", "train.steps")
 
 
 def same_run_fields(sections) -> dict:

@@ -20,6 +20,7 @@ from tst_jax.data.section import (Data, check_fields as check_data_fields,
                                   check_paths as check_data_paths)
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import fp8
+from tst_jax.models.mtp import Mtp
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.distributed import Distributed
 from tst_jax.parallel.mesh import MeshShape
@@ -30,8 +31,9 @@ from tst_jax.config.sections import (Loss, Optimizer, Reference, Run, Train, Tst
 
 # Every section of a run config but the top level (`Run`) and the model (the family's config
 # dataclass, models.model_config): its name and its declaration (tst_jax/schema.py).
-SECTIONS = {"data": Data, "tst": Tst, "loss": Loss, "optimizer": Optimizer, "train": Train,
-            "reference": Reference, "mesh": MeshShape, "distributed": Distributed}
+SECTIONS = {"data": Data, "tst": Tst, "loss": Loss, "mtp": Mtp, "optimizer": Optimizer,
+            "train": Train, "reference": Reference, "mesh": MeshShape,
+            "distributed": Distributed}
 
 
 def _require(ok: bool, field: str, message: str):
@@ -52,6 +54,7 @@ class RunSpec:
   data: Data
   tst: Tst
   loss: Loss
+  mtp: Mtp
   optimizer: Optimizer
   train: Train
   reference: Reference
@@ -185,11 +188,26 @@ def check(config) -> RunSpec:
   elif data.tokenizer:
     _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
-  plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps)
+  _check_mtp(typed["mtp"], model, data, tst)
+  plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps,
+                   typed["mtp"])
   _check_profile_window(typed["train"].profile_steps, plan)
   _check_stages(data, plan)
   _check_eval_tasks(typed["train"], plan)
   return RunSpec(plan=plan, **typed)
+
+
+def _check_mtp(mtp, model, data, tst):
+  """Refuses multi-token prediction without a next-token phase, with more tokens than a
+  window holds, or of a kind the model family cannot carry."""
+  if not mtp.on:
+    return
+  _require(tst.ratio < 1 or tst.bag_size == 1, "mtp.k",
+           f"{mtp.k} needs a next-token phase, and tst.ratio=1 leaves none: MTP runs after "
+           "phase 1, never on bags")
+  _require(mtp.k <= data.seq_len, "mtp.k",
+           f"{mtp.k} tokens a position is more than the window's data.seq_len {data.seq_len}")
+  mtp.check(model)
 
 
 def _check_eval_tasks(train, plan):

@@ -47,6 +47,7 @@ from safetensors.numpy import save_file
 
 from tst_jax import fileio, models
 from tst_jax.convert import llama_hf, qwen3_moe_hf
+from tst_jax.models import mtp as mtp_lib
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -204,6 +205,8 @@ def to_hf(model, path, *, overwrite: bool = False, dtype: str = "float32",
 
   Refuses a non-empty folder unless `overwrite`, which replaces config.json and every
   model*.safetensors* file, so no shard of an earlier export is left beside the new ones.
+  A model with multi-token prediction heads (models/mtp.py) is written without them, as their
+  papers keep only the next-token model.
   """
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"dtype must be one of {sorted(EXPORT_DTYPES)}, got {dtype!r}")
@@ -218,6 +221,7 @@ def to_hf(model, path, *, overwrite: bool = False, dtype: str = "float32",
   hf.update(torch_dtype=torch_dtype, dtype=torch_dtype)   # old and new transformers spellings
   pure = jax.tree.map(lambda x: np.asarray(x, np.float32),
                       nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  pure.pop(mtp_lib.ATTR, None)
   tensors = {k: np.ascontiguousarray(np.asarray(v, np.float32).astype(EXPORT_DTYPES[dtype]))
              for k, v in family.params_to_hf(pure, model.cfg).items()}
   split = split_state_dict_into_shards_factory(

@@ -213,7 +213,8 @@ def stacked(n: int, make_block: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs
   return make(rngs)
 
 
-def _remat(fn, policy: str):
+def rematted(fn, policy: str):
+  """Returns `fn` under the model.remat `policy`: what the backward pass recomputes."""
   if policy == "none":
     return fn
   if policy == "full":
@@ -242,7 +243,7 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
       h, aux, _ = nnx.merge(graphdef, layer_state)(h, positions_BxL,
                                                    documents_BxL=documents_BxL)
       return h, aux
-    h, aux = jax.lax.scan(_remat(body, remat), x_BxLxD, state)
+    h, aux = jax.lax.scan(rematted(body, remat), x_BxLxD, state)
     return h, aux, None
 
   def cached_body(h, layer):
@@ -251,6 +252,20 @@ def run_stack(blocks, x_BxLxD, positions_BxL, remat: str = "none",
     return h, (aux, layer_cache)
   h, (aux, cache) = jax.lax.scan(cached_body, x_BxLxD, (state, cache))
   return h, aux, cache
+
+
+def run_stack_to_last(blocks, x_BxLxD, positions_BxL, remat: str = "none", documents_BxL=None):
+  """Applies stacked blocks as `run_stack` does, without a cache, and also returns the last
+  block's input: (output, the input of the last block, the per-layer aux). The scan carries
+  each block's input beside its output, so no block's parameters are sliced or copied."""
+  graphdef, state = nnx.split(blocks)
+
+  def body(carry, layer_state):
+    h, _ = carry
+    out, aux, _ = nnx.merge(graphdef, layer_state)(h, positions_BxL, documents_BxL=documents_BxL)
+    return (out, h), aux
+  (h, last_input), aux = jax.lax.scan(rematted(body, remat), (x_BxLxD, x_BxLxD), state)
+  return h, last_input, aux
 
 
 class Embedding(nnx.Module):

@@ -160,12 +160,18 @@ class Llama(nnx.Module):
 
     `documents` [B, L] keeps attention within each document; `positions` default to 0..L-1.
     """
+    h_BxLxD, positions_BxL = self.embed_inputs(tokens, positions_BxL)
+    h_BxLxD, aux, _ = self.run_layers(h_BxLxD, positions_BxL, documents_BxL=documents_BxL)
+    return self.final_norm(h_BxLxD), aux
+
+  def embed_inputs(self, tokens, positions_BxL=None):
+    """Returns the embedded tokens [B, L] or superposed bags [B, L, S] as [B, L, D] in the
+    compute dtype, and their positions, 0..L-1 unless given."""
     h_BxLxD = constrain(self.embed(tokens).astype(self.dtype), ("batch", "length", "embed"))
     batch, length = h_BxLxD.shape[:2]
     if positions_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    h_BxLxD, aux, _ = self.run_layers(h_BxLxD, positions_BxL, documents_BxL=documents_BxL)
-    return self.final_norm(h_BxLxD), aux
+    return h_BxLxD, positions_BxL
 
   def aux_loss(self, aux):
     """Returns the auxiliary training loss and metrics from `forward`'s aux, none for dense."""

@@ -250,6 +250,10 @@ class Qwen3MoE(llama.Llama):
         layers.stacked(repeats, lambda r, u=unit: Period(cfg, u, dtype=self.dtype, rngs=r), rngs)
         for unit, repeats in self.units])
 
+  def make_block(self, rngs: nnx.Rngs) -> layers.Block:
+    """Returns a dense Qwen3 block, QK-norm and the dense MLP: what an MTP module runs."""
+    return Period(self.cfg, (False,), dtype=self.dtype, rngs=rngs).blocks[0]
+
   def run_layers(self, h_BxLxD, positions_BxL, cache=None, documents_BxL=None):
     """Returns h, the aux of every sparse layer in layer order, and the updated caches.
 

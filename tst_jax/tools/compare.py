@@ -5,11 +5,11 @@ the frontier of finished baselines, and figure 2's loss-vs-FLOPs and loss-vs-dat
 
 Reads each run's held-out eval lines in metrics.jsonl, its phases and FLOPs in plan.json, or
 config.json for a run without one, and its training tokens in store.json, as
-tools/eval_curve.py does. The baselines, with r = 0, among --runs make the frontier of
-tst_jax/analysis/frontier.py: their final losses against their total FLOPs, interpolated
-between lengths in log FLOPs. A baseline counts for a run only if it equals the run in all but
-the TST settings, the step count and the seed: the same model, data shapes, optimizer,
-schedule and token store. One left out gets a note naming the field, and a TST run with none
+tools/eval_curve.py does. The baselines, with r = 0 and no multi-token prediction, among
+--runs make the frontier of tst_jax/analysis/frontier.py: their final losses against their
+total FLOPs, interpolated between lengths in log FLOPs. A baseline counts for a run only if it
+equals the run in all but the TST and MTP settings, the step count and the seed: the same
+model, data shapes, optimizer, schedule and token store. One left out gets a note naming the field, and a TST run with none
 left is an error. For every run:
   Δ at equal FLOPs       its final loss minus the frontier's at its FLOPs
   equal-loss speed-up    the frontier's FLOPs to reach its final loss over its FLOPs. A baseline
@@ -49,7 +49,8 @@ from tst_jax.config import defaults
 from tst_jax.run.console import human
 
 METHOD = ("Δ at equal FLOPs is the run's final held-out loss minus the finished baselines' "
-          "(r = 0, equal to the run in all but the TST settings, steps and seed; in a sweep, "
+          "(r = 0 without MTP, equal to the run in all but the TST and MTP settings, steps and "
+          "seed; in a sweep, "
           "of the run's seed) at its FLOPs; the equal-loss speed-up is the FLOPs at which "
           "those baselines' final losses reach the run's final loss, interpolated between "
           "baseline lengths in log FLOPs, over the run's FLOPs (a baseline is 1.00x; '>' and "

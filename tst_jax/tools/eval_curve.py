@@ -13,9 +13,10 @@ from tst_jax.run import workdir as workdir_lib
 from tst_jax.config import record as record_lib
 from tst_jax.config.plan import Plan
 
-# Config fields a baseline may differ in from the run it is compared with: the TST settings,
-# the step count, the seed, and what changes how a run is computed but not what it learns.
-FREE_FIELDS = ("seed", "tst.", "train.", "reference.", "mesh.", "distributed.",
+# Config fields a baseline may differ in from the run it is compared with: the TST and MTP
+# settings, the step count, the seed, and what changes how a run is computed but not what it
+# learns.
+FREE_FIELDS = ("seed", "tst.", "mtp.", "train.", "reference.", "mesh.", "distributed.",
                "logical_axis_rules", "loss.impl", "model.attention_impl", "model.remat",
                "model.expert_impl", "model.dispatch_impl", "optimizer.grad_accum")
 # Fields that choose the token store: the store's fingerprint replaces them when both runs
@@ -58,7 +59,7 @@ class EvalCurve:
 
   @property
   def is_baseline(self) -> bool:
-    return not any(p.is_tst for p in self.plan.phases)
+    return self.plan.is_baseline
 
   def flops_at(self, step):
     """Training FLOPs after `step` (fractional steps allowed) optimizer steps."""

@@ -3,7 +3,8 @@
   python -m tst_jax.tools.export --workdir W --out D [--step N] [--dtype float32|bf16]
       [--max-shard-size 5GB] [--overwrite] [--push_to_hub ORG/NAME [--private] [--revision B]]
 
-D gets config.json and the weights from `tst_jax.convert.hf.to_hf`: one model.safetensors, or
+D gets config.json and the weights from `tst_jax.convert.hf.to_hf`, of the next-token model
+alone (a run's multi-token prediction heads stay behind): one model.safetensors, or
 shards of at most --max-shard-size with model.safetensors.index.json, as huggingface_hub
 splits them and `huggingface-cli upload` takes them. It also gets the run's tokenizer as
 tokenizer.json and tokenizer_config.json, so that
@@ -29,6 +30,7 @@ import tokenizers
 from tst_jax import errors, fileio
 from tst_jax.errors import WorkdirError
 from tst_jax.rundir import RunDir
+from tst_jax.config import record
 from tst_jax.train import trained_run
 from tst_jax.convert import hf as convert_hf
 from tst_jax.tools import hub
@@ -64,6 +66,10 @@ def export(workdir: str, out: str, step: int | None = None, *, overwrite: bool =
   if trained.phase1_only:
     log.warning("step %d is a phase-1 (TST) checkpoint: it predicts bags, not next tokens",
                 trained.step)
+  mtp = record.read_config(trained.rundir)["mtp"]
+  if mtp.on:
+    log.info("the run's %d multi-token prediction heads (mtp.kind=%s) stay behind: the export "
+             "is the next-token model, as in their papers", mtp.k - 1, mtp.kind)
 
   convert_hf.to_hf(trained.model, out, overwrite=overwrite, dtype=dtype,
                    max_shard_size=max_shard_size)

@@ -14,9 +14,10 @@ from tst_jax.config import outlook
 
 
 def fit_trends(points: list[dict], source: str) -> list[Trend]:
-  """Fits a trend per bag size over the exact speed-ups of the finished rungs."""
+  """Fits a trend per bag size over the exact speed-ups of the finished rungs' TST runs: an
+  arm without bags (S = 1, multi-token prediction's) has a row and no trend."""
   trends = []
-  for S in sorted({p["S"] for p in points}):
+  for S in sorted({p["S"] for p in points if p["S"] > 1}):
     exact = [p for p in points if p["S"] == S and p["rung_done"]
              and p["speedup"] is not None and p["speedup_bound"] == "="]
     trend = exact and Trend.fit([(p["tokens_per_param"], p["speedup"],

@@ -105,7 +105,7 @@ def activation_bytes(graphdef, params, phase, loss_cfg, rows: int, flash_len: in
   and the small float32 statistics [layers, B, H, L] are counted.
   """
   def loss(params, window):
-    return step_lib.loss(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
+    return step_lib.objective(nnx.merge(graphdef, params), window, phase, loss_cfg)[0]
   window = jax.ShapeDtypeStruct((rows, phase.window), jnp.int32)
   total = 0
   for aval, source in ad_checkpoint.saved_residuals(loss, params, window):
@@ -240,7 +240,7 @@ def check(spec, accelerator: str, target, devices=None, compile_steps: bool = Tr
   # The residuals of the target's experts: XLA:CPU's blocked layout pads each expert's rows.
   kept = lambda remat: step_lib.abstract_model(dataclasses.replace(
       model_cfg, remat=remat, **{f: getattr(target.model, f) for f in ("expert_impl",)
-                                 if hasattr(model_cfg, f)}))[0]
+                                 if hasattr(model_cfg, f)}), spec.mtp)[0]
   graphdef = kept(model_cfg.remat)
   batch_sharding, mesh, params = trainer.batch_sharding, trainer.mesh, abstract.params
   shards = mesh_lib.shards(batch_sharding, 0)

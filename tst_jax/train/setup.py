@@ -9,11 +9,13 @@ from typing import Callable
 
 import jax
 import numpy as np
+from flax import nnx
 
 from tst_jax import data as data_lib
 from tst_jax import fileio
 from tst_jax.data import run_data
 from tst_jax.errors import ConfigError
+from tst_jax.models import mtp as mtp_lib
 from tst_jax.parallel import distributed, mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.rundir import RunDir
@@ -128,14 +130,20 @@ class Setup:
 
   def init_from_hf(self) -> step_lib.TrainState:
     """Returns a step-0 TrainState holding the weights of the Hugging Face folder init_from_hf,
-    sharded as the run's state, with a fresh optimizer state."""
+    sharded as the run's state, with a fresh optimizer state. Multi-token prediction heads,
+    which no Hugging Face model has, start as a fresh init draws them."""
     try:
       host = trained_run.hf_params(self.spec.run.init_from_hf, self.spec.model, self.spec.family)
     except (ValueError, FileNotFoundError) as e:
       raise ConfigError("init_from_hf", f"{e}") from e
+    model_only = nnx.Not(nnx.PathContains(mtp_lib.ATTR))
+    shardings = nnx.split_state(self.trainer.shardings.params, model_only, ...)[0]
     params = jax.tree.map(
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
-        host, self.trainer.shardings.params)
+        host, shardings)
+    if self.spec.mtp.on:
+      fresh = self.trainer.init_state(self.spec.run.seed).params
+      params = nnx.merge_state(params, nnx.split_state(fresh, model_only, ...)[1])
     with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
                      out_shardings=self.trainer.shardings)(params)

@@ -3,7 +3,8 @@
 A batch is a packed window of tokens [B, W], W = S·L + 1 (letters: the package docstring).
 The phase decides the view: the tst step folds it into bags (`superposition.tst_view`) and
 uses the MCE loss. The ntp step is the ordinary language-model step: shift by one,
-cross-entropy.
+cross-entropy, and with multi-token prediction the CE of the k - 1 further tokens beside it
+(models/mtp.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flax import nnx
 
 from tst_jax import losses, models
 from tst_jax import superposition as sp
+from tst_jax.models import mtp as mtp_lib
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules, constrain
 from tst_jax import optim
@@ -36,9 +38,11 @@ class TrainState:
   opt_state: optax.OptState
 
 
-def abstract_model(model_cfg: models.ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-  """Returns the model's graph and parameter shapes, without allocating anything."""
-  abstract = nnx.eval_shape(lambda: model_cfg.build(nnx.Rngs(0)))
+def abstract_model(model_cfg: models.ModelConfig, mtp: mtp_lib.Mtp | None = None
+                   ) -> tuple[nnx.GraphDef, nnx.State]:
+  """Returns the model's graph and parameter shapes, with the heads of `mtp` where it has
+  some, without allocating anything."""
+  abstract = nnx.eval_shape(lambda: mtp_lib.build(model_cfg, mtp, nnx.Rngs(0)))
   return nnx.split(abstract, nnx.Param)
 
 
@@ -47,17 +51,19 @@ def fresh_state(params, tx) -> TrainState:
   return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
 
-def init_fn(model_cfg: models.ModelConfig, tx) -> Callable[[jax.Array], TrainState]:
+def init_fn(model_cfg: models.ModelConfig, tx, mtp: mtp_lib.Mtp | None = None
+            ) -> Callable[[jax.Array], TrainState]:
   def init(key):
-    model = model_cfg.build(nnx.Rngs(params=key))
+    model = mtp_lib.build(model_cfg, mtp, nnx.Rngs(params=key))
     return fresh_state(nnx.split(model, nnx.Param)[1], tx)
   return init
 
 
-def abstract_state(model_cfg: models.ModelConfig, tx) -> tuple[nnx.GraphDef, TrainState]:
-  """(the model's graph, the abstract TrainState) from one abstract build of the model:
-  nothing allocated, nothing compiled."""
-  graphdef, params = abstract_model(model_cfg)
+def abstract_state(model_cfg: models.ModelConfig, tx, mtp: mtp_lib.Mtp | None = None
+                   ) -> tuple[nnx.GraphDef, TrainState]:
+  """(the model's graph, the abstract TrainState) from one abstract build of the model and
+  the heads of `mtp`: nothing allocated, nothing compiled."""
+  graphdef, params = abstract_model(model_cfg, mtp)
   return graphdef, jax.eval_shape(lambda p: fresh_state(p, tx), params)
 
 
@@ -115,7 +121,22 @@ def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase, loss_cfg: Loss,
          documents: Documents | None = None) -> tuple[jax.Array, Any]:
   """Returns (loss, aux) of a window in `phase`: superposed inputs and the MCE in tst, the
   ordinary next-token loss in ntp, where no superposition code runs. With `documents`, no
-  position sees or predicts another document's tokens (superposition.document_view)."""
+  position sees or predicts another document's tokens (superposition.document_view).
+
+  With multi-token prediction the loss is the next-token head's, and aux holds under
+  mtp_lib.ATTR the CE of each further token t+2..t+k, [k - 1], each over the positions whose
+  target the window holds, without the z-loss."""
+  if phase.mtp_k > 1:
+    inputs, targets_BxLxK, docs_BxL, positions_BxL = view(
+        window_BxW, functools.partial(sp.tst_view, bag_size=phase.mtp_k, mode="output_only"),
+        documents)
+    h_KxBxLxD, aux = mtp_lib.hidden_states(model, inputs, targets_BxLxK, docs_BxL,
+                                           positions_BxL)
+    plain = dataclasses.replace(loss_cfg, z_loss=0.0)
+    further = [lm_loss(model, h_KxBxLxD[j], targets_BxLxK[..., j:j + 1], plain)
+               for j in range(1, phase.mtp_k)]
+    return (lm_loss(model, h_KxBxLxD[0], targets_BxLxK[..., :1], loss_cfg),
+            dict(aux, **{mtp_lib.ATTR: jnp.stack(further)}))
   if not phase.is_tst:
     inputs, targets_BxLxS, docs_BxL, positions_BxL = view(window_BxW, sp.ntp_view, documents)
     targets_BxLxS, weighting = targets_BxLxS[..., None], {}
@@ -131,6 +152,20 @@ def loss(model: nnx.Module, window_BxW: jax.Array, phase: Phase, loss_cfg: Loss,
   return lm_loss(model, hidden_BxLxD, targets_BxLxS, loss_cfg, **weighting), aux
 
 
+def objective(model: nnx.Module, window_BxW: jax.Array, phase: Phase, loss_cfg: Loss,
+              documents: Documents | None = None) -> tuple[jax.Array, tuple[jax.Array, dict]]:
+  """Returns what a train step minimises on a window, and (`loss`'s value, metrics): the loss,
+  the model's auxiliary losses (MoE's) and, with multi-token prediction, λ x the further
+  tokens' mean CE."""
+  value, aux = loss(model, window_BxW, phase, loss_cfg, documents)
+  further_J = aux.pop(mtp_lib.ATTR, None) if isinstance(aux, dict) else None
+  aux_loss, metrics = model.aux_loss(aux)
+  if further_J is not None:
+    mtp_loss, mtp_metrics = mtp_lib.objective(further_J, phase.mtp_weight)
+    aux_loss, metrics = aux_loss + mtp_loss, dict(metrics, **mtp_metrics)
+  return value + aux_loss, (value, metrics)
+
+
 def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
                     tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1,
                     mesh_rules: tuple | None = None,
@@ -139,10 +174,7 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
   micro-batches, traced under `mesh_rules`, a (mesh, logical axis rules) pair, where given."""
 
   def loss_and_aux(params, window):
-    model = nnx.merge(graphdef, params)
-    value, aux = loss(model, window, phase, loss_cfg, documents)
-    aux_loss, aux_metrics = model.aux_loss(aux)
-    return value + aux_loss, (value, aux_metrics)
+    return objective(nnx.merge(graphdef, params), window, phase, loss_cfg, documents)
 
   grad_fn = jax.value_and_grad(loss_and_aux, has_aux=True)
   scope = (lambda: axis_rules(*mesh_rules)) if mesh_rules else contextlib.nullcontext
@@ -238,10 +270,10 @@ class Trainer:
   def of(cls, spec, devices=None) -> Trainer:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
-    graphdef, abstract = abstract_state(spec.model, tx)
+    graphdef, abstract = abstract_state(spec.model, tx, spec.mtp)
     rules = spec.run.logical_axis_rules
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings_of(abstract, mesh, rules),
-               mesh_lib.batch_sharding(mesh, rules, 2), init_fn(spec.model, tx))
+               mesh_lib.batch_sharding(mesh, rules, 2), init_fn(spec.model, tx, spec.mtp))
 
   def init_state(self, seed: int) -> TrainState:
     """Returns a fresh TrainState, initialised by one jitted init directly into its shardings."""

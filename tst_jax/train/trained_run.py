@@ -2,8 +2,9 @@
 or a Hugging Face folder to start a run from.
 
 Shared by `export`, `eval`, `sample` and the trainer's `init_from_hf`. From a workdir only the
-parameters are restored, without optimizer state, onto one device. The run's `config.json` gives
-the model config and the sequence length it was trained at.
+model's parameters are restored, without optimizer state, onto one device: the heads of
+multi-token prediction, which only training uses, stay in the checkpoint. The run's
+`config.json` gives the model config and the sequence length it was trained at.
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ def point_dirs(folder: str) -> list[RunDir]:
 
 def point_record(rundir: RunDir) -> dict:
   """Reads a point's sweep_point.json, else makes one from the records: an arm point named
-  <arm>_seed<N> as `points.make_arm_points` names them, with '+' written '-'."""
+  <arm>_seed<N> as `points.make_arm_points` names them, with '+' written '-', and the '-ds' of
+  an mtp<k>-ds part its own."""
   if fileio.isfile(rundir.sweep_point):
     return fileio.read_json(rundir.sweep_point)
   m = re.fullmatch(r"(.+)_seed(\d+)", rundir.name)
@@ -44,7 +45,8 @@ def point_record(rundir: RunDir) -> dict:
   plan = record_lib.read_plan(rundir).plan
   config = record_lib.read_config_json(rundir)
   return dict(name=rundir.name, config=None, overrides=[], grid={},
-              arm=m.group(1).replace("-", "+"), seed=int(m.group(2)), baseline=False,
+              arm=re.sub(r"-(?!ds(?:-|$))", "+", m.group(1)), seed=int(m.group(2)),
+              baseline=False,
               r=plan.ratio, S=plan.phases[0].bag_size, steps=plan.total_steps,
               plan=plan.to_json(), status="done",
               data_source=config.get("data", {}).get("source"))
