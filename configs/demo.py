@@ -1,10 +1,10 @@
 """Tiny Llama trained with TST on the embedded corpus (the Python standard library), on CPU.
 
-Command (2 CPU cores, Python 3.11: 1 min 02 s measured on a quiet machine, 2026-11-25):
+Command (2 CPU cores, Python 3.11: 1 min 55 s measured beside a test run, 2026-12-04):
   python main.py --config configs/demo.py --workdir /tmp/tst_demo
 Expected: phase 1 (S=4, 90 steps) then phase 2 (210 steps); final held-out next-token loss
-4.367 nats/token, below the phase-1 end eval (6.094) and the unigram entropy (6.42); see
-docs/demo.md. At this size TST ends behind its equal-FLOPs baseline (3.724, printed beside the
+4.288 nats/token, below the phase-1 end eval (6.091) and the unigram entropy (6.42); see
+docs/demo.md. At this size TST ends behind its equal-FLOPs baseline (3.716, printed beside the
 run's own loss in the final block), as the plan warns: on 2 CPU cores no setting was found
 where TST wins (docs/demo.md, "TST on CPU: the ladder"). The corpus is the running Python's
 standard library: on another Python the run reads other data, and its final block prints no
@@ -17,8 +17,8 @@ Multi-token prediction arm, Gloeckle et al.'s k = 2 heads at the baseline's FLOP
 
 from tst_jax.config import defaults
 
-MEASURED = "docs/demo.md: 2-core CPU, 2026-11-25"
-TST_LOSS, BASELINE_LOSS = 4.3671, 3.7240   # final held-out losses of the two arms, measured
+MEASURED = "docs/demo.md: 2-core CPU, 2026-12-04"
+TST_LOSS, BASELINE_LOSS = 4.2879, 3.7155   # final held-out losses of the two arms, measured
 DATA = "builtin:pystdlib@3.11"             # on Python 3.11's standard library
 
 
