@@ -1,6 +1,7 @@
-"""Multi-token prediction in a run: the plan's equal FLOPs, the arms, the config's rules, a
-tiny two-phase run (TST, then MTP), the same run on 8 CPU devices, the export that leaves the
-heads behind and loads in transformers, and the frontier, where an MTP run is no baseline."""
+"""Multi-token prediction in a run, across the config, the step, the loop and the tools: the
+plan's equal FLOPs, the arms, the config's rules, a tiny two-phase run (TST, then MTP), the
+same run on 8 CPU devices, the export that leaves the heads behind and loads in transformers,
+and the frontier, where an MTP run is no baseline."""
 
 import dataclasses
 import json
