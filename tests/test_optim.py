@@ -156,6 +156,41 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
       assert np.all((ratio > 0.6) & (ratio < 1.2)), (k, layer, ratio)
 
 
+def test_muon_reads_deepseeks_projection_as_a_2d_by_d_matrix():
+  """M_d [2D, D] of each MTP depth reads its 2D input axis and writes D: Muon's update of each
+  depth's slice is -lr 0.2 sqrt(2D) U V^T of that slice's gradient U S V^T."""
+  config = tiny_config(ratio=0.0, optimizer=dict(name="muon", warmup_steps=0))
+  config.mtp.update(k=3, kind="deepseek")
+  spec = spec_lib.check(config)
+  tx, _ = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+  params = step_lib.init_fn(spec.model, tx, spec.mtp)(jax.random.key(0)).params
+  proj = params["mtp"]["modules"]["proj"]
+  dims = optim.muon_dims(proj)
+  assert proj.shape == (2, 64, 32)        # [depths, 2D, D]
+  assert (np.atleast_1d(dims.reduction_axis).tolist(),
+          np.atleast_1d(dims.output_axis).tolist()) == ([1], [2])
+  rng = np.random.default_rng(1)
+  slices = []
+  for _ in range(2):
+    u, _ = np.linalg.qr(rng.normal(size=(64, 32)))
+    v, _ = np.linalg.qr(rng.normal(size=(32, 32)))
+    slices.append(u @ np.diag(np.linspace(1, 3, 32)) @ v.T)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  grads["mtp"]["modules"]["proj"].set_value(jnp.asarray(np.stack(slices), jnp.float32))
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  lr, wd = 3e-3, 0.1
+  update = np.asarray(jax.tree.leaves(updates["mtp"]["modules"]["proj"])[0])
+  update = update + lr * wd * np.asarray(proj[...])
+  for depth, grad in enumerate(slices):
+    u, _, vt = np.linalg.svd(grad, full_matrices=False)
+    polar = -lr * 0.2 * math.sqrt(64) * u @ vt
+    cosine = np.sum(update[depth] * polar) / np.linalg.norm(update[depth]) / np.linalg.norm(polar)
+    ratio = (np.linalg.svd(update[depth], compute_uv=False)
+             / np.linalg.svd(polar, compute_uv=False))
+    assert cosine > 0.97, (depth, cosine)
+    assert np.all((ratio > 0.6) & (ratio < 1.2)), (depth, ratio)
+
+
 def _variable(params, key):
   found = [v for p, v in jax.tree_util.tree_leaves_with_path(
       params, is_leaf=lambda v: isinstance(v, nnx.Variable)) if jax.tree_util.keystr(p)

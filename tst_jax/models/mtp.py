@@ -130,8 +130,10 @@ class DeepSeekModule(nnx.Module):
     cfg = model.cfg
     self.h_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
     self.e_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
-    # M_d [2D, D]: the mesh shards D once, the first axis; the second stays whole.
-    self.proj = layers.param(rngs, (2 * cfg.dim, cfg.dim), ("embed", "embed"), std=cfg.init_std)
+    # M_d [2D, D]: an input axis of its own, so that Muon reads a 2D x D matrix. The mesh
+    # shards it as it shards D, and leaves the output D whole, the mesh axis taken.
+    self.proj = layers.param(rngs, (2 * cfg.dim, cfg.dim), ("mtp_in", "embed"),
+                             std=cfg.init_std)
     self.block = model.make_block(rngs)
     self.norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
 
