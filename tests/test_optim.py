@@ -191,6 +191,37 @@ def test_muon_reads_deepseeks_projection_as_a_2d_by_d_matrix():
     assert np.all((ratio > 0.6) & (ratio < 1.2)), (depth, ratio)
 
 
+def test_late_parameters_start_as_with_a_fresh_adamw_on_the_global_schedule():
+  """Parameters under make_optimizer's `late` key, held by `hold` until step 30, neither move
+  nor decay before it. Their first update there is AdamW's first of a fresh optimizer at the
+  schedule's step-30 lr, -lr(30) (g / (|g| + eps) + wd p), bias-corrected from a step count
+  of their own; the others go on with their moments and count."""
+  cfg = Optimizer(warmup_steps=10)
+  tx, schedule = optim.make_optimizer(cfg, 100, late=("mtp", 30))
+  plain, _ = optim.make_optimizer(cfg, 100)
+  params = {"w": jnp.arange(1.0, 5.0), "mtp": {"v": jnp.full(4, 2.0)}}
+  state, other = tx.init(params), plain.init(params)
+  rng = np.random.default_rng(0)
+  early = lambda: {"w": jnp.asarray(rng.normal(size=4) * 0.1, jnp.float32),
+                   "mtp": {"v": jnp.zeros(4)}}
+  for _ in range(30):
+    grads = early()
+    updates, new = tx.update(grads, state, params)
+    updates = optim.hold("mtp", updates, jax.tree.map(jnp.zeros_like, updates))
+    state = optim.hold("mtp", new, state)
+    want, other = plain.update(grads, other, params)
+    np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-6)   # the rest: one AdamW
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_array_equal(params["mtp"]["v"], 2.0)
+  g = jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32)
+  updates, _ = tx.update({"w": jnp.zeros(4), "mtp": {"v": g}}, state, params)
+  lr = float(schedule(30))
+  assert lr == pytest.approx(cfg.lr)     # past warmup: the global step's, not step 0's
+  np.testing.assert_allclose(updates["mtp"]["v"],
+                             -lr * (g / (jnp.abs(g) + cfg.eps) + cfg.weight_decay * 2.0),
+                             rtol=1e-5)
+
+
 def _variable(params, key):
   found = [v for p, v in jax.tree_util.tree_leaves_with_path(
       params, is_leaf=lambda v: isinstance(v, nnx.Variable)) if jax.tree_util.keystr(p)

@@ -27,7 +27,7 @@ from tst_jax.models import mtp as mtp_lib
 from tst_jax.rundir import RunDir
 from tst_jax.config import record
 from tst_jax.run import workdir as workdir_lib
-from tst_jax.train import trained_run
+from tst_jax.train import step as step_lib, trained_run
 from tst_jax.tools import compare, export
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.setup import Setup
@@ -112,6 +112,12 @@ def mtp_workdir(tmp_path_factory):
   return str(path)
 
 
+def _under_heads(tree):
+  """The leaves of `tree` under the heads' key: their parameters, or their optimizer state."""
+  return [x for path, x in jax.tree_util.tree_leaves_with_path(tree)
+          if any(getattr(k, "key", None) == mtp_lib.ATTR for k in path)]
+
+
 def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
   rundir = RunDir(mtp_workdir)
   plan = record.read_plan(rundir).plan
@@ -124,6 +130,27 @@ def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
     if r["phase"] == "ntp":
       assert r["mtp/loss"] == pytest.approx((r["mtp/loss_t2"] + r["mtp/loss_t3"]) / 2)
       assert np.isfinite(r["loss"]) and r["mtp/loss_t3"] > 0
+  # Phase 1 leaves the heads as drawn, undecayed, their optimizer state at step count 0 and
+  # zero moments; the MTP phase trains every one of their parameters and counts its steps.
+  setup = Setup.create(spec_lib.build(_mtp_config()), rundir, record=False)
+  checkpoints = setup.open_checkpoints()
+  try:
+    switch, _ = checkpoints.restore(4, checkpoints.abstract_state)
+    end, _ = checkpoints.restore(plan.total_steps, checkpoints.abstract_state)
+  finally:
+    checkpoints.close()
+  init = setup.trainer.init_state(setup.spec.run.seed)
+  heads, drawn = _under_heads(switch.params), _under_heads(init.params)
+  assert len(heads) == len(drawn) > 0
+  for got, want in zip(heads, drawn):
+    np.testing.assert_array_equal(got, want)
+  counts = [x for x in _under_heads(switch.opt_state) if x.dtype.kind in "iu"]
+  assert counts and not any(np.any(x) for x in _under_heads(switch.opt_state))
+  assert all(int(n) == plan.phases[1].steps for n in _under_heads(end.opt_state)
+             if n.dtype.kind in "iu")
+  assert all(not np.array_equal(got, was) for got, was in zip(_under_heads(end.params), heads))
+  assert not np.array_equal(switch.params["blocks"]["ffw"]["up_proj"][...],
+                            init.params["blocks"]["ffw"]["up_proj"][...])   # phase 1 trains
   summary = json.loads(fileio.read_text(rundir.summary))
   assert np.isfinite(summary["final_eval_loss"])
   # The checkpoint holds the heads (a resume continues them); the trained model does not.
@@ -131,6 +158,28 @@ def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
                                            "_METADATA"))
   assert "'mtp'" in metadata or '"mtp"' in metadata
   assert not hasattr(trained_run.load(rundir).model, mtp_lib.ATTR)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_deepseeks_modules_wait_through_phase_1_and_train_after_it(optimizer):
+  """One step of each phase, from the same init, at the peak lr (no warmup): the tst step
+  leaves the modules as drawn, weight decay included, and the MTP step moves every one of
+  their parameters, with Muon on their matrices too."""
+  config = _with_mtp(tiny_config(steps=8, ratio=0.5, optimizer=dict(name=optimizer,
+                                                                    warmup_steps=0)),
+                     2, "deepseek")
+  spec = spec_lib.build(config)
+  trainer = step_lib.Trainer.of(spec, jax.devices()[:1])
+  state = trainer.init_state(spec.run.seed)
+  drawn = [np.asarray(x) for x in _under_heads(state.params)]
+  tst, ntp = spec.plan.phases
+  for phase, moved in ((tst, False), (ntp, True)):
+    window = jax.random.randint(jax.random.key(phase.first_step), (phase.batch_size,
+                                                                    phase.window), 0, 512)
+    state, metrics = trainer.train_step(phase)(state, window)
+    assert bool(metrics["finite"]) and ("mtp/loss" in metrics) == moved
+    heads = [np.asarray(x) for x in _under_heads(state.params)]
+    assert [not np.array_equal(a, b) for a, b in zip(heads, drawn)] == [moved] * len(drawn)
 
 
 def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdir, tmp_path):
