@@ -287,6 +287,14 @@ class Trainer:
     with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(self.init, out_shardings=self.shardings)(jax.random.key(seed))
 
+  def init_params(self, seed: int, which) -> nnx.State:
+    """Returns the parameters that the nnx filter `which` selects of `init_state(seed)`, in
+    their shardings. The jitted init computes those alone: XLA drops the rest, unused."""
+    part = lambda params: nnx.split_state(params, which, ...)[0]
+    with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
+      return jax.jit(lambda key: part(self.init(key).params),
+                     out_shardings=part(self.shardings.params))(jax.random.key(seed))
+
   def check(self) -> None:
     """Before compiling: every parameter, and every phase's (micro-)batch and the eval batch,
     divides over the mesh axes that shard it."""
