@@ -84,6 +84,25 @@ def test_mtp_arms_set_k_and_kind_and_alone_leave_out_tst(arg, k, kind, ratio):
   assert (config.mtp.k, config.mtp.kind, config.tst.ratio) == (k, kind, ratio)
 
 
+@pytest.mark.parametrize("arg,field,value", [
+    ("s8,mtp2", "bag_size", 8), ("smooth,mtp2", "schedule", "halve"),
+    ("input_only,mtp3", "mode", "input_only"), ("mtp2-ds,output_only", "mode", "output_only"),
+    ("reinit,mtp2", "reinit_at_switch", True)])
+def test_an_arm_of_tsts_phase_1_keeps_it_before_the_mtp_phase(arg, field, value):
+  """Every arm that sets a tst field but r = 0 asks for a TST phase 1, as `tst` does."""
+  config = configlib.load_config(f"{TINY_CONFIG}:{arg}")
+  assert config.tst.ratio == 0.5 and config.tst[field] == value and config.mtp.k > 1
+  phases = spec_lib.check(config).plan.phases
+  assert phases[0].is_tst and phases[-1].mtp_k == config.mtp.k
+
+
+@pytest.mark.parametrize("arg", ["mtp2,mtp3-ds", "mtp2,mtp2", "s8,mtp2-ds,mtp4"])
+def test_two_mtp_arms_in_one_arg_are_refused_naming_both(arg):
+  first, second = [a for a in arg.split(",") if a.startswith("mtp")]
+  with pytest.raises(ConfigError, match=f"arms {first!r} and {second!r} both set mtp.k"):
+    configlib.load_config(f"{TINY_CONFIG}:{arg}")
+
+
 @pytest.mark.parametrize("arg", ["mtp1", "mtp", "mtpx", "mtp2-dss"])
 def test_a_malformed_mtp_arm_is_an_unknown_arg(arg):
   with pytest.raises(ConfigError, match=f"arm {arg!r}.*mtp<k>, mtp<k>-ds"):
