@@ -112,6 +112,8 @@ def test_a_malformed_mtp_arm_is_an_unknown_arg(arg):
 @pytest.mark.parametrize("fields,message", [
     (dict(tst=dict(ratio=1.0)), "mtp.k.*needs a next-token phase"),
     (dict(data=dict(seq_len=4)), "mtp.k.*more than the window's data.seq_len 4"),
+    # round(0.96 x 10) = 10: phase 1 takes every step, though r < 1.
+    (dict(steps=10, ratio=0.96), "mtp.k.*needs a next-token phase, and the plan has none"),
 ])
 def test_mtp_without_room_for_it_is_refused(fields, message):
   with pytest.raises(ConfigError, match=message):
