@@ -73,6 +73,14 @@ def test_the_plan_prints_the_heads_parameters_and_flops(capsys):
   assert (f"mtp: deepseek, k=2 (tokens t+1..t+2), λ=0.3 in ntp: heads of "
           f"{plan.params_mtp / 1e3:.1f}K parameters") in out
   assert f"+{extra:.0%} FLOPs per step" in out
+  # Phase 1 keeps r of train.steps, 20 of 40, and so of the FLOPs; the MTP phase pays for its
+  # heads with fewer steps, so that phase 1 is more than r of the steps the run takes.
+  tst = plan.phases[0]
+  assert tst.steps == 20 and ntp.steps < 20
+  flops = tst.steps * tst.flops_per_step / plan.flops_total
+  assert abs(flops - 0.5) < 0.02
+  assert (f"mtp: phase 1 is 20 of {plan.total_steps} steps ({20 / plan.total_steps:.0%}) and "
+          f"{flops:.0%} of the FLOPs: r=0.5 is its share of train.steps") in out
 
 
 @pytest.mark.parametrize("arg,k,kind,ratio", [
