@@ -40,8 +40,9 @@ def get_config(arg: str = ""):
   c.train.steps = 300               # T: both phases
   c = defaults.apply_arms(c, arg, "configs/demo.py")
   # reference: the other arm's final loss, printed beside this run's in the final block
-  # for this config as written (run=): with a --config override of its steps, model, tst,
-  # data, optimizer or loss the final block says which differs and prints no difference
+  # for this config as written (run=): with a --config override of its seed, steps, model,
+  # tst, data, optimizer, loss or mtp the final block says which differs and prints no
+  # difference
   if c.tst.ratio == 0.0 and arg.replace(" ", "") == "baseline":
     c.reference.update(name="TST (configs/demo.py)", loss=TST_LOSS, measured=MEASURED, data=DATA,
                        command="python main.py --config configs/demo.py --workdir /tmp/tst_demo",

@@ -156,6 +156,72 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
       assert np.all((ratio > 0.6) & (ratio < 1.2)), (k, layer, ratio)
 
 
+def test_muon_reads_deepseeks_projection_as_a_2d_by_d_matrix():
+  """M_d [2D, D] of each MTP depth reads its 2D input axis and writes D: Muon's update of each
+  depth's slice is -lr 0.2 sqrt(2D) U V^T of that slice's gradient U S V^T."""
+  config = tiny_config(ratio=0.0, optimizer=dict(name="muon", warmup_steps=0))
+  config.mtp.update(k=3, kind="deepseek")
+  spec = spec_lib.check(config)
+  tx, _ = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+  params = step_lib.init_fn(spec.model, tx, spec.mtp)(jax.random.key(0)).params
+  proj = params["mtp"]["modules"]["proj"]
+  dims = optim.muon_dims(proj)
+  assert proj.shape == (2, 64, 32)        # [depths, 2D, D]
+  assert (np.atleast_1d(dims.reduction_axis).tolist(),
+          np.atleast_1d(dims.output_axis).tolist()) == ([1], [2])
+  rng = np.random.default_rng(1)
+  slices = []
+  for _ in range(2):
+    u, _ = np.linalg.qr(rng.normal(size=(64, 32)))
+    v, _ = np.linalg.qr(rng.normal(size=(32, 32)))
+    slices.append(u @ np.diag(np.linspace(1, 3, 32)) @ v.T)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  grads["mtp"]["modules"]["proj"].set_value(jnp.asarray(np.stack(slices), jnp.float32))
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  lr, wd = 3e-3, 0.1
+  update = np.asarray(jax.tree.leaves(updates["mtp"]["modules"]["proj"])[0])
+  update = update + lr * wd * np.asarray(proj[...])
+  for depth, grad in enumerate(slices):
+    u, _, vt = np.linalg.svd(grad, full_matrices=False)
+    polar = -lr * 0.2 * math.sqrt(64) * u @ vt
+    cosine = np.sum(update[depth] * polar) / np.linalg.norm(update[depth]) / np.linalg.norm(polar)
+    ratio = (np.linalg.svd(update[depth], compute_uv=False)
+             / np.linalg.svd(polar, compute_uv=False))
+    assert cosine > 0.97, (depth, cosine)
+    assert np.all((ratio > 0.6) & (ratio < 1.2)), (depth, ratio)
+
+
+def test_late_parameters_start_as_with_a_fresh_adamw_on_the_global_schedule():
+  """Parameters under make_optimizer's `late` key, held by `hold` until step 30, neither move
+  nor decay before it. Their first update there is AdamW's first of a fresh optimizer at the
+  schedule's step-30 lr, -lr(30) (g / (|g| + eps) + wd p), bias-corrected from a step count
+  of their own; the others go on with their moments and count."""
+  cfg = Optimizer(warmup_steps=10)
+  tx, schedule = optim.make_optimizer(cfg, 100, late=("mtp", 30))
+  plain, _ = optim.make_optimizer(cfg, 100)
+  params = {"w": jnp.arange(1.0, 5.0), "mtp": {"v": jnp.full(4, 2.0)}}
+  state, other = tx.init(params), plain.init(params)
+  rng = np.random.default_rng(0)
+  early = lambda: {"w": jnp.asarray(rng.normal(size=4) * 0.1, jnp.float32),
+                   "mtp": {"v": jnp.zeros(4)}}
+  for _ in range(30):
+    grads = early()
+    updates, new = tx.update(grads, state, params)
+    updates = optim.hold("mtp", updates, jax.tree.map(jnp.zeros_like, updates))
+    state = optim.hold("mtp", new, state)
+    want, other = plain.update(grads, other, params)
+    np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-6)   # the rest: one AdamW
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_array_equal(params["mtp"]["v"], 2.0)
+  g = jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32)
+  updates, _ = tx.update({"w": jnp.zeros(4), "mtp": {"v": g}}, state, params)
+  lr = float(schedule(30))
+  assert lr == pytest.approx(cfg.lr)     # past warmup: the global step's, not step 0's
+  np.testing.assert_allclose(updates["mtp"]["v"],
+                             -lr * (g / (jnp.abs(g) + cfg.eps) + cfg.weight_decay * 2.0),
+                             rtol=1e-5)
+
+
 def _variable(params, key):
   found = [v for p, v in jax.tree_util.tree_leaves_with_path(
       params, is_leaf=lambda v: isinstance(v, nnx.Variable)) if jax.tree_util.keystr(p)

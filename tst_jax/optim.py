@@ -8,6 +8,8 @@ counters in the optimizer state.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -101,9 +103,25 @@ def _labels(params):
                       is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
-def make_optimizer(opt_cfg, total_steps: int):
-  """Builds the optax transformation and its schedule from the optimizer section."""
+def make_optimizer(opt_cfg, total_steps: int, late: tuple[str, int] | None = None):
+  """Builds the optax transformation and its schedule from the optimizer section.
+
+  `late` = (key, step): the parameters under `key` first train at global step `step`, as the
+  heads of multi-token prediction after TST's phase 1. They get an optimizer state of their own,
+  whose step count starts at 0 there, for Adam's bias correction, and whose schedule reads
+  the global step. The steps before hold them and that state as they are (`hold`).
+  """
   schedule = lr_schedule(opt_cfg, total_steps)
+  tx = _transform(opt_cfg, schedule)
+  if late is not None:
+    key, first = late
+    tx = optax.partition({"model": tx, key: _transform(opt_cfg, lambda n: schedule(n + first))},
+                         functools.partial(_late_labels, key))
+  return optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), tx), schedule
+
+
+def _transform(opt_cfg, schedule):
+  """Returns AdamW, or Muon with AdamW beside it, on `schedule`, without the clipping."""
   mu_dtype = jnp.dtype(opt_cfg.mu_dtype)
   adamw = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                       weight_decay=opt_cfg.weight_decay, mask=decay_mask, mu_dtype=mu_dtype)
@@ -111,4 +129,21 @@ def make_optimizer(opt_cfg, total_steps: int):
     muon = contrib.muon(schedule, weight_decay=opt_cfg.weight_decay, mu_dtype=mu_dtype,
                         muon_weight_dimension_numbers=_dims_tree, consistent_rms=MUON_RMS)
     adamw = optax.partition({"muon": muon, "adamw": adamw}, _labels)
-  return optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip), adamw), schedule
+  return adamw
+
+
+def _under(path, key: str) -> bool:
+  return any(str(getattr(k, "key", "")) == key for k in path)
+
+
+def _late_labels(key: str, params):
+  return jax.tree_util.tree_map_with_path(lambda path, _: key if _under(path, key) else "model",
+                                          params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def hold(key: str, new, old):
+  """Returns the pytree `new` with every leaf under `key` taken from `old`: a step before
+  make_optimizer's `late` parameters train leaves them, and their optimizer state, as they are.
+  """
+  return jax.tree_util.tree_map_with_path(lambda path, n, o: o if _under(path, key) else n,
+                                          new, old)

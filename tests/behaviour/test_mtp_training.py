@@ -27,7 +27,7 @@ from tst_jax.models import mtp as mtp_lib
 from tst_jax.rundir import RunDir
 from tst_jax.config import record
 from tst_jax.run import workdir as workdir_lib
-from tst_jax.train import trained_run
+from tst_jax.train import step as step_lib, trained_run
 from tst_jax.tools import compare, export
 from tst_jax.tools.eval_curve import EvalCurve
 from tst_jax.train.setup import Setup
@@ -73,6 +73,14 @@ def test_the_plan_prints_the_heads_parameters_and_flops(capsys):
   assert (f"mtp: deepseek, k=2 (tokens t+1..t+2), λ=0.3 in ntp: heads of "
           f"{plan.params_mtp / 1e3:.1f}K parameters") in out
   assert f"+{extra:.0%} FLOPs per step" in out
+  # Phase 1 keeps r of train.steps, 20 of 40, and so of the FLOPs; the MTP phase pays for its
+  # heads with fewer steps, so that phase 1 is more than r of the steps the run takes.
+  tst = plan.phases[0]
+  assert tst.steps == 20 and ntp.steps < 20
+  flops = tst.steps * tst.flops_per_step / plan.flops_total
+  assert abs(flops - 0.5) < 0.02
+  assert (f"mtp: phase 1 is 20 of {plan.total_steps} steps ({20 / plan.total_steps:.0%}) and "
+          f"{flops:.0%} of the FLOPs: r=0.5 is its share of train.steps") in out
 
 
 @pytest.mark.parametrize("arg,k,kind,ratio", [
@@ -84,6 +92,25 @@ def test_mtp_arms_set_k_and_kind_and_alone_leave_out_tst(arg, k, kind, ratio):
   assert (config.mtp.k, config.mtp.kind, config.tst.ratio) == (k, kind, ratio)
 
 
+@pytest.mark.parametrize("arg,field,value", [
+    ("s8,mtp2", "bag_size", 8), ("smooth,mtp2", "schedule", "halve"),
+    ("input_only,mtp3", "mode", "input_only"), ("mtp2-ds,output_only", "mode", "output_only"),
+    ("reinit,mtp2", "reinit_at_switch", True)])
+def test_an_arm_of_tsts_phase_1_keeps_it_before_the_mtp_phase(arg, field, value):
+  """Every arm that sets a tst field but r = 0 asks for a TST phase 1, as `tst` does."""
+  config = configlib.load_config(f"{TINY_CONFIG}:{arg}")
+  assert config.tst.ratio == 0.5 and config.tst[field] == value and config.mtp.k > 1
+  phases = spec_lib.check(config).plan.phases
+  assert phases[0].is_tst and phases[-1].mtp_k == config.mtp.k
+
+
+@pytest.mark.parametrize("arg", ["mtp2,mtp3-ds", "mtp2,mtp2", "s8,mtp2-ds,mtp4"])
+def test_two_mtp_arms_in_one_arg_are_refused_naming_both(arg):
+  first, second = [a for a in arg.split(",") if a.startswith("mtp")]
+  with pytest.raises(ConfigError, match=f"arms {first!r} and {second!r} both set mtp.k"):
+    configlib.load_config(f"{TINY_CONFIG}:{arg}")
+
+
 @pytest.mark.parametrize("arg", ["mtp1", "mtp", "mtpx", "mtp2-dss"])
 def test_a_malformed_mtp_arm_is_an_unknown_arg(arg):
   with pytest.raises(ConfigError, match=f"arm {arg!r}.*mtp<k>, mtp<k>-ds"):
@@ -93,6 +120,8 @@ def test_a_malformed_mtp_arm_is_an_unknown_arg(arg):
 @pytest.mark.parametrize("fields,message", [
     (dict(tst=dict(ratio=1.0)), "mtp.k.*needs a next-token phase"),
     (dict(data=dict(seq_len=4)), "mtp.k.*more than the window's data.seq_len 4"),
+    # round(0.96 x 10) = 10: phase 1 takes every step, though r < 1.
+    (dict(steps=10, ratio=0.96), "mtp.k.*needs a next-token phase, and the plan has none"),
 ])
 def test_mtp_without_room_for_it_is_refused(fields, message):
   with pytest.raises(ConfigError, match=message):
@@ -112,6 +141,12 @@ def mtp_workdir(tmp_path_factory):
   return str(path)
 
 
+def _under_heads(tree):
+  """The leaves of `tree` under the heads' key: their parameters, or their optimizer state."""
+  return [x for path, x in jax.tree_util.tree_leaves_with_path(tree)
+          if any(getattr(k, "key", None) == mtp_lib.ATTR for k in path)]
+
+
 def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
   rundir = RunDir(mtp_workdir)
   plan = record.read_plan(rundir).plan
@@ -124,6 +159,27 @@ def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
     if r["phase"] == "ntp":
       assert r["mtp/loss"] == pytest.approx((r["mtp/loss_t2"] + r["mtp/loss_t3"]) / 2)
       assert np.isfinite(r["loss"]) and r["mtp/loss_t3"] > 0
+  # Phase 1 leaves the heads as drawn, undecayed, their optimizer state at step count 0 and
+  # zero moments; the MTP phase trains every one of their parameters and counts its steps.
+  setup = Setup.create(spec_lib.build(_mtp_config()), rundir, record=False)
+  checkpoints = setup.open_checkpoints()
+  try:
+    switch, _ = checkpoints.restore(4, checkpoints.abstract_state)
+    end, _ = checkpoints.restore(plan.total_steps, checkpoints.abstract_state)
+  finally:
+    checkpoints.close()
+  init = setup.trainer.init_state(setup.spec.run.seed)
+  heads, drawn = _under_heads(switch.params), _under_heads(init.params)
+  assert len(heads) == len(drawn) > 0
+  for got, want in zip(heads, drawn):
+    np.testing.assert_array_equal(got, want)
+  counts = [x for x in _under_heads(switch.opt_state) if x.dtype.kind in "iu"]
+  assert counts and not any(np.any(x) for x in _under_heads(switch.opt_state))
+  assert all(int(n) == plan.phases[1].steps for n in _under_heads(end.opt_state)
+             if n.dtype.kind in "iu")
+  assert all(not np.array_equal(got, was) for got, was in zip(_under_heads(end.params), heads))
+  assert not np.array_equal(switch.params["blocks"]["ffw"]["up_proj"][...],
+                            init.params["blocks"]["ffw"]["up_proj"][...])   # phase 1 trains
   summary = json.loads(fileio.read_text(rundir.summary))
   assert np.isfinite(summary["final_eval_loss"])
   # The checkpoint holds the heads (a resume continues them); the trained model does not.
@@ -133,7 +189,34 @@ def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
   assert not hasattr(trained_run.load(rundir).model, mtp_lib.ATTR)
 
 
-def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdir, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_deepseeks_modules_wait_through_phase_1_and_train_after_it(optimizer):
+  """One step of each phase, from the same init, at the peak lr (no warmup): the tst step
+  leaves the modules as drawn, weight decay included, and the MTP step moves every one of
+  their parameters, with Muon on their matrices too."""
+  config = _with_mtp(tiny_config(steps=8, ratio=0.5, optimizer=dict(name=optimizer,
+                                                                    warmup_steps=0)),
+                     2, "deepseek")
+  spec = spec_lib.build(config)
+  trainer = step_lib.Trainer.of(spec, jax.devices()[:1])
+  state = trainer.init_state(spec.run.seed)
+  drawn = [np.asarray(x) for x in _under_heads(state.params)]
+  tst, ntp = spec.plan.phases
+  for phase, moved in ((tst, False), (ntp, True)):
+    window = jax.random.randint(jax.random.key(phase.first_step), (phase.batch_size,
+                                                                    phase.window), 0, 512)
+    state, metrics = trainer.train_step(phase)(state, window)
+    assert bool(metrics["finite"]) and ("mtp/loss" in metrics) == moved
+    heads = [np.asarray(x) for x in _under_heads(state.params)]
+    assert [not np.array_equal(a, b) for a, b in zip(heads, drawn)] == [moved] * len(drawn)
+
+
+def _no_state(*_):
+  raise AssertionError("a whole TrainState drawn")
+
+
+def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdir, tmp_path,
+                                                                       monkeypatch):
   out = export.export(mtp_workdir, tmp_path / "hf")
   names = list(safetensors.numpy.load_file(os.path.join(out, "model.safetensors")))
   assert names and not any("mtp" in n for n in names)
@@ -146,12 +229,15 @@ def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdi
   with torch.no_grad():
     got = model(torch.tensor(tokens)).logits.double().numpy()
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-  # And back: a run with heads starts from the export, the heads as a fresh init draws them.
+  # And back: a run with heads starts from the export, the heads as a fresh init draws them,
+  # without a whole TrainState drawn for them.
   config = _mtp_config()
   config.init_from_hf = out
   config.data.tokenizer = os.path.join(out, "tokenizer.json")
   run = Setup.create(spec_lib.build(config), RunDir(tmp_path / "again"))
-  state = run.init_from_hf()
+  with monkeypatch.context() as patch:
+    patch.setattr(step_lib.Trainer, "init_state", _no_state)
+    state = run.init_from_hf()
   model_only = nnx.Not(nnx.PathContains(mtp_lib.ATTR))
   rest, heads = nnx.split_state(state.params, model_only, ...)
   fresh = nnx.split_state(run.trainer.init_state(config.seed).params, model_only, ...)[1]
@@ -160,7 +246,7 @@ def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdi
   assert jax.tree.leaves(heads)
 
 
-# DeepSeek's M_d [2D, D] names "embed" twice, of which the mesh shards the first; Gloeckle's
+# DeepSeek's M_d [2D, D] has an input axis of its own, which the mesh shards as D; Gloeckle's
 # heads are the model's own blocks, stacked: the longer case is slow.
 @pytest.mark.parametrize("kind", [pytest.param("gloeckle", marks=pytest.mark.slow), "deepseek"])
 def test_mtp_on_8_devices_trains_like_one(kind, tmp_path):
@@ -175,7 +261,11 @@ def test_mtp_on_8_devices_trains_like_one(kind, tmp_path):
   eight.tst.ratio = 0.0
   losses, _, sharded = train_losses(eight, tmp_path / "eight", init)
   heads = sharded.params[mtp_lib.ATTR]
-  assert any(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(heads))
+  matrices = [x for x in jax.tree.leaves(heads) if x.ndim >= 3]   # the norms' scales are 2-D
+  assert matrices and all(not x.sharding.is_fully_replicated for x in matrices)
+  if kind == "deepseek":   # M_d's input axis over fsdp, its output whole
+    assert heads["modules"]["proj"].sharding.spec == jax.sharding.PartitionSpec(
+        None, "fsdp", None)
   np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-4)
   for got, want in zip(jax.tree.leaves(heads), jax.tree.leaves(single.params[mtp_lib.ATTR])):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)

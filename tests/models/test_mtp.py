@@ -3,7 +3,6 @@ layer by layer: each head's hidden states, the per-offset cross-entropies and th
 sum, their gradients, causality, and the heads' parameter and FLOP counts."""
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -15,13 +14,14 @@ from flax import nnx
 from tests.fixtures.tiny import tiny_config
 from tst_jax import superposition as sp
 from tst_jax.config import spec as spec_lib
+from tst_jax.errors import ConfigError
 from tst_jax.models import mtp as mtp_lib
 from tst_jax.train import step as step_lib
 
 EOS = 7
 
 
-def _setup(kind, k=3, impl="naive", z_loss=0.0, weight=0.0, documents=False):
+def _setup(kind, k=3, impl="naive", z_loss=0.0, weight=None, documents=False):
   """(model with heads, its ntp phase, loss section, Documents or None) of the tiny config."""
   c = tiny_config(steps=12, ratio=0.0, loss=dict(impl=impl, z_loss=z_loss),
                   data=dict(document_mask=documents))
@@ -114,6 +114,17 @@ def test_each_offsets_loss_is_the_naive_cross_entropy(kind, impl, z_loss, docume
   np.testing.assert_allclose([metrics["mtp/loss_t2"], metrics["mtp/loss_t3"]], ces[1:],
                              rtol=1e-5)
   np.testing.assert_allclose(total, want_total, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", mtp_lib.KINDS)
+def test_lambda_is_the_kinds_own_unless_given_and_never_0(kind):
+  """mtp.weight None gives the kind's λ; any λ > 0 is taken as given, and 0, which would train
+  the heads on nothing, is refused."""
+  assert tiny_config().mtp.weight is None
+  assert _setup(kind)[1].mtp_weight == {"gloeckle": 2.0, "deepseek": 0.3}[kind]
+  assert _setup(kind, weight=0.05)[1].mtp_weight == 0.05
+  with pytest.raises(ConfigError, match="mtp.weight.*0 would train the heads on nothing"):
+    _setup(kind, weight=0.0)
 
 
 @pytest.mark.parametrize("kind", mtp_lib.KINDS)

@@ -71,7 +71,13 @@ class Arm:
   families: tuple[str, ...] = ()           # the model families that take it (): every one
   also: tuple[tuple[str, object], ...] = ()     # further (field, value) it sets
   alone: tuple[tuple[str, object], ...] = ()    # (field, value) it sets where the same arg
-                                                # names no TST phase 1 (tst, r<ratio>)
+                                                # names no TST phase 1 (`names_phase_1`)
+
+  def names_phase_1(self, value) -> bool:
+    """Says whether this arm, setting `value`, asks for TST's phase 1: `tst`, and every arm
+    that sets a tst field but tst.ratio = 0 (baseline, r0)."""
+    return self.form == "tst" or (self.field.startswith("tst.")
+                                  and not (self.field == "tst.ratio" and value == 0))
 
   def number_text(self, part: str) -> str | None:
     """Returns the number's text where `part` is written in this numbered arm's form: its
@@ -136,7 +142,8 @@ for _arm in (
         must="N is millions of bytes, a whole number >= 1: 600mb"),
     *(Arm(f"mtp<k>{suffix}", f"multi-token prediction of k tokens a position, {who}, at the "
           "baseline's FLOPs (fewer steps); alone next-token training throughout (r = 0), with "
-          "tst or r<ratio> in the next-token phase after TST's phase 1", "mtp.k",
+          "an arm of TST's phase 1 (tst, r<ratio>, s<S>, ...) in the next-token phase after "
+          "it", "mtp.k",
           read=lambda t: int(t) if t.isdigit() and int(t) >= 2 else None,
           must="k is mtp.k, the tokens a position with the next one, a whole number >= 2",
           also=(("mtp.kind", kind),), alone=(("tst.ratio", 0.0),))
@@ -193,13 +200,21 @@ def apply_arms(c: ml_collections.ConfigDict, arg: str, name: str) -> ml_collecti
 def arm_settings(arg: str, name: str = "", family: str = "") -> list[tuple[str, object, str]]:
   """Returns the (config field, value, arm) that the arms of `arg` set, in the order they are
   set: first each arm's `alone` fields where no arm names TST's phase 1, then each arm's field
-  and `also` fields as written. 'mtp2' -> tst.ratio 0.0, mtp.k 2, mtp.kind 'gloeckle'."""
+  and `also` fields as written. 'mtp2' -> tst.ratio 0.0, mtp.k 2, mtp.kind 'gloeckle';
+  's8,mtp2' keeps tst.ratio. Two arms that set one field are a ConfigError naming both."""
   parsed = [(part, *parse_arm(part, name, family)) for part in arms(arg)]
-  with_tst = any(arm.form in ("tst", "r<ratio>") for _, arm, _ in parsed)
+  with_tst = any(arm.names_phase_1(value) for _, arm, value in parsed)
   out = [(field, value, part) for part, arm, _ in parsed if not with_tst
          for field, value in arm.alone]
+  setters = {}
   for part, arm, value in parsed:
-    out += [(field, v, part) for field, v in ((arm.field, value), *arm.also) if field]
+    for field, v in ((arm.field, value), *arm.also):
+      if field in setters:
+        raise ConfigError("--config", f"{name}: arms {setters[field]!r} and {part!r} both set "
+                          f"{field}: give one")
+      if field:
+        setters[field] = part
+        out.append((field, v, part))
   return out
 
 

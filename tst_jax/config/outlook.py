@@ -172,7 +172,8 @@ def _label(phase: Phase) -> str:
 
 def mtp_lines(plan: Plan) -> list[str]:
   """Says what multi-token prediction adds to the plan: the heads' parameters, which export
-  drops, and their share of each MTP phase's FLOPs per step. None without MTP."""
+  drops, their share of each MTP phase's FLOPs per step, and after a TST phase 1 that phase's
+  share of the steps beside its share of the FLOPs. No line without MTP."""
   lines = []
   for p in plan.phases:
     if p.mtp_k > 1:
@@ -182,6 +183,14 @@ def mtp_lines(plan: Plan) -> list[str]:
                    f"parameters (training only: export drops them) and "
                    f"{human(p.mtp_flops_per_step / p.equivalent_tokens_per_step)} FLOPs per "
                    f"token, +{extra:.0%} FLOPs per step")
+  phase_1 = [p for p in plan.phases if p.is_tst]
+  if lines and phase_1:
+    steps = sum(p.steps for p in phase_1)
+    flops = sum(p.steps * p.flops_per_step for p in phase_1)
+    lines.append(f"mtp: phase 1 is {steps} of {plan.total_steps} steps "
+                 f"({steps / plan.total_steps:.0%}) and {flops / plan.flops_total:.0%} of the "
+                 f"FLOPs: r={plan.ratio:g} is its share of train.steps, and each MTP step "
+                 "costs more FLOPs than a step without MTP")
   return lines
 
 

@@ -131,7 +131,8 @@ class Plan:
 
   @property
   def is_baseline(self) -> bool:
-    """Plain next-token training: no tst phase and no multi-token prediction."""
+    """Says whether the run is plain next-token training: no tst phase and no multi-token
+    prediction."""
     return all(not p.is_tst and p.mtp_k == 1 for p in self.phases)
 
   @property

@@ -188,26 +188,33 @@ def check(config) -> RunSpec:
   elif data.tokenizer:
     _require(data.tokenizer.endswith((".json", ".model")), "data.tokenizer",
              f"{data.tokenizer!r} is not 'bpe', a tokenizer.json or a SentencePiece .model")
-  _check_mtp(typed["mtp"], model, data, tst)
+  _check_mtp(typed["mtp"], model, data)
   plan = make_plan(model, tst, data.seq_len, data.batch_size, typed["train"].steps,
                    typed["mtp"])
+  _check_mtp_phase(typed["mtp"], plan, tst, typed["train"].steps)
   _check_profile_window(typed["train"].profile_steps, plan)
   _check_stages(data, plan)
   _check_eval_tasks(typed["train"], plan)
   return RunSpec(plan=plan, **typed)
 
 
-def _check_mtp(mtp, model, data, tst):
-  """Refuses multi-token prediction without a next-token phase, with more tokens than a
-  window holds, or of a kind the model family cannot carry."""
+def _check_mtp(mtp, model, data):
+  """Refuses multi-token prediction with more tokens than a window holds, or of a kind the
+  model family cannot carry."""
   if not mtp.on:
     return
-  _require(tst.ratio < 1 or tst.bag_size == 1, "mtp.k",
-           f"{mtp.k} needs a next-token phase, and tst.ratio=1 leaves none: MTP runs after "
-           "phase 1, never on bags")
   _require(mtp.k <= data.seq_len, "mtp.k",
            f"{mtp.k} tokens a position is more than the window's data.seq_len {data.seq_len}")
   mtp.check(model)
+
+
+def _check_mtp_phase(mtp, plan, tst, steps):
+  """Refuses multi-token prediction in a plan without a next-token phase: one whose phase 1,
+  round(tst.ratio x train.steps) steps, takes every step."""
+  _require(not mtp.on or any(p.mtp_k > 1 for p in plan.phases), "mtp.k",
+           f"{mtp.k} needs a next-token phase, and the plan has none: tst.ratio={tst.ratio:g} "
+           f"of train.steps={steps} gives phase 1 every step, and MTP runs after phase 1, "
+           "never on bags: lower tst.ratio or give more steps")
 
 
 def _check_eval_tasks(train, plan):

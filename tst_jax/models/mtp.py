@@ -44,8 +44,13 @@ from tst_jax.superposition import IGNORE_INDEX
 
 KINDS = ("gloeckle", "deepseek")
 ATTR = "mtp"   # the model's attribute that holds the heads: the key of their parameters
-# λ where mtp.weight is 0: Gloeckle et al.'s sum of the k CEs, and DeepSeek-V3's first weight.
+# λ where mtp.weight is None: Gloeckle et al.'s sum of the k CEs, DeepSeek-V3's first weight.
 KIND_WEIGHT = {"gloeckle": lambda k: float(k - 1), "deepseek": lambda k: 0.3}
+_POSITIVE = schema.number(0, open_lo=True)
+# λ = 0 is refused: the heads would cost their FLOPs and learn nothing.
+_WEIGHT = schema.Rule(lambda v: v is None or _POSITIVE.ok(v),
+                      "None (the kind's own λ) or a number > 0 (0 would train the heads on "
+                      "nothing: mtp.k=1 has none)", float, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +63,10 @@ class Mtp:
                            "beside the last one, on its input | deepseek: k - 1 cascaded "
                            "modules, each [RMSNorm(h); RMSNorm(Emb(t+d))] -> M_d -> a block "
                            "(models/mtp.py)", added="gloeckle")
-  weight: float = schema.field(0.0, schema.number(0), "λ: the loss is CE(t+1) + λ x the mean "
-                               "CE of tokens t+2..t+k (0: the kind's own, gloeckle k - 1, the "
-                               "sum of its paper; deepseek 0.3, V3's)", added=0.0)
+  weight: float | None = schema.field(None, _WEIGHT, "λ: the loss is CE(t+1) + λ x the mean "
+                                      "CE of tokens t+2..t+k (None: the kind's own, gloeckle "
+                                      "k - 1, the sum of its paper; deepseek 0.3, V3's)",
+                                      added=None)
   equal_flops: bool = schema.field(True, schema.BOOL, "fewer next-token steps, so that the run "
                                    "costs the FLOPs of train.steps without MTP (False: "
                                    "train.steps, and more FLOPs)", added=True)
@@ -71,8 +77,8 @@ class Mtp:
 
   @property
   def loss_weight(self) -> float:
-    """λ as the loss uses it: mtp.weight, or the kind's own where it is 0."""
-    return self.weight or KIND_WEIGHT[self.kind](self.k)
+    """λ as the loss uses it: mtp.weight, or the kind's own where it is None."""
+    return KIND_WEIGHT[self.kind](self.k) if self.weight is None else float(self.weight)
 
   def check(self, model_cfg) -> None:
     """Refuses heads the model family cannot carry, as a ConfigError: Gloeckle's need the last
@@ -130,8 +136,10 @@ class DeepSeekModule(nnx.Module):
     cfg = model.cfg
     self.h_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
     self.e_norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
-    # M_d [2D, D]: the mesh shards D once, the first axis; the second stays whole.
-    self.proj = layers.param(rngs, (2 * cfg.dim, cfg.dim), ("embed", "embed"), std=cfg.init_std)
+    # M_d [2D, D]: an input axis of its own, so that Muon reads a 2D x D matrix. The mesh
+    # shards it as it shards D, and leaves the output D whole, the mesh axis taken.
+    self.proj = layers.param(rngs, (2 * cfg.dim, cfg.dim), ("mtp_in", "embed"),
+                             std=cfg.init_std)
     self.block = model.make_block(rngs)
     self.norm = layers.RMSNorm(cfg.dim, cfg.norm_eps, rngs)
 

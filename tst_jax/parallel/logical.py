@@ -21,6 +21,7 @@ LOGICAL_AXIS_RULES = (
     ("layers", None),                       # stacked-layer axis of scanned blocks: never split
     ("vocab", "tensor"),                    # V of the [V, D] embedding and [D, V] head
     ("embed", "fsdp"),                      # D of every weight: FSDP shards it
+    ("mtp_in", "fsdp"),                     # 2D, the input of DeepSeek's MTP projection [2D, D]
     ("heads", "tensor"),                    # H of q/o projections: tensor parallel
     ("kv_heads", "tensor"),                 # K of k/v projections
     ("mlp", "tensor"),                      # F of the SwiGLU weights

@@ -142,8 +142,8 @@ class Setup:
         lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: np.asarray(x)[i]),
         host, shardings)
     if self.spec.mtp.on:
-      fresh = self.trainer.init_state(self.spec.run.seed).params
-      params = nnx.merge_state(params, nnx.split_state(fresh, model_only, ...)[1])
+      params = nnx.merge_state(params, self.trainer.init_params(
+          self.spec.run.seed, nnx.PathContains(mtp_lib.ATTR)))
     with axis_rules(self.trainer.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(lambda p: step_lib.fresh_state(p, self.trainer.tx),
                      out_shardings=self.trainer.shardings)(params)

@@ -199,6 +199,11 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
                                                            aux_metrics)
       with jax.named_scope("optimizer"):   # the step profile's category (train/step_profile)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        if phase.mtp_k == 1 and mtp_lib.ATTR in state.params:
+          # Heads that this phase does not train keep their init and their optimizer state,
+          # weight decay and step count included, for the MTP phase that follows.
+          updates = optim.hold(mtp_lib.ATTR, updates, jax.tree.map(jnp.zeros_like, updates))
+          opt_state = optim.hold(mtp_lib.ATTR, opt_state, state.opt_state)
         params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)
         # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched,
@@ -269,7 +274,9 @@ class Trainer:
   @classmethod
   def of(cls, spec, devices=None) -> Trainer:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
-    tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps)
+    mtp_from = [p.first_step for p in spec.plan.phases if p.mtp_k > 1]
+    tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps,
+                                        (mtp_lib.ATTR, mtp_from[0]) if mtp_from else None)
     graphdef, abstract = abstract_state(spec.model, tx, spec.mtp)
     rules = spec.run.logical_axis_rules
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings_of(abstract, mesh, rules),
@@ -279,6 +286,14 @@ class Trainer:
     """Returns a fresh TrainState, initialised by one jitted init directly into its shardings."""
     with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
       return jax.jit(self.init, out_shardings=self.shardings)(jax.random.key(seed))
+
+  def init_params(self, seed: int, which) -> nnx.State:
+    """Returns the parameters that the nnx filter `which` selects of `init_state(seed)`, in
+    their shardings. The jitted init computes those alone: XLA drops the rest, unused."""
+    part = lambda params: nnx.split_state(params, which, ...)[0]
+    with axis_rules(self.mesh, self.spec.run.logical_axis_rules):
+      return jax.jit(lambda key: part(self.init(key).params),
+                     out_shardings=part(self.shardings.params))(jax.random.key(seed))
 
   def check(self) -> None:
     """Before compiling: every parameter, and every phase's (micro-)batch and the eval batch,
