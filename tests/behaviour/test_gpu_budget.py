@@ -17,6 +17,7 @@ import tarfile
 import pytest
 
 from tests.fixtures.brought_back import write_point
+from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT
 from tst_jax.tools import ladder, ladder_plan, sweep
 
@@ -274,7 +275,7 @@ def test_the_cpu_dry_run_twice_runs_it_all_then_goes_on(tmp_path):
   time left; then with that folder as LAST: no lab, the rung's last baseline (and the second
   seed its Δ inside the noise asks for), no quick row that finished before."""
   env = dict(os.environ, TINY="1", JAX_PLATFORMS="cpu", WORKDIR=str(tmp_path / "w"),
-             WHEELS=str(tmp_path / "no_wheels"), XLA_FLAGS="--xla_backend_optimization_level=0",
+             WHEELS=str(tmp_path / "no_wheels"), XLA_FLAGS=subprocess_env.fast_compile_flags(),
              PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
   out1, out2 = tmp_path / "out1", tmp_path / "out2"
   pair = "0.004k_seed0,baseline-0.004k_seed0"

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT
 from tst_jax import configlib, platform
 from tst_jax.kernels import moe_dispatch
@@ -219,7 +220,7 @@ def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
   run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out),
                         "moe_lab"], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, TINY="1", JAX_PLATFORMS="cpu",
-                                XLA_FLAGS="--xla_backend_optimization_level=0",
+                                XLA_FLAGS=subprocess_env.fast_compile_flags(),
                                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
   assert run.returncode == 0, run.stderr[-2000:]
   lines = [json.loads(line) for line in open(out / "gpu.jsonl")]
@@ -280,7 +281,7 @@ def test_quick_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
   run = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), str(out), "quick"],
                        capture_output=True, text=True, timeout=1800,
                        env=dict(os.environ, TINY="1", JAX_PLATFORMS="cpu",   # one device
-                                XLA_FLAGS="--xla_backend_optimization_level=0",
+                                XLA_FLAGS=subprocess_env.fast_compile_flags(),
                                 PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
   assert run.returncode == 0, run.stderr[-2000:]
   lines = [json.loads(line) for line in open(out / "gpu.jsonl")]

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.rundir import RunDir
@@ -34,7 +35,7 @@ def _launch(workdir, cache, logs, tag, extra=()):
   """Start processes 0 and 1 of one run; each sees 4 CPU devices, the mesh spans all 8."""
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_backend_optimization_level=0")   # faster CPU compiles
+             XLA_FLAGS=subprocess_env.fast_compile_flags())
   env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))     # the restart reuses them
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   procs = []

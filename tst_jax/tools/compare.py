@@ -119,7 +119,7 @@ def runs_hint(run: EvalCurve, arms: list[str]) -> str:
     own = defaults.arms(record["arm"].replace("+", ","))
     rest = defaults.arms(arg)[:-len(own)] if own else defaults.arms(arg)
     config = path + (":" + ",".join(rest) if rest else "")
-    taken = defaults.arm_fields(",".join(a.replace("+", ",") for a in arms))   # by the arms
+    taken = {f for a in arms for f in defaults.arm_fields(a.replace("+", ","))}   # by the arms
     sets = [o for o in record.get("overrides", []) if o.partition("=")[0] not in
             ("seed", *taken)]
     command = shlex.join(["python", "-m", "tst_jax.tools.sweep", "--config", config,
