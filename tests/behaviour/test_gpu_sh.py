@@ -212,8 +212,9 @@ def test_search_runs_the_labs_bounded_search_then_records_it(tmp_path, tiny):
   assert not any("--search" in c for c in _dry_run(tmp_path / "all", "all"))
 
 
+@pytest.mark.slow
 def test_moe_lab_runs_for_real_at_tiny_shapes_on_cpu(tmp_path):
-  """The CPU dry run of `moe_lab` (TINY=1), in the default suite: the lab's rows, its table,
+  """The CPU dry run of `moe_lab` (TINY=1), in CI's every-extras run: the lab's rows, its table,
   the step with its winner fused and split, and the record, which finds no GPU's measurements
   to write, for real (about 3 minutes on 2 busy cores, most of it compiling)."""
   out = tmp_path / "out"

@@ -319,6 +319,7 @@ def test_the_plan_says_where_a_trend_of_its_kind_expects_tst_to_pay(tmp_path, mo
     outlook.measured_trends.cache_clear()
 
 
+@pytest.mark.slow
 def test_ladder_end_to_end_at_tiny_shapes(tmp_path, capsys):
   """TST at 4 and 8 steps, baselines of 4, 8 and 16: the speed-ups and tokens per parameter
   in ladder.json are those of the frontier of the runs' own final losses."""

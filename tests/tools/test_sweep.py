@@ -242,6 +242,7 @@ def test_set_of_a_field_an_arm_sets_is_one_line_before_anything(tmp_path, capsys
   assert "tst_seed0" in capsys.readouterr().out      # no arm sets the steps: --set does
 
 
+@pytest.mark.slow
 def test_arms_in_parallel_share_one_tokenized_corpus_resume_and_record_failures(
     tmp_path, monkeypatch, capsys):
   args = ["--config", TINY_CONFIG, "--arms", "baseline,tst", "--seeds", "0,1", "--parallel", "2",
