@@ -2,14 +2,11 @@
 per-group loop: forward, dX and dW, for uneven, empty and all-rows groups, rows past the last
 group (other shards' experts), float32 and bfloat16; its backward is grouped GEMMs only."""
 
-import dataclasses
-import functools
 import importlib
 import json
 import os
 import subprocess
 import sys
-import types
 
 import jax
 import jax.extend
@@ -17,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.fixtures import tokamax
 from tests.fixtures.paths import ROOT
+from tests.fixtures.tokamax import FakeMosaicConfig, FakeTritonConfig
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import gemm_measured, grouped_matmul as gm, tokamax_tuning
@@ -108,131 +107,9 @@ def test_the_benchmark_runs_at_tiny_shapes():
   assert row["backend"] == "xla" and row["rows"] > 0 and row["fwd_bwd_tflops"] > 0
 
 
-# ------------------------------------------------------------------ tokamax, faked on CPU
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FakeMosaicConfig:
-  """tokamax 0.0.17's Mosaic GPU ragged dot Config: its fields and defaults."""
-  block_m: int
-  block_n: int
-  block_k: int
-  num_stages: int
-  split_k: int
-  split_m: int = 1
-  persistent: bool = True
-  post_scale: bool = False
-  collective: bool = False
-  grid_minor_dim: int = 1
-  grid_tile_width: int = 1
-  epilogue_quant_qtype: object = None
-  epilogue_quant_subchannel_size: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FakeTritonConfig:
-  """tokamax 0.0.17's Triton ragged dot Config."""
-  block_m: int
-  block_n: int
-  block_k: int
-  split_k: int = 1
-  num_warps: int = 4
-  num_stages: int
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeOp:
-  """One of tokamax's ragged dot kernels as its registry holds it: a config class and
-  `replace(config=...)`."""
-  name: str
-  config_cls: type
-  config: object = None
-
-  def replace(self, **kwargs):
-    return dataclasses.replace(self, **kwargs)
-
-
-class FakeTokamax(types.ModuleType):
-  """tokamax's API as the code calls it (openxla/tokamax: ragged_dot_general's
-  `implementation=` of names or of kernels from its registry with a fixed config, autotune,
-  AutotuningResult), computed by jax.lax.ragged_dot_general; like its Mosaic GPU kernels it
-  refuses a row count that is not a multiple of 8. Records calls."""
-
-  def __init__(self, version="0.0.17"):
-    super().__init__("tokamax")
-    self.__version__, self.calls, self.tuned, self.entered = version, [], [], []
-    self.exact = True
-    self.registry = {"mosaic_gpu": FakeOp("mosaic_gpu", FakeMosaicConfig),
-                     "triton": FakeOp("triton", FakeTritonConfig), "xla": FakeOp("xla", None)}
-    fake = self
-
-    class AutotuningResult:
-      def __init__(self, text):
-        self.text = text
-
-      def dumps(self):
-        return self.text
-
-      @classmethod
-      def loads(cls, text):
-        return cls(text)
-
-      def __enter__(self):
-        fake.entered.append(self.text)
-
-      def __exit__(self, *exc):
-        return False
-    self.AutotuningResult = AutotuningResult
-
-  def modules(self) -> dict:
-    """sys.modules entries for the fake and its registry, tokamax._src.ops.ragged_dot.api."""
-    api = types.ModuleType("tokamax._src.ops.ragged_dot.api")
-    api.IMPLEMENTATIONS = self.registry
-    ragged_dot = types.ModuleType("tokamax._src.ops.ragged_dot")
-    ops, src = types.ModuleType("tokamax._src.ops"), types.ModuleType("tokamax._src")
-    ragged_dot.api, ops.ragged_dot, src.ops, self._src = api, ragged_dot, ops, src
-    return {"tokamax": self, "tokamax._src": src, "tokamax._src.ops": ops,
-            "tokamax._src.ops.ragged_dot": ragged_dot, "tokamax._src.ops.ragged_dot.api": api}
-
-  def ragged_dot_general(self, lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
-                         precision=None, preferred_element_type=None, *, implementation=None):
-    if lhs.shape[0] % 8:
-      raise ValueError("When no rounding mode is specified, dimension 0 must have size smaller "
-                       f"or a multiple of its tiling 8, but got {lhs.shape[0]}")
-    if ragged_dot_dimension_numbers == gm._DIMS["dw"] and lhs.shape[0] % 64:   # on an H200
-      raise ValueError("When no rounding mode is specified, dimension 1 must have size smaller "
-                       f"or a multiple of its tiling 64, but got {lhs.shape[0]}")
-    kernels = [i if isinstance(i, FakeOp) else self.registry[
-        "mosaic_gpu" if i == "mosaic" else i] for i in implementation or ()]
-    names = tuple("mosaic" if k.name == "mosaic_gpu" else k.name for k in kernels)
-    self.calls.append(dict(dims=ragged_dot_dimension_numbers, rows=lhs.shape[0],
-                           implementation=names or None,
-                           configs=tuple(k.config for k in kernels),
-                           out=preferred_element_type, entered=len(self.entered)))
-    product = functools.partial(jax.lax.ragged_dot_general, group_sizes=group_sizes,
-                                ragged_dot_dimension_numbers=ragged_dot_dimension_numbers,
-                                precision=precision, preferred_element_type=jnp.float32)
-    out_type = preferred_element_type or jnp.result_type(lhs, rhs)
-    if not self.exact:   # the shape only (timing tests: CPU's ragged_dot is E x the work)
-      return jnp.zeros(jax.eval_shape(product, lhs, rhs).shape, out_type)
-    return product(lhs, rhs).astype(out_type)
-
-  def autotune(self, f, *args, timeout=None, progress_bar=True):
-    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in args)
-    self.tuned.append([tuple(a.shape) for a in args])
-    return self.AutotuningResult(json.dumps({"tuned": len(self.tuned)}))
-
-
 @pytest.fixture
 def fake_tokamax(monkeypatch, tmp_path):
-  fake = FakeTokamax()
-  for name, module in fake.modules().items():
-    monkeypatch.setitem(sys.modules, name, module)
-  monkeypatch.setattr(gm, "tokamax_version", lambda: fake.__version__)
-  monkeypatch.setenv(tokamax_tuning.ENV, str(tmp_path / "tuning"))
-  monkeypatch.setattr(tokamax_tuning, "_RESULTS", {})
-  monkeypatch.setattr(gm, "_ANNOUNCED", set())
-  monkeypatch.setattr(gemm_measured, "FILE", str(tmp_path / "no_measurements.json"))
-  return fake
+  return tokamax.install(monkeypatch, tmp_path)
 
 
 H100 = "NVIDIA H100 80GB HBM3"
