@@ -207,8 +207,7 @@ def test_late_parameters_start_as_with_a_fresh_adamw_on_the_global_schedule():
   for _ in range(30):
     grads = early()
     updates, new = tx.update(grads, state, params)
-    updates = optim.hold("mtp", updates, jax.tree.map(jnp.zeros_like, updates))
-    state = optim.hold("mtp", new, state)
+    updates, state = optim.hold("mtp", updates, new, state)
     want, other = plain.update(grads, other, params)
     np.testing.assert_allclose(updates["w"], want["w"], rtol=1e-6)   # the rest: one AdamW
     params = optax.apply_updates(params, updates)

@@ -141,9 +141,15 @@ def _late_labels(key: str, params):
                                           params, is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
-def hold(key: str, new, old):
-  """Returns the pytree `new` with every leaf under `key` taken from `old`: a step before
-  make_optimizer's `late` parameters train leaves them, and their optimizer state, as they are.
-  """
+def hold(key: str, updates, opt_state, old_opt_state):
+  """Returns (`updates`, `opt_state`) of a step before make_optimizer's `late` parameters under
+  `key` train: their updates zero and their optimizer state `old_opt_state`'s, so that the step
+  leaves them, their moments and their step count as they are."""
+  return (_from(key, updates, jax.tree.map(jnp.zeros_like, updates)),
+          _from(key, opt_state, old_opt_state))
+
+
+def _from(key: str, new, old):
+  """Returns the pytree `new` with every leaf under `key` taken from `old`."""
   return jax.tree_util.tree_map_with_path(lambda path, n, o: o if _under(path, key) else n,
                                           new, old)

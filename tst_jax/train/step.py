@@ -202,8 +202,7 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
         if phase.mtp_k == 1 and mtp_lib.ATTR in state.params:
           # Heads that this phase does not train keep their init and their optimizer state,
           # weight decay and step count included, for the MTP phase that follows.
-          updates = optim.hold(mtp_lib.ATTR, updates, jax.tree.map(jnp.zeros_like, updates))
-          opt_state = optim.hold(mtp_lib.ATTR, opt_state, state.opt_state)
+          updates, opt_state = optim.hold(mtp_lib.ATTR, updates, opt_state, state.opt_state)
         params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)
         # NaN/Inf guard: a non-finite loss or gradient leaves params and optimizer untouched,
