@@ -164,7 +164,7 @@ def plot(result: dict, out_path: str):
   ax.set_ylabel("I(X_t; X_{t+d}) (nats)")
   ax.set_title(f"Token mutual information vs distance ({result['tokens']:,} tokens)")
   ax.grid(alpha=0.3, which="both")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper right")
   fig.tight_layout()
   fileio.write_figure(out_path, fig)
   plt.close(fig)

@@ -184,7 +184,7 @@ def plot_losses(records: list[dict], out_path: str, switch_step: int | None = No
     ax.set_xlabel(label)
     ax.set_ylabel("loss (nats)")
     ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=8)
+  axes[0].legend(fontsize=8, loc="upper right")
   fig.suptitle("Token-Superposition Training: phase 1 (tst) then phase 2 (ntp)")
   fig.tight_layout()
   fileio.write_figure(out_path, fig)

@@ -143,7 +143,7 @@ def plot_arms(runs: list[tuple[str, int, EvalCurve]], out_dir: str) -> list[str]
     ax.set_ylabel("held-out next-token loss (nats)")
     ax.set_title(f"Held-out loss vs {label} (every seed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     paths.append(fileio.join(out_dir, name + ".png"))
     fileio.write_figure(paths[-1], fig)

@@ -306,7 +306,7 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
   if any((run.data_tokens > 0).any() for run in runs):   # a log axis needs a positive value
     axes[1].set_xscale("log")
     axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-  axes[0].legend(fontsize=8)
+  axes[0].legend(fontsize=8, loc="upper right")
   ax = axes[2]
   if frontier.points:
     ax.plot(frontier.flops, frontier.losses, "k.--", label="finished baselines")
@@ -321,7 +321,7 @@ def plot(runs: list[EvalCurve], rows: list[dict], frontier: Frontier, out_path: 
   ax.set_ylabel("final held-out loss (nats)")
   ax.set_title("Equal-loss: final losses against the finished baselines")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper right")
   fig.tight_layout()
   fileio.write_figure(out_path, fig)
   plt.close(fig)
