@@ -8,6 +8,7 @@ import re
 import jax
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import tst_jax
@@ -34,6 +35,7 @@ def test_the_example_trains_its_own_model():
   assert all(np.isfinite(losses)) and losses[3] < losses[0] and losses[7] < losses[4]
 
 
+@pytest.mark.slow
 def test_the_example_loop_matches_the_trainer_step_for_step():
   """Our Llama in the example's loop, and the trainer's jitted step (its loss built from a
   plan's phases) from the same parameters and optimizer on the example's windows."""

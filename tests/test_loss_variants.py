@@ -123,6 +123,7 @@ def test_a_bag_loss_has_a_floor_where_a_next_token_loss_has_0():
                                variant="alt")) == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_a_registered_variant(tmp_path, focal):
   """Phase 1 trains on the focal MCE: its held-out bag loss at the switch (step 6) is the slow
   version's on the checkpoint's parameters, over data.eval_batches batches of B held-out

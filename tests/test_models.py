@@ -72,6 +72,7 @@ def gelu_family():
   models.unregister("gelu_llama")
 
 
+@pytest.mark.slow
 def test_a_family_registered_in_a_test_file_trains_end_to_end(tmp_path, gelu_family):
   config = tiny_config()
   config.model = models.preset_config("gelu_llama", "tiny", **{

@@ -90,6 +90,7 @@ def _run_beside_one_killed(reference_args: list[str], killed_args: list[str], en
   assert fileio.exists(RunDir(remote).lock)
 
 
+@pytest.mark.slow
 def test_a_run_in_a_bucket_killed_and_resumed_logs_the_losses_of_the_local_run(bucket,
                                                                                tmp_path):
   """The same run, one with its store and workdir on the local disk and one with both in the
@@ -210,6 +211,7 @@ PAUSED = (
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
+@pytest.mark.slow
 def test_a_run_whose_bucket_stops_answering_for_seconds_waits_and_goes_on(
     gcs_server, bucket, tmp_path, monkeypatch, caplog):
   """The bucket stops answering for 3 s: the retries of gcsfs and TensorStore wait, and the

@@ -30,6 +30,7 @@ def test_notebooks_match_build_script():
   assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path):
   nb = nbformat.read(os.path.join(COLABS, name), as_version=4)

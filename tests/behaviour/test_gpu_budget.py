@@ -202,6 +202,7 @@ def _rows(out):
   return [json.loads(line) for line in open(os.path.join(out, "gpu.jsonl"))]
 
 
+@pytest.mark.slow
 def test_a_budget_runs_lab_ladder_quick_in_order_then_a_rerun_goes_on(tmp_path):
   """The commands faked: the lab (no lab at this MoE path yet), the ladder's next call with
   its points, budget and deadline, quick without its autotuning, the report, every stage a
@@ -251,6 +252,7 @@ def test_a_budget_runs_lab_ladder_quick_in_order_then_a_rerun_goes_on(tmp_path):
   assert skipped == gpu_budget.quick_rows()
 
 
+@pytest.mark.slow
 def test_plan_only_says_what_a_budget_would_run_and_trains_nothing(tmp_path):
   bin_dir, _ = _fake_bin(tmp_path)
   bad = subprocess.run(["bash", SCRIPT, "--plan_only", str(tmp_path / "out")], text=True,

@@ -317,6 +317,7 @@ def test_gpu_small_refuses_arms_that_cannot_finish_in_its_budget(tmp_path):
   assert "sweep:" not in run.stdout
 
 
+@pytest.mark.slow
 def test_ladder_sh_plan_only_names_the_call_that_adds_the_most(tmp_path):
   """`ladder.sh --plan_only` on a machine with no GPU: every named ladder's report from its
   finished points and the one call that adds the most, at the measured rates; a GPU call that

@@ -120,6 +120,7 @@ def test_xm_dry_run_of_two_b200_hosts_with_a_mixture():
   assert out.stderr.strip() == f"xm_launch: {spec['name']}: {jobspec.fit_summary(fit)}"
 
 
+@pytest.mark.slow
 def test_xm_grid_work_units():
   """--grid: one work unit per point, each its own workdir, name and overrides, and the
   overrides really set those fields of the config main.py will load."""
@@ -225,6 +226,7 @@ def test_gke_v5p_128_manifest():
   assert job.template.metadata.annotations["gke-gcsfuse/volumes"] == "true"
 
 
+@pytest.mark.slow
 def test_gke_b200_manifest_of_the_moe_recipe_as_its_docstring_writes_it():
   """The render command of configs/qwen3_moe_10b_a1b.py's docstring, its mixture included:
   8 B200 hosts, nvidia.com/gpu 8 per pod, the coordinator is pod 0's DNS name in the JobSet's

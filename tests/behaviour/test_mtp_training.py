@@ -189,6 +189,7 @@ def test_a_two_phase_run_trains_the_heads_after_tst(mtp_workdir):
   assert not hasattr(trained_run.load(rundir).model, mtp_lib.ATTR)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_deepseeks_modules_wait_through_phase_1_and_train_after_it(optimizer):
   """One step of each phase, from the same init, at the peak lr (no warmup): the tst step
@@ -247,8 +248,10 @@ def test_the_export_leaves_the_heads_behind_and_loads_in_transformers(mtp_workdi
 
 
 # DeepSeek's M_d [2D, D] has an input axis of its own, which the mesh shards as D; Gloeckle's
-# heads are the model's own blocks, stacked: the longer case is slow.
-@pytest.mark.parametrize("kind", [pytest.param("gloeckle", marks=pytest.mark.slow), "deepseek"])
+# heads are the model's own blocks, stacked. Both slow (two compiles each, on 8 devices);
+# tests/models/test_mtp.py checks each kind's gradients on one.
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", mtp_lib.KINDS)
 def test_mtp_on_8_devices_trains_like_one(kind, tmp_path):
   """data 2 x fsdp 4: the same per-step losses and the same heads after the next-token phase
   (no tst phase: tests/parallel/test_mesh.py shards that one)."""

@@ -47,6 +47,7 @@ def _torch_peer(compile_flag: str):
   return row
 
 
+@pytest.mark.slow
 def test_torch_peer_reports_its_step_and_our_flops():
   # --no-compile: torch.compile takes 85 s on 2 CPU cores for this tiny model, cache cold.
   row = _torch_peer("--no-compile")

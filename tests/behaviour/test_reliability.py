@@ -98,9 +98,10 @@ def _start_and_wait(workdir, until_step):
   raise AssertionError(f"run ended or stalled before step {until_step}: {proc.poll()}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interruptions", [
-    [(signal.SIGKILL, 5), (signal.SIGTERM, 7)],
-    pytest.param([(signal.SIGTERM, 5)], marks=pytest.mark.slow)], ids=["kill5_term7", "term5"])
+    [(signal.SIGKILL, 5), (signal.SIGTERM, 7)], [(signal.SIGTERM, 5)]],
+    ids=["kill5_term7", "term5"])
 def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, interruptions):
   """Killed (SIGKILL: loses the steps since the last checkpoint) or preempted (SIGTERM:
   checkpoints the step it finishes and exits 0) around the phase switch at step 6, restarted
@@ -139,6 +140,7 @@ def test_second_signal_exits_at_once():
 
 # The in-process runs below share one config, tiny_config(steps=8), so that they share its
 # compiled programs too (the persistent compilation cache of conftest.py).
+@pytest.mark.slow
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   config = tiny_config(steps=8)
   cli.run(config, str(tmp_path))
@@ -154,6 +156,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   assert "checkpoint 8" in caplog.text and "cannot be restored" in caplog.text
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
   cli.run(tiny_config(steps=8), str(tmp_path))
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -164,6 +167,7 @@ def test_checkpoint_of_another_shape_names_the_parameter(tmp_path):
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code,reason", [(errno.ENOSPC, "No space left on device"),
                                          (errno.EACCES, "Permission denied")])
 def test_failed_checkpoint_write_stops_clearly_and_resumes_from_the_last_complete(

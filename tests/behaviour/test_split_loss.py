@@ -22,6 +22,7 @@ def workdir(tmp_path_factory):
   return trained.workdir(tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_split_ce_is_the_mean_next_token_ce_of_its_windows(workdir, capsys):
   split_loss = runpy.run_path(SCRIPT)
   run = trained_run.load(RunDir(workdir), dtype="float32")

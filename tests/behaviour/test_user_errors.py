@@ -136,7 +136,7 @@ def _run_property(max_examples):
 
 
 def test_config_overrides_plan_or_name_a_field():
-  _run_property(60)
+  _run_property(25)
 
 
 @pytest.mark.slow
@@ -219,6 +219,7 @@ def one_line_runs(tmp_path_factory):
   return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,message", ONE_LINE_ERRORS)
 def test_main_reports_one_line_and_exit_2(one_line_runs, flag, message):
   workdir, result = one_line_runs[flag]
@@ -238,6 +239,7 @@ def test_a_corrupt_input_file_is_one_line_naming_it(tmp_path, name):
   assert result.stderr.startswith(f"error: {path}: cannot be read to its end"), result.stderr
 
 
+@pytest.mark.slow
 def test_workdir_faults_are_one_line(tmp_path):
   """A workdir that is a file; a workdir's copy of the tokenizer that is corrupt, or the
   store's tokenizer changed (each named, with the way out, and left as it was);
@@ -293,6 +295,7 @@ def test_environment_os_errors_are_one_line(capsys):
   assert issubclass(ConfigError, UserError)
 
 
+@pytest.mark.slow
 def test_data_store_faults_are_one_line_and_nothing_is_overwritten(tmp_path):
   """A truncated or missing shard of the run's store, and another store copied over it: one
   line naming the shard or the store, exit 2, no file of the store rewritten and no

@@ -79,6 +79,7 @@ def _demo(**data_and_train):
   return config
 
 
+@pytest.mark.slow
 def test_max_passes_refuses_a_run_that_would_repeat_its_data_more(tmp_path, capsys):
   # 40 steps of the tiny run read 20 x 4 x 32 + 20 x 4 x 16 = 3,840 tokens of the store.
   config = tiny_config(steps=40, ratio=0.5, bag_size=2, train=dict(max_passes=0.01))

@@ -16,7 +16,7 @@ from tst_jax import superposition as sp
 from tst_jax.data import run_data
 from tst_jax.rundir import RunDir
 from tst_jax import cli
-from tst_jax.config import defaults, plan as plan_lib, record as record_lib, spec as spec_lib
+from tst_jax.config import defaults, record as record_lib, spec as spec_lib
 from tst_jax.train.setup import Setup
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.errors import ConfigError
@@ -64,6 +64,7 @@ def written_out_loss(model, window_BxW, bag_size):
   return losses.mce_loss(model.logits(hidden), sp.bag_targets(window_BxW[:, 1:], bag_size))
 
 
+@pytest.mark.slow
 def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_path, capsys):
   config = staged(train=dict(checkpoint_every=1, keep_checkpoints=20))
   cli.run(config, str(tmp_path))

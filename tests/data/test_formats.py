@@ -49,6 +49,7 @@ def stdlib_pieces(max_bytes: int) -> list[str]:
           for p in sources.pieces(d, 8192) if p.strip()]
 
 
+@pytest.mark.slow
 def test_a_format_registered_in_a_test_file_trains_end_to_end(tmp_path, csv_format):
   docs = stdlib_pieces(300_000)
   write_csv(f"{tmp_path}/corpus/a.csv", docs[:len(docs) // 2])

@@ -411,6 +411,7 @@ def test_a_store_under_home_is_read_alike_by_plan_check_and_trainer(one_shard, t
   assert data.fingerprint == one_shard.fingerprint
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_only_on_its_store(one_shard, corpus, tmp_path):
   """The store's fingerprint is in each checkpoint's metadata: a store prepared again in the
   same folder (same tokenizer, other seed) with the workdir's store.json gone is still one

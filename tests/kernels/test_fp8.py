@@ -68,6 +68,7 @@ def _models():
 
 
 @needs_qwix
+@pytest.mark.slow
 def test_model_forward_and_loss_are_near_the_default_but_not_equal():
   """Logits and the loss of tokens and of bags: within 2^-3 (e4m3's relative step) of the
   default's, and not equal (fp8 runs)."""
@@ -142,6 +143,7 @@ def test_f8_only_in_the_decoder_linear_matmuls():
 
 
 @needs_qwix
+@pytest.mark.slow
 def test_gradients_reach_every_decoder_weight():
   """fp8 gradients of the tst loss: finite and nonzero for every parameter, and pointing as
   the default's do (cosine > 0.99 per tensor)."""

@@ -484,6 +484,7 @@ def test_fused_gate_up_is_auto_only_where_a_train_step_measured_it_faster(monkey
   assert platform.unresolved(resolved, "model").expert_fuse_gate_up == "auto"
 
 
+@pytest.mark.slow
 def test_a_runs_loss_with_gate_and_up_fused_and_no_tail_selects_is_the_old_paths(tmp_path,
                                                                                monkeypatch):
   """Four bf16 train steps of a small MoE on the same batches from the same state: gmm with gate

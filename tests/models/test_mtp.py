@@ -138,7 +138,7 @@ def test_the_next_token_head_is_the_model_without_heads(kind):
                                               labels[..., None], loss_cfg), rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", mtp_lib.KINDS)
+@pytest.mark.parametrize("kind", [pytest.param("gloeckle", marks=pytest.mark.slow), "deepseek"])
 def test_gradients_are_the_naive_objectives(kind):
   """Every parameter's gradient, the heads', the shared trunk's, embedding's and LM head's,
   is the gradient of the naive objective, and λ moves the trunk's but not the main loss's."""

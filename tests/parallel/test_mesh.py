@@ -101,9 +101,10 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mesh,family,grad_accum,loss_impl", [
-    ((8, 1, 1, 1), "llama", 1, "naive"),
+    pytest.param((8, 1, 1, 1), "llama", 1, "naive", marks=pytest.mark.slow),
     ((1, 8, 1, 1), "llama", 1, "naive"),
-    ((2, 4, 1, 1), "llama", 2, "naive"),    # and 2 micro-batches of 8 rows, each sharded
+    # and 2 micro-batches of 8 rows, each sharded
+    pytest.param((2, 4, 1, 1), "llama", 2, "naive", marks=pytest.mark.slow),
     ((1, 4, 2, 1), "llama", 1, "xla"),      # the fused loss's shard_map, vocab over tensor
     # The experts' shard_map, compiled afresh (no_persistent_cache): the longest case, so
     # slow; test_expert_parallel_shard_map_matches_one_device checks its values and gradients.

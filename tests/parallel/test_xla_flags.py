@@ -60,6 +60,7 @@ def test_apply_reads_the_machine_without_starting_a_backend(monkeypatch):
       mesh(fsdp=4), 8, 1) == 4
 
 
+@pytest.mark.slow
 def test_a_fit_check_on_a_gpu_host_sets_no_gpu_flags(monkeypatch, capsys):
   """--accelerator compiles on emulated CPU devices: on a host with 8 GPUs and the CUDA plugin
   the plan adds no XLA_FLAGS (GPU flags would be set for a CPU compile)."""

@@ -24,6 +24,7 @@ CMD = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
+@pytest.mark.slow
 def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path):
   """The data lines, the plan table, a line per logged step (step, phase, loss, tokens/s,
   ETA), each eval, the switch and the final block, all matching metrics.jsonl and
@@ -59,7 +60,7 @@ def test_console_off_a_terminal_is_one_line_per_log_and_no_library_logs(tmp_path
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["data"] == f"builtin:pystdlib@{sys.version_info[0]}.{sys.version_info[1]}"
   final = lines[lines.index(next(l for l in lines if l.startswith("done: "))):]
-  assert final[0].startswith(f"done: 12 steps (") and final[0].endswith(
+  assert final[0].startswith("done: 12 steps (") and final[0].endswith(
       f"held-out loss {summary['final_eval_loss']:.4f}, {summary['final_eval_bpb']:.4f} "
       f"bits/byte (end of phase 1: {summary['phase1_end_eval_loss']:.4f}; its held-out bag loss "
       f"{summary['phase1_end_eval_bag_loss']:.4f}, whose floor is up to {math.log(2):.4f}, its "
@@ -166,6 +167,7 @@ def test_the_demo_prints_its_difference_only_as_written():
     assert spec.reference.command_for(spec.same_run()).endswith(" --config.train.steps=20")
 
 
+@pytest.mark.slow
 def test_a_run_of_other_steps_than_its_references_prints_no_difference(tmp_path, capsys):
   """The tiny run of 4 steps with a reference measured for its 12: the block says why."""
   config = tiny_config(steps=4)

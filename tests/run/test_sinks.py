@@ -36,6 +36,7 @@ def recorder():
   sinks.unregister("recorder")
 
 
+@pytest.mark.slow
 def test_a_tracker_registered_in_a_test_file_gets_every_record_and_resumes(tmp_path, recorder):
   config = tiny_config(steps=8, train=dict(tracker="recorder", checkpoint_every=0))
   assert spec_lib.check(config).train.tracker == "recorder"

@@ -42,7 +42,7 @@ def traced_step(phase_name, moe=False, **mesh):
   return step, jax.block_until_ready(state), window
 
 
-@pytest.mark.parametrize("phase_name", ["tst", "ntp"])
+@pytest.mark.parametrize("phase_name", ["tst", pytest.param("ntp", marks=pytest.mark.slow)])
 def test_profile_categories_sum_to_the_measured_step(phase_name, tmp_path):
   step, state, window = traced_step(phase_name, data=1)
   _, prof, walls = step_profile.profile_steps(step, state, window, steps=4,
@@ -155,6 +155,7 @@ def test_profile_turns_gpu_command_buffers_off_before_the_backend_starts(monkeyp
   assert started == "3 True", out.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_moe_dispatch_and_combine_have_their_own_row(tmp_path):
   """A gmm MoE step: the experts' routing, dispatch and combine (gathers, sorts, sums) fill
   their own row, the grouped matmuls the matmul rows; the rows still sum to the step."""

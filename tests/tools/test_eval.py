@@ -113,6 +113,7 @@ def test_a_run_in_a_bucket_gets_its_results_in_the_bucket(workdir, bucket, capsy
   assert "acc,none" in record["results"]["tst_mc"]
 
 
+@pytest.mark.slow
 def test_a_task_whose_dataset_is_unreachable_is_one_line(workdir):
   """lm-eval's own download of arc_easy, with the Hub unreachable (offline mode, which fails at
   once where a missing network retries for half a minute): one error line, exit 2."""

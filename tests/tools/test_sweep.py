@@ -128,12 +128,14 @@ def _run_and_resume(workdir, grid, expected, monkeypatch, capsys, baseline=("--i
   assert out.endswith(f"\nwrote {tables}; the points' runs in {workdir}\n"), out[-400:]
 
 
+@pytest.mark.slow
 def test_sweep_1x2_tables_match_metrics_and_rerun_skips(tmp_path, monkeypatch, capsys):
   expected = {"baseline_seed0": (0.0, 2), "ratio0.5_bag_size2_seed0": (0.5, 2),
               "ratio0.5_bag_size4_seed0": (0.5, 4)}
   _run_and_resume(tmp_path, "tst.ratio=0.5;tst.bag_size=2,4", expected, monkeypatch, capsys)
 
 
+@pytest.mark.slow
 def test_sweep_1x2_in_a_bucket_reads_one_store_in_place_and_rerun_skips(bucket, monkeypatch,
                                                                          capsys):
   """--workdir gs://...: the store is prepared once into the bucket and each point trains on it

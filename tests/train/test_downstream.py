@@ -33,6 +33,7 @@ def tasks_config(**train):
                                 eval_tasks_every=4) | train)
 
 
+@pytest.mark.slow
 def test_tasks_are_scored_in_the_run_as_tools_eval_scores_its_checkpoint(tmp_path, capsys,
                                                                          monkeypatch):
   """Scored every 2 steps of the next-token phase, 8 to 12, never in phase 1; each score in
@@ -60,7 +61,7 @@ def test_tasks_are_scored_in_the_run_as_tools_eval_scores_its_checkpoint(tmp_pat
   assert ("tasks step 8: not scored: ValueError: bad request: 8 context and 40 continuation "
           "tokens (max_length 32)\n") in out
   last = scored[-1]
-  assert (f"tasks step 12 (") in out and (f"tst_mc acc {last['tasks/tst_mc/acc']:.4f}, "
+  assert ("tasks step 12 (") in out and (f"tst_mc acc {last['tasks/tst_mc/acc']:.4f}, "
                                           f"acc_norm {last['tasks/tst_mc/acc_norm']:.4f}") in out
   lm = downstream.TstJaxLM(trained=trained_run.load(RunDir(tmp_path), 12), batch_size=4)
   tool = downstream.evaluate(lm, ["tst_mc"], include_path=TASK_DIR)["results"]["tst_mc"]

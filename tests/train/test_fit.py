@@ -26,6 +26,7 @@ def _fit(config, accelerator):
                    checked.on_platform(fit.target_platform(accelerator)))
 
 
+@pytest.mark.slow
 def test_fit_counts_state_exactly_and_compiles_both_phases():
   """Parameters and Adam state per device are the shapes over the FSDP axis (norm scales
   replicated); both phases compile; activations shrink with remat=full."""
@@ -50,6 +51,7 @@ def test_fit_counts_state_exactly_and_compiles_both_phases():
       in result.table()
 
 
+@pytest.mark.slow
 def test_moe_activations_are_each_devices_own_rows_on_the_targets_experts():
   """FSDP over 8 devices, 16 rows: each device keeps the residuals of its own 2 rows, as each
   sorts its own tokens (tests/parallel/test_mesh.py). remat=save_experts adds, per sparse
@@ -90,6 +92,7 @@ def test_flash_attention_keeps_no_scores():
   assert gpu.phases[0].xla_temp == tpu.phases[0].xla_temp   # the same CPU compile
 
 
+@pytest.mark.slow
 def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
   config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),
                        data=dict(batch_size=8))
@@ -110,6 +113,7 @@ def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
     cli.run(config, "unused", "train", accelerator="h100")
 
 
+@pytest.mark.slow
 def test_a_fit_plan_says_what_auto_means_there_and_ends_with_its_json(capsys):
   """The plan's last line stays its JSON (read by scripts and the slow test below) with the
   line that says what each `auto` means on the accelerator printed above it."""
@@ -153,6 +157,7 @@ def documented_fit_command(name: str) -> list[str]:
   return found.group(1).split()
 
 
+@pytest.mark.slow
 def test_each_paper_config_fits_the_hardware_its_docstring_names():
   cases = []
   for name in PAPER_CONFIGS:

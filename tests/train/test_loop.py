@@ -166,6 +166,7 @@ def test_profile_steps_leaves_a_trace_and_the_step_table_in_the_workdir(tmp_path
   assert "profile of steps 3 to 4, ms per step:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_run_with_document_masks_trains_both_phases_and_evaluates_each_document_alone(
     tmp_path):
   """data.document_mask with restarted positions, end to end: both phases train and evaluate

@@ -70,6 +70,7 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
       setup_lib._check_workdir_config(spec_lib.build(other), RunDir(tmp_path))  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_a_workdir_from_another_platform_resumes_evaluates_and_loads_here(tmp_path):
   """config.json records each `auto` as the platform that trained chose it (a GPU: cudnn
   attention, the Pallas loss). Here those fields (platform.PLATFORM_FIELDS) are this
