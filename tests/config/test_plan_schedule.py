@@ -64,7 +64,7 @@ def written_out_loss(model, window_BxW, bag_size):
   return losses.mce_loss(model.logits(hidden), sp.bag_targets(window_BxW[:, 1:], bag_size))
 
 
-@pytest.mark.slow
+# Not slow, though over the rule: the mutation score of config/plan.py counts it (docs/testing.md).
 def test_each_step_at_a_stage_boundary_uses_its_stage_and_resumes_across_it(tmp_path, capsys):
   config = staged(train=dict(checkpoint_every=1, keep_checkpoints=20))
   cli.run(config, str(tmp_path))

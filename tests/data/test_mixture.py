@@ -269,6 +269,7 @@ def _losses(workdir):
           if "loss" in r}
 
 
+@pytest.mark.slow
 def test_a_mixture_run_resumed_logs_the_losses_of_one_in_one_go(two_stores, tmp_path, capsys):
   config = mixture_config(two_stores)
   cli.run(config, str(tmp_path))

@@ -58,6 +58,7 @@ def test_profile_categories_sum_to_the_measured_step(phase_name, tmp_path):
   assert "step (wall)" in prof.table() and prof.top_ops
 
 
+@pytest.mark.slow
 def test_profile_sees_the_fsdp_collectives(tmp_path):
   step, state, window = traced_step("ntp", data=1, fsdp=2)
   _, prof, _ = step_profile.profile_steps(step, state, window, steps=2, trace_dir=str(tmp_path))
