@@ -22,7 +22,7 @@ from importlib import metadata
 RULE_S = 5.5       # docs/testing.md: a test over this, on 3.13 from an empty cache, is slow
 BUDGET_S = 360     # CI's six minutes for the default suite
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown) +(\S.*?)\s*$")
-COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|errors?)\b")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|error)s?\b")
 SECONDS = re.compile(r" in (\d+(?:\.\d+)?)s\b")
 
 
@@ -39,10 +39,10 @@ def per_test(output: str) -> dict[str, float]:
 def summary(output: str) -> dict:
   """Returns the counts of pytest's last summary line and the seconds it says it took."""
   for line in reversed(output.splitlines()):
-    if SECONDS.search(line) and COUNT.search(line):
-      counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n)
-                for n, kind in COUNT.findall(line)}
-      return {"counts": counts, "pytest_s": float(SECONDS.search(line).group(1))}
+    seconds, counts = SECONDS.search(line), COUNT.findall(line)
+    if seconds and counts:
+      return {"counts": {kind: int(n) for n, kind in counts},
+              "pytest_s": float(seconds.group(1))}
   return {"counts": {}, "pytest_s": None}
 
 
