@@ -67,8 +67,7 @@ def test_both_kernels_lower_for_a_gpu_as_triton_calls_at_the_recipes_shapes(monk
   weights = jax.ShapeDtypeStruct((32768, 8), jnp.float32)
   index = jax.ShapeDtypeStruct((262144,), jnp.int32)
   scale = jax.ShapeDtypeStruct((262144,), jnp.float32)
-  gpu_target.lower_for_h100(monkeypatch)
-  with mock.patch.object(moe_gather, "_interpret", lambda: False):
+  with mock.patch.object(moe_gather, "_interpret", lambda: False), gpu_target.h100(monkeypatch):
     for fn, args, grid in ((moe_gather.gather_sum, (table, rows, weights), (1024, 3)),
                            (moe_gather.gather, (table, index, scale), (8192, 3))):
       text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -296,7 +296,6 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   axes. JAX's CPU interpreter cannot run a kernel there (moe_gather's docstring), so the
   values on 8 devices are the GPU's to check; on one device tests/kernels check them."""
   monkeypatch.setattr(moe_gather, "_interpret", lambda: False)
-  gpu_target.lower_for_h100(monkeypatch)
   e, d, f, k, n = 8, 16, 24, 2, 64
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
@@ -304,7 +303,8 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   sharded = functools.partial(moe_experts.experts_sharded, moe_experts.expert_fn("blocked", "pallas"))
   loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
   rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
-  with axis_rules(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh), rules):
+  mesh = gpu_target.h100_mesh(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh))
+  with axis_rules(mesh, rules), gpu_target.h100(monkeypatch, mesh):
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
         x_NxD, weights_NxK, *experts).lower(lowering_platforms=("cuda",)).as_text()
   assert re.search(r"sdy.manual_computation|SPMDFullToShardShape", text)
