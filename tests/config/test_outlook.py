@@ -116,3 +116,15 @@ def test_the_plan_warns_when_the_next_token_phase_is_too_short(name, arg, warned
   assert (outlook.BEHIND_WARNING in outlook.format_plan(plan)) == warned
   cli.run(_config(name, arg), "", mode="plan")
   assert (outlook.BEHIND_WARNING in capsys.readouterr().out) == warned
+
+
+def test_the_small_model_rule_claims_nothing_past_the_longest_run_measured():
+  """At most 1.84M parameters and no trend: warned up to 9.4 tokens per parameter, the
+  longest measured there, and nothing said past it, where nothing was measured."""
+  def warning(steps):
+    plan = spec_lib.check(tiny_config(steps=steps, ratio=0.3)).plan
+    return plan.tokens_per_param, outlook.behind_baseline_warning(plan, None)
+  x, short = warning(100)
+  assert x < outlook.BEHIND_MEASURED_TO and "measured up to 9.4 tokens per parameter" in short
+  x, long = warning(100 * round(2 * outlook.BEHIND_MEASURED_TO / x))
+  assert x > outlook.BEHIND_MEASURED_TO and long is None

@@ -280,8 +280,8 @@ def test_trend_fit_prediction_and_where_it_crosses_one():
 
 def test_the_plan_says_where_a_trend_of_its_kind_expects_tst_to_pay(tmp_path, monkeypatch):
   """A trend of the plan's model and bag size predicts inside its range and says from which
-  length TST pays; past its range the plan warns below that length; a trend of another bag
-  size is not the plan's."""
+  length TST pays; outside its range the plan claims nothing, neither a speed-up nor a
+  warning; a trend of another bag size is not the plan's."""
   plan = spec_lib.check(tiny_config(steps=12, ratio=0.5)).plan
   x = plan.tokens_per_param
   assert x == pytest.approx(12 * 4 * 16 / plan.params_active)
@@ -305,8 +305,10 @@ def test_the_plan_says_where_a_trend_of_its_kind_expects_tst_to_pay(tmp_path, mo
     assert outlook.BEHIND_WARNING not in text      # the trend says 1.10x, whatever the rule
     assert plan.ntp_tokens_per_param < outlook.PAYS_FROM_NTP_TOKENS_PER_PARAM
     assert "trend predicts 0.80x" in outlook.behind_baseline_warning(plan, fit(0.7, 0.9))
-    short = spec_lib.check(tiny_config(steps=2, ratio=0.5)).plan     # below the range
-    assert "reaches 1x only from" in outlook.format_plan(short)
+    short = spec_lib.check(tiny_config(steps=2, ratio=0.5)).plan     # below the range:
+    text = outlook.format_plan(short)                                 # nothing claimed
+    assert "not predicted: outside the measured range" in text
+    assert outlook.BEHIND_WARNING not in text
     longer = spec_lib.check(tiny_config(steps=60, ratio=0.5)).plan
     text = outlook.format_plan(longer)
     assert "not predicted: outside the measured range" in text

@@ -16,7 +16,8 @@ from tst_jax.config.plan import Phase, Plan, PlanRecord
 # a large enough model and a long enough next-token phase. docs/results.md has the runs. A
 # measured trend of a model like the run's replaces it.
 PAYS_FROM_NTP_TOKENS_PER_PARAM = 0.7
-BEHIND_UP_TO_PARAMS = 1.84e6      # active parameters: every TST run this small ended behind
+BEHIND_UP_TO_PARAMS = 1.84e6      # active parameters: every TST run this small ended behind,
+BEHIND_MEASURED_TO = 9.4          # in runs of up to this many tokens per parameter
 BEHIND_WARNING = "TST is expected to end behind its baseline: docs/results.md"
 # The fits of the equal-loss speed-up against tokens per parameter that
 # `python -m tst_jax.tools.ladder` measured, one per recipe and TST arm.
@@ -36,27 +37,26 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
   """Warns when a TST run is expected to end behind its baseline, or returns None.
 
   With the measured `trend` of a model like the run's it warns when the trend predicts a
-  speed-up below 1, or, past its measured range, when the run is shorter than where the fit
-  crosses 1x. Without one it warns when the model is as small as every model where TST ended
-  behind, or its next-token phase is too short.
+  speed-up below 1 at the run's length; outside the trend's measured range it claims nothing.
+  Without one it warns when the model is as small as every model where TST ended behind, at
+  a length measured there, or its next-token phase is too short.
   """
   ntp = plan.ntp_tokens_per_param
   if ntp is None:
     return None
   x = plan.tokens_per_param
+  predicted = trend.predict(x) if trend is not None else None
+  if predicted is not None:
+    return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
+                                        f"predicts {predicted:.2f}x at this length)")
   if trend is not None:
-    predicted, pays = trend.predict(x), trend.pays_from()
-    if predicted is not None:
-      return None if predicted >= 1 else (f"warning: {BEHIND_WARNING} (the measured trend "
-                                          f"predicts {predicted:.2f}x at this length)")
-    if pays is None or x < pays:
-      return (f"warning: {BEHIND_WARNING} (the measured trend "
-              + ("does not grow with length)" if pays is None else
-                 f"reaches 1x only from {pays:.3g} tokens per parameter, extrapolated)"))
-    return None
+    return None                       # pays_line says the run is outside the measured range
   if plan.params_active <= BEHIND_UP_TO_PARAMS:
+    if x > BEHIND_MEASURED_TO:
+      return None                     # longer than any run measured at this size
     return (f"warning: {BEHIND_WARNING} (at {human(plan.params_active)} parameters: every run "
-            f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, however long)")
+            f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, measured up to "
+            f"{BEHIND_MEASURED_TO:g} tokens per parameter)")
   if ntp >= PAYS_FROM_NTP_TOKENS_PER_PARAM:
     return None
   return (f"warning: {BEHIND_WARNING} (its next-token phase sees {ntp:.2g} tokens per "
@@ -88,10 +88,11 @@ def pays_line(plan: Plan, trend: Trend | None) -> str | None:
   pays = trend.pays_from()
   if pays is None:
     return line + "; the trend does not grow with length (docs/results.md)"
+  if not trend.inside(pays):
+    return line + "; where it reaches 1x lies outside its measured range (docs/results.md)"
   steps = pays / x * plan.total_steps      # tokens per parameter grow with the steps
-  where = "" if trend.inside(pays) else ", extrapolated"
   return line + (f"; it reaches 1x at {pays:.3g} tokens per parameter, {steps:,.0f} steps of "
-                 f"this run's batch{where} (docs/results.md)")
+                 f"this run's batch (docs/results.md)")
 
 
 def data_lines(plan: Plan, tokens, max_passes: float = 0.0) -> list[str]:
