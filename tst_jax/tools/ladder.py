@@ -1,10 +1,10 @@
-r"""The speed-up ladder: TST's equal-loss speed-up against run length, a rung per lent GPU call.
+r"""The speed-up ladder: TST's equal-loss speed-up against run length, runs within budgets.
 
   python -m tst_jax.tools.ladder --ladder moe,dense --workdir runs/ladder --plan_only \
       --budget_s 330                     # on any machine: the points, what is missing, and
-                                         # the one call that adds the most
+                                         # the one budget that adds the most
   python -m tst_jax.tools.ladder --ladder moe --workdir runs/ladder --points <as named> \
-      --deadline_s 320 --budget_s 330 --set data.source='text:...'    # that call, on a GPU
+      --deadline_s 320 --budget_s 330 --set data.source='text:...'    # that budget's runs
   python -m tst_jax.tools.ladder --config configs/cpu_ladder.py --workdir runs/cpu_ladder \
       --lengths 2k,4k --baseline_factors 0.5,1 --seeds 0          # a ladder of one's own
 
@@ -333,9 +333,9 @@ def parse_args(argv):
                  help="the FLOP/s the runs get together on the device (default: the named "
                       "ladder's, measured)")
   p.add_argument("--budget_s", type=float, default=None,
-                 help="seconds one call trains: pack the missing points into such calls")
+                 help="seconds one budget trains: pack the missing points into such budgets")
   p.add_argument("--plan_only", action="store_true",
-                 help="train nothing: bring back --finished, report, plan the calls")
+                 help="train nothing: bring back --finished, report, plan the budgets")
   return p.parse_args(argv)
 
 

@@ -1,13 +1,14 @@
-"""The speed-up ladders measured one lent GPU call at a time, and the calls that finish them.
+"""The speed-up ladders planned as runs within budgets of bounded seconds, and the budgets that
+finish them.
 
 A ladder is a config's TST arms at several lengths. Each length is a rung: the TST runs of
 that many steps and baselines of the length times each factor, on one corpus large enough that
 no run of the rung reads it more than PLANNED_PASSES times (an `<N>mb` arm part where the
-config's is too small). A lent machine keeps nothing between calls, so every run must finish
-inside one call: its FLOPs at the rate measured for the config on the latest lent device, the
-sweep's overhead per wave of runs, and tokenizing each rung's corpus once. The missing runs are
-packed into calls in rung order, and of the ladders' next calls the one that completes the most
-rungs is the one to run.
+config's is too small). Where each budget starts on a machine that keeps nothing, every run
+must finish inside one budget: its FLOPs at the ladder's rate, the sweep's overhead per wave
+of runs, and tokenizing each rung's corpus once. The missing runs are packed into budgets in
+rung order, and of the ladders' next budgets the one that completes the most rungs is the one
+to run. Where each ladder's rate was measured: docs/results.md ("The rates").
 """
 
 from __future__ import annotations
@@ -48,25 +49,20 @@ class Ladder:
   sized: bool = True               # give each rung a corpus for PLANNED_PASSES
 
 
-# The named ladders, at the rates measured on the latest lent device of each config.
+# The named ladders, each at the rate measured for its config (docs/results.md, "The rates").
 LADDERS = {
     # qwen3_moe_one_call (27.4M active parameters) at 0.6, 1.2 and 2.4 tokens per active
     # parameter, lengths doubling so that a rung's 2x baseline is the next rung's own where
     # their corpora match (1k and 2k read the config's 100 MB, 4k 200 MB), and a baseline of
     # half the length so that a TST run behind its own baseline still gets an exact speed-up.
-    # At the rate below each rung's TST run with its own baseline, and each baseline alone,
-    # fits the ladder's share of one `benchmarks/gpu_budget.sh` (tests/behaviour/
-    # test_gpu_budget.py): every budget completes a point. 1k is the one-call run of
-    # docs/results.md. Two of its runs side by side on one H200 took 65 ms a step each with
-    # the gather dispatch, 2 x 2.69 TFLOP / 0.065 s (step_s in the metrics.jsonl of the
-    # `finished` folder's runs; one alone: 30 ms). The Pallas dispatch, measured only at
-    # larger shapes, is not counted until a run measures it here.
+    # At its rate each rung's TST run with its own baseline, and each baseline alone, fits the
+    # ladder's share of one budget (tests/behaviour/test_gpu_budget.py): every budget
+    # completes a point. The `finished` folder holds the 1k rung's runs.
     "moe": Ladder("moe", "configs/qwen3_moe_one_call.py", ("1k", "2k", "4k"),
                   factors=(0.5, 1.0, 2.0), rate=83e12,
                   finished=("docs/gpu/2026-11-26-h200/science",)),
     # gpu_small (33.6M parameters) at 2, 3.9 and 7.8 tokens per parameter, S = 2 and S = 4;
-    # 2k is the H100 run of docs/results.md, kept as its results.json. 2 to 6 runs at once on
-    # one H100 ran at 166-171 TFLOP/s (configs/gpu_small.py); no H200 has run it.
+    # the 2k rung's runs are kept as their sweep's results.json.
     "dense": Ladder("dense", "configs/gpu_small.py", ("2k", "4k", "8k"), ("tst", "s4"),
                     rate=160e12, parallel=4,
                     results=("docs/gpu/2026-11-25-h100/science_py_results.json",)),

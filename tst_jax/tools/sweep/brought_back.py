@@ -1,10 +1,10 @@
 """Finished points brought back from another machine: their records without checkpoints.
 
-A lent device keeps nothing, and a run's checkpoints are too large to bring back, but a finished
-point's records are small: its config, plan, metrics, summary and the sweep's own record
+A run's checkpoints are too large to copy between machines, but a finished point's records are
+small: its config, plan, metrics, summary and the sweep's own record
 (`benchmarks/sweep_common.sh` packs them). Copied into a sweep's workdir they are finished
 points like any other: the sweep skips them and its tables, frontier and trend count them, so
-a ladder grows over several lent sessions.
+a ladder grows over runs made on several machines that keep nothing between them.
 """
 
 from __future__ import annotations
