@@ -336,3 +336,59 @@ def test_apply_if_finite_is_not_the_nan_policy_guard():
     assert np.isfinite(np.asarray(updates["w"])).all()
   assert int(state.total_notfinite) == 4
   assert jax.tree.structure(guarded.init(params)) != jax.tree.structure(tx.init(params))
+
+
+def _schedule(**fields):
+  return optim.lr_schedule(Optimizer(lr=2e-3, warmup_steps=10, decay_fraction=0.2, **fields),
+                           100, rewarm=(40, 8))
+
+
+def test_rewarm_scales_the_steps_from_the_switch_by_n_plus_1_over_its_steps():
+  """Step 40 + n of a rewarm of 8 steps at 40 has (n + 1) / 8 of the one schedule's lr, up to
+  1; every step before 40 and from 47 on is the one schedule's to the last bit."""
+  plain = optim.lr_schedule(Optimizer(lr=2e-3, warmup_steps=10, decay_fraction=0.2), 100)
+  steps = jnp.arange(101)
+  got, one = np.asarray(jax.vmap(_schedule())(steps)), np.asarray(jax.vmap(plain)(steps))
+  want = [one[k] * (min((k - 40 + 1) / 8, 1.0) if k >= 40 else 1.0) for k in range(101)]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  np.testing.assert_array_equal(got[:40], one[:40])
+  np.testing.assert_array_equal(got[47:], one[47:])
+  assert got[40] == pytest.approx(2e-3 / 8) and got[46] == pytest.approx(2e-3 * 7 / 8)
+
+
+def test_fresh_moments_restart_adam_and_keep_the_schedules_count():
+  """After fresh_moments the next update is AdamW's first, -lr(t) (g / (|g| + eps) + wd p)
+  at the global step t's lr (a step counter of 0 would give warmup's lr(0) = 0 instead); the
+  moments and counts of the old state would give another update."""
+  cfg = Optimizer(warmup_steps=10)
+  tx, schedule = optim.make_optimizer(cfg, 100)
+  params = {"w": jnp.arange(1.0, 5.0)}
+  state = tx.init(params)
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    _, state = tx.update({"w": jnp.asarray(rng.normal(size=4), jnp.float32)}, state, params)
+  reset = optim.fresh_moments(state, tx.init(params))
+  g = {"w": jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32)}
+  got, _ = tx.update(g, reset, params)
+  kept, _ = tx.update(g, state, params)
+  lr = float(schedule(30))
+  assert lr == pytest.approx(cfg.lr)
+  want = -lr * (g["w"] / (jnp.abs(g["w"]) + cfg.eps) + cfg.weight_decay * params["w"])
+  np.testing.assert_allclose(got["w"], want, rtol=1e-5)
+  assert not np.allclose(kept["w"], want, rtol=1e-2)
+  counts = [int(s.count) for s in jax.tree.leaves(
+      reset, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+      if isinstance(s, optax.ScaleByScheduleState)]
+  assert counts == [30]
+
+
+def test_moment_stats_are_the_rms_of_adams_moments_over_every_parameter():
+  tx, _ = optim.make_optimizer(Optimizer(), 10)
+  params = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
+  _, state = tx.update({"a": jnp.asarray([0.3, -0.1, 0.2]), "b": jnp.full((2, 2), 0.1)},
+                       tx.init(params), params)
+  g = np.array([0.3, -0.1, 0.2, 0.1, 0.1, 0.1, 0.1])      # under the clip (norm 0.42)
+  stats = optim.moment_stats(state)
+  assert float(stats["adam_mu_rms"]) == pytest.approx(0.1 * math.sqrt(np.mean(g ** 2)), rel=1e-5)
+  assert float(stats["adam_nu_rms"]) == pytest.approx(0.05 * math.sqrt(np.mean(g ** 4)),
+                                                      rel=1e-5)

@@ -20,6 +20,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("wsd", "cosine")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 MU_DTYPES = ("float32", "bfloat16")
+SWITCH_ADAM = ("keep", "reset")   # tst.switch_adam: what Adam's moments do at the switch
 # Axes Muon orthogonalises each slice of separately: a scanned block's layer, an MoE expert.
 STACKED_AXES = ("layers", "expert")
 # Muon's update RMS scaled to AdamW's, so that both share the lr and the weight decay
@@ -38,12 +39,14 @@ def decay_curve(shape: str, x):
   return curves[shape](x)
 
 
-def lr_schedule(opt_cfg, total_steps: int):
+def lr_schedule(opt_cfg, total_steps: int, rewarm: tuple[int, int] | None = None):
   """Returns the learning rate at each global step, over both phases.
 
   A linear warmup comes first. WSD then holds the peak and decays in `decay_shape` over the
   last `decay_fraction` of the steps. Cosine decays over all the steps after warmup. Both end
-  at `final_lr_fraction` of the peak.
+  at `final_lr_fraction` of the peak. `rewarm` = (first, steps) scales the steps from global
+  step `first` on by (n + 1) / steps, the n-th of them, up to 1: a second linear warmup, at
+  the switch to next-token training for tst.switch_warmup.
   """
   peak, final = opt_cfg.lr, opt_cfg.lr * opt_cfg.final_lr_fraction
   if opt_cfg.schedule == "cosine":
@@ -58,7 +61,12 @@ def lr_schedule(opt_cfg, total_steps: int):
     step = jnp.asarray(step, jnp.float32)
     x = jnp.clip((step - (total_steps - decay)) / max(decay, 1), 0.0, 1.0)
     after = final + (peak - final) * decay_curve(shape, x)
-    return jnp.where(step < warmup, peak * step / max(warmup, 1), after)
+    lr = jnp.where(step < warmup, peak * step / max(warmup, 1), after)
+    if rewarm is None:
+      return lr
+    first, steps = rewarm
+    return jnp.where(step >= first, lr * jnp.minimum((step - first + 1) / max(steps, 1), 1.0),
+                     lr)
   return schedule
 
 
@@ -103,15 +111,17 @@ def _labels(params):
                       is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
-def make_optimizer(opt_cfg, total_steps: int, late: tuple[str, int] | None = None):
+def make_optimizer(opt_cfg, total_steps: int, late: tuple[str, int] | None = None,
+                   rewarm: tuple[int, int] | None = None):
   """Builds the optax transformation and its schedule from the optimizer section.
 
   `late` = (key, step): the parameters under `key` first train at global step `step`, as the
   heads of multi-token prediction after TST's phase 1. They get an optimizer state of their own,
   whose step count starts at 0 there, for Adam's bias correction, and whose schedule reads
   the global step. The steps before hold them and that state as they are (`hold`).
+  `rewarm` is lr_schedule's.
   """
-  schedule = lr_schedule(opt_cfg, total_steps)
+  schedule = lr_schedule(opt_cfg, total_steps, rewarm)
   tx = _transform(opt_cfg, schedule)
   if late is not None:
     key, first = late
@@ -153,3 +163,28 @@ def _from(key: str, new, old):
   """Returns the pytree `new` with every leaf under `key` taken from `old`."""
   return jax.tree_util.tree_map_with_path(lambda path, n, o: o if _under(path, key) else n,
                                           new, old)
+
+
+def fresh_moments(opt_state, fresh):
+  """Returns `opt_state` with the moments and step counts of `fresh`, a newly initialised
+  state of the same optimizer, but its own schedule counts (optax's ScaleByScheduleState), so
+  that the learning rate goes on at the global step: Adam restarts, bias correction included,
+  as at step 0 (tst.switch_adam = reset)."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return jax.tree.map(lambda old, new: old if is_schedule(old) else new, opt_state, fresh,
+                      is_leaf=is_schedule)
+
+
+def moment_stats(opt_state) -> dict:
+  """Returns the root mean square of Adam's first and second moments over every parameter
+  AdamW holds (adam_mu_rms, adam_nu_rms): what the update m / sqrt(v) divides is what changes
+  when the loss does, as at the switch to next-token training."""
+  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
+  states = [x for x in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(x)]
+  def rms(trees):
+    leaves = [x for t in trees for x in jax.tree.leaves(t)]
+    if not leaves:
+      return jnp.zeros((), jnp.float32)
+    total = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+    return jnp.sqrt(total / sum(x.size for x in leaves))
+  return dict(adam_mu_rms=rms([st.mu for st in states]), adam_nu_rms=rms([st.nu for st in states]))

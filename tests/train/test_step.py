@@ -144,3 +144,14 @@ def test_a_document_mask_needs_the_stores_eos_and_refuses_positions_alone():
   with pytest.raises(ConfigError) as e:
     spec_lib.check(config)
   assert e.value.field == "data.document_positions"
+
+
+def test_io_norms_are_the_frobenius_norms_of_the_embedding_and_the_head():
+  spec = spec_lib.build(tiny_config())
+  state = step_lib.Trainer.of(spec, jax.devices()[:1]).init_state(0)
+  norms = step_lib.io_norms(state.params)
+  embed = np.asarray(state.params["embed"]["table"][...])
+  head = np.concatenate([np.ravel(x) for x in jax.tree.leaves(state.params["lm_head"])])
+  assert set(norms) == {"embed_norm", "head_norm"}
+  assert float(norms["embed_norm"]) == pytest.approx(np.linalg.norm(embed), rel=1e-5)
+  assert float(norms["head_norm"]) == pytest.approx(np.linalg.norm(head), rel=1e-5)

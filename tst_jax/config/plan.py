@@ -139,6 +139,13 @@ class Plan:
   def total_steps(self) -> int:
     return sum(p.steps for p in self.phases)
 
+  @property
+  def switch_step(self) -> int | None:
+    """Returns the global step of the switch to next-token training, where a tst phase ends
+    and an ntp phase starts; None without one."""
+    return next((b.first_step for a, b in zip(self.phases, self.phases[1:])
+                 if a.is_tst and not b.is_tst), None)
+
   def phase_at(self, step: int) -> Phase:
     for phase in self.phases:
       if step < phase.last_step:

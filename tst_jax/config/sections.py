@@ -15,7 +15,7 @@ from tst_jax import losses, models, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
-from tst_jax.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES
+from tst_jax.optim import DECAY_SHAPES, MU_DTYPES, OPTIMIZERS, SCHEDULES, SWITCH_ADAM
 from tst_jax.run import sinks, step_profile
 from tst_jax.config.plan import EQUAL_FLOPS
 
@@ -90,6 +90,14 @@ class Tst:
                                         "at the switch (the randomisation ablation)")
   schedule: str = schema.field("", schema.STRING, "phase 1's tst phases: '' one (the hard switch) "
                                "| halve (S, S/2, ... 2) | 'S1,S2,...'", added="")
+  switch_adam: str = schema.field("keep", schema.one_of(SWITCH_ADAM), "keep: Adam's moments "
+                                  "go on into next-token training, restored with the checkpoint "
+                                  "(the paper says nothing else) | reset: zero moments and "
+                                  "bias correction from the switch, the schedule unchanged",
+                                  added="keep")
+  switch_warmup: int = schema.field(0, schema.integer(0), "steps of a linear lr warmup from "
+                                    "the switch to next-token training (0: the one schedule "
+                                    "goes on, the paper's)", added=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -212,10 +212,18 @@ def make_train_step(graphdef: nnx.GraphDef, phase: Phase, loss_cfg: Loss,
                                          (params, opt_state), (state.params, state.opt_state))
     metrics = dict(loss=value, lr=schedule(state.step), grad_norm=grad_norm,
                    param_norm=optax.tree.norm(params), update_norm=optax.tree.norm(updates),
-                   finite=finite, **aux_metrics)
+                   finite=finite, **io_norms(params), **optim.moment_stats(opt_state),
+                   **aux_metrics)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return train_step
+
+
+def io_norms(params) -> dict:
+  """Returns the norms of the embedding and the LM head (embed_norm, head_norm; a tied head is
+  the embedding): the layers TST trains differently, whose scale the switch carries over."""
+  return {f"{'head' if key == 'lm_head' else key}_norm": optax.tree.norm(params[key])
+          for key in sp.IO_PARAMS if key in params}
 
 
 def make_eval_step(graphdef, documents: Documents | None = None):
@@ -274,8 +282,10 @@ class Trainer:
   def of(cls, spec, devices=None) -> Trainer:
     mesh = mesh_lib.make_mesh(spec.mesh, devices)
     mtp_from = [p.first_step for p in spec.plan.phases if p.mtp_k > 1]
+    switch, warmup = spec.plan.switch_step, spec.tst.switch_warmup
     tx, schedule = optim.make_optimizer(spec.optimizer, spec.plan.total_steps,
-                                        (mtp_lib.ATTR, mtp_from[0]) if mtp_from else None)
+                                        (mtp_lib.ATTR, mtp_from[0]) if mtp_from else None,
+                                        (switch, warmup) if switch and warmup else None)
     graphdef, abstract = abstract_state(spec.model, tx, spec.mtp)
     rules = spec.run.logical_axis_rules
     return cls(spec, mesh, tx, schedule, graphdef, abstract, shardings_of(abstract, mesh, rules),
