@@ -51,6 +51,7 @@ COMMANDS = {
                                                 "--limit", "1"], "run", "the run"),
     "tst_jax.tools.sample": Command(lambda i, o: ["--workdir", i, "--max_new_tokens", "1"],
                                     "run", "none"),
+    "tst_jax.tools.probe": Command(lambda i, o: ["--workdir", i, "--json", o], "run", "file"),
     "tst_jax.tools.compare": Command(lambda i, o: ["--runs", i, "--out", o], "run", "folder"),
     "tst_jax.tools.sweep": Command(lambda i, o: ["--config", i, "--workdir", o, "--grid",
                                                  "tst.ratio=0.5", "--dry_run"], "config",

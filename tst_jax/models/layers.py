@@ -133,14 +133,7 @@ class Attention(nnx.Module):
     row, and x attends to every cached position up to its own. Without one the cache is None.
     """
     dt, mp = self.dtype, self.cfg.matmul_precision
-    q = linear("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt), mp)
-    k = linear("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt), mp)
-    v = linear("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt), mp)
-    if self.cfg.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
-    inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
-    q = apply_rope(q, positions_BxL, inv_freq)
-    k = apply_rope(k, positions_BxL, inv_freq)
+    q, k, v = self.project(x_BxLxD, positions_BxL)
     q = constrain(q, ("batch", "length", "heads", "head_dim"))
     if cache is None:
       impl = self.cfg.attention_impl      # resolved with the model's config, never `auto`
@@ -162,6 +155,19 @@ class Attention(nnx.Module):
     out_BxLxHxG = jax.nn.dot_product_attention(
         q, cache.k.astype(dt), cache.v.astype(dt), mask=mask_BxLxM[:, None])
     return linear("blhg,hgd->bld", out_BxLxHxG, self.o_proj[...].astype(dt), mp), cache
+
+
+  def project(self, x_BxLxD, positions_BxL):
+    """Returns the queries [B, L, H, G], keys and values [B, L, K, G] of x, the queries and
+    keys normalised (qk_norm) and rotated to their positions."""
+    dt, mp = self.dtype, self.cfg.matmul_precision
+    q = linear("bld,dhg->blhg", x_BxLxD, self.q_proj[...].astype(dt), mp)
+    k = linear("bld,dkg->blkg", x_BxLxD, self.k_proj[...].astype(dt), mp)
+    v = linear("bld,dkg->blkg", x_BxLxD, self.v_proj[...].astype(dt), mp)
+    if self.cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+    return apply_rope(q, positions_BxL, inv_freq), apply_rope(k, positions_BxL, inv_freq), v
 
 
 class MLP(nnx.Module):
