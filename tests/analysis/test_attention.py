@@ -31,16 +31,23 @@ def _entropy_of(weights_BxHxLxL) -> np.ndarray:
   return out
 
 
-def test_the_entropy_of_each_layer_is_that_of_hfs_attention_weights(untied):
+def test_each_layers_stats_are_those_of_hfs_attention_weights(untied):
+  """Entropy, the weight on the query itself and on the first position, per layer and head."""
   model, _, tst = untied
   x = tokens((B, L), seed=5)
   with torch.no_grad():
-    weights = model(torch.from_numpy(x).long(), output_attentions=True).attentions
-  want = np.stack([_entropy_of(w.numpy()) for w in weights])           # [layers, H]
-  got = attention.attention_entropy(tst, x)
-  assert got.shape == (2, 4)
-  np.testing.assert_allclose(got, want, rtol=1e-4)
-  assert 0.05 < got.min() and got.max() < 0.999       # neither one-hot nor uniform
+    weights = [w.numpy() for w in model(torch.from_numpy(x).long(),
+                                        output_attentions=True).attentions]   # [B, H, L, L]
+  got = attention.attention_stats(tst, x)
+  assert got["entropy"].shape == (2, 4)
+  np.testing.assert_allclose(got["entropy"], np.stack([_entropy_of(w) for w in weights]),
+                             rtol=1e-4)
+  on_self = [np.diagonal(w, axis1=-2, axis2=-1)[..., 1:].mean(axis=(0, 2)) for w in weights]
+  np.testing.assert_allclose(got["self"], np.stack(on_self), rtol=1e-4)
+  np.testing.assert_allclose(got["first"], np.stack([w[..., 1:, 0].mean(axis=(0, 2))
+                                                     for w in weights]), rtol=1e-4)
+  assert 0.05 < got["entropy"].min() and got["entropy"].max() < 0.999   # neither extreme
+  np.testing.assert_array_equal(attention.attention_entropy(tst, x), got["entropy"])
 
 
 def test_a_head_with_no_query_attends_uniformly_and_a_sharp_one_to_one_position():

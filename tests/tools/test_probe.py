@@ -34,14 +34,15 @@ def test_the_probe_of_the_switch_is_the_analysis_on_held_out_windows(run, tmp_pa
   starts = np.linspace(0, len(store.val) - 32, 8).astype(np.int64)      # 2 x B 4, S·L = 32
   windows = np.stack([store.val.read(int(s), 32) for s in starts]).astype(np.int32)
   model = trained_run.load(RunDir(str(run)), 6, dtype="float32").model
-  np.testing.assert_allclose(rows[0]["tokens"],
-                             attention.attention_entropy(model, windows[:, :16]).mean(-1),
-                             rtol=1e-5)
+  stats = attention.attention_stats(model, windows[:, :16])
+  for key, name in (("tokens", "entropy"), ("on_self", "self"), ("on_first", "first")):
+    np.testing.assert_allclose(rows[0][key], stats[name].mean(-1), rtol=1e-5)
   bags = sp.fold(windows, 2)
   np.testing.assert_allclose(rows[0]["bags"], attention.attention_entropy(model, bags).mean(-1),
                              rtol=1e-5)
   assert rows[0]["input_scale"] == pytest.approx(attention.input_scale(model, bags), rel=1e-5)
-  assert f"| 6 | tst | 0 | {rows[0]['tokens'][0]:.3f} | {rows[0]['bags'][0]:.3f} | " in text
+  assert (f"| 6 | tst | 0 | {rows[0]['tokens'][0]:.3f} | {rows[0]['on_self'][0]:.3f} | "
+          f"{rows[0]['on_first'][0]:.3f} | {rows[0]['bags'][0]:.3f} | ") in text
   assert rows[0]["tokens"] != rows[1]["tokens"]
 
 

@@ -15,10 +15,11 @@ import numpy as np
 from flax import nnx
 
 
-def attention_entropy(model: nnx.Module, inputs, positions_BxL=None) -> np.ndarray:
-  """Returns the mean normalised attention entropy of each layer and query head [layers, H] of
-  the dense decoder `model` (a Llama: its scanned `blocks`) on tokens [B, L] or bags
-  [B, L, S], over the batch and the positions after the first."""
+def attention_stats(model: nnx.Module, inputs, positions_BxL=None) -> dict[str, np.ndarray]:
+  """Returns, for each layer and query head [layers, H] of the dense decoder `model` (a Llama:
+  its scanned `blocks`) on tokens [B, L] or bags [B, L, S], the mean over the batch and the
+  positions after the first of: the normalised attention entropy (`entropy`), the weight a
+  query puts on its own position (`self`) and on the first position (`first`)."""
   if not hasattr(model, "blocks") or not hasattr(model, "embed_inputs"):
     raise ValueError(f"attention entropy is measured on the dense Llama family's scanned "
                      f"blocks, not on a {type(model).__name__}")
@@ -28,17 +29,23 @@ def attention_entropy(model: nnx.Module, inputs, positions_BxL=None) -> np.ndarr
   def layer(h_BxLxD, layer_state):
     block = nnx.merge(graphdef, layer_state)
     q_BxLxHxG, k_BxLxKxG, _ = block.attn.project(block.input_norm(h_BxLxD), positions_BxL)
-    entropy_H = head_entropy(q_BxLxHxG, k_BxLxKxG)
+    stats = head_stats(q_BxLxHxG, k_BxLxKxG)
     h_BxLxD, _, _ = block(h_BxLxD, positions_BxL)
-    return h_BxLxD, entropy_H
+    return h_BxLxD, stats
 
-  _, entropy_layersxH = jax.lax.scan(layer, h_BxLxD, state)
-  return np.asarray(entropy_layersxH)
+  _, stats = jax.lax.scan(layer, h_BxLxD, state)
+  return {name: np.asarray(value) for name, value in stats.items()}
 
 
-def head_entropy(q_BxLxHxG, k_BxLxKxG) -> jax.Array:
-  """Returns each query head's mean normalised causal attention entropy [H] over the batch and
-  the positions after the first, the H query heads sharing the K key heads in groups."""
+def attention_entropy(model: nnx.Module, inputs, positions_BxL=None) -> np.ndarray:
+  """Returns `attention_stats`' normalised entropy [layers, H]."""
+  return attention_stats(model, inputs, positions_BxL)["entropy"]
+
+
+def head_stats(q_BxLxHxG, k_BxLxKxG) -> dict[str, jax.Array]:
+  """Returns each query head's [H] mean over the batch and the positions after the first of
+  its normalised causal attention entropy, its weight on the query's own position and on the
+  first position, the H query heads sharing the K key heads in groups."""
   _, length, heads, dim = q_BxLxHxG.shape
   k_BxLxHxG = jnp.repeat(k_BxLxKxG, heads // k_BxLxKxG.shape[2], axis=2)
   scores_BxHxLxL = jnp.einsum("blhg,bmhg->bhlm", q_BxLxHxG.astype(jnp.float32),
@@ -48,7 +55,16 @@ def head_entropy(q_BxLxHxG, k_BxLxKxG) -> jax.Array:
   p = jnp.exp(logp)
   entropy_BxHxL = -jnp.sum(jnp.where(causal_LxL, p * logp, 0.0), axis=-1)
   uniform_L = jnp.log(jnp.arange(1, length + 1, dtype=jnp.float32))
-  return jnp.mean(entropy_BxHxL[..., 1:] / uniform_L[None, None, 1:], axis=(0, 2))
+  after_first = lambda x_BxHxL: jnp.mean(x_BxHxL[..., 1:], axis=(0, 2))
+  uniform_L = jnp.where(uniform_L > 0, uniform_L, 1.0)    # the first position: left out below
+  return dict(entropy=after_first(entropy_BxHxL / uniform_L[None, None]),
+              self=after_first(jnp.diagonal(p, axis1=-2, axis2=-1)),
+              first=after_first(p[..., 0]))
+
+
+def head_entropy(q_BxLxHxG, k_BxLxKxG) -> jax.Array:
+  """Returns `head_stats`' normalised entropy [H]."""
+  return head_stats(q_BxLxHxG, k_BxLxKxG)["entropy"]
 
 
 def input_scale(model: nnx.Module, bags_BxLxS) -> float:

@@ -6,9 +6,10 @@ size of a bag's input against one token's.
 
 For each checkpoint (default: every one the run keeps) prints one row per layer: the mean over
 the query heads of the normalised attention entropy (tst_jax/analysis/attention.py: 1 is
-uniform attention over the positions a query sees, 0 all on one), on windows of data.seq_len
-held-out tokens and, for a TST run, on the same number of positions of S-token bags, with the
-RMS of the bags' superposed input over that of their tokens one at a time. The windows are
+uniform attention over the positions a query sees, 0 all on one) and of the weight a query
+puts on itself and on the first position, on windows of data.seq_len held-out tokens, and,
+for a TST run, the entropy on the same number of positions of S-token bags, with the RMS of
+the bags' superposed input over that of their tokens one at a time. The windows are
 spread evenly over the held-out split, the same at every step; the model computes in float32.
 A checkpoint of the dense Llama family only.
 """
@@ -49,8 +50,10 @@ def probe(trained: trained_run.Trained, batches: int) -> dict:
   rundir, rows = trained.rundir, batches * trained.data.batch_size
   length, size = trained.data.seq_len, trained.tst.bag_size if trained.tst.ratio > 0 else 1
   windows = held_out_windows(rundir, rows, size * length)
+  stats = attention.attention_stats(trained.model, windows[:, :length])
   out = dict(step=trained.step, phase=trained.meta.get("phase"), bag_size=size,
-             tokens=attention.attention_entropy(trained.model, windows[:, :length]).mean(-1))
+             tokens=stats["entropy"].mean(-1), on_self=stats["self"].mean(-1),
+             on_first=stats["first"].mean(-1))
   if size > 1:
     bags = sp.fold(windows, size)
     out.update(bags=attention.attention_entropy(trained.model, bags).mean(-1),
@@ -60,13 +63,15 @@ def probe(trained: trained_run.Trained, batches: int) -> dict:
 
 def table(rows: list[dict]) -> str:
   """Formats the probes as one markdown row per checkpoint and layer."""
-  lines = ["| step | phase | layer | attention entropy, tokens | on S-token bags | "
-           "bag input RMS / token input RMS |", "|---|---|---|---|---|---|"]
+  lines = ["| step | phase | layer | attention entropy, tokens | weight on itself | on the "
+           "first position | entropy on S-token bags | bag input RMS / token input RMS |",
+           "|---" * 8 + "|"]
   for r in rows:
     for i, tokens in enumerate(r["tokens"]):
       bags = f"{r['bags'][i]:.3f}" if "bags" in r else "--"
       scale = f"{r['input_scale']:.3f}" if "input_scale" in r and i == 0 else ""
-      lines.append(f"| {r['step']} | {r['phase']} | {i} | {tokens:.3f} | {bags} | {scale} |")
+      lines.append(f"| {r['step']} | {r['phase']} | {i} | {tokens:.3f} | {r['on_self'][i]:.3f} "
+                   f"| {r['on_first'][i]:.3f} | {bags} | {scale} |")
   return "\n".join(lines)
 
 
