@@ -151,6 +151,11 @@ def test_final_block_sets_a_measured_reference_beside_the_runs_loss(capsys):
       "  measure it for this run: python main.py --config configs/demo.py:baseline"]
   console.final(summary, RunDir("/tmp/w"), sections.Reference("", 0.0, "", ""), run)
   assert "measure it" not in capsys.readouterr().out
+  over_seeds = dataclasses.replace(reference, loss=3.7021, loss_sd=0.0432, seeds=3)
+  assert final_lines(reference=over_seeds)[0] == (
+      "  the equal-FLOPs baseline (r = 0): held-out loss 3.7021 ± 0.0432 (the mean and sd over "
+      "3 seeds), measured for this config as written (docs/demo.md: 2-core CPU, 2026-11-24); "
+      "this run +0.6861 from it")
 
 
 def test_the_demo_prints_its_difference_only_as_written():

@@ -233,6 +233,10 @@ class Reference:
                           "the run it was measured for: its fields of sections.SAME_RUN as "
                           "JSON, as defaults.as_written(config) gives them. The run prints its "
                           "difference from it only where it equals them all", added="")
+  loss_sd: float = schema.field(0.0, schema.number(0), "the sample sd of its final loss over "
+                                "`seeds` seeds of its command (0 with one seed)", added=0.0)
+  seeds: int = schema.field(1, schema.integer(1), "how many seeds `loss` is the mean of",
+                            added=1)
 
   def differences(self, fields: dict) -> list[str]:
     """Names each field in which a run's `fields` (same_run_fields) differ from the run this

@@ -136,8 +136,10 @@ def _reference_lines(reference, summary: dict, run: dict) -> list[str]:
   """The reference's loss, and the run's difference from it where the run is the one it was
   measured for, on the same data: another run's or other data's loss is no yardstick.
   Otherwise the lines say why, and how to measure it for this run."""
-  head = (f"  {reference.name}: held-out loss {reference.loss:.4f}, measured for this config "
-          f"as written ({reference.measured})")
+  spread = (f" ± {reference.loss_sd:.4f} (the mean and sd over {reference.seeds} seeds)"
+            if reference.seeds > 1 else "")
+  head = (f"  {reference.name}: held-out loss {reference.loss:.4f}{spread}, measured for this "
+          f"config as written ({reference.measured})")
   differs = reference.differences(run) if reference.run else []
   same_data = reference.data and reference.data == summary.get("data")
   if same_data and reference.run and not differs:
