@@ -121,11 +121,25 @@ def _topology(chips: int, dims: int) -> str:
   1s last): 4 -> 2x2x1, 32 -> 2x4x4, 64 -> 4x4x4 (3D); 8 -> 2x4 (2D). Other counts need
   --tpu_topology."""
   if chips & (chips - 1):
-    raise ValueError(f"{chips} chips is not a power of two: pass --tpu_topology (e.g. 16x16x24)")
+    raise ValueError(f"{chips} chips is not a power of two: pass --tpu_topology, your slice's "
+                     f"shape of {chips} chips (e.g. {_shape_of(chips, dims)})")
   shape = [1] * dims
   while _product(shape) < chips:
     shape[shape.index(min(shape))] *= 2
   return "x".join(map(str, sorted(shape, key=lambda d: (d == 1, d))))
+
+
+def _shape_of(chips: int, dims: int) -> str:
+  """The most cubic `dims`-dimensional shape of `chips` chips, ascending: 48, 3 -> 3x4x4."""
+  def shapes(n, k):
+    if k == 1:
+      yield (n,)
+      return
+    for d in range(1, n + 1):
+      if n % d == 0:
+        yield from ((d, *rest) for rest in shapes(n // d, k - 1) if rest[0] >= d)
+  best = min(shapes(chips, dims), key=lambda shape: shape[-1] - shape[0])
+  return "x".join(map(str, best))
 
 
 def _product(xs) -> int:
@@ -191,9 +205,10 @@ def container_workdir(workdir: str) -> tuple[str, list[str]]:
   """(the workdir the trainer sees, the buckets to mount): gs://B/run -> /gcs/B/run."""
   fileio.check_store(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
   path, buckets = to_mounted(workdir.rstrip("/"))
-  if not os.path.isabs(path):
-    raise ValueError(f"--workdir {workdir!r}: use gs://BUCKET/path or an absolute path "
-                     "on a volume every host mounts")
+  if not buckets:         # nothing else is mounted: each pod would write into its container
+    raise ValueError(f"--workdir {workdir!r}: not a bucket, and the launchers mount none but "
+                     "buckets, so every pod would write into its own container: use "
+                     "gs://BUCKET/path")
   return path, buckets
 
 
@@ -204,8 +219,12 @@ def main_command(config: str, workdir: str, overrides) -> list[str]:
 
 
 def config_name(config: str) -> str:
-  """'configs/llama_600m.py:20k' -> 'llama_600m'."""
-  return os.path.splitext(os.path.basename(config.partition(":")[0]))[0]
+  """'configs/llama_600m.py' -> 'llama_600m'; with arms, they follow:
+  'configs/llama_3b.py:20k,baseline' -> 'llama_3b-20k-baseline', so a run and its baseline
+  get JobSets of their own."""
+  path, _, arg = config.partition(":")
+  arms = [part.strip() for part in arg.split(",") if part.strip()]
+  return "-".join([os.path.splitext(os.path.basename(path))[0], *arms])
 
 
 def run_name(base: str, suffix: str = "", max_len: int = 40) -> str:
@@ -335,6 +354,15 @@ def run_main(prog: str, build, show) -> int:
   return 0
 
 
+class Parser(argparse.ArgumentParser):
+  """argparse whose errors are one line, 'error: <prog>: <message>', and exit status 2, as
+  every error of the launchers is: not the usage text first."""
+
+  def error(self, message):
+    print(f"error: {self.prog}: {message}", file=sys.stderr)
+    sys.exit(errors.EXIT_STATUS)
+
+
 def add_arguments(parser: argparse.ArgumentParser):
   """The flags both launchers share."""
   parser.add_argument("--config", required=True, help="config file[:arg], e.g. configs/demo.py")
@@ -344,13 +372,16 @@ def add_arguments(parser: argparse.ArgumentParser):
   parser.add_argument("--gpu_type", default="", help=f"one of {sorted(GPU_TYPES)}")
   parser.add_argument("--num_hosts", type=int, default=1, help="GPU hosts (8 GPUs each)")
   parser.add_argument("--workdir", default="", help="gs://BUCKET/path (mounted with gcsfuse)")
-  parser.add_argument("--name", default="", help="JobSet name (default: from the config)")
+  parser.add_argument("--name", default="",
+                      help="JobSet name (default: the config's and its arms', llama-3b-20k)")
   parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                       help="extra environment variable on every host (repeatable)")
   parser.add_argument("--grid", default="",
                       help="'key=v1,v2;key2=w1,w2': one work unit per point of the product")
   parser.add_argument("--no_validate", action="store_true",
-                      help="do not load the config to check the overrides and grid")
+                      help="skip loading the config: its fields, the overrides, the grid, the "
+                           "data and the fit check go unchecked (the target, the workdir and "
+                           "bucket names are still checked)")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:

@@ -23,6 +23,7 @@ shapes and TPU v2/v3. docs/launch.md has the whole way from zero.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -31,11 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from launch import jobspec  # noqa: E402
 from launch.gke import render  # noqa: E402
+from tst_jax import errors  # noqa: E402
 
 
 def parse_args(argv) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="python launch/xm_launch.py", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = jobspec.Parser(prog="python launch/xm_launch.py", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
   jobspec.add_arguments(parser)
   parser.add_argument("--image", default="",
                       help="registry path the built image is pushed to (default: XManager's "
@@ -115,6 +117,11 @@ async def _create_jobset(work_unit, manifest: dict):
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  if not args.dry_run and importlib.util.find_spec("xmanager") is None:
+    print("error: python launch/xm_launch.py needs XManager to launch: pip install -e '.[xm]' "
+          "(--dry_run prints the job specs without it; python -m launch.gke.render writes "
+          "the JobSets for kubectl)", file=sys.stderr)
+    return errors.EXIT_STATUS
   show = ((lambda specs: print(json.dumps(specs, indent=1))) if args.dry_run
           else (lambda specs: launch(args, specs)))
   return jobspec.run_main("xm_launch", lambda: build_specs(args), show)

@@ -38,6 +38,10 @@ JOBSET_INSTALL = ("kubectl apply --server-side -f https://github.com/kubernetes-
                   f"releases/download/{JOBSET_VERSION}/manifests.yaml")
 CONTAINER = "tst"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+# The driver's volume attribute for pods on the host network (TPU slices here): Workload
+# Identity gives such a pod no token unless the volume asks for its Kubernetes service
+# account's (driver 1.17.2 and later, GKE 1.29 and later; docs/launch.md).
+HOST_NETWORK_KSA = "hostNetworkPodKSA"
 
 
 def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
@@ -61,8 +65,11 @@ def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
   for i, bucket in enumerate(spec["gcs_buckets"]):   # the GKE Cloud Storage FUSE CSI driver
     annotations["gke-gcsfuse/volumes"] = "true"
     mounts.append(dict(name=f"gcs-{i}", mountPath=f"{jobspec.GCS_MOUNT_ROOT}/{bucket}"))
-    volumes.append(dict(name=f"gcs-{i}", csi=dict(driver=GCSFUSE_DRIVER, volumeAttributes=dict(
-        bucketName=bucket, mountOptions="implicit-dirs"))))
+    attributes = dict(bucketName=bucket, mountOptions="implicit-dirs")
+    if tpu:   # host-network pods get the pod's KSA token only when the volume opts in
+      attributes[HOST_NETWORK_KSA] = "true"
+    volumes.append(dict(name=f"gcs-{i}", csi=dict(driver=GCSFUSE_DRIVER,
+                                                  volumeAttributes=attributes)))
   if not tpu:              # NCCL needs more shared memory than the container default
     mounts.append(dict(name="dshm", mountPath="/dev/shm"))
     volumes.append(dict(name="dshm", emptyDir=dict(medium="Memory")))
@@ -113,8 +120,8 @@ def pod_template(manifest: dict) -> dict:
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(prog="python -m launch.gke.render", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = jobspec.Parser(prog="python -m launch.gke.render", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
   jobspec.add_arguments(parser)
   parser.add_argument("--image", required=True, help="container image (launch/Dockerfile.*)")
   parser.add_argument("--service_account", default="",

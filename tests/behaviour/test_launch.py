@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import importlib.util
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from kubernetes import client as k8s
 from launch import jobspec, xm_launch
 from launch.gke import render
 from tests.fixtures.paths import ROOT, TESTDATA
-from tst_jax import fileio
+from tst_jax import configlib, fileio
 from tst_jax.errors import ConfigError, UserError
 
 MOE = "configs/qwen3_moe_10b_a1b.py"
@@ -32,6 +33,9 @@ MIXTURE = ("--config.data.mixture=tokens:gs://tst-data/tok/fineweb=0.5,"
 # The launchers' fit check emulates the target's devices before JAX starts: a target of more
 # devices than this process has (8, tests/conftest.py) runs as its own process.
 ENV = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+
+
+FIND_SPEC = importlib.util.find_spec
 
 
 def _run(*argv) -> subprocess.CompletedProcess:
@@ -224,6 +228,11 @@ def test_gke_v5p_128_manifest():
   assert {p: buckets[n] for p, n in mounts.items()} == {"/gcs/tst-runs": "tst-runs",
                                                          "/gcs/tst-data": "tst-data"}
   assert job.template.metadata.annotations["gke-gcsfuse/volumes"] == "true"
+  # The slice's pods are on the host network, where Workload Identity gives a pod no token
+  # unless each bucket's volume opts in to the pod's service account.
+  assert pod.host_network is True
+  assert {v.csi.volume_attributes.get("hostNetworkPodKSA") for v in pod.volumes if v.csi} == {
+      "true"}
 
 
 @pytest.mark.slow
@@ -262,7 +271,8 @@ def test_gcs_paths():
   assert jobspec.to_mounted("text:gs://my-data/a/*.txt") == ("text:/gcs/my-data/a/*.txt",
                                                              ["my-data"])
   assert jobspec.container_workdir("gs://tst-runs/a/b/") == ("/gcs/tst-runs/a/b", ["tst-runs"])
-  assert jobspec.container_workdir("/mnt/filestore/run") == ("/mnt/filestore/run", [])
+  with pytest.raises(ValueError, match="not a bucket, and the launchers mount none but buckets"):
+    jobspec.container_workdir("/mnt/filestore/run")   # each pod would write into its container
   for bad in ("gs://x/run", "runs/relative", "gs://UPPER/run", "s3://b/run"):
     with pytest.raises((ValueError, UserError)):
       jobspec.container_workdir(bad)
@@ -487,3 +497,49 @@ print(json.dumps(results))
             list(yaml.safe_load_all(result["out"])))
     assert docs and "does NOT fit" not in result["err"] and "fit on " in result["err"], line
   assert not failures, "\n".join(failures)
+
+
+def test_a_run_and_its_baseline_get_jobsets_of_their_own_names():
+  assert jobspec.config_name("configs/llama_3b.py") == "llama_3b"
+  assert jobspec.run_name(jobspec.config_name("configs/llama_3b.py:20k,baseline")) == \
+      "llama-3b-20k-baseline"
+  assert jobspec.run_name(jobspec.config_name("configs/llama_3b.py:20k")) == "llama-3b-20k"
+
+
+def test_a_topology_hint_is_a_shape_of_the_slices_chips():
+  with pytest.raises(ValueError, match=r"48 chips is not a power of two: .* \(e\.g\. 3x4x4\)"):
+    jobspec.tpu_target("v5p-96")
+  assert jobspec.tpu_target("v5p-96", "2x4x6").topology == "2x4x6"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "NCCL_DEBUG"], "error: python -m launch.gke.render: --env takes KEY=VALUE"),
+    (["--tpu_type", "v5p-128", "--platform", "cpu"], "error: python -m launch.gke.render: "
+     "argument --platform: invalid choice: 'cpu'"),
+])
+def test_a_launchers_own_flag_error_is_one_line(argv, message, capsys):
+  base = ["--config", "configs/llama_600m.py", "--platform", "tpu", "--tpu_type", "v5p-128",
+          "--workdir", "gs://tst-runs/x", "--image", "img:1"]
+  with pytest.raises(SystemExit) as stop:
+    render.parse_args(base + argv)
+  err = capsys.readouterr().err
+  assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_xm_launch_without_xmanager_is_one_line_naming_the_extra(monkeypatch, capsys):
+  monkeypatch.setattr(xm_launch.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "xmanager" else FIND_SPEC(name, *a))
+  code = xm_launch.main(["--config", "configs/llama_600m.py", "--platform", "tpu",
+                         "--tpu_type", "v5p-128", "--workdir", "gs://tst-runs/x"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1 and "pip install -e '.[xm]'" in err, err
+
+
+def test_an_override_of_a_field_the_config_file_sets_for_its_arm_is_refused():
+  """configs/qwen3_moe_10b_a1b.py's baseline is the paper's 125,000 steps, set in its own
+  get_config, not by the arm registry: --config.train.steps beside it is refused as beside a
+  '<N>k' arm; a field the arm leaves alone is not."""
+  path_arg = os.path.join(ROOT, "configs", "qwen3_moe_10b_a1b.py") + ":baseline"
+  with pytest.raises(ConfigError, match="train.steps=30 and the arm 'baseline'"):
+    configlib.refuse_arm_overrides(path_arg, ["train.steps=30"], "--config.")
+  configlib.refuse_arm_overrides(path_arg, ["optimizer.lr=1e-4"], "--config.")
