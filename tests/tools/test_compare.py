@@ -171,6 +171,8 @@ def test_over_seeds_mean_sd_and_bounds(tmp_path):
   assert arms["tst"]["delta_equal_flops"] == pytest.approx(
       dict(mean=-0.65, sd=0.3 / 2**0.5, min=-0.8, max=-0.5, n=2))
   assert arms_lib.speedup_text(arms["tst"]) == "1.58 ± 0.23x [1.41, 1.74] (2 seeds)"
+  # The paired Δ's standard error: sd / sqrt(n) = (0.3 / sqrt 2) / sqrt 2 = 0.15.
+  assert arms_lib.delta_text(arms["tst"]) == "-0.6500 ± 0.2121 [-0.8000, -0.5000] (se 0.1500)"
   # best: seed 0 below the 16-step baseline (> 2x), seed 1 above the 8-step one (≤ 1x).
   assert arms_lib.speedup_text(arms["best"]) == "≤ 1.00x (1 seed), > 2.00x (1 seed)"
   assert arms_lib.speedup_text(arms["baseline+16"]) == "1.00x (a baseline)"

@@ -4,6 +4,8 @@ seeds, in W/results.{json,md} with the figure-2 curves of every run."""
 
 from __future__ import annotations
 
+import math
+
 from tst_jax import fileio
 from tst_jax.analysis.frontier import spread
 from tst_jax.tools.compare import (METHOD, fit_text, fmt, frontier_for, frontier_notes,
@@ -67,10 +69,13 @@ def _seeds(n: int) -> str:
 
 
 def delta_text(arm: dict) -> str:
-  """Δ over the seeds where it is measured, else its bound (a run below the shortest
+  """Δ over the seeds where it is measured, with the standard error of its mean over two or
+  more, each seed's Δ paired with its own baselines; else its bound (a run below the shortest
   baseline's FLOPs, or past the longest)."""
-  if arm["delta_equal_flops"] or not arm["delta_bounds"]:
-    return _spread_text(arm["delta_equal_flops"], sign="+")
+  delta = arm["delta_equal_flops"]
+  if delta or not arm["delta_bounds"]:
+    se = f" (se {delta['sd'] / math.sqrt(delta['n']):.4f})" if delta and delta["n"] > 1 else ""
+    return _spread_text(delta, sign="+") + se
   return ", ".join(dict.fromkeys(arm["delta_bounds"]))
 
 
