@@ -2,6 +2,8 @@
 interpreted against XLA attention (values and gradients, grouped-query heads), and the
 model's train step lowers for TPU from this CPU host; elsewhere the config is refused."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import splash_attention
 from tst_jax.config import spec as spec_lib
+from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import step as step_lib
 
 
@@ -33,6 +36,48 @@ def test_interpreted_kernels_match_xla_attention(length, heads, kv_heads):
   want = jax.grad(lambda *a: loss(xla, *a), argnums=(0, 1, 2))(q, k, v)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("axes", [(("batch", ("data",)), ("heads", ("tensor",)),
+                                   ("kv_heads", ("tensor",))),
+                                  (("batch", ("data",)), ("heads", ("tensor",)))])
+def test_under_a_mesh_the_kernels_run_per_shard_as_on_one_device(axes):
+  """Rows over 'data' 4, heads over 'tensor' 2: each device attends its rows' whole groups of
+  query heads with their kv head, and the result, values and gradients with documents, is the
+  one device's. Where kv heads are not split as query heads are, heads stay whole."""
+  length, heads, kv_heads = 128, 4, 2
+  keys = jax.random.split(jax.random.key(2), 4)
+  q = jax.random.normal(keys[0], (4, length, heads, 64))
+  k, v = (jax.random.normal(kk, (4, length, kv_heads, 64)) for kk in keys[1:3])
+  docs = jnp.asarray(np.repeat(np.arange(4)[:, None] % 2, length, axis=1) *
+                     (np.arange(length)[None] >= 50))
+  cotangent = jax.random.normal(keys[3], q.shape)
+  def both(splash):   # fresh functions each call: jit's cache does not key on axis_rules
+    loss = lambda *a: jnp.sum(splash(*a) * cotangent)
+    return (jax.jit(splash)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v),
+            jax.jit(splash).lower(q, k, v).as_text())
+
+  attend = lambda: lambda q, k, v: splash_attention.causal_attention(
+      q, k, v, interpret=True, documents_BxL=docs)
+  want = both(attend())
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("data", "tensor"))
+  with axis_rules(mesh, axes):
+    got = both(attend())
+  text = got[2]
+  assert not re.search(r"sdy.manual_computation|SPMDFullToShardShape", want[2])
+  assert re.search(r"sdy.manual_computation|SPMDFullToShardShape", text)
+  np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=1e-5)
+  for g, w in zip(got[1], want[1]):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_a_mesh_that_splits_the_sequence_is_refused():
+  q = jnp.zeros((2, 128, 2, 64))
+  k = jnp.zeros((2, 128, 1, 64))
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("data",))
+  with axis_rules(mesh, (("length", ("data",)),)), pytest.raises(
+      ValueError, match="splits the sequence or the head dim"):
+    splash_attention.causal_attention(q, k, k, interpret=True)
 
 
 def test_interpreted_kernels_keep_each_document_to_itself():

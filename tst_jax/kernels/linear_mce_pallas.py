@@ -14,7 +14,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from tst_jax.kernels import linear_mce_tpu
+from tst_jax.kernels import linear_mce_tpu, target
 from tst_jax.kernels.linear_mce_tiles import (TileConfig, column_ids, d_logits, dot, dot_nt,
                                               dot_tn, gather, mask_padded, online_lse)
 from tst_jax.superposition import IGNORE_INDEX
@@ -52,7 +52,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
   if targets_NxS.ndim != 2 or targets_NxS.shape[0] != n or head_DxV.shape[0] != d:
     raise ValueError(f"shapes disagree: hidden {hidden_NxD.shape}, head {head_DxV.shape}, "
                      f"targets {targets_NxS.shape}")
-  platform = jax.default_backend()
+  platform = target.platform()
   if backend == "auto":
     backend = "mosaic_tpu" if platform == "tpu" else "triton"
   if backend not in BACKENDS:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from tst_jax.kernels import target
 from tst_jax.superposition import IGNORE_INDEX
 
 # Letters: N tokens, D model dim, V vocabulary, S bag size, C rows of one block_n tile.
@@ -34,7 +35,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
   if targets_NxS.ndim != 2 or targets_NxS.shape[0] != n or head_DxV.shape[0] != d:
     raise ValueError(f"shapes disagree: hidden {hidden_NxD.shape}, head {head_DxV.shape}, "
                      f"targets {targets_NxS.shape}")
-  default_n, default_v = DEFAULT_BLOCKS.get(jax.default_backend(), DEFAULT_BLOCKS["gpu"])
+  default_n, default_v = DEFAULT_BLOCKS.get(target.platform(), DEFAULT_BLOCKS["gpu"])
   block_n = default_n if block_n is None else block_n
   block_v = default_v if block_v is None else block_v
   if block_n < 1 or block_v < 1:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from tst_jax.kernels import target
 from tst_jax.parallel import varying
 
 BLOCK_ROWS = 32     # C: rows (tokens or buffer rows) of one program
@@ -38,7 +39,7 @@ def block_d(d: int) -> int:
 
 
 def _interpret() -> bool:
-  return jax.default_backend() == "cpu"
+  return target.platform() == "cpu"
 
 
 def _params():
