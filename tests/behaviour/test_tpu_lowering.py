@@ -62,14 +62,3 @@ def test_both_phases_of_each_paper_config_lower_for_tpu_with_its_kernels(name):
     if name.startswith("qwen3_moe"):
       assert "ragged_dot" in text, phase        # the experts' grouped matmuls, native on TPU
 
-
-def test_outside_lowering_for_the_kernels_trace_as_this_hosts():
-  """On the CPU host without `lowering_for`, the fused loss traces interpreted: no Mosaic
-  kernel in the program, which is why a lowering for TPU must say so first."""
-  assert target.platform() == "cpu"
-  with target.lowering_for("tpu"):
-    assert target.platform() == "tpu"
-  assert target.platform() == "cpu"
-  with pytest.raises(ValueError, match="a platform is tpu, gpu or cpu"):
-    with target.lowering_for("tpuv5"):
-      pass

@@ -3,7 +3,6 @@ CPU, against slow loops over rows: weighted P-way sums and scaled gathers, indic
 table, row counts that are not whole blocks, widths of several column blocks, bf16 tables
 summed in float32; and both kernels lowered for a GPU at the recipe's shapes."""
 
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures import gpu_target
-from tst_jax.kernels import moe_gather
+from tst_jax.kernels import moe_gather, target
 
 
 def _table(rows, d, dtype, seed=0):
@@ -67,9 +66,9 @@ def test_both_kernels_lower_for_a_gpu_as_triton_calls_at_the_recipes_shapes(monk
   weights = jax.ShapeDtypeStruct((32768, 8), jnp.float32)
   index = jax.ShapeDtypeStruct((262144,), jnp.int32)
   scale = jax.ShapeDtypeStruct((262144,), jnp.float32)
-  with mock.patch.object(moe_gather, "_interpret", lambda: False), gpu_target.h100(monkeypatch):
+  with target.lowering_for("gpu"), gpu_target.h100(monkeypatch):
     for fn, args, grid in ((moe_gather.gather_sum, (table, rows, weights), (1024, 3)),
                            (moe_gather.gather, (table, index, scale), (8192, 3))):
-      text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
       assert "__gpu$xla.gpu.triton" in text
       assert f"grid_x = {grid[0]} : i32, grid_y = {grid[1]} : i32" in text

@@ -15,7 +15,7 @@ from tests.fixtures import gpu_target
 from tests.fixtures.grouped import nan_past_the_groups
 from tests.fixtures.tiny import tiny_config
 from tst_jax import models
-from tst_jax.kernels import moe_dispatch, moe_gather
+from tst_jax.kernels import moe_dispatch, moe_gather, target
 from tst_jax.models import experts as moe_experts
 from tst_jax.parallel import mesh as mesh_lib
 from tst_jax.parallel.logical import axis_rules
@@ -295,7 +295,6 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   lowers for a GPU with its Triton kernels inside: their outputs carry the shard_map's varying
   axes. JAX's CPU interpreter cannot run a kernel there (moe_gather's docstring), so the
   values on 8 devices are the GPU's to check; on one device tests/kernels check them."""
-  monkeypatch.setattr(moe_gather, "_interpret", lambda: False)
   e, d, f, k, n = 8, 16, 24, 2, 64
   x_NxD, weights_NxK = jnp.ones((n, d)), jnp.ones((n, k))
   ids_NxK = jnp.tile(jnp.arange(k, dtype=jnp.int32), (n, 1))
@@ -304,7 +303,7 @@ def test_expert_parallel_pallas_dispatch_lowers_for_a_gpu(monkeypatch):
   loss = lambda x, w, *ws: jnp.sum(sharded(x, ids_NxK, w, *ws))
   rules = (("batch", ("data", "fsdp", "expert")),) + LOGICAL_AXIS_RULES[1:]
   mesh = gpu_target.h100_mesh(mesh_lib.make_mesh(mesh_config((4, 1, 1, 2)).mesh))
-  with axis_rules(mesh, rules), gpu_target.h100(monkeypatch, mesh):
+  with axis_rules(mesh, rules), gpu_target.h100(monkeypatch, mesh), target.lowering_for("gpu"):
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
         x_NxD, weights_NxK, *experts).lower(lowering_platforms=("cuda",)).as_text()
   assert re.search(r"sdy.manual_computation|SPMDFullToShardShape", text)

@@ -19,9 +19,17 @@ from tst_jax.superposition import IGNORE_INDEX
 DEFAULT_BLOCKS = {"cpu": (512, 2048), "gpu": (4096, 16384), "tpu": (4096, 16384)}
 
 
-@functools.partial(jax.jit, static_argnames=("ignore_index", "block_n", "block_v"))
-def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
-                          block_n: int | None = None, block_v: int | None = None):
+def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, **kwargs):
+  """`_lse_and_target_logits` with the default blocks of the platform the kernels trace for
+  (kernels/target.py), which its jit cache keys on."""
+  return _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, platform=target.platform(),
+                                **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("ignore_index", "block_n", "block_v", "platform"))
+def _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
+                           block_n: int | None = None, block_v: int | None = None,
+                           platform: str = "cpu"):
   """Returns the per-row logsumexp [N] and target logits [N, S] of `hidden @ head` in float32.
 
   Never materialises [N, V]. Rows are processed block_n at a time and the vocabulary block_v
@@ -35,7 +43,7 @@ def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGN
   if targets_NxS.ndim != 2 or targets_NxS.shape[0] != n or head_DxV.shape[0] != d:
     raise ValueError(f"shapes disagree: hidden {hidden_NxD.shape}, head {head_DxV.shape}, "
                      f"targets {targets_NxS.shape}")
-  default_n, default_v = DEFAULT_BLOCKS.get(target.platform(), DEFAULT_BLOCKS["gpu"])
+  default_n, default_v = DEFAULT_BLOCKS.get(platform, DEFAULT_BLOCKS["gpu"])
   block_n = default_n if block_n is None else block_n
   block_v = default_v if block_v is None else block_v
   if block_n < 1 or block_v < 1:

@@ -66,9 +66,13 @@ def _gather_sum_kernel(rows_ref, weights_ref, table_ref, out_ref, *, top_k):
   out_ref[...] = acc_CxBD
 
 
-@jax.jit
 def gather_sum(table_RxD, rows_NxP, weights_NxP):
   """Returns sum_p weights[n, p] · table[rows[n, p]] as [N, D] float32; a row >= R adds 0."""
+  return _gather_sum(table_RxD, rows_NxP, weights_NxP, interpret=_interpret())
+
+
+@functools.partial(jax.jit, static_argnames="interpret")   # a jit of its own per platform
+def _gather_sum(table_RxD, rows_NxP, weights_NxP, *, interpret: bool):
   (n, top_k), (r, d) = rows_NxP.shape, table_RxD.shape
   bd, c = block_d(d), BLOCK_ROWS
   rows_NxP, weights_NxP, table_RxD = varying.alike(
@@ -82,7 +86,7 @@ def gather_sum(table_RxD, rows_NxP, weights_NxP):
                 pl.BlockSpec((r, bd), lambda i, j: (0, j))],   # every row, one column block
       out_specs=pl.BlockSpec((c, bd), lambda i, j: (i, j)),
       out_shape=varying.shape_like(table_RxD, (rows_NxP.shape[0], d), jnp.float32),
-      compiler_params=_params(), interpret=_interpret(), name="moe_gather_sum",
+      compiler_params=_params(), interpret=interpret, name="moe_gather_sum",
   )(rows_NxP, weights_NxP, table_RxD)
   return out[:n]
 
@@ -92,10 +96,14 @@ def _gather_kernel(index_ref, scale_ref, table_ref, out_ref):
   out_ref[...] = (rows_CxBD * scale_ref[...][:, None]).astype(out_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames="dtype")
 def gather(table_TxD, index_R, scale_R, dtype=None):
   """Returns scale[r] · table[index[r]] as [R, D] in `dtype` (table's by default); an index
   past the table's last row gives a zero row."""
+  return _gather(table_TxD, index_R, scale_R, dtype=dtype, interpret=_interpret())
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "interpret"))
+def _gather(table_TxD, index_R, scale_R, *, dtype, interpret: bool):
   (r,), (t, d) = index_R.shape, table_TxD.shape
   bd, c = block_d(d), BLOCK_ROWS
   index_R, scale_R, table_TxD = varying.alike(
@@ -109,6 +117,6 @@ def gather(table_TxD, index_R, scale_R, dtype=None):
                 pl.BlockSpec((t, bd), lambda i, j: (0, j))],   # every row, one column block
       out_specs=pl.BlockSpec((c, bd), lambda i, j: (i, j)),
       out_shape=varying.shape_like(table_TxD, (index_R.shape[0], d), dtype or table_TxD.dtype),
-      compiler_params=_params(), interpret=_interpret(), name="moe_gather",
+      compiler_params=_params(), interpret=interpret, name="moe_gather",
   )(index_R, scale_R, table_TxD)
   return out[:r]
