@@ -392,3 +392,12 @@ def test_moment_stats_are_the_rms_of_adams_moments_over_every_parameter():
   assert float(stats["adam_mu_rms"]) == pytest.approx(0.1 * math.sqrt(np.mean(g ** 2)), rel=1e-5)
   assert float(stats["adam_nu_rms"]) == pytest.approx(0.05 * math.sqrt(np.mean(g ** 4)),
                                                       rel=1e-5)
+
+
+def test_moment_stats_trace_for_a_model_of_more_than_2_31_parameters():
+  """3B parameters, as configs/llama_3b.py has: the count divides as a float, not an int32."""
+  tx, _ = optim.make_optimizer(Optimizer(), 10)
+  params = {"w": jax.ShapeDtypeStruct((3, 2**30), jnp.float32)}
+  state = jax.eval_shape(tx.init, params)
+  stats = jax.eval_shape(optim.moment_stats, state)
+  assert stats["adam_nu_rms"].shape == () and stats["adam_nu_rms"].dtype == jnp.float32

@@ -186,5 +186,5 @@ def moment_stats(opt_state) -> dict:
     if not leaves:
       return jnp.zeros((), jnp.float32)
     total = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
-    return jnp.sqrt(total / sum(x.size for x in leaves))
+    return jnp.sqrt(total / float(sum(x.size for x in leaves)))   # a count past int32 too
   return dict(adam_mu_rms=rms([st.mu for st in states]), adam_nu_rms=rms([st.nu for st in states]))
