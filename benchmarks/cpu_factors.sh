@@ -4,7 +4,8 @@
 # point TST against its equal-FLOPs baseline over SEEDS, written down here before any ran.
 # Each point is one `tools.sweep` into WORKDIR/<point> (finished runs are skipped, interrupted
 # ones resume), and its records (config, plan, metrics, summary: no checkpoints) are copied to
-# docs/cpu_factors/<point>/ as soon as it finishes, with the sweep's results.{md,json}.
+# docs/cpu_factors/<point>/ as soon as it finishes, with the sweep's results.{md,json}, and
+# docs/cpu_factors/table.md is rewritten with every finished point (cpu_factors_table.py).
 #
 #   bash benchmarks/cpu_factors.sh --list            # the points, their settings and runs
 #   POINTS=base,pos2k bash benchmarks/cpu_factors.sh # those points, in the order named
@@ -64,4 +65,5 @@ for name in ${wanted//,/ }; do
       [ -e "$dir/$f" ] && cp "$dir/$f" "$DOCS/$name/runs/$run/"
     done
   done
+  "$PYTHON" benchmarks/cpu_factors_table.py "$DOCS" > "$DOCS/table.md"   # every finished point
 done

@@ -1,0 +1,53 @@
+"""Prints the table of benchmarks/cpu_factors.sh's finished points, from the records it copies
+to docs/cpu_factors/<point>/: per point the model, positions per step, vocabulary, steps,
+tokens per parameter, both arms' final held-out loss over seeds (mean ± sd), and TST's Δ at
+equal FLOPs paired by seed, with its standard error and Δ / se.
+
+  python benchmarks/cpu_factors_table.py [docs/cpu_factors] > docs/cpu_factors/table.md
+"""
+
+import json
+import math
+import os
+import sys
+
+ORDER = ["base", "pos2k", "pos8k", "len256", "len512", "vocab4k", "vocab8k", "d96", "d128",
+         "t12k", "t20k"]
+
+
+def row(folder: str, point: str) -> str | None:
+  """The table's row of `point`, or None while its TST arm has no Δ."""
+  with open(os.path.join(folder, point, "results.json")) as f:
+    arms = {a["arm"]: a for a in json.load(f)["arms"]}
+  delta = arms.get("tst", {}).get("delta_equal_flops")
+  if not delta or delta["n"] < 2:
+    return None
+  run = os.path.join(folder, point, "runs", "tst_seed0")
+  with open(os.path.join(run, "plan.json")) as f:
+    plan = json.load(f)
+  with open(os.path.join(run, "config.json")) as f:
+    vocab = json.load(f)["model"]["vocab_size"]
+  ntp = plan["phases"][-1]
+  se = delta["sd"] / math.sqrt(delta["n"])
+  loss = lambda s: f"{s['mean']:.4f} ± {s['sd']:.4f}"   # noqa: E731
+  return (f"| {point} | {plan['params_total'] / 1e6:.2f}M | "
+          f"{ntp['batch_size'] * ntp['latent_seq_len']:,} ({ntp['batch_size']} x "
+          f"{ntp['latent_seq_len']}) | {vocab:,} | {plan['total_steps']:,} | "
+          f"{plan['tokens_per_param']:.1f} | {delta['n']} | {loss(arms['baseline']['final_loss'])} | "
+          f"{loss(arms['tst']['final_loss'])} | {delta['mean']:+.4f} ± {delta['sd']:.4f} | "
+          f"{se:.4f} | {delta['mean'] / se:+.1f} |")
+
+
+def main(folder: str = "docs/cpu_factors") -> None:
+  print("| point | parameters | positions per step (B x L) | V | steps | tokens per parameter | "
+        "seeds | baseline final | TST final | Δ at equal FLOPs ± sd | se | Δ / se |")
+  print("|---" * 12 + "|")
+  for point in ORDER:
+    if os.path.exists(os.path.join(folder, point, "results.json")):
+      line = row(folder, point)
+      if line:
+        print(line)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
