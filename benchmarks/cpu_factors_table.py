@@ -35,7 +35,7 @@ def row(folder: str, point: str) -> str | None:
           f"{ntp['latent_seq_len']}) | {vocab:,} | {plan['total_steps']:,} | "
           f"{plan['tokens_per_param']:.1f} | {delta['n']} | {loss(arms['baseline']['final_loss'])} | "
           f"{loss(arms['tst']['final_loss'])} | {delta['mean']:+.4f} ± {delta['sd']:.4f} | "
-          f"{se:.4f} | {delta['mean'] / se:+.1f} |")
+          f"{se:.4f} | {f'{delta["mean"] / se:+.1f}' if se else '--'} |")
 
 
 def main(folder: str = "docs/cpu_factors") -> None:

@@ -130,7 +130,8 @@ def _topology(chips: int, dims: int) -> str:
 
 
 def _shape_of(chips: int, dims: int) -> str:
-  """The most cubic `dims`-dimensional shape of `chips` chips, ascending: 48, 3 -> 3x4x4."""
+  """The most cubic `dims`-dimensional shape of `chips` chips, ascending, 1s last:
+  48, 3 -> 3x4x4; 6, 3 -> 2x3x1."""
   def shapes(n, k):
     if k == 1:
       yield (n,)
@@ -139,7 +140,7 @@ def _shape_of(chips: int, dims: int) -> str:
       if n % d == 0:
         yield from ((d, *rest) for rest in shapes(n // d, k - 1) if rest[0] >= d)
   best = min(shapes(chips, dims), key=lambda shape: shape[-1] - shape[0])
-  return "x".join(map(str, best))
+  return "x".join(map(str, sorted(best, key=lambda d: (d == 1, d))))   # as _topology writes it
 
 
 def _product(xs) -> int:
@@ -206,9 +207,9 @@ def container_workdir(workdir: str) -> tuple[str, list[str]]:
   fileio.check_store(workdir, "--workdir", "a run's workdir", fileio.RUN_STORES)
   path, buckets = to_mounted(workdir.rstrip("/"))
   if not buckets:         # nothing else is mounted: each pod would write into its container
-    raise ValueError(f"--workdir {workdir!r}: not a bucket, and the launchers mount none but "
-                     "buckets, so every pod would write into its own container: use "
-                     "gs://BUCKET/path")
+    raise ValueError(f"--workdir {workdir!r}: not a gs:// bucket, and the launchers mount "
+                     "Cloud Storage buckets only, so every pod would write into its own "
+                     "container: use gs://BUCKET/path")
   return path, buckets
 
 

@@ -79,7 +79,8 @@ def _changed_by(path: str, arg: str) -> set[str]:
         out[f"{prefix}{key}"] = value
     return out
   plain, armed = (flat(load_config(p).to_dict()) for p in (path, f"{path}:{arg}"))
-  return {key for key in armed if armed[key] != plain.get(key)}
+  return {key for key in armed if armed[key] != plain.get(key)
+          and not key.startswith("reference.")}   # what a run prints beside it, per arm
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:

@@ -169,7 +169,8 @@ def fresh_moments(opt_state, fresh):
   """Returns `opt_state` with the moments and step counts of `fresh`, a newly initialised
   state of the same optimizer, but its own schedule counts (optax's ScaleByScheduleState), so
   that the learning rate goes on at the global step: Adam restarts, bias correction included,
-  as at step 0 (tst.switch_adam = reset)."""
+  as at step 0, and so does Muon's momentum where optimizer.name is muon
+  (tst.switch_adam = reset)."""
   is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
   return jax.tree.map(lambda old, new: old if is_schedule(old) else new, opt_state, fresh,
                       is_leaf=is_schedule)
@@ -178,7 +179,8 @@ def fresh_moments(opt_state, fresh):
 def moment_stats(opt_state) -> dict:
   """Returns the root mean square of Adam's first and second moments over every parameter
   AdamW holds (adam_mu_rms, adam_nu_rms): what the update m / sqrt(v) divides is what changes
-  when the loss does, as at the switch to next-token training."""
+  when the loss does, as at the switch to next-token training. Parameters not yet training
+  (MTP heads waiting through TST's phase 1) count with their zero moments."""
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
   states = [x for x in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(x)]
   def rms(trees):

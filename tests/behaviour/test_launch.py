@@ -271,7 +271,7 @@ def test_gcs_paths():
   assert jobspec.to_mounted("text:gs://my-data/a/*.txt") == ("text:/gcs/my-data/a/*.txt",
                                                              ["my-data"])
   assert jobspec.container_workdir("gs://tst-runs/a/b/") == ("/gcs/tst-runs/a/b", ["tst-runs"])
-  with pytest.raises(ValueError, match="not a bucket, and the launchers mount none but buckets"):
+  with pytest.raises(ValueError, match="not a gs:// bucket, and the launchers mount Cloud"):
     jobspec.container_workdir("/mnt/filestore/run")   # each pod would write into its container
   for bad in ("gs://x/run", "runs/relative", "gs://UPPER/run", "s3://b/run"):
     with pytest.raises((ValueError, UserError)):
@@ -510,6 +510,7 @@ def test_a_topology_hint_is_a_shape_of_the_slices_chips():
   with pytest.raises(ValueError, match=r"48 chips is not a power of two: .* \(e\.g\. 3x4x4\)"):
     jobspec.tpu_target("v5p-96")
   assert jobspec.tpu_target("v5p-96", "2x4x6").topology == "2x4x6"
+  assert jobspec._shape_of(6, 3) == "2x3x1"   # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -543,3 +544,6 @@ def test_an_override_of_a_field_the_config_file_sets_for_its_arm_is_refused():
   with pytest.raises(ConfigError, match="train.steps=30 and the arm 'baseline'"):
     configlib.refuse_arm_overrides(path_arg, ["train.steps=30"], "--config.")
   configlib.refuse_arm_overrides(path_arg, ["optimizer.lr=1e-4"], "--config.")
+  # configs/demo.py sets what its final block prints per arm: not a field the arm trains with
+  configlib.refuse_arm_overrides(os.path.join(ROOT, "configs", "demo.py") + ":s8",
+                                 ["reference.name=mine"], "--config.")

@@ -126,5 +126,9 @@ def test_the_small_model_rule_claims_nothing_past_the_longest_run_measured():
     return plan.tokens_per_param, outlook.behind_baseline_warning(plan, None)
   x, short = warning(100)
   assert x < outlook.BEHIND_MEASURED_TO and "measured up to 9.4 tokens per parameter" in short
-  x, long = warning(100 * round(2 * outlook.BEHIND_MEASURED_TO / x))
+  steps = 100 * round(2 * outlook.BEHIND_MEASURED_TO / x)
+  x, long = warning(steps)
   assert x > outlook.BEHIND_MEASURED_TO and long is None
+  plan = spec_lib.check(tiny_config(steps=steps, ratio=0.98)).plan   # past it, but almost
+  assert plan.ntp_tokens_per_param < outlook.PAYS_FROM_NTP_TOKENS_PER_PARAM   # all phase 1
+  assert "its next-token phase sees" in outlook.behind_baseline_warning(plan, None)

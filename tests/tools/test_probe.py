@@ -46,6 +46,16 @@ def test_the_probe_of_the_switch_is_the_analysis_on_held_out_windows(run, tmp_pa
   assert rows[0]["tokens"] != rows[1]["tokens"]
 
 
+def test_windows_in_slices_give_the_probe_of_all_at_once(run, monkeypatch):
+  """Scores bounded to a slice of rows a call: the rows' weighted means, the same numbers."""
+  trained = trained_run.load(RunDir(str(run)), 6, dtype="float32")
+  whole = probe.probe(trained, 2)
+  monkeypatch.setattr(probe, "SCORES_PER_CALL", 3 * 2 * 16 * 16)   # 3 rows of H 2, L 16
+  sliced = probe.probe(trained, 2)
+  for key in ("tokens", "on_self", "on_first", "bags", "input_scale"):
+    np.testing.assert_allclose(sliced[key], whole[key], rtol=1e-5, err_msg=key)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "six"], "--steps 'six': a comma list of checkpoint steps"),
     (["--steps", "7"], "has no checkpoint of step 7"),

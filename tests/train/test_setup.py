@@ -56,14 +56,16 @@ def test_a_workdir_written_before_the_run_spec_still_resumes(tmp_path):
   # field of sections.SAME_RUN: the resume records the table it runs with.
   then["run"] = dataclasses.replace(then["run"], logical_axis_rules=LOGICAL_AXIS_RULES)
   assert spec_lib.sections_of(rewritten) == then                                 # the same run
-  added = {"tst": ["schedule"], "data": ["val_piece_bytes"], "model": ["matmul_precision"]}
+  added = {"tst": ["schedule", "switch_adam", "switch_warmup"], "data": ["val_piece_bytes"],
+           "model": ["matmul_precision"]}
   for section, names in added.items():                   # now recorded, at their old values
     assert all(n not in written_then[section] for n in names)
     assert {n: rewritten[section][n] for n in names} == {
         n: getattr(spec_lib.sections_of(written_then)[section], n) for n in names}
   assert rewritten["tst"]["schedule"] == "" and rewritten["data"]["val_piece_bytes"] == 0
+  assert rewritten["tst"]["switch_adam"] == "keep" and rewritten["tst"]["switch_warmup"] == 0
   assert rewritten["reference"] == {"name": "", "loss": 0.0, "measured": "", "command": "",
-                                    "data": "", "run": ""}
+                                    "data": "", "run": "", "loss_sd": 0.0, "seeds": 1}
   for other, section in ((tiny_config(bag_size=4, data=dict(val_piece_bytes=0)), "tst"),
                          (tiny_config(), "data")):          # held out by pieces: another split
     with pytest.raises(ConfigError, match=rf"another config: sections \['{section}'\]"):

@@ -39,7 +39,7 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
   With the measured `trend` of a model like the run's it warns when the trend predicts a
   speed-up below 1 at the run's length; outside the trend's measured range it claims nothing.
   Without one it warns when the model is as small as every model where TST ended behind, at
-  a length measured there, or its next-token phase is too short.
+  a length measured there, or else when its next-token phase is too short.
   """
   ntp = plan.ntp_tokens_per_param
   if ntp is None:
@@ -51,9 +51,7 @@ def behind_baseline_warning(plan: Plan, trend: Trend | None = None) -> str | Non
                                         f"predicts {predicted:.2f}x at this length)")
   if trend is not None:
     return None                       # pays_line says the run is outside the measured range
-  if plan.params_active <= BEHIND_UP_TO_PARAMS:
-    if x > BEHIND_MEASURED_TO:
-      return None                     # longer than any run measured at this size
+  if plan.params_active <= BEHIND_UP_TO_PARAMS and x <= BEHIND_MEASURED_TO:
     return (f"warning: {BEHIND_WARNING} (at {human(plan.params_active)} parameters: every run "
             f"of {human(BEHIND_UP_TO_PARAMS)} or fewer ended behind, measured up to "
             f"{BEHIND_MEASURED_TO:g} tokens per parameter)")

@@ -93,7 +93,8 @@ class Tst:
   switch_adam: str = schema.field("keep", schema.one_of(SWITCH_ADAM), "keep: Adam's moments "
                                   "go on into next-token training, restored with the checkpoint "
                                   "(the paper says nothing else) | reset: zero moments and "
-                                  "bias correction from the switch, the schedule unchanged",
+                                  "bias correction from the switch (Muon's momentum too), the "
+                                  "schedule unchanged",
                                   added="keep")
   switch_warmup: int = schema.field(0, schema.integer(0), "steps of a linear lr warmup from "
                                     "the switch to next-token training (0: the one schedule "

@@ -10,8 +10,9 @@ uniform attention over the positions a query sees, 0 all on one) and of the weig
 puts on itself and on the first position, on windows of data.seq_len held-out tokens, and,
 for a TST run, the entropy on the same number of positions of S-token bags, with the RMS of
 the bags' superposed input over that of their tokens one at a time. The windows are
-spread evenly over the held-out split, the same at every step; the model computes in float32.
-A checkpoint of the dense Llama family only.
+spread evenly over the held-out split, the same at every step; the model computes in float32,
+with causal attention over each whole window: a run with data.document_mask attended within
+documents, which the probe does not. A checkpoint of the dense Llama family only.
 """
 
 from __future__ import annotations
@@ -44,20 +45,30 @@ def held_out_windows(rundir: RunDir, rows: int, window: int) -> np.ndarray:
   return store.val.gather(starts, window).astype(np.int32)
 
 
+# The float32 [rows, H, L, L] scores one call holds, at most: windows go through in slices.
+SCORES_PER_CALL = 2**27
+
+
 def probe(trained: trained_run.Trained, batches: int) -> dict:
   """Returns one checkpoint's entropies per layer on tokens (and bags) and the input scale, on
-  `batches` x data.batch_size held-out windows."""
+  `batches` x data.batch_size held-out windows, sent through the attention in slices of rows
+  whose scores stay within SCORES_PER_CALL (each slice's means weighted by its rows); the input
+  scale, a ratio of RMSs over all the windows, holds no scores."""
   rundir, rows = trained.rundir, batches * trained.data.batch_size
   length, size = trained.data.seq_len, trained.tst.bag_size if trained.tst.ratio > 0 else 1
   windows = held_out_windows(rundir, rows, size * length)
-  stats = attention.attention_stats(trained.model, windows[:, :length])
+  step = max(1, SCORES_PER_CALL // (trained.model.cfg.n_heads * length * length))
+  slices = [windows[i:i + step] for i in range(0, rows, step)]
+  mean = lambda parts: sum(len(w) * p for w, p in zip(slices, parts)) / rows   # noqa: E731
+  stats = [attention.attention_stats(trained.model, w[:, :length]) for w in slices]
   out = dict(step=trained.step, phase=trained.meta.get("phase"), bag_size=size,
-             tokens=stats["entropy"].mean(-1), on_self=stats["self"].mean(-1),
-             on_first=stats["first"].mean(-1))
+             tokens=mean([s["entropy"].mean(-1) for s in stats]),
+             on_self=mean([s["self"].mean(-1) for s in stats]),
+             on_first=mean([s["first"].mean(-1) for s in stats]))
   if size > 1:
-    bags = sp.fold(windows, size)
-    out.update(bags=attention.attention_entropy(trained.model, bags).mean(-1),
-               input_scale=attention.input_scale(trained.model, bags))
+    bags = [sp.fold(w, size) for w in slices]
+    out.update(bags=mean([attention.attention_entropy(trained.model, b).mean(-1) for b in bags]),
+               input_scale=attention.input_scale(trained.model, sp.fold(windows, size)))
   return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in out.items()}
 
 
