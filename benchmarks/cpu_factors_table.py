@@ -29,13 +29,14 @@ def row(folder: str, point: str) -> str | None:
     vocab = json.load(f)["model"]["vocab_size"]
   ntp = plan["phases"][-1]
   se = delta["sd"] / math.sqrt(delta["n"])
+  ratio = f"{delta['mean'] / se:+.1f}" if se else "--"
   loss = lambda s: f"{s['mean']:.4f} ± {s['sd']:.4f}"   # noqa: E731
   return (f"| {point} | {plan['params_total'] / 1e6:.2f}M | "
           f"{ntp['batch_size'] * ntp['latent_seq_len']:,} ({ntp['batch_size']} x "
           f"{ntp['latent_seq_len']}) | {vocab:,} | {plan['total_steps']:,} | "
           f"{plan['tokens_per_param']:.1f} | {delta['n']} | {loss(arms['baseline']['final_loss'])} | "
           f"{loss(arms['tst']['final_loss'])} | {delta['mean']:+.4f} ± {delta['sd']:.4f} | "
-          f"{se:.4f} | {f'{delta["mean"] / se:+.1f}' if se else '--'} |")
+          f"{se:.4f} | {ratio} |")
 
 
 def main(folder: str = "docs/cpu_factors") -> None:
