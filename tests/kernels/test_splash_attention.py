@@ -2,6 +2,7 @@
 interpreted against XLA attention (values and gradients, grouped-query heads), and the
 model's train step lowers for TPU from this CPU host; elsewhere the config is refused."""
 
+import os
 import re
 
 import jax
@@ -10,11 +11,13 @@ import numpy as np
 import optax
 import pytest
 
+from tests.fixtures.paths import ROOT
 from tests.fixtures.tiny import tiny_config
 from tst_jax import platform
 from tst_jax.errors import ConfigError
 from tst_jax.kernels import splash_attention
 from tst_jax.config import spec as spec_lib
+from tst_jax.configlib import load_config
 from tst_jax.parallel.logical import axis_rules
 from tst_jax.train import step as step_lib
 
@@ -121,7 +124,7 @@ def test_the_train_step_lowers_for_tpu_from_this_host():
     assert text.count("tpu_custom_call") >= 3, phase.name    # forward, dq, dkv
 
 
-def test_splash_is_refused_off_tpu_and_auto_keeps_xla_on_tpu():
+def test_splash_is_refused_off_tpu():
   config = tiny_config(data=dict(seq_len=128), model=dict(attention_impl="splash"))
   with pytest.raises(ConfigError, match="model.attention_impl: 'splash': splash attention runs "
                      "Pallas TPU kernels, this is cpu") as e:
@@ -129,5 +132,23 @@ def test_splash_is_refused_off_tpu_and_auto_keeps_xla_on_tpu():
   assert e.value.field == "model.attention_impl"
   assert "multiple of 128, got [100]" in platform.splash_unavailable([128, 100], "tpu")
   assert platform.splash_unavailable([512, 128], "tpu") is None
-  impl, reason = platform.attention_impl("auto", "bfloat16", 128, "tpu")
-  assert impl == "xla" and "splash" in reason
+
+
+@pytest.mark.parametrize("lengths, documents, impl, reason", [
+    ([2048], False, "splash", "for L 2048 >= 1024"),
+    ([256, 256], True, "splash", "for a document mask"),
+    ([256], False, "xla", "L 256 < 1024 and no document mask"),
+    ([1000], True, "xla", "splash attention needs L a multiple of 128, got [1000]"),
+    ((), False, "xla", "the sequence lengths are unknown"),
+])
+def test_auto_on_tpu_is_splash_where_the_scores_are_the_cost(lengths, documents, impl, reason):
+  """Each choice says why, and that no TPU measured it."""
+  got, why = platform.attention_impl("auto", "bfloat16", 128, "tpu", lengths, documents)
+  assert got == impl and reason in why and "not measured on a TPU" in why
+
+
+def test_a_plan_for_a_v5p_resolves_splash_for_the_paper_configs_2048_positions():
+  spec = spec_lib.check(load_config(os.path.join(ROOT, "configs", "llama_3b.py")))
+  on_tpu = spec.on_platform("tpu")
+  assert on_tpu.model.attention_impl == "splash"
+  assert "L 2048 >= 1024" in on_tpu.resolved.choices["model.attention_impl"][1]

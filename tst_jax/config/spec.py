@@ -80,7 +80,9 @@ class RunSpec:
 
   def on_platform(self, name: str | None = None) -> RunSpec:
     """Returns this spec with every `auto` resolved on platform `name`, by default the local one."""
-    resolved = platform.resolve(self.model, self.loss.impl, name)
+    resolved = platform.resolve(self.model, self.loss.impl, name,
+                                [p.latent_seq_len for p in self.plan.phases],
+                                self.data.document_mask)
     return dataclasses.replace(self, model=platform.resolved_model(self.model, resolved),
                                loss=Loss(resolved.choices["loss.impl"][0]), resolved=resolved)
 

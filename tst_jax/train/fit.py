@@ -176,7 +176,7 @@ class Fit:
     lines.append("estimate = params + grads + optimizer state (exact, from shapes and "
                  "shardings) + activations kept for the backward (JAX's saved residuals"
                  + (", with flash attention's softmax statistics in place of the [L, L] "
-                    "scores, as cuDNN keeps them" if self.flash else "") + "); "
+                    "scores, as cuDNN and splash keep them" if self.flash else "") + "); "
                  "XLA:CPU columns come from compiling for CPU (plain-XLA attention with its "
                  "[B, H, L, L] scores, no fused kernels, CPU memory scheduling): an upper bound, "
                  "not what XLA:GPU/TPU allocate")
@@ -230,7 +230,8 @@ def check(spec, accelerator: str, target, devices=None, compile_steps: bool = Tr
   environment, where XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
   """
   budget, note = accelerator_budget(accelerator, environ)
-  flash = target.model.attention_impl == "cudnn"   # what `auto` chose on the target
+  # What `auto` chose on the target: cuDNN's and splash's kernels keep no [L, L] scores.
+  flash = target.model.attention_impl in ("cudnn", "splash")
   plan = spec.plan
   n = mesh_devices(spec.mesh)
   model_cfg = spec.model
