@@ -547,3 +547,19 @@ def test_an_override_of_a_field_the_config_file_sets_for_its_arm_is_refused():
   # configs/demo.py sets what its final block prints per arm: not a field the arm trains with
   configlib.refuse_arm_overrides(os.path.join(ROOT, "configs", "demo.py") + ":s8",
                                  ["reference.name=mine"], "--config.")
+
+
+def test_no_validate_skips_the_config_and_nothing_else():
+  """--no_validate renders a field the config does not have (the config is not loaded), and
+  still refuses a bucket name GCS would refuse and a target that is no slice."""
+  base = ["--config", "configs/llama_600m.py", "--platform", "tpu", "--image", "img:1",
+          "--no_validate"]
+  [spec] = render.specs(render.parse_args(base + ["--tpu_type", "v5p-128", "--workdir",
+                                                  "gs://tst-runs/x", "--config.model.bogus=1"]))
+  assert "--config.model.bogus=1" in spec["command"]
+  with pytest.raises(UserError, match="'UPPER' is not a GCS bucket name"):
+    render.specs(render.parse_args(base + ["--tpu_type", "v5p-128", "--workdir",
+                                           "gs://UPPER/x"]))
+  with pytest.raises(ValueError, match="--tpu_type 'v5p-7'"):
+    render.specs(render.parse_args(base + ["--tpu_type", "v5p-7", "--workdir",
+                                           "gs://tst-runs/x"]))
