@@ -42,6 +42,11 @@ GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # Identity gives such a pod no token unless the volume asks for its Kubernetes service
 # account's (driver 1.17.2 and later, GKE 1.29 and later; docs/launch.md).
 HOST_NETWORK_KSA = "hostNetworkPodKSA"
+# The driver's sidecar in each pod, with no CPU, memory or disk limit ("0"), as xpk sets it:
+# its defaults throttle a host that reads its training data through the mount.
+GCSFUSE_ANNOTATIONS = {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0",
+                       "gke-gcsfuse/memory-limit": "0",
+                       "gke-gcsfuse/ephemeral-storage-limit": "0"}
 
 
 def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
@@ -63,7 +68,7 @@ def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
 
   mounts, volumes, annotations = [], [], {}
   for i, bucket in enumerate(spec["gcs_buckets"]):   # the GKE Cloud Storage FUSE CSI driver
-    annotations["gke-gcsfuse/volumes"] = "true"
+    annotations.update(GCSFUSE_ANNOTATIONS)
     mounts.append(dict(name=f"gcs-{i}", mountPath=f"{jobspec.GCS_MOUNT_ROOT}/{bucket}"))
     attributes = dict(bucketName=bucket, mountOptions="implicit-dirs")
     if tpu:   # host-network pods get the pod's KSA token only when the volume opts in

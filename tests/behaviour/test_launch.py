@@ -227,7 +227,9 @@ def test_gke_v5p_128_manifest():
   buckets = {v.name: v.csi.volume_attributes["bucketName"] for v in pod.volumes if v.csi}
   assert {p: buckets[n] for p, n in mounts.items()} == {"/gcs/tst-runs": "tst-runs",
                                                          "/gcs/tst-data": "tst-data"}
-  assert job.template.metadata.annotations["gke-gcsfuse/volumes"] == "true"
+  assert job.template.metadata.annotations == {        # the sidecar unthrottled, as xpk's
+      "gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0",
+      "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0"}
   # The slice's pods are on the host network, where Workload Identity gives a pod no token
   # unless each bucket's volume opts in to the pod's service account.
   assert pod.host_network is True
