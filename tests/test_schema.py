@@ -113,3 +113,8 @@ def test_a_registered_field_takes_a_name_registered_after_it_was_declared():
   rule = schema.config_fields(Sinks)[0].metadata["rule"]
   assert rule.options == ("jsonl", "mlflow") and rule.kind is str and not rule.ok(3)
   assert schema.help_lines(Sinks, "s")[0].endswith("(one of ('jsonl', 'mlflow'))")
+
+
+def test_dotted_names_every_leaf_of_a_nested_record():
+  assert schema.dotted({"tst": {"ratio": 0.3, "mode": "full"}, "seed": 1, "a": {"b": {"c": []}}}) \
+      == {"tst.ratio": 0.3, "tst.mode": "full", "seed": 1, "a.b.c": []}

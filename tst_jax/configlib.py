@@ -11,6 +11,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from tst_jax import schema
 from tst_jax.config import defaults
 from tst_jax.errors import ConfigError, UserError
 
@@ -70,15 +71,7 @@ def refuse_arm_overrides(path_arg: str, overrides, flag: str = "--set"):
 
 def _changed_by(path: str, arg: str) -> set[str]:
   """Returns the dotted fields whose value `path`'s get_config(arg) changes from get_config()."""
-  def flat(node, prefix=""):
-    out = {}
-    for key, value in node.items():
-      if isinstance(value, dict):
-        out.update(flat(value, f"{prefix}{key}."))
-      else:
-        out[f"{prefix}{key}"] = value
-    return out
-  plain, armed = (flat(load_config(p).to_dict()) for p in (path, f"{path}:{arg}"))
+  plain, armed = (schema.dotted(load_config(p).to_dict()) for p in (path, f"{path}:{arg}"))
   return {key for key in armed if armed[key] != plain.get(key)
           and not key.startswith("reference.")}   # what a run prints beside it, per arm
 

@@ -174,6 +174,18 @@ def values(section) -> dict:
   return {f.name: getattr(section, f.name) for f in config_fields(type(section))}
 
 
+def dotted(record: dict, prefix: str = "") -> dict:
+  """Returns the leaves of a nested config record (config.json's, a ConfigDict's to_dict()) by
+  their dotted names: {"tst": {"ratio": 0.3}} -> {"tst.ratio": 0.3}."""
+  out = {}
+  for key, value in record.items():
+    if isinstance(value, dict):
+      out.update(dotted(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
 def help_lines(cls, prefix: str) -> list[str]:
   """Lists one line per field: name, default, doc, and what the rule asks."""
   def default(f):

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from tst_jax import errors, fileio
+from tst_jax import errors, fileio, schema
 from tst_jax.rundir import RunDir
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.config import record as record_lib
@@ -105,20 +105,10 @@ def identity_of(rundir: RunDir, plan: Plan) -> dict:
 
 def config_identity(config: dict, plan: Plan, fingerprint: str | None = None) -> dict:
   """Returns `identity_of` a run of the `config` record (config.json's contents) and `plan`."""
-  flat = {}
-  _flatten(config, "", flat)
-  flat = {k: v for k, v in flat.items() if not k.startswith(FREE_FIELDS)}
+  flat = {k: v for k, v in schema.dotted(config).items() if not k.startswith(FREE_FIELDS)}
   if fingerprint:
     flat[FINGERPRINT] = fingerprint
   return flat | {"parameters": plan.params_total, "active parameters": plan.params_active}
-
-
-def _flatten(record: dict, prefix: str, out: dict):
-  for key, value in record.items():
-    if isinstance(value, dict):
-      _flatten(value, f"{prefix}{key}.", out)
-    else:
-      out[prefix + key] = value
 
 
 def load_run(workdir: str, name: str | None = None) -> EvalCurve:
