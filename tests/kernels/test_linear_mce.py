@@ -285,7 +285,7 @@ def test_sharded_kernel_sees_its_shard(impl):
   shard_maps = [e for e in jaxpr.eqns if e.primitive.name == "shard_map"]
   assert len(shard_maps) == 2  # forward and its transpose
   forward = shard_maps[0].params["jaxpr"]
-  kernels = [e for e in forward.eqns if e.params.get("name") == "_lse_and_target_logits"]
+  kernels = [e for e in forward.eqns if e.params.get("name") == "lse_and_target_logits"]
   assert [[v.aval.shape for v in e.invars] for e in kernels] == [
       [(SHARDED_N // 2, D), (D, SHARDED_V // 4), (SHARDED_N // 2, 4)]]
   inside = sum(str(e.params["jaxpr"]).count("pallas_call") for e in shard_maps)

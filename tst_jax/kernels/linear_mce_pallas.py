@@ -28,23 +28,16 @@ BACKENDS = ("auto", "triton", "mosaic_tpu")
 DEFAULT_BLOCKS = {"triton": (128, 256, 64), "mosaic_tpu": (256, 512, 512)}
 
 
-def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, **kwargs):
-  """`_lse_and_target_logits` for the platform the kernels trace for (kernels/target.py),
-  which its jit cache keys on."""
-  return _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, platform=target.platform(),
-                                **kwargs)
-
-
-@functools.partial(jax.jit, static_argnames=(
+@target.jit(static_argnames=(
     "ignore_index", "backend", "interpret", "block_n", "block_v", "block_d", "v_splits",
-    "num_warps", "num_stages", "vmem_limit_bytes", "bwd_rows", "platform"))
-def _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
-                           backend: str = "auto", interpret: bool | None = None,
-                           block_n: int | None = None, block_v: int | None = None,
-                           block_d: int | None = None, v_splits: int | None = None,
-                           num_warps: int | None = None, num_stages: int | None = None,
-                           vmem_limit_bytes: int | None = None, bwd_rows: int = 1024,
-                           platform: str = "cpu"):
+    "num_warps", "num_stages", "vmem_limit_bytes", "bwd_rows"))
+def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
+                          backend: str = "auto", interpret: bool | None = None,
+                          block_n: int | None = None, block_v: int | None = None,
+                          block_d: int | None = None, v_splits: int | None = None,
+                          num_warps: int | None = None, num_stages: int | None = None,
+                          vmem_limit_bytes: int | None = None, bwd_rows: int = 1024,
+                          platform: str):
   """Returns the per-row logsumexp [N] and target logits [N, S] of `hidden @ head` in float32.
 
   Matmuls take the input dtype, bf16 on accelerators, and accumulate in float32. No pass writes

@@ -19,17 +19,10 @@ from tst_jax.superposition import IGNORE_INDEX
 DEFAULT_BLOCKS = {"cpu": (512, 2048), "gpu": (4096, 16384), "tpu": (4096, 16384)}
 
 
-def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, **kwargs):
-  """`_lse_and_target_logits` with the default blocks of the platform the kernels trace for
-  (kernels/target.py), which its jit cache keys on."""
-  return _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, platform=target.platform(),
-                                **kwargs)
-
-
-@functools.partial(jax.jit, static_argnames=("ignore_index", "block_n", "block_v", "platform"))
-def _lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
-                           block_n: int | None = None, block_v: int | None = None,
-                           platform: str = "cpu"):
+@target.jit(static_argnames=("ignore_index", "block_n", "block_v"))
+def lse_and_target_logits(hidden_NxD, head_DxV, targets_NxS, *, ignore_index=IGNORE_INDEX,
+                          block_n: int | None = None, block_v: int | None = None,
+                          platform: str):
   """Returns the per-row logsumexp [N] and target logits [N, S] of `hidden @ head` in float32.
 
   Never materialises [N, V]. Rows are processed block_n at a time and the vocabulary block_v

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
@@ -36,10 +35,6 @@ def block_d(d: int) -> int:
   """Returns the columns of one program: the largest power of two <= 256 that divides D, since
   Triton's blocks are powers of two."""
   return next(b for b in (256, 128, 64, 32, 16, 8, 4, 2, 1) if d % b == 0)
-
-
-def _interpret() -> bool:
-  return target.platform() == "cpu"
 
 
 def _params():
@@ -66,13 +61,10 @@ def _gather_sum_kernel(rows_ref, weights_ref, table_ref, out_ref, *, top_k):
   out_ref[...] = acc_CxBD
 
 
-def gather_sum(table_RxD, rows_NxP, weights_NxP):
-  """Returns sum_p weights[n, p] · table[rows[n, p]] as [N, D] float32; a row >= R adds 0."""
-  return _gather_sum(table_RxD, rows_NxP, weights_NxP, interpret=_interpret())
-
-
-@functools.partial(jax.jit, static_argnames="interpret")   # a jit of its own per platform
-def _gather_sum(table_RxD, rows_NxP, weights_NxP, *, interpret: bool):
+@target.jit
+def gather_sum(table_RxD, rows_NxP, weights_NxP, *, platform: str):
+  """Returns sum_p weights[n, p] · table[rows[n, p]] as [N, D] float32; a row >= R adds 0.
+  On CPU the kernel is interpreted."""
   (n, top_k), (r, d) = rows_NxP.shape, table_RxD.shape
   bd, c = block_d(d), BLOCK_ROWS
   rows_NxP, weights_NxP, table_RxD = varying.alike(
@@ -86,7 +78,7 @@ def _gather_sum(table_RxD, rows_NxP, weights_NxP, *, interpret: bool):
                 pl.BlockSpec((r, bd), lambda i, j: (0, j))],   # every row, one column block
       out_specs=pl.BlockSpec((c, bd), lambda i, j: (i, j)),
       out_shape=varying.shape_like(table_RxD, (rows_NxP.shape[0], d), jnp.float32),
-      compiler_params=_params(), interpret=interpret, name="moe_gather_sum",
+      compiler_params=_params(), interpret=platform == "cpu", name="moe_gather_sum",
   )(rows_NxP, weights_NxP, table_RxD)
   return out[:n]
 
@@ -96,14 +88,10 @@ def _gather_kernel(index_ref, scale_ref, table_ref, out_ref):
   out_ref[...] = (rows_CxBD * scale_ref[...][:, None]).astype(out_ref.dtype)
 
 
-def gather(table_TxD, index_R, scale_R, dtype=None):
+@target.jit(static_argnames="dtype")
+def gather(table_TxD, index_R, scale_R, dtype=None, *, platform: str):
   """Returns scale[r] · table[index[r]] as [R, D] in `dtype` (table's by default); an index
-  past the table's last row gives a zero row."""
-  return _gather(table_TxD, index_R, scale_R, dtype=dtype, interpret=_interpret())
-
-
-@functools.partial(jax.jit, static_argnames=("dtype", "interpret"))
-def _gather(table_TxD, index_R, scale_R, *, dtype, interpret: bool):
+  past the table's last row gives a zero row. On CPU the kernel is interpreted."""
   (r,), (t, d) = index_R.shape, table_TxD.shape
   bd, c = block_d(d), BLOCK_ROWS
   index_R, scale_R, table_TxD = varying.alike(
@@ -117,6 +105,6 @@ def _gather(table_TxD, index_R, scale_R, *, dtype, interpret: bool):
                 pl.BlockSpec((t, bd), lambda i, j: (0, j))],   # every row, one column block
       out_specs=pl.BlockSpec((c, bd), lambda i, j: (i, j)),
       out_shape=varying.shape_like(table_TxD, (index_R.shape[0], d), dtype or table_TxD.dtype),
-      compiler_params=_params(), interpret=interpret, name="moe_gather",
+      compiler_params=_params(), interpret=platform == "cpu", name="moe_gather",
   )(index_R, scale_R, table_TxD)
   return out[:r]

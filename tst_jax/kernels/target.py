@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import jax
 
@@ -33,3 +34,19 @@ def lowering_for(name: str):
     yield
   finally:
     _TARGET.reset(token)
+
+
+def jit(fn=None, *, static_argnames=()):
+  """jax.jit of a kernel `fn(..., platform)` that reads the platform it traces for: each call
+  passes `platform()` as a static argument, so the jit cache keys on it (a lowering for TPU
+  never reuses a trace made for this CPU host). The wrapper takes `fn`'s arguments less
+  `platform`."""
+  if fn is None:
+    return functools.partial(jit, static_argnames=static_argnames)
+  names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+  jitted = jax.jit(fn, static_argnames=(*names, "platform"))
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    return jitted(*args, platform=platform(), **kwargs)
+  return call
