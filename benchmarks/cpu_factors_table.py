@@ -1,5 +1,5 @@
 """Prints the table of benchmarks/cpu_factors.sh's finished points, from the records it copies
-to docs/cpu_factors/<point>/: per point the model, positions per step, vocabulary, steps,
+to docs/cpu_factors/<point>/: per point the parameters (active ones where fewer), positions per step, vocabulary, steps,
 tokens per parameter, both arms' final held-out loss over seeds (mean ± sd), and TST's Δ at
 equal FLOPs paired by seed, with its standard error and Δ / se.
 
@@ -12,7 +12,7 @@ import os
 import sys
 
 ORDER = ["base", "pos2k", "pos8k", "len256", "len512", "vocab4k", "vocab8k", "d96", "d128",
-         "t12k", "t20k"]
+         "t12k", "t20k", "moe", "moe_pos512"]
 
 
 def row(folder: str, point: str) -> str | None:
@@ -28,10 +28,13 @@ def row(folder: str, point: str) -> str | None:
   with open(os.path.join(run, "config.json")) as f:
     vocab = json.load(f)["model"]["vocab_size"]
   ntp = plan["phases"][-1]
+  params = f"{plan['params_total'] / 1e6:.2f}M"
+  if plan["params_active"] != plan["params_total"]:
+    params += f" ({plan['params_active'] / 1e6:.2f}M active)"
   se = delta["sd"] / math.sqrt(delta["n"])
   ratio = f"{delta['mean'] / se:+.1f}" if se else "--"
   loss = lambda s: f"{s['mean']:.4f} ± {s['sd']:.4f}"   # noqa: E731
-  return (f"| {point} | {plan['params_total'] / 1e6:.2f}M | "
+  return (f"| {point} | {params} | "
           f"{ntp['batch_size'] * ntp['latent_seq_len']:,} ({ntp['batch_size']} x "
           f"{ntp['latent_seq_len']}) | {vocab:,} | {plan['total_steps']:,} | "
           f"{plan['tokens_per_param']:.1f} | {delta['n']} | {loss(arms['baseline']['final_loss'])} | "
