@@ -2,6 +2,7 @@
 TensorFlow; CI runs the README's test command at both ends of what an install resolves, and
 once more with every extra installed and the slow tests too."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -11,9 +12,11 @@ import types
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from tests.fixtures.paths import ROOT
 from tst_jax.data import formats
+from tst_jax.kernels import grouped_matmul
 
 
 def _pins(name: str = "constraints.txt") -> dict[str, str]:
@@ -66,23 +69,27 @@ def test_tfds_reads_through_data_source_without_tensorflow(monkeypatch):
   calls = []
   docs = [{"text": b"first document"}, {"text": b"second"}]
 
-  def data_source(name, split):
-    calls.append((name, split))
+  def data_source(name, split, data_dir, download):
+    calls.append((name, split, data_dir, download))
     return docs
 
   fake = types.ModuleType("tensorflow_datasets")
   fake.data_source = data_source
+  fake.builder = lambda name, data_dir: types.SimpleNamespace(
+      is_prepared=lambda: True, info=types.SimpleNamespace(splits={"test": 2}))
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
   monkeypatch.setitem(sys.modules, "tensorflow", None)     # importing it would fail
-  assert list(formats._tfds_texts("lm1b", "test")) == [b"first document", b"second"]
-  assert calls == [("lm1b", "test")]
+  shard = formats.InputShard("tfds", ("lm1b", "test"), 0)
+  monkeypatch.setenv("TFDS_DATA_DIR", "/data/tfds")   # read when the source is, as TFDS's own
+  assert list(formats._tfds_texts(shard)) == [b"first document", b"second"]
+  assert calls == [("lm1b", "test", "/data/tfds", False)]
 
 
 def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   """The [gpu] extra asks for what ran on the H100 (jax >= 0.11.2, tokamax >= 0.0.17 on
-  Python >= 3.12) and the jax-triton that the GPU machines' triton 3.6 takes, constraints-gpu.txt
-  pins versions inside those ranges, and the floor the run enforces (platform.GMM_MIN_TOKAMAX)
-  is the extra's."""
+  Python >= 3.12) and the oldest jax-triton that traces tokamax's Triton kernels,
+  constraints-gpu.txt pins versions inside those ranges, and the floor the run enforces
+  (platform.GMM_MIN_TOKAMAX) is the extra's."""
   tomllib = pytest.importorskip("tomllib")
   from tst_jax import platform   # pylint: disable=import-outside-toplevel
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
@@ -97,13 +104,26 @@ def test_gpu_extra_and_its_constraints_name_the_tokamax_that_ran():
   assert str(gpu["tokamax"].marker) == 'python_version >= "3.12"'
   assert not gpu["tokamax"].marker.evaluate({"python_version": "3.11"})
   assert str(gpu["jax"].specifier) == ">=0.11.2"
-  assert gpu["jax-triton"].specifier.contains("0.3.1")             # triton >= 3.6
-  assert not gpu["jax-triton"].specifier.contains("0.4.0")         # triton >= 3.7
+  floor = ".".join(map(str, grouped_matmul.JAX_TRITON_MIN))
+  assert gpu["jax-triton"].specifier.contains(floor)
+  assert not gpu["jax-triton"].specifier.contains("0.4.0")   # triton_call takes no None
+  assert not gpu["jax-triton"].specifier.contains("0.3.1")   # nor out_type
   assert ".".join(map(str, platform.GMM_MIN_TOKAMAX)) == "0.0.17"
   pins = _pins("constraints-gpu.txt")
   assert pins["tokamax"] == "0.0.17" and pins["jax"] == pins["jaxlib"] == "0.11.2"
   for name, req in gpu.items():
     assert req.specifier.contains(pins[name]), (name, pins[name])
+
+
+def test_the_gpu_pins_trace_tokamaxs_triton_kernels():
+  """constraints-gpu.txt pins the tokamax whose Triton calls grouped_matmul.JAX_TRITON_MIN is
+  read from (0.0.17's pass out_type and None arguments; its own Triton test skips below
+  jax_triton 0.4.1), a jax-triton at or past that floor, and a triton that jax-triton 0.4.x
+  takes (>= 3.7): pins that would register a Triton path that fails to trace fail here."""
+  pins = _pins("constraints-gpu.txt")
+  assert pins["tokamax"] == "0.0.17", "read the new tokamax's triton_call and its test's floor"
+  assert Version(pins["jax-triton"]).release >= grouped_matmul.JAX_TRITON_MIN, pins
+  assert Version(pins["triton"]) >= Version("3.7"), pins
 
 
 def test_every_extra_but_the_gpus_is_in_every():
@@ -116,6 +136,31 @@ def test_every_extra_but_the_gpus_is_in_every():
   assert every.extras == set(extras) - {"every", "gpu", "gpu-kernels", "test"}
   nested = {str(r) for name in every.extras for r in map(Requirement, extras[name])}
   assert pins and {str(p) for p in pins} <= nested, "a pin of [every] is a nested extra's own"
+
+
+# The modules each extra of [every] is for: what a user of it imports.
+EXTRA_MODULES = {
+    "gcs": ["gcsfs"], "s3": ["s3fs"], "s3-test": ["moto", "kubernetes"], "parquet": ["pyarrow"],
+    "tfds": ["tensorflow_datasets", "array_record"], "seqio": ["seqio", "tensorflow"],
+    "ray": ["ray"], "wandb": ["wandb"], "trackio": ["trackio"], "eval": ["lm_eval"],
+    "sentencepiece": ["sentencepiece"], "xm": ["xmanager"], "fp8": ["qwix"]}
+
+
+def test_every_extras_modules_import_together():
+  """Where every extra is installed (.ci/run's third run), the modules of each import in one
+  process: an extra whose pins let pip install what cannot import (seqio's sentencepiece
+  beside xmanager's protobuf < 7) fails here. Skipped where one is not installed."""
+  tomllib = pytest.importorskip("tomllib")
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    every = Requirement(tomllib.load(f)["project"]["optional-dependencies"]["every"][0])
+  assert set(EXTRA_MODULES) == every.extras
+  modules = [m for names in EXTRA_MODULES.values() for m in names]
+  missing = [m for m in modules if importlib.util.find_spec(m) is None]
+  if missing:
+    pytest.skip(f"not every extra is installed here: no {', '.join(missing)}")
+  result = subprocess.run([sys.executable, "-c", "import " + ", ".join(modules)],
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
 
 
 def _readme_command(number: int) -> str:

@@ -85,7 +85,8 @@ def test_the_architecture_names_every_module():
 # How this project measures on the GPUs it is lent: its own machinery, which docs/gpu/README.md
 # holds. A user's docs say how to run a GPU, not how this project's sessions are budgeted.
 LEASE_WORDS = re.compile(r"\$OUT\b|\bTOTAL_S\b|\blent\b|\bleases?\b|device time|"
-                         r"device budget|budget_left", re.I)
+                         r"device budget|budget_left|\bborrowed\b|GPU windows?\b|gpu_wheels|"
+                         r"no GPU in (this|that) session", re.I)
 
 
 def test_the_projects_gpu_lease_wording_stays_in_docs_gpu():

@@ -284,7 +284,60 @@ def test_kernels_tokamax_cannot_run_are_left_out_and_said_in_one_line(fake_packa
   _install_tokamax(monkeypatch, tmp_path / "c", ["xla", "triton", "mosaic_gpu"])
   _, kernels, why = platform.grouped_matmul_backend("gpu", H100)
   assert kernels.dw == ("triton", "mosaic") and "not used" not in why
-  assert gm.Kernels(dw=("triton",)).within({"mosaic"}) == gm.Kernels()
+  # a product left with none, or naming none, runs what tokamax's own order keeps
+  assert gm.Kernels(dw=("triton",)).within({"mosaic"}) == gm.Kernels(*[("mosaic",)] * 3)
+
+
+# jax_triton's triton_call as each release's wheel declares it (jax_triton/triton_lib.py), its
+# body left out: 0.3.1 asks for out_shape, 0.4.x takes out_type; 0.4.1 also takes None arguments.
+_TRITON_CALL = {
+    (0, 3, 1): "def triton_call(*args, kernel, out_shape, grid, name='', "
+               "custom_call_target_name='triton_kernel_call', num_warps=None, num_stages=None, "
+               "num_ctas=1, compute_capability=None, enable_fp_fusion=True, "
+               "input_output_aliases=None, zeroed_outputs=(), debug=False, "
+               "serialized_metadata=b'', **metaparams): ...\n",
+    (0, 4, 0): "def triton_call(*args, kernel, out_type=None, grid, name='', num_warps=None, "
+               "num_stages=None, num_ctas=None, compute_capability=None, backend_options=None, "
+               "input_output_aliases=None, zeroed_outputs=(), debug=False, "
+               "serialized_metadata=b'', cost_estimate=None, has_side_effect=False, "
+               "**kwargs): ...\n",
+}
+_TRITON_CALL[(0, 4, 1)] = _TRITON_CALL[(0, 4, 0)]
+
+
+@pytest.mark.parametrize("version,why", [
+    ((0, 3, 1), "jax_triton 0.3.1's triton_call takes no out_type, which tokamax's Triton "
+                "kernels pass: they need jax-triton >= 0.4.1 (with triton >= 3.7)"),
+    ((0, 4, 0), "jax_triton 0.4.0 is older than the 0.4.1 tokamax's Triton kernels need (with "
+                "triton >= 3.7)"),
+    ((0, 4, 1), None)], ids=["0.3.1", "0.4.0", "0.4.1"])
+def test_triton_runs_only_where_jax_triton_traces_it(fake_packages, monkeypatch, tmp_path,
+                                                     version, why):
+  """tokamax 0.0.17 registers its Triton kernels wherever jax_triton imports, and they pass
+  triton_call an out_type, which jax-triton 0.3.1's triton_call answers with a TypeError in the
+  trace, past which tokamax does not fall back; 0.4.0 is below the floor of tokamax's own
+  Triton test. With either the H100's Triton-first dW runs Mosaic, a GPU with no kernel table
+  runs tokamax's own order less Triton, and the plan says why in one line; with 0.4.1 Triton
+  stays."""
+  monkeypatch.setattr(gm, "tokamax_version", lambda: "0.0.17")
+  monkeypatch.setattr(gemm_measured, "FILE", str(tmp_path / "none.json"))
+  monkeypatch.setenv(tokamax_tuning.ENV, "off")
+  jax_triton = (f"__version_info__ = {version!r}\n__version__ = {'.'.join(map(str, version))!r}\n"
+                + _TRITON_CALL[version])
+  _install_tokamax(monkeypatch, tmp_path, ["xla", "triton", "mosaic_gpu"],
+                   {"triton": "", "jax_triton": jax_triton})
+  assert gm.triton_unavailable() == gm.triton_call_refused() == why
+  _, kernels, line = platform.grouped_matmul_backend("gpu", H100)
+  _, own, own_line = platform.grouped_matmul_backend("gpu", "NVIDIA A40")
+  if why is None:
+    assert gm.tokamax_kernels() == {"xla", "triton", "mosaic_gpu", "mosaic"}
+    assert kernels.dw == ("triton", "mosaic") and "not used" not in line
+    assert own == gm.Kernels() and "not used" not in own_line
+    return
+  assert gm.tokamax_kernels() == {"xla", "mosaic_gpu", "mosaic"}
+  assert kernels[:3] == (("mosaic",),) * 3 and {p[1] for p in kernels.pinned} == {"mosaic"}
+  assert f"triton not used: {why}" in line and "\n" not in line
+  assert own[:3] == (("mosaic", "xla"),) * 3 and f"triton not used: {why}" in own_line
 
 
 @pytest.mark.parametrize("kind,lines,why", [

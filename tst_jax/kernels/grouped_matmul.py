@@ -29,6 +29,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.resources
+import inspect
 import json
 import sys
 from typing import NamedTuple
@@ -64,6 +65,12 @@ PRODUCTS = gemm_measured.PRODUCTS
 TUNED, PINNED, TOKAMAX = "tuned", "pinned", "tokamax"
 # The autotuning table each kernel reads in tokamax 0.0.17, tokamax/data/autotuning/<device>/.
 _TABLES = {"mosaic": "pallas_mosaic_gpu_ragged_dot", "triton": "triton_ragged_dot"}
+# tokamax 0.0.17's own kernel order on an NVIDIA GPU, of those it registers (its api's
+# _DEFAULT_IMPLEMENTATIONS): what a product that names no kernels runs.
+TOKAMAX_ORDER = ("mosaic", "triton", "xla")
+# The oldest jax-triton that traces tokamax 0.0.17's Triton kernels: its triton_call takes their
+# out_type from 0.4.0 and their None arguments from 0.4.1, below which tokamax's own test skips.
+JAX_TRITON_MIN = (0, 4, 1)
 _ANNOUNCED: set = set()   # the calls whose choice this process has said
 
 
@@ -89,9 +96,10 @@ class Kernels(NamedTuple):
                      for p, k in zip(PRODUCTS, self[:3]))
 
   def within(self, names) -> Kernels:
-    """Returns these kernels less those not in `names`; a product left with none keeps
-    tokamax's own order."""
-    kept = [tuple(n for n in k if n in names) or None if k else None for k in self[:3]]
+    """Returns these kernels less those not in `names`; a product left with none, or naming
+    none, runs tokamax's own order less them, which tokamax would otherwise try."""
+    kept = [tuple(n for n in k or () if n in names)
+            or tuple(n for n in TOKAMAX_ORDER if n in names) or None for k in self[:3]]
     return Kernels(*kept, tuple(p for p in self.pinned if p[1] in names))
 
 
@@ -117,12 +125,15 @@ def choose(kernels: Kernels, product: str, device_kind: str, lhs: str, rhs: str,
 def tokamax_kernels() -> frozenset[str] | None:
   """Returns the kernel names the installed tokamax can run, "mosaic" among them where it has
   a Mosaic kernel; None where it does not say. Its Triton kernels need jax-triton and triton,
-  which tokamax does not install: without them it knows no "triton" and refuses the name."""
+  which tokamax does not install: without them it knows no "triton" and refuses the name, and
+  with a jax_triton that cannot trace them (`triton_call_refused`) "triton" is left out."""
   try:   # tokamax lists them in no public name
     from tokamax._src.ops.ragged_dot import api   # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
   names = set(getattr(api, "IMPLEMENTATIONS", ()))
+  if "triton" in names and triton_call_refused():
+    names.discard("triton")
   if any(n.startswith("mosaic") for n in names):
     names.add("mosaic")
   return frozenset(names) or None
@@ -130,12 +141,32 @@ def tokamax_kernels() -> frozenset[str] | None:
 
 def triton_unavailable() -> str | None:
   """Says why tokamax's Triton kernels cannot run here, None where triton and jax_triton
-  import: tokamax registers them only then, and installs neither."""
+  import and jax_triton traces them: tokamax registers them where both import, and installs
+  neither."""
   for module in ("triton", "jax_triton"):
     try:
       importlib.import_module(module)
     except Exception as e:  # pylint: disable=broad-except  (a broken install fails otherwise)
       return f"{module} does not import ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+  return triton_call_refused()
+
+
+def triton_call_refused() -> str | None:
+  """Says why the installed jax_triton cannot trace tokamax's Triton kernels, None where it
+  can or does not import. An older triton_call fails their trace with a TypeError, which
+  tokamax does not fall back past as it does past a NotImplementedError."""
+  try:
+    jax_triton = importlib.import_module("jax_triton")
+  except Exception:  # pylint: disable=broad-except  (triton_unavailable says why)
+    return None
+  version = getattr(jax_triton, "__version__", "of no version")
+  need = ".".join(map(str, JAX_TRITON_MIN))
+  if "out_type" not in inspect.signature(jax_triton.triton_call).parameters:
+    return (f"jax_triton {version}'s triton_call takes no out_type, which tokamax's Triton "
+            f"kernels pass: they need jax-triton >= {need} (with triton >= 3.7)")
+  if tuple(getattr(jax_triton, "__version_info__", ())) < JAX_TRITON_MIN:
+    return (f"jax_triton {version} is older than the {need} tokamax's Triton kernels need "
+            "(with triton >= 3.7)")
   return None
 
 
