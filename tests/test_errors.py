@@ -45,3 +45,21 @@ def test_the_user_error_inside_the_wrappers_is_found():
   except RuntimeError as outer:
     assert errors.user_error_in(outer) is inner
   assert errors.user_error_in(RuntimeError("a bug")) is None
+
+
+def test_the_chain_walk_takes_the_first_match_and_ends_on_a_loop():
+  """`e` itself first, then what it was raised from before what it was raised during."""
+  context, cause = KeyError("context"), OSError("cause")
+  outer = RuntimeError("outer")
+  outer.__context__, outer.__cause__ = context, cause
+  assert errors.in_chain(outer, lambda e: True) is outer
+  assert errors.in_chain(outer, lambda e: isinstance(e, OSError)) is cause
+  assert errors.in_chain(outer, lambda e: isinstance(e, KeyError)) is None   # behind the cause
+  outer.__cause__ = None
+  assert errors.in_chain(outer, lambda e: isinstance(e, KeyError)) is context
+  assert errors.in_chain(None, lambda e: True) is None
+  first, second = ValueError("first"), ValueError("second")
+  first.__cause__, second.__cause__ = second, first     # a loop: the walk must end
+  asked = []
+  assert errors.in_chain(first, lambda e: asked.append(e) and False) is None
+  assert asked == [first, second]

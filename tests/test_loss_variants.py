@@ -64,6 +64,7 @@ def test_a_registered_variant_is_a_choice_of_tst_variant(focal):
   assert spec_lib.check(tiny_config(tst=dict(variant=focal))).plan.phases[0].variant == focal
   line, = [x for x in schema.help_lines(sections.Tst, "tst") if x.startswith("tst.variant ")]
   assert "'focal'" in line and "mce (the paper's)" in line
+  assert "focal (MCE with each CE times (1 - p)^2)" in line    # its doc, read as help is
   losses.unregister(focal)
   try:
     with pytest.raises(ConfigError, match=r"tst.variant: must be one of \('mce', 'alt'\)"):
@@ -121,6 +122,31 @@ def test_a_bag_loss_has_a_floor_where_a_next_token_loss_has_0():
   assert losses.bag_floor("uniform", "mce", 1) == 0.0 and losses.bag_floor("uniform", "alt", 4) == 0
   assert float(losses.mce_loss(jnp.full((1, 11), -1e4).at[0, 1:5].set(0.0), targets,
                                variant="alt")) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kl_subtracts_the_floor_a_variant_registers():
+  """kl=True subtracts the floor a variant registers, so that any variant's KL form is 0 at
+  its optimum, not MCE's alone."""
+  losses.register("floored", losses.Variant(losses.mce_rows, "MCE, floor 0.25",
+                                            floor=lambda weights_S: 0.25))
+  try:
+    logits = jnp.asarray(np.random.default_rng(1).normal(size=(6, 9)), jnp.float32)
+    targets = jnp.asarray(np.random.default_rng(2).integers(0, 9, (6, 3)), jnp.int32)
+    plain = losses.mce_loss(logits, targets, variant="floored")
+    np.testing.assert_allclose(losses.mce_loss(logits, targets, variant="floored", kl=True),
+                               plain - 0.25, rtol=1e-6)
+  finally:
+    losses.unregister("floored")
+
+
+def test_a_short_run_trains_with_a_registered_variant(tmp_path, focal):
+  """Four steps, two a phase: phase 1's bag loss is the focal MCE's, whose floor is 0 where
+  MCE's is log 2."""
+  summary = cli.run(tiny_config(steps=4, tst=dict(variant=focal),
+                                train=dict(checkpoint_every=0, eval_every=100)), str(tmp_path))
+  assert np.isfinite(summary["phase1_end_eval_bag_loss"]) and np.isfinite(
+      summary["final_eval_loss"])
+  assert summary["phase1_bag_floor"] == 0.0
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from tst_jax import models, schema
 from tst_jax.models import layers, llama
 from tst_jax.rundir import RunDir
 from tst_jax import cli
+from tst_jax.config import record as record_lib
 from tst_jax.run import workdir as workdir_lib
 
 
@@ -72,12 +73,26 @@ def gelu_family():
   models.unregister("gelu_llama")
 
 
-@pytest.mark.slow
-def test_a_family_registered_in_a_test_file_trains_end_to_end(tmp_path, gelu_family):
-  config = tiny_config()
+def gelu_config(**fields):
+  """tiny_config(**fields) with the GELU family's model of the same sizes."""
+  config = tiny_config(**fields)
   config.model = models.preset_config("gelu_llama", "tiny", **{
       k: config.model[k] for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads",
                                    "ffw_dim")})
+  return config
+
+
+def test_a_family_registered_in_a_test_file_trains_a_short_run(tmp_path, gelu_family):
+  """Four steps, two a phase, recorded as the family's."""
+  summary = cli.run(gelu_config(steps=4, train=dict(checkpoint_every=0, eval_every=100)),
+                    str(tmp_path))
+  assert np.isfinite(summary["final_eval_loss"])
+  assert type(record_lib.read_config(RunDir(tmp_path))["model"]) is GeluConfig   # read back
+
+
+@pytest.mark.slow
+def test_a_family_registered_in_a_test_file_trains_end_to_end(tmp_path, gelu_family):
+  config = gelu_config()
   summary = cli.run(config, str(tmp_path))
   assert np.isfinite(summary["final_eval_loss"])
   records = workdir_lib.read_metrics(RunDir(tmp_path))

@@ -103,7 +103,8 @@ def test_a_registered_field_takes_a_name_registered_after_it_was_declared():
 
   @dataclasses.dataclass(frozen=True)
   class Sinks:
-    sink: str = schema.field("jsonl", schema.registered(registry), "where records go")
+    sink: str = schema.field("jsonl", schema.registered(registry),
+                             lambda: "where records go: " + " | ".join(registry))
 
   with pytest.raises(ConfigError, match=r"^config.s.sink: must be one of \('jsonl',\), got "
                                         r"'mlflow'$"):
@@ -112,7 +113,21 @@ def test_a_registered_field_takes_a_name_registered_after_it_was_declared():
   assert schema.parse(Sinks, dict(sink="mlflow"), "s").sink == "mlflow"
   rule = schema.config_fields(Sinks)[0].metadata["rule"]
   assert rule.options == ("jsonl", "mlflow") and rule.kind is str and not rule.ok(3)
-  assert schema.help_lines(Sinks, "s")[0].endswith("(one of ('jsonl', 'mlflow'))")
+  assert schema.help_lines(Sinks, "s")[0].endswith(
+      "where records go: jsonl | mlflow (one of ('jsonl', 'mlflow'))")   # the doc read now too
+
+
+def test_a_name_registered_again_is_a_no_op_with_an_equal_entry_else_replace_says_so():
+  """Every registry's rule (tests/behaviour/test_registries.py runs it on the four)."""
+  registry = {}
+  schema.register(registry, "widget", "a", 1)
+  schema.register(registry, "widget", "a", 1.0)   # equal: the same entry
+  with pytest.raises(ValueError, match=r"^widget 'a' is registered already: pass replace=True "
+                                       r"to replace it$"):
+    schema.register(registry, "widget", "a", 2)
+  assert registry == {"a": 1}
+  schema.register(registry, "widget", "a", 2, replace=True)
+  assert registry == {"a": 2}
 
 
 def test_dotted_names_every_leaf_of_a_nested_record():

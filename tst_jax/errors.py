@@ -6,6 +6,7 @@ import errno
 import logging
 import sys
 import traceback
+from typing import Callable
 
 from absl import logging as absl_logging
 
@@ -76,16 +77,23 @@ def one_line(e: BaseException) -> str | None:
   return "error: " + " ".join(text.split())
 
 
-def user_error_in(e: BaseException | None) -> UserError | None:
-  """Returns the UserError along `e`'s chain of causes, None where there is none: a config
-  file's ConfigError, which config_flags re-raises as a TypeError and absl wraps again."""
+def in_chain(e: BaseException | None,
+             match: Callable[[BaseException], bool]) -> BaseException | None:
+  """Returns the first exception along `e`'s chain, `e` itself and then what each was raised
+  from or during, for which `match` is true; None where none is. A chain that loops ends."""
   seen = set()
   while e is not None and id(e) not in seen:
-    if isinstance(e, UserError):
+    if match(e):
       return e
     seen.add(id(e))
     e = e.__cause__ or e.__context__
   return None
+
+
+def user_error_in(e: BaseException | None) -> UserError | None:
+  """Returns the UserError along `e`'s chain of causes, None where there is none: a config
+  file's ConfigError, which config_flags re-raises as a TypeError and absl wraps again."""
+  return in_chain(e, lambda cause: isinstance(cause, UserError))
 
 
 def main(fn, *args, debug: bool = False, **kwargs):

@@ -156,11 +156,9 @@ VARIANTS = {"mce": Variant(mce_rows, "the paper's", floor=_entropy),
 VARIANT = schema.registered(VARIANTS)   # tst.variant's rule
 
 
-def register(name: str, variant: Variant) -> None:
-  """Adds loss variant `name`: from then on tst.variant may name it."""
-  if name in VARIANTS and VARIANTS[name] != variant:
-    raise ValueError(f"loss variant {name!r} is registered already")
-  VARIANTS[name] = variant
+def register(name: str, variant: Variant, *, replace: bool = False) -> None:
+  """Adds loss variant `name`: from then on tst.variant may name it (schema.register's rule)."""
+  schema.register(VARIANTS, "loss variant", name, variant, replace=replace)
 
 
 def unregister(name: str) -> None:
@@ -221,22 +219,18 @@ def mce_loss(logits, targets, *, weighting="uniform", variant="mce",
              ignore_index: int = IGNORE_INDEX, kl: bool = False, z_loss: float = 0.0):
   """Multi-hot cross-entropy: logits [..., V], bag targets [..., S] -> scalar (float32).
 
-  kl=True subtracts the target distribution's entropy (log S for uniform weights), the
-  paper's KL-normalised L_MCE that is 0 at the optimum. It is off by default, as in the paper.
+  kl=True subtracts the variant's floor (`bag_floor`: MCE's is its targets' entropy, log S for
+  uniform weights), the paper's KL-normalised L_MCE that is 0 at the optimum. It is off by
+  default, as in the paper.
   z_loss > 0 adds the z-loss (module docstring).
   """
   logits_NxV, targets_NxS = _flatten(logits, targets)
   lse_N, z_NxS = _lse_and_target_logits(logits_NxV, targets_NxS, ignore_index)
   loss = mce_from_parts(lse_N, z_NxS, targets_NxS, weighting=weighting, variant=variant,
                         ignore_index=ignore_index, z_loss=z_loss)
-  if kl and variant == "mce":
-    loss = loss - target_entropy(weighting, targets_NxS.shape[-1])
+  if kl:
+    loss = loss - bag_floor(weighting, variant, targets_NxS.shape[-1])
   return loss
-
-
-def target_entropy(weighting, bag_size: int) -> float:
-  """Entropy of the MCE target distribution over a bag of distinct tokens (log S if uniform)."""
-  return _entropy(bag_weights(weighting, bag_size))
 
 
 def bag_floor(weighting, variant: str, bag_size: int) -> float:

@@ -72,6 +72,14 @@ def registered(registry: dict) -> Rule:
   return _Registered(registry)
 
 
+def register(registry: dict, kind: str, name: str, entry, *, replace: bool = False) -> None:
+  """Adds `entry` to `registry` as `name`, every registry's one rule: registering a name again
+  is a no-op with an equal entry, a ValueError with another unless `replace`."""
+  if name in registry and registry[name] != entry and not replace:
+    raise ValueError(f"{kind} {name!r} is registered already: pass replace=True to replace it")
+  registry[name] = entry
+
+
 class _Registered(Rule):
   """one_of a registry's names as they are when asked."""
 
@@ -91,11 +99,12 @@ BOOL = Rule(lambda v: isinstance(v, bool), "True or False", bool)
 STRING = Rule(lambda v: isinstance(v, str), "a string", str)
 
 
-def field(default, rule: Rule, doc: str, *, added=MISSING):
+def field(default, rule: Rule, doc: str | Callable[[], str], *, added=MISSING):
   """Declares a config field: its `default`, the `rule` its value must satisfy and a `doc` line.
 
-  A MISSING default makes it required, as a model's sizes that presets give. `added` is the
-  value a run written before the field existed had.
+  A MISSING default makes it required, as a model's sizes that presets give. A `doc` that is a
+  function is read when the help is, as a doc that lists a registry's entries must be. `added`
+  is the value a run written before the field existed had.
   """
   return dataclasses.field(default=default, metadata=dict(rule=rule, doc=doc, added=added))
 
@@ -191,8 +200,10 @@ def help_lines(cls, prefix: str) -> list[str]:
   def default(f):
     text = "(required)" if f.default is MISSING else repr(f.default)
     return text if len(text) <= 20 else text[:17] + "..."
+  def doc(f):
+    return f.metadata["doc"]() if callable(f.metadata["doc"]) else f.metadata["doc"]
   return [f"{(prefix + '.' if prefix else '') + f.name:<34} {default(f):<20} "
-          f"{f.metadata['doc']} ({f.metadata['rule'].must})" for f in config_fields(cls)]
+          f"{doc(f)} ({f.metadata['rule'].must})" for f in config_fields(cls)]
 
 
 def _optional_type(hint, name: str) -> type:

@@ -3,6 +3,7 @@ exist is one `error:` line naming it, exit 2, before anything compiles; a run on
 the bucket logs the losses of the same run on its local copy."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from tests.fixtures import subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
+from tst_jax import cli, errors
 from tst_jax.data import section
 from tst_jax.errors import ConfigError
 from tst_jax.config import spec as spec_lib
@@ -39,6 +41,46 @@ def test_the_data_paths_check_names_what_is_missing(bucket, source, line):
   with pytest.raises(ConfigError) as caught:
     section.check_paths(spec_lib.check(config).data)
   assert caught.value.field == "data.source" and caught.value.message == line.format(bucket=bucket)
+
+
+def _no_network(monkeypatch):
+  """Makes every request of gcsfs fail at once as it does, out of retries, where
+  storage.googleapis.com's name does not resolve."""
+  gcsfs = pytest.importorskip("gcsfs")
+  aiohttp = pytest.importorskip("aiohttp")
+  key = aiohttp.client_reqrep.ConnectionKey("storage.googleapis.com", 443, True, True, None,
+                                            None, None)
+
+  async def request(self, *args, **kwargs):
+    raise aiohttp.ClientConnectorDNSError(
+        key, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+  monkeypatch.setattr(gcsfs.GCSFileSystem, "_request", request)
+  monkeypatch.setenv("NO_GCE_CHECK", "true")   # credentials without a metadata server's wait
+
+
+@pytest.mark.parametrize("mode,said", [
+    ("plan", "'jsonl:{glob}' cannot be listed"), ("train", "the glob {glob} cannot be read")])
+def test_a_bucket_that_cannot_be_reached_is_one_line_in_each_mode(
+    monkeypatch, capsys, tmp_path, mode, said):
+  _no_network(monkeypatch)
+  monkeypatch.setattr(cli.Setup, "create", lambda *a, **k: pytest.fail("went on"))
+  glob = "gs://tst-no-such-bucket-xyz/d/*.jsonl"
+  config = tiny_config(data=dict(source=f"jsonl:{glob}"))
+  with pytest.raises(SystemExit) as e:
+    errors.main(cli.run, config, str(tmp_path / "run") if mode == "train" else "", mode=mode)
+  assert e.value.code == errors.EXIT_STATUS
+  assert capsys.readouterr().err.splitlines() == [
+      f"error: config.data.source: {said.format(glob=glob)}: the store cannot be reached "
+      "(ClientConnectorDNSError: Cannot connect to host storage.googleapis.com:443 ssl:default "
+      "[Name or service not known])"]
+
+
+def test_a_plan_names_a_bucket_that_does_not_exist_in_one_line(gcs_emulator):
+  config = tiny_config(data=dict(source="jsonl:gs://tst-no-such-bucket-xyz/d/*.jsonl"))
+  with pytest.raises(ConfigError) as caught:
+    cli.run(config, "", mode="plan")
+  assert caught.value.field == "data.source" and caught.value.message == (
+      "'jsonl:gs://tst-no-such-bucket-xyz/d/*.jsonl' cannot be listed: no such bucket or folder")
 
 
 @pytest.mark.slow

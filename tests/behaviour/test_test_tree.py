@@ -18,6 +18,7 @@ NAMED_FOR_A_PART = {
     "config/test_plan_schedule.py": "config/plan.py",     # the plan's learning-rate schedule
     "test_z_loss.py": "losses.py",                      # the z-loss, in every implementation
     "test_loss_variants.py": "losses.py",               # the registry of TST loss variants
+    "data/test_dataset_libraries.py": "data/formats.py",  # tfds: and seqio:, the real ones
 }
 
 # Modules tested through others, and where. Each named file must import the module.

@@ -49,6 +49,17 @@ def stdlib_pieces(max_bytes: int) -> list[str]:
           for p in sources.pieces(d, 8192) if p.strip()]
 
 
+def test_a_format_registered_in_a_test_file_trains_a_short_run(tmp_path, csv_format):
+  """Four steps, two a phase, on one CSV file of 100 kB; the store records the source."""
+  write_csv(f"{tmp_path}/corpus/a.csv", stdlib_pieces(100_000))
+  source = f"csv:{tmp_path}/corpus/*.csv"
+  summary = cli.run(tiny_config(steps=4, data=dict(source=source),
+                                train=dict(checkpoint_every=0, eval_every=100)),
+                    str(tmp_path / "run"))
+  assert np.isfinite(summary["final_eval_loss"])
+  assert TokenStore(RunDir(tmp_path / "run").data).manifest["sources"]["source"] == source
+
+
 @pytest.mark.slow
 def test_a_format_registered_in_a_test_file_trains_end_to_end(tmp_path, csv_format):
   docs = stdlib_pieces(300_000)
@@ -77,7 +88,7 @@ def test_a_glob_of_a_registered_format_that_matches_nothing_is_one_line(tmp_path
   assert capsys.readouterr().err == (
       f"error: config.data.source: '{tmp_path}/none/*.csv' matches no files: give a glob of "
       "csv files, e.g. 'csv:/data/corpus/**/*.csv'\n")
-  with pytest.raises(ValueError, match=r"expected 'builtin:pystdlib', .* 'seqio:<task>"
+  with pytest.raises(ValueError, match=r"expected 'builtin:pystdlib', .* 'seqio:<task or mixture>"
                                        r"\[:<split>\]' or 'csv:<glob>'$"):
     sources.input_shards("tsv:corpus/*.tsv")
 

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from tests.fixtures.corpus import CORPUS, bad_files
-from tst_jax.data import load_documents, split_documents
+from tst_jax.data import load_documents, sources, split_documents
 from tst_jax.data.sources import BadFile, pieces
 
 
@@ -165,3 +165,11 @@ def test_a_bucket_or_store_that_cannot_be_read_is_one_line(bucket, monkeypatch):
       PermissionError("Forbidden")))
   with pytest.raises(fileio.PathError, match="cannot be listed: permission denied"):
     load_documents(f"jsonl:{bucket}/x/*.jsonl")
+
+
+def test_a_glob_that_matches_nothing_here_bounds_no_tokens(tmp_path):
+  """A plan made where the data is not (a launcher's machine) counts the tokens as unknown,
+  not as zero, which its passes would divide by."""
+  assert sources.token_bound(f"jsonl:{tmp_path}/none/*.jsonl") is None
+  (tmp_path / "a.jsonl").write_text('{"text": "four"}\n')
+  assert sources.token_bound(f"jsonl:{tmp_path}/*.jsonl") == 17 + 2

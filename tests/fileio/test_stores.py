@@ -1,6 +1,7 @@
 """The object stores behind URLs (tst_jax/fileio/stores.py): the bucket names GCS takes, and a
 store that refuses a path, or whose package is missing, said in one line with the reason."""
 
+import errno
 import re
 
 import fsspec
@@ -46,7 +47,9 @@ class DefaultCredentialsError(Exception):
 @pytest.mark.parametrize("error,reason", [
     (PermissionError, "permission denied$"),
     (OSError("Forbidden: b/x"), "permission denied$"),
-    (DefaultCredentialsError, r"no credentials \(DefaultCredentialsError\)$")])
+    (DefaultCredentialsError, r"no credentials \(DefaultCredentialsError\)$"),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+     r"the store cannot be reached \(ConnectionRefusedError: \[Errno \d+\] Connection refused\)$")])
 def test_refusals_are_one_line_with_the_reason(monkeypatch, error, reason):
   monkeypatch.setattr(_Refusing, "error", error if isinstance(error, type) else
                       lambda *_: error)

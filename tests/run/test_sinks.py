@@ -36,6 +36,17 @@ def recorder():
   sinks.unregister("recorder")
 
 
+def test_a_tracker_registered_in_a_test_file_gets_every_record_of_a_short_run(tmp_path,
+                                                                               recorder):
+  """Four steps, two a phase: the tracker's run gets metrics.jsonl's records and the config."""
+  cli.run(tiny_config(steps=4, train=dict(tracker="recorder", checkpoint_every=0,
+                                          eval_every=100)), str(tmp_path))
+  (run,) = recorder
+  assert run.records == workdir_lib.read_metrics(RunDir(tmp_path)) and run.closed == 1
+  assert [r["phase"] for r in run.records if "loss" in r] == ["tst", "tst", "ntp", "ntp"]
+  assert run.config["config"]["train"]["tracker"] == "recorder"
+
+
 @pytest.mark.slow
 def test_a_tracker_registered_in_a_test_file_gets_every_record_and_resumes(tmp_path, recorder):
   config = tiny_config(steps=8, train=dict(tracker="recorder", checkpoint_every=0))
@@ -66,4 +77,4 @@ def test_a_tracker_not_registered_is_refused_naming_the_registered_ones(recorder
                                         r"'wandb', 'trackio', 'recorder'\), got 'mlflow'$"):
     spec_lib.check(config)
   with pytest.raises(ValueError, match="tracker 'recorder' is registered already"):
-    sinks.register("recorder", Recorder)
+    sinks.register("recorder", sinks.TRACKERS["wandb"])

@@ -82,8 +82,8 @@ class Tst:
   weighting: str = schema.field("uniform", schema.STRING, "the MCE's bag weights: uniform | "
                                 "power | exponential | first | fitted:<F.json> | fitted:paper "
                                 "(appendix D's C0 + a·d^k)")
-  variant: str = schema.field("mce", losses.VARIANT, "the bag's loss, a variant of losses.py: "
-                              + losses.variants_doc())
+  variant: str = schema.field("mce", losses.VARIANT, lambda: "the bag's loss, a variant of "
+                              "losses.py: " + losses.variants_doc())
   equal_flops: str = schema.field("seq", schema.one_of(EQUAL_FLOPS), "seq: data length S x L "
                                   "(the paper's) | batch: S x the rows of L/S bags")
   reinit_at_switch: bool = schema.field(False, schema.BOOL, "re-initialise embedding and head "

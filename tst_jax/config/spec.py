@@ -50,7 +50,7 @@ class RunSpec:
   `on_platform`, after which the sections hold the resolved values).
   """
   run: Run
-  model: object            # LlamaConfig | MoEConfig
+  model: models.ModelConfig   # the config dataclass of a family of models.FAMILIES
   data: Data
   tst: Tst
   loss: Loss

@@ -11,13 +11,15 @@ prepared, which data/run_data.py reads in place.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import importlib
 import os
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 
-from tst_jax import fileio
+from tst_jax import fileio, schema
 from tst_jax.data import file_readers
 from tst_jax.errors import ConfigError, DataError
 
@@ -33,6 +35,7 @@ class InputShard:
   paths: tuple[str, ...]    # files, one document each for text:, or tfds's name and split
   num_bytes: int
   text_field: str = "text"
+  imports: str = ""         # data.imports: what a worker process imports before reading it
 
   @property
   def name(self) -> str:
@@ -176,32 +179,135 @@ def _builtin_sizes(argument: str) -> dict[str, int] | None:
   return {p: os.path.getsize(p) for p in _stdlib_files()} if argument == "pystdlib" else None
 
 
+def modules(text: str) -> tuple[str, ...]:
+  """Returns the module names of data.imports, comma-separated in `text`."""
+  return tuple(filter(None, (name.strip() for name in text.split(","))))
+
+
+def import_modules(text: str) -> None:
+  """Imports the modules of data.imports (`text`), which register what a source names: seqio
+  Tasks and Mixtures, as t5x's mixture_or_task_module, or a format of `register`. A module
+  that does not import is one ConfigError naming it and why."""
+  for name in modules(text):
+    try:
+      importlib.import_module(name)
+    except Exception as e:   # pylint: disable=broad-except  # the user's module: any error
+      raise ConfigError("data.imports", f"module {name!r} does not import: "
+                        f"{type(e).__name__}: {e}") from None
+
+
 def _split_shard(name: str, argument: str, text_field: str) -> list[InputShard]:
   """Returns the one shard of a tfds or seqio source, `<dataset or task>[:<split>]`."""
-  del text_field
   dataset, _, split = argument.partition(":")
-  return [InputShard(name, (dataset, split or "train"), 0)]
+  return [InputShard(name, (dataset, split or "train"), 0, text_field)]
 
 
-def _tfds_texts(name: str, split: str) -> Iterator[bytes]:
+def _tfds():
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(
-        f"data.source 'tfds:{name}' needs tensorflow-datasets: pip install 'tst-jax[tfds]'") from e
-  source = tfds.data_source(name, split=split)   # ArrayRecord, read without TensorFlow
+  except ImportError:
+    raise ConfigError("data.source", "a tfds: source needs tensorflow-datasets: pip install "
+                      "'tst-jax[tfds]'") from None
+  return tfds
+
+
+def _tfds_source(name: str, split: str):
+  """Returns split `split` of TFDS dataset `name` as its ArrayRecord data source (random
+  access, no TensorFlow), prepared in the data_dir TFDS_DATA_DIR names when this is called,
+  else TFDS's default: a run reads a prepared dataset and never downloads one. A dataset,
+  preparation or split that is not there is one ConfigError naming what is."""
+  tfds = _tfds()
+  data_dir = os.environ.get("TFDS_DATA_DIR") or None
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise ConfigError("data.source", f"'tfds:{name}' is not a TFDS dataset here: "
+                      f"{str(e).splitlines()[0]}") from None
+  if not builder.is_prepared():
+    raise ConfigError("data.source", f"TFDS dataset {name!r} is not prepared in "
+                      f"{builder.data_dir}: prepare it with `tfds build {name}` (its data_dir "
+                      "as TFDS_DATA_DIR)")
+  splits = builder.info.splits
+  if split.partition("[")[0] not in splits:   # train[:10%] is a slice of train
+    raise ConfigError("data.source", f"TFDS dataset {name!r} has no split {split!r}: its "
+                      f"splits are {', '.join(sorted(splits))}")
+  return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+
+
+def _tfds_check(name: str, argument: str) -> None:
+  _tfds_source(*_split_shard(name, argument, "")[0].paths)
+
+
+def _tfds_texts(shard: InputShard) -> Iterator[bytes]:
+  source = _tfds_source(*shard.paths)
   for i in range(len(source)):
-    yield source[i]["text"]
+    yield _feature(source[i], shard, lambda ids: None)
 
 
-def _seqio_texts(task: str, split: str) -> Iterator[bytes]:
+def _feature(example: dict, shard: InputShard, decode: Callable) -> bytes | str:
+  """Returns feature `shard.text_field` of `example` as text: bytes or str as they are, token
+  ids decoded by `decode` (None where it cannot). A missing feature is one DataError."""
+  if shard.text_field not in example:
+    raise DataError(f"data.source '{shard.kind}:{shard.paths[0]}': its examples have no feature "
+                    f"{shard.text_field!r} (data.text_field); they have "
+                    f"{', '.join(sorted(example))}")
+  value = example[shard.text_field]
+  if isinstance(value, (bytes, str)):
+    return value
+  text = decode(value)
+  if text is None:
+    raise DataError(f"data.source '{shard.kind}:{shard.paths[0]}': feature "
+                    f"{shard.text_field!r} is not text ({type(value).__name__}) and names no "
+                    "vocabulary that decodes it")
+  return text
+
+
+def _seqio_provider(name: str):
+  """Returns the seqio Task or Mixture `name`, registered by data.imports' modules. seqio
+  missing, or a name it does not know, is one ConfigError naming the close names."""
   try:
     import seqio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(f"data.source 'seqio:{task}' needs seqio: pip install 'tst-jax[seqio]'") from e
-  ds = seqio.get_mixture_or_task(task).source.get_dataset(split=split, shuffle=False)
-  for ex in ds.as_numpy_iterator():
-    yield ex["text"]
+  except ImportError:
+    raise ConfigError("data.source", "a seqio: source needs seqio: pip install "
+                      "'tst-jax[seqio]'") from None
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError:
+    known = list(seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names())
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    raise ConfigError("data.source", f"no seqio Task or Mixture {name!r} is registered"
+                      + (f" (close: {', '.join(close)})" if close else "") + ": name the "
+                      "module that registers it in data.imports") from None
+
+
+def _seqio_split(task: str, split: str):
+  """Returns the seqio Task or Mixture `task`, refusing a split it does not have."""
+  provider = _seqio_provider(task)
+  if split not in provider.splits:
+    raise ConfigError("data.source", f"seqio {type(provider).__name__} {task!r} has no split "
+                      f"{split!r}: its splits are {', '.join(sorted(provider.splits))}")
+  return provider
+
+
+def _seqio_check(name: str, argument: str) -> None:
+  _seqio_split(*_split_shard(name, argument, "")[0].paths)
+
+
+def _seqio_texts(shard: InputShard) -> Iterator[bytes | str]:
+  """Yields feature data.text_field of each example of the Task's preprocessed dataset, its
+  preprocessors applied, in order; of a Mixture, seqio's own draw from its Tasks by their
+  rates (seqio's sampling, seeded as seqio seeds an unshuffled Mixture, ending when its first
+  Task ends, as seqio's default sample_fn does). Token ids are decoded with the feature's
+  vocabulary, so that data.tokenizer tokenizes text; the Task's own SentencePiece .model as
+  data.tokenizer keeps its tokens."""
+  provider = _seqio_split(*shard.paths)
+  feature = provider.output_features.get(shard.text_field)
+  decode = (lambda ids: feature.vocabulary.decode([int(i) for i in ids])) if feature else (
+      lambda ids: None)
+  ds = provider.get_dataset(sequence_length=None, split=shard.paths[1], shuffle=False,
+                            num_epochs=1)
+  for example in ds.as_numpy_iterator():
+    yield _feature(example, shard, decode)
 
 
 def _jsonl_sizes(pattern: str) -> dict[str, int] | None:
@@ -222,19 +328,21 @@ FORMATS: dict[str, Format] = {
     "jsonl": glob_format(file_readers.jsonl_texts, "jsonl", sizes=_jsonl_sizes),
     # Parquet files, the text_field column
     "parquet": glob_format(file_readers.parquet_texts, "parquet"),
-    # the `text` feature of a TFDS dataset or of a SeqIO task's raw source, split train by
-    # default
-    "tfds": Format("<name>[:<split>]", _split_shard, lambda shard: _tfds_texts(*shard.paths)),
-    "seqio": Format("<task>[:<split>]", _split_shard, lambda shard: _seqio_texts(*shard.paths)),
+    # the text_field feature of a TFDS dataset's ArrayRecord split, or of a seqio Task's or
+    # Mixture's preprocessed examples; split train by default
+    "tfds": Format("<name>[:<split>]", _split_shard, _tfds_texts, check=_tfds_check),
+    "seqio": Format("<task or mixture>[:<split>]", _split_shard, _seqio_texts,
+                    check=_seqio_check),
 }
 
 
-def register(name: str, format_: Format) -> None:
+def register(name: str, format_: Format, *, replace: bool = False) -> None:
   """Adds format `name`: data.source and prepare's --source may name it from then on, in this
-  process. prepare's worker processes, with --workers above 1, know the formats of FORMATS."""
-  if name in FORMATS or name == "tokens":   # tokens: names a prepared store
-    raise ValueError(f"{name!r} names a source format already")
-  FORMATS[name] = format_
+  process (schema.register's rule). prepare's worker processes, with --workers above 1, know
+  the formats of FORMATS."""
+  if name == "tokens":
+    raise ValueError("'tokens' names a prepared store, not a source format")
+  schema.register(FORMATS, "source format", name, format_, replace=replace)
 
 
 def unregister(name: str) -> None:

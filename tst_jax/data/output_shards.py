@@ -1,15 +1,16 @@
 """Pass 2 of `prepare`: each output shard's documents gathered from the pass-1 token files of
-every input shard, in a seeded order, each followed by EOS."""
+every input shard, in a seeded order, each followed by EOS; then the manifest that lists them."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 
 from tst_jax import fileio
-from tst_jax.data import store as store_lib
+from tst_jax.data import sources as sources_lib, store as store_lib
 
 _WRITE_TOKENS = 2**22             # tokens buffered per write of an output shard
 _OPEN_FILES = 256                 # pass-1 token files a pass-2 worker keeps open
@@ -189,3 +190,41 @@ def forget_another_plan(out: str, work: str, plan: dict, inputs: list[dict]):
         if name.startswith(store_lib.SPLITS) and name.endswith((".done.json", ".bin")):
           fileio.remove(fileio.join(folder, name))
   fileio.write_json(path, planned)
+
+
+def write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad):
+  """Writes the store's manifest.json, last: the request, the tokenizer, the sources read and
+  the output shards `written` of each split, then the fingerprint of all of it."""
+  splits = {}
+  for split in store_lib.SPLITS:
+    mine = [w for w in written if w["split"] == split]
+    offsets = np.cumsum([0] + [w["tokens"] for w in mine]).tolist()
+    bytes_of = ("bytes_file", "bytes", "bytes_sha256") if split == "val" else ()
+    entry = dict(docs=sum(w["docs"] for w in mine), tokens=offsets[-1],
+                 shards=[dict(file=w["file"], tokens=w["tokens"], offset=o, docs=w["docs"],
+                              sha256=w["sha256"], **{k: w[k] for k in bytes_of})
+                         for w, o in zip(mine, offsets)])
+    if bytes_of:   # the UTF-8 bytes of the split's text, each token's in its bytes_file
+      entry["bytes"] = sum(w["bytes"] for w in mine)
+    if split == "train":
+      counts = sum(np.load(os.path.join(work, w["file"][:-4] + ".counts.npy"))
+                   for w in mine)
+      p = counts[counts > 0] / max(counts.sum(), 1)
+      entry["unigram_entropy"] = float(-(p * np.log(p)).sum())
+    splits[split] = entry
+  manifest = dict(
+      format=store_lib.FORMAT, version=store_lib.VERSION, request=request, dtype=dtype,
+      tokenizer=dict(file=fileio.basename(tok.path), fingerprint=tok.fingerprint(),
+                     vocab_size=tok.vocab_size, eos_id=tok.eos_id),
+      seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
+                                         input_bytes=sum(s.num_bytes for s in shards),
+                                         text_bytes=text_bytes, **_read_from(request),
+                                         **(dict(skipped=bad) if bad else {})),
+      splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+  manifest["fingerprint"] = store_lib.fingerprint(manifest)
+  fileio.write_json(fileio.join(out, store_lib.MANIFEST), manifest)
+
+
+def _read_from(request: dict) -> dict:
+  """Returns what the source read that its name does not say: the Python of builtin:pystdlib."""
+  return sources_lib.fingerprint(request["source"])

@@ -96,7 +96,7 @@ def _tokenize_inputs(pool, jobs, tasks, work, bad: list[dict], progress: bool
 def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | None = None,
             seed: int = 0, val_fraction: float = 0.02, val_piece_bytes: int = 0,
             max_bytes: int | None = None,
-            text_field: str = "text", workers: int | None = None,
+            text_field: str = "text", imports: str = "", workers: int | None = None,
             shard_tokens: int = SHARD_TOKENS, bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
             progress: bool = True, skip_bad_files: bool = False, runner: str = "local") -> str:
   """Writes, finishes or finds already written the store of `source` in `out`, its tasks run
@@ -114,7 +114,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
                  tokenizer=_tokenizer_request(tokenizer, vocab_size, bpe_sample_bytes))
   if _finished(out, request):
     return out
-  shards = sources_lib.input_shards(source, text_field)   # a source of no files writes nothing
+  shards = sources_lib.input_shards(source, text_field, imports)   # no files: writes nothing
   with _claimed(out, request):
     bad = [] if skip_bad_files else None      # records of the files left out
     budgets = sources_lib.byte_budgets(shards, max_bytes, bad)
@@ -123,11 +123,7 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
     tok = _get_tokenizer(out, tokenizer, vocab_size, tasks, split, bpe_sample_bytes,
                          skip_bad_files)
     dtype = store_lib.token_dtype(tok.vocab_size)
-    work = work_folder(out, request)
-    os.makedirs(work, exist_ok=True)
-    for name in os.listdir(work):     # half-written files of an interrupted run
-      if ".tmp" in name:
-        os.remove(os.path.join(work, name))
+    work = _fresh_work_folder(out, request)
     jobs = [(t, tok.path, dtype, split, work, skip_bad_files) for t in tasks
             if _to_read(work, t[0])]
     t0 = time.time()
@@ -143,19 +139,37 @@ def prepare(source: str, out: str, *, tokenizer: str = "bpe", vocab_size: int | 
                   tok.eos_id, dtype, tok.vocab_size) for split, count in plan["shards"].items()
                  for k in range(count)]
       written = list(pool.imap(output_shards.write, outputs))
-    seconds = time.time() - t0
-    docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
     text_bytes = sum(d["text_bytes"] for d in inputs)
-    log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
-             "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
-             tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
-    if bad:
-      log.warning("left out %d bad files, listed in %s", len(bad),
-                  fileio.join(out, store_lib.MANIFEST))
-    _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad)
+    _log_prepared(out, inputs, text_bytes, bad, time.time() - t0)
+    output_shards.write_manifest(out, work, request, tok, dtype, shards, written,
+                                 text_bytes, bad)
     shutil.rmtree(work)
     fileio.remove(fileio.join(out, PENDING))
   return out
+
+
+def _fresh_work_folder(out: str, request: dict) -> str:
+  """Returns prepare's work folder, made, without the half-written files of an interrupted
+  run."""
+  work = work_folder(out, request)
+  os.makedirs(work, exist_ok=True)
+  for name in os.listdir(work):
+    if ".tmp" in name:
+      os.remove(os.path.join(work, name))
+  return work
+
+
+def _log_prepared(out: str, inputs: list[dict], text_bytes: int, bad: list[dict],
+                  seconds: float) -> None:
+  """Logs what the store of `inputs` holds, how fast this session wrote it and how many files
+  it left out."""
+  docs, tokens = sum(d["docs"] for d in inputs), sum(d["tokens"] for d in inputs)
+  log.info("prepared %s: %d documents, %.1f MB of text, %d tokens in %.1f s (%.3g tokens/s, "
+           "%.3g MB/s; this session)", out, docs, text_bytes / 1e6, tokens, seconds,
+           tokens / max(seconds, 1e-9), text_bytes / 1e6 / max(seconds, 1e-9))
+  if bad:
+    log.warning("left out %d bad files, listed in %s", len(bad),
+                fileio.join(out, store_lib.MANIFEST))
 
 
 def work_folder(out: str, request: dict) -> str:
@@ -369,42 +383,6 @@ def _tokenize_documents(index, shard, budget, tok_path, dtype, split, work) -> d
   return done
 
 
-def _write_manifest(out, work, request, tok, dtype, shards, written, text_bytes, bad):
-  splits = {}
-  for split in store_lib.SPLITS:
-    mine = [w for w in written if w["split"] == split]
-    offsets = np.cumsum([0] + [w["tokens"] for w in mine]).tolist()
-    bytes_of = ("bytes_file", "bytes", "bytes_sha256") if split == "val" else ()
-    entry = dict(docs=sum(w["docs"] for w in mine), tokens=offsets[-1],
-                 shards=[dict(file=w["file"], tokens=w["tokens"], offset=o, docs=w["docs"],
-                              sha256=w["sha256"], **{k: w[k] for k in bytes_of})
-                         for w, o in zip(mine, offsets)])
-    if bytes_of:   # the UTF-8 bytes of the split's text, each token's in its bytes_file
-      entry["bytes"] = sum(w["bytes"] for w in mine)
-    if split == "train":
-      counts = sum(np.load(os.path.join(work, w["file"][:-4] + ".counts.npy"))
-                   for w in mine)
-      p = counts[counts > 0] / max(counts.sum(), 1)
-      entry["unigram_entropy"] = float(-(p * np.log(p)).sum())
-    splits[split] = entry
-  manifest = dict(
-      format=store_lib.FORMAT, version=store_lib.VERSION, request=request, dtype=dtype,
-      tokenizer=dict(file=fileio.basename(tok.path), fingerprint=tok.fingerprint(),
-                     vocab_size=tok.vocab_size, eos_id=tok.eos_id),
-      seed=request["seed"], sources=dict(source=request["source"], input_shards=len(shards),
-                                         input_bytes=sum(s.num_bytes for s in shards),
-                                         text_bytes=text_bytes, **_read_from(request),
-                                         **(dict(skipped=bad) if bad else {})),
-      splits=splits, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-  manifest["fingerprint"] = store_lib.fingerprint(manifest)
-  fileio.write_json(fileio.join(out, store_lib.MANIFEST), manifest)
-
-
-def _read_from(request: dict) -> dict:
-  """Returns what the source read that its name does not say: the Python of builtin:pystdlib."""
-  return sources_lib.fingerprint(request["source"])
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m tst_jax.data.prepare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -418,7 +396,11 @@ def main(argv=None) -> int:
                  help="held-out split: documents cut into pieces of at most this many bytes "
                       "(0: whole documents; small corpora: e.g. 2048, docs/data.md)")
   p.add_argument("--max_bytes", type=int, default=None, help="read at most this much text")
-  p.add_argument("--text_field", default="text", help="JSONL field / Parquet column")
+  p.add_argument("--text_field", default="text",
+                 help="JSONL field / Parquet column / tfds or seqio feature")
+  p.add_argument("--imports", default="",
+                 help="modules to import first, comma-separated: those that register the "
+                      "seqio Tasks and Mixtures (or a source format) --source names")
   p.add_argument("--workers", type=int, default=None,
                  help="processes at once (default: all cores, or the Ray cluster's)")
   p.add_argument("--runner", default="local", choices=sorted(runners.RUNNERS),
@@ -435,7 +417,7 @@ def main(argv=None) -> int:
   out = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                 seed=args.seed, val_fraction=args.val_fraction,
                 val_piece_bytes=args.val_piece_bytes, max_bytes=args.max_bytes,
-                text_field=args.text_field, workers=args.workers,
+                text_field=args.text_field, imports=args.imports, workers=args.workers,
                 shard_tokens=args.shard_tokens, bpe_sample_bytes=args.bpe_sample_bytes,
                 skip_bad_files=args.skip_bad_files, runner=args.runner)
   for line in store_lib.prepared_lines(out, time.time() - t0, args.val_fraction):

@@ -368,4 +368,5 @@ def store_request(d: Data, model_vocab: int) -> dict:
   the folder. Runs with equal requests can share one store, as a sweep's do."""
   return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=model_vocab, seed=d.split_seed,
               val_fraction=d.val_fraction, val_piece_bytes=d.val_piece_bytes,
-              max_bytes=d.max_bytes or None, text_field=d.text_field)
+              max_bytes=d.max_bytes or None, text_field=d.text_field) | (
+                  dict(imports=d.imports) if d.imports else {})   # older requests: unchanged

@@ -43,8 +43,15 @@ class Data:
                                 "| a tokenizer.json | a SentencePiece .model")
   max_bytes: int = schema.field(0, schema.integer(0), "read at most this many bytes of text "
                                 "(0: all)")
-  text_field: str = schema.field("text", schema.STRING, "the JSONL field / Parquet column "
-                                 "holding each document")
+  text_field: str = schema.field("text", schema.STRING, "the JSONL field / Parquet column / "
+                                 "tfds or seqio feature holding each document")
+  imports: str = schema.field(
+      "", schema.Rule(lambda v: isinstance(v, str) and all(
+          part.isidentifier() for name in formats.modules(v) for part in name.split(".")),
+                      "'' or module names, comma-separated", str),
+      "modules imported before the data is read, comma-separated: those that register the "
+      "seqio Tasks and Mixtures a seqio: source names (t5x's mixture_or_task_module), or a "
+      "source format (docs/data.md)", added="")
   val_fraction: float = schema.field(0.02, schema.number(0, 1, open_lo=True, open_hi=True),
                                      "fraction of the corpus held out for eval")
   val_piece_bytes: int = schema.field(
@@ -101,6 +108,7 @@ def check_fields(data: Data) -> None:
   is of a known form, a mixture's raw sources share one tokenizer, and every bucket is named as
   GCS names them. A launcher checks this on a machine that cannot see the data; a run adds
   `check_paths`."""
+  formats.import_modules(data.imports)   # the formats and seqio Tasks its sources name
   mixed = bool(data.mixture or data.tst_mixture)
   for field in ([] if mixed else data.missing_fields()):
     raise ConfigError(f"data.{field}", "is empty: set it (the paper configs need a token store "

@@ -5,26 +5,33 @@ What each source format reads is in data/formats.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tst_jax import fileio
 from tst_jax.data import formats
 from tst_jax.data.file_readers import BadFile   # noqa: F401  (sources.BadFile, as callers name it)
 from tst_jax.data.formats import InputShard
-from tst_jax.errors import DataError
+from tst_jax.errors import ConfigError, DataError
 
 
-def input_shards(source: str, text_field: str = "text") -> list[InputShard]:
+def input_shards(source: str, text_field: str = "text", imports: str = ""
+                 ) -> list[InputShard]:
   """Lists the input shards of `source`, `<format>:<argument>` of formats.FORMATS, in corpus
-  order, which is sorted path order."""
+  order, which is sorted path order, once the modules of `imports` (data.imports) are."""
+  formats.import_modules(imports)
   name, format_, argument = formats.parse(source)
-  return format_.shards(name, argument, text_field)
+  return [dataclasses.replace(shard, imports=imports)
+          for shard in format_.shards(name, argument, text_field)]
 
 
 def raw_documents(shard: InputShard) -> Iterator[bytes | str]:
-  """Yields the documents of one input shard as read, bytes or str, blank ones included."""
+  """Yields the documents of one input shard as read, bytes or str, blank ones included, in
+  any process: it imports the shard's data.imports first."""
+  formats.import_modules(shard.imports)
   return formats.FORMATS[shard.kind].documents(shard)
 
 
@@ -57,8 +64,8 @@ def byte_budgets(shards: list[InputShard], max_bytes: int | None,
   return budgets
 
 
-def load_documents(source: str, max_bytes: int | None = None, text_field: str = "text"
-                   ) -> list[str]:
+def load_documents(source: str, max_bytes: int | None = None, text_field: str = "text",
+                   imports: str = "") -> list[str]:
   """Returns the documents of `source` as strings, in a deterministic order.
 
   All are held in memory, for small corpora and references. `prepare` streams the same
@@ -68,7 +75,7 @@ def load_documents(source: str, max_bytes: int | None = None, text_field: str = 
   once that many bytes of text were taken, and the document crossing the limit is cut there.
   """
   check_max_bytes(max_bytes)
-  shards = input_shards(source, text_field)
+  shards = input_shards(source, text_field, imports)
   docs = [d for s, b in zip(shards, byte_budgets(shards, max_bytes)) if b != 0
           for d in shard_documents(s, b)]
   if not docs:
@@ -82,14 +89,24 @@ def token_bound(source: str, max_bytes: int | None = None) -> int | None:
   A token of a byte-level BPE or a SentencePiece model covers at least one byte, so the bound
   is the bytes of text plus two per document for EOS and a SentencePiece dummy prefix.
   `max_bytes` caps the bytes. Its format's `sizes` gives the bytes: unknown for compressed
-  files, Parquet, tfds and seqio.
+  files, Parquet, tfds and seqio, and where the glob matches nothing here. A store that cannot be reached, or has no such bucket, is
+  one ConfigError naming the source and why, as the check before a run says it.
   """
   try:
     _, format_, argument = formats.parse(source)
   except DataError:
     return None
-  files = format_.sizes(argument)
-  if files is None:
+  try:
+    files = format_.sizes(argument)
+  except fileio.PathError:
+    raise
+  except Exception as e:   # pylint: disable=broad-except  # any store client's error
+    cause = fileio.store_error(e) or (e if isinstance(e, FileNotFoundError) else None)
+    if cause is None:
+      raise
+    raise ConfigError("data.source", f"{source!r} cannot be listed: "
+                      f"{fileio.reason(cause, argument)}") from None
+  if not files:   # unknown, or nothing matched here: a plan made where the data is not
     return None
   size = sum(files.values())
   return min(size, max_bytes or size) + 2 * len(files)

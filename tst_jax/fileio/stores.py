@@ -11,7 +11,7 @@ import re
 
 import fsspec
 
-from tst_jax.errors import UserError
+from tst_jax.errors import UserError, in_chain
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 # Listings are not cached: another process or host writes the same bucket, a lock above all.
@@ -84,14 +84,12 @@ def store_error(e: BaseException) -> BaseException | None:
   """Returns the failure of a store behind `e`, itself or what it was raised from: a PathError,
   a connection refused, lost or timed out, or an error of a store's client. None for an error
   of the code."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if (isinstance(e, PathError) or type(e).__module__.split(".")[0] in _CLIENTS
-        or (isinstance(e, OSError) and e.errno in _UNREACHABLE)):
-      return e
-    e = e.__cause__ or e.__context__
-  return None
+  return in_chain(e, _a_store_failure)
+
+
+def _a_store_failure(e: BaseException) -> bool:
+  return (isinstance(e, PathError) or type(e).__module__.split(".")[0] in _CLIENTS
+          or (isinstance(e, OSError) and e.errno in _UNREACHABLE))
 
 
 def check_bucket_name(path: str, what: str = ""):
@@ -117,7 +115,8 @@ def url_of(fs, url: str, path: str) -> str:
 
 
 def reason(e: BaseException, path: str) -> str:
-  """Says in a few words why a store refused `path`: credentials, permission, a missing bucket."""
+  """Says in a few words why a store refused `path`: credentials, permission, a missing bucket,
+  or that it cannot be reached."""
   name = type(e).__name__
   login = _LOGINS.get("gs" if protocol(path) == "gcs" else protocol(path), "")
   if "Credentials" in name or "RefreshError" in name or "auth" in type(e).__module__:
@@ -128,4 +127,7 @@ def reason(e: BaseException, path: str) -> str:
     return "no such bucket or folder"
   if isinstance(e, NotADirectoryError):
     return f"{e.filename} is a file, not a folder"
-  return f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
+  said = f"{name}: {str(e).splitlines()[0] if str(e) else ''}"
+  if (isinstance(e, OSError) and e.errno in _UNREACHABLE) or "Connect" in name:
+    return f"the store cannot be reached ({said})"
+  return said

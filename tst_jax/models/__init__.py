@@ -89,16 +89,14 @@ FAMILIES = {"llama": Family(llama.LlamaConfig, llama.Llama, llama.PRESETS),
 FAMILY = schema.registered(FAMILIES)   # config.model.family's rule
 
 
-def register(name: str, family_: Family) -> None:
-  """Adds model family `name`: from then on config.model.family may name it. Its config class
-  must be a frozen dataclass of schema fields that meets FamilyConfig."""
-  if name in FAMILIES and FAMILIES[name] != family_:
-    raise ValueError(f"model family {name!r} is registered already")
+def register(name: str, family_: Family, *, replace: bool = False) -> None:
+  """Adds model family `name`: from then on config.model.family may name it (schema.register's
+  rule). Its config class must be a frozen dataclass of schema fields that meets FamilyConfig."""
   missing = [m for m in ("build", "param_counts", "matmul_params", "flops_per_token")
              if not callable(getattr(family_.config, m, None))]
   if missing:
     raise TypeError(f"family {name!r}: its config lacks {', '.join(missing)} (FamilyConfig)")
-  FAMILIES[name] = family_
+  schema.register(FAMILIES, "model family", name, family_, replace=replace)
 
 
 def unregister(name: str) -> None:

@@ -1,5 +1,6 @@
-"""Metrics sinks in one registry: the trackers that train.tracker names, beside metrics.jsonl
-and TensorBoard's event file, which every run writes (run/metrics.py).
+"""The tracker registry: the names train.tracker accepts, each with the function that opens
+its `Sink`, which gets every record beside metrics.jsonl and TensorBoard's event file
+(run/metrics.py writes all three).
 
 `TRACKERS` maps each name to a function `open(rundir, run_id, config)` that returns the
 `Sink` of a run, and `none` to None; the field's choices are its names. `register` adds one,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from tst_jax import schema
 from tst_jax.rundir import RunDir
 from tst_jax.run import tracker
 
@@ -35,11 +37,9 @@ TRACKERS: dict[str, Opener | None] = {"none": None, "wandb": tracker.wandb,
                                       "trackio": tracker.trackio}
 
 
-def register(name: str, opener: Opener) -> None:
-  """Adds tracker `name`: train.tracker may name it from then on."""
-  if name in TRACKERS:
-    raise ValueError(f"tracker {name!r} is registered already")
-  TRACKERS[name] = opener
+def register(name: str, opener: Opener, *, replace: bool = False) -> None:
+  """Adds tracker `name`: train.tracker may name it from then on (schema.register's rule)."""
+  schema.register(TRACKERS, "tracker", name, opener, replace=replace)
 
 
 def unregister(name: str) -> None:

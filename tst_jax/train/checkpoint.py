@@ -20,7 +20,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from orbax.checkpoint.checkpoint_managers import save_decision_policy
 
 from tst_jax import fileio
-from tst_jax.errors import ConfigError, StoreError
+from tst_jax.errors import ConfigError, StoreError, in_chain
 from tst_jax.parallel import distributed
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.config.spec import RunSpec
@@ -265,7 +265,7 @@ class Checkpoints:
     try:
       yield
     except Exception as e:  # orbax re-raises the background write's error, maybe wrapped
-      cause = _os_error(e) or fileio.store_error(e)
+      cause = in_chain(e, lambda c: isinstance(c, OSError)) or fileio.store_error(e)
       if cause is None:
         raise
       where = getattr(cause, "filename", None) or self.directory
@@ -328,17 +328,6 @@ class RunCheckpoints(Checkpoints):
 def abstract_with_shardings(abstract_state, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       abstract_state, shardings)
-
-
-def _os_error(e: BaseException | None) -> OSError | None:
-  """Returns the OSError behind `e`: itself, its cause or its context, if any."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    if isinstance(e, OSError):
-      return e
-    seen.add(id(e))
-    e = e.__cause__ or e.__context__
-  return None
 
 
 def _leaf_shapes(tree) -> dict[str, tuple]:

@@ -218,6 +218,20 @@ def advise(fit_phases, budget: float, remat: str, grad_accum: int, rows: int,
   return tuple(out)
 
 
+def _xla_memory(step, state, window, compile_steps: bool) -> tuple[int | None, int | None, float]:
+  """Lowers `step` and, with `compile_steps`, compiles it: returns XLA:CPU's temporaries and
+  peak per device and the seconds both took (None, None and 0 lowered only)."""
+  t0 = time.perf_counter()
+  lowered = step.lower(state, window)
+  if not compile_steps:
+    return None, None, 0.0
+  memory = lowered.compile().memory_analysis()
+  return (int(memory.temp_size_in_bytes),
+          int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+              - memory.alias_size_in_bytes + memory.temp_size_in_bytes),
+          time.perf_counter() - t0)
+
+
 def check(spec, accelerator: str, target, devices=None, compile_steps: bool = True,
           environ=os.environ) -> Fit:
   """Compiles both phases' train steps from abstract arrays and measures each device's memory.
@@ -225,9 +239,10 @@ def check(spec, accelerator: str, target, devices=None, compile_steps: bool = Tr
   `spec` is resolved on this CPU platform, for its mesh on `devices`, by default the first
   mesh-size CPU devices. The memory is what each device holds on `accelerator`. `target` is
   the same spec resolved for the accelerator's platform, which says whether its attention is
-  flash attention and which experts' layout the activations are counted on. Without `compile_steps` the steps are lowered only: the estimate, which
-  decides the fit, is the same, and XLA:CPU's columns are left out. `environ` is the run's
-  environment, where XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
+  flash attention and which experts' layout the activations are counted on. Without
+  `compile_steps` the steps are lowered only: the estimate, which decides the fit, is the same,
+  and XLA:CPU's columns are left out. `environ` is the run's environment, where
+  XLA_PYTHON_CLIENT_MEM_FRACTION sets a GPU's budget.
   """
   budget, note = accelerator_budget(accelerator, environ)
   # What `auto` chose on the target: cuDNN's and splash's kernels keep no [L, L] scores.
@@ -257,19 +272,12 @@ def check(spec, accelerator: str, target, devices=None, compile_steps: bool = Tr
     step = trainer.train_step(phase, eos_id=0)   # shapes only: any EOS id compiles the same
     window = jax.ShapeDtypeStruct((phase.batch_size, phase.window), jnp.int32,
                                   sharding=batch_sharding)
-    t0 = time.perf_counter()
-    lowered = step.lower(state, window)
-    memory = lowered.compile().memory_analysis() if compile_steps else None
-    compile_s = time.perf_counter() - t0 if compile_steps else 0.0
     results.append(PhaseFit(
         phase.name, _shard_bytes(abstract.params, shardings.params),
         _shard_bytes(abstract.opt_state, shardings.opt_state),
         activation_bytes(graphdef, params, phase, spec.loss, rows(phase),
                          flash and phase.latent_seq_len),
-        None if memory is None else int(memory.temp_size_in_bytes),
-        None if memory is None else int(
-            memory.argument_size_in_bytes + memory.output_size_in_bytes
-            - memory.alias_size_in_bytes + memory.temp_size_in_bytes), compile_s))
+        *_xla_memory(step, state, window, compile_steps)))
   sizes = dict(zip(mesh_lib.MESH_AXES, (int(s) for s in mesh.devices.shape)))
   full_activations = max(activation_bytes(kept("full"), params, p, spec.loss, rows(p),
                                           flash and p.latent_seq_len)
