@@ -10,14 +10,16 @@ per grid point, each a JobSet of multi-host TPU or GPU pods.
       --config.data.source=tokens:gs://my-tst-data/tok/dclm-llama3
 
 --dry_run prints the job specs as a JSON list (hosts, accelerator per host, image, env, the
-command on every host, each unit's fit check) and contacts nothing. Either way each unit is
-checked first as its run will check itself (launch/jobspec.py's check_unit). Otherwise
-XManager (`pip install -e '.[xm]'`) builds launch/Dockerfile.<platform> and pushes it to
---image, records the experiment, and each work unit creates its JobSet (launch/gke/render.py)
-through the Kubernetes API of the current kubectl context. Why JobSets and not xm_local's
-executors: its Kubernetes executor makes one single-pod Job per xm.Job with `nvidia-tesla-*`
-node selectors and no TPU slice selectors, and its Vertex executor maps only A100/L4 machine
-shapes and TPU v2/v3. docs/launch.md has the whole way from zero.
+command on every host, the restart count, each unit's fit check) and contacts nothing. Either
+way each unit is checked first as its run will check itself (launch/jobspec.py's check_unit).
+Otherwise XManager (`pip install -e '.[xm]'`) builds launch/Dockerfile.<platform> and pushes
+it to --image, records the experiment, and each work unit creates its JobSet
+(launch/gke/render.py) through the Kubernetes API of the current kubectl context. The JobSet
+restarts its run after a failure, --max_restarts times, each time from the workdir: XManager's
+local launcher has no restart policy of its own. Why JobSets and not xm_local's executors:
+its Kubernetes executor makes one single-pod Job per xm.Job with `nvidia-tesla-*` node
+selectors, no TPU slice selectors and no retry (backoffLimit 0), and its Vertex executor maps
+only A100/L4 machine shapes and TPU v2/v3. docs/launch.md has the whole way from zero.
 """
 
 from __future__ import annotations
@@ -44,11 +46,7 @@ def parse_args(argv) -> argparse.Namespace:
                            "gcr.io/<project>/...)")
   parser.add_argument("--dry_run", action="store_true", help="print the job specs and exit")
   parser.add_argument("--namespace", default="default")
-  parser.add_argument("--service_account", default="",
-                      help="Kubernetes service account with access to the bucket")
-  parser.add_argument("--max_restarts", type=int, default=10)
-  parser.add_argument("--grace_period_s", type=int, default=600)
-  parser.add_argument("--spot", action="store_true")
+  render.add_jobset_arguments(parser)
   parser.add_argument("--title", default="", help="XManager experiment title")
   args = jobspec.parse_args(parser, argv)
   if not args.workdir:
@@ -71,6 +69,8 @@ def build_specs(args) -> list[dict]:
       grid=args.grid, name=args.name or None, env=args.env, validate=not args.no_validate)
   for spec in specs:
     spec["dockerfile"] = dockerfile(target.platform)
+    # XManager's local launcher restarts nothing itself: the JobSet's failure policy does.
+    spec["max_restarts"] = args.max_restarts
   return specs
 
 
@@ -88,10 +88,8 @@ def launch(args, specs: list[dict]):
             path=jobspec.REPO, dockerfile=os.path.join(jobspec.REPO, specs[0]["dockerfile"])),
         executor_spec=xm_local.Kubernetes.Spec(push_image_tag=args.image or None))])
     for spec in specs:
-      manifest = render.jobset(
-          dict(spec, image=executable.image_path), service_account=args.service_account,
-          max_restarts=args.max_restarts, grace_period_s=args.grace_period_s, spot=args.spot,
-          namespace=args.namespace)
+      manifest = render.jobset(dict(spec, image=executable.image_path),
+                               **render.jobset_options(args))
       manifest["metadata"]["labels"]["xmanager/experiment"] = str(experiment.experiment_id)
       experiment.add(_create_jobset, args=dict(manifest=manifest))
     print(f"experiment {experiment.experiment_id}: {len(specs)} JobSet(s) in namespace "

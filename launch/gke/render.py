@@ -49,7 +49,12 @@ GCSFUSE_ANNOTATIONS = {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "
                        "gke-gcsfuse/ephemeral-storage-limit": "0"}
 
 
-def jobset(spec: dict, *, service_account: str = "", max_restarts: int = 10,
+# Times JobSet recreates every pod of a run after one fails or is preempted, unless
+# --max_restarts says otherwise: each restart resumes from the workdir's last checkpoint.
+MAX_RESTARTS = 10
+
+
+def jobset(spec: dict, *, service_account: str = "", max_restarts: int = MAX_RESTARTS,
            grace_period_s: int = 600, spot: bool = False, namespace: str = "") -> dict:
   """The JobSet (a plain dict, ready for yaml/json) of one job spec from `jobspec.job_spec`."""
   accel, hosts, tpu = spec["accelerator"], spec["hosts"], spec["platform"] == "tpu"
@@ -124,18 +129,39 @@ def pod_template(manifest: dict) -> dict:
   return manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
 
 
+def _count(text: str) -> int:
+  """A whole number of 0 or more, for argparse."""
+  if not text.isdigit():
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
+  return int(text)
+
+
+def add_jobset_arguments(parser: argparse.ArgumentParser):
+  """The flags of the JobSet both launchers write: its service account, restart policy,
+  grace period and nodes."""
+  parser.add_argument("--service_account", default="",
+                      help="Kubernetes service account with access to the bucket")
+  parser.add_argument("--max_restarts", type=_count, default=MAX_RESTARTS,
+                      help="times JobSet recreates every pod after one fails or is preempted, "
+                           "each time resuming from the workdir (0: the first failure ends "
+                           "the run)")
+  parser.add_argument("--grace_period_s", type=int, default=600,
+                      help="seconds between SIGTERM and SIGKILL (the final checkpoint)")
+  parser.add_argument("--spot", action="store_true", help="schedule on Spot VMs")
+
+
+def jobset_options(args) -> dict:
+  """The keyword arguments of `jobset` that `add_jobset_arguments`' flags set."""
+  return dict(service_account=args.service_account, max_restarts=args.max_restarts,
+              grace_period_s=args.grace_period_s, spot=args.spot, namespace=args.namespace)
+
+
 def parse_args(argv):
   parser = jobspec.Parser(prog="python -m launch.gke.render", description=__doc__,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
   jobspec.add_arguments(parser)
   parser.add_argument("--image", required=True, help="container image (launch/Dockerfile.*)")
-  parser.add_argument("--service_account", default="",
-                      help="Kubernetes service account with access to the bucket")
-  parser.add_argument("--max_restarts", type=int, default=10,
-                      help="JobSet restarts after a failure or preemption")
-  parser.add_argument("--grace_period_s", type=int, default=600,
-                      help="seconds between SIGTERM and SIGKILL (the final checkpoint)")
-  parser.add_argument("--spot", action="store_true", help="schedule on Spot VMs")
+  add_jobset_arguments(parser)
   parser.add_argument("--namespace", default="")
   parser.add_argument("--format", default="yaml", choices=["yaml", "json"])
   args = jobspec.parse_args(parser, argv)
@@ -154,9 +180,7 @@ def specs(args) -> list[dict]:
 
 def manifests(args, job_specs: list[dict]) -> list[dict]:
   """The JobSet of each job spec, with the flags of `args`."""
-  return [jobset(s, service_account=args.service_account, max_restarts=args.max_restarts,
-                 grace_period_s=args.grace_period_s, spot=args.spot, namespace=args.namespace)
-          for s in job_specs]
+  return [jobset(s, **jobset_options(args)) for s in job_specs]
 
 
 def render(args) -> list[dict]:

@@ -269,6 +269,22 @@ def test_gke_b200_manifest_of_the_moe_recipe_as_its_docstring_writes_it():
   assert any(v.empty_dir and v.empty_dir.medium == "Memory" for v in pod.volumes)   # /dev/shm
 
 
+@pytest.mark.parametrize("flags, count", [([], render.MAX_RESTARTS), (["--max_restarts", "3"], 3),
+                                          (["--max_restarts=0"], 0)])
+def test_the_restart_count_is_the_jobsets_and_xmanager_launches_with_it(flags, count):
+  """--max_restarts sets the rendered JobSet's failurePolicy.maxRestarts, a field of the
+  JobSet CRD's schema, and XManager's dry-run spec of each unit; 0 is a run that never
+  restarts. tests/behaviour/test_restart_loop.py runs the loop it starts."""
+  base = ["--config", "configs/demo.py", "--platform=gpu", "--gpu_type=h100", "--num_hosts=2",
+          "--workdir", "gs://tst-runs/x", "--no_validate", *flags]
+  [manifest] = render.render(render.parse_args([*base, "--image", "img:1"]))
+  _check_jobset(manifest)
+  assert manifest["spec"]["failurePolicy"] == {"maxRestarts": count}
+  specs = xm_launch.build_specs(xm_launch.parse_args([*base, "--dry_run", "--grid",
+                                                      "tst.ratio=0.1,0.3"]))
+  assert [s["max_restarts"] for s in specs] == [count, count]
+
+
 def test_gcs_paths():
   assert jobspec.to_mounted("text:gs://my-data/a/*.txt") == ("text:/gcs/my-data/a/*.txt",
                                                              ["my-data"])
@@ -304,7 +320,8 @@ def test_xmanager_launch_with_fakes(tmp_path, monkeypatch):
 
   args = xm_launch.parse_args(["--config", "configs/demo.py", "--platform=gpu",
                                "--gpu_type=h100", "--num_hosts=1", "--workdir",
-                               "gs://tst-runs/x", "--grid", "tst.ratio=0.1,0.3"])
+                               "gs://tst-runs/x", "--grid", "tst.ratio=0.1,0.3",
+                               "--max_restarts=4"])
   with mock.patch("kubernetes.client.CustomObjectsApi", FakeApi), \
        mock.patch("kubernetes.config.load_incluster_config"), \
        mock.patch("xmanager.xm_local.experiment.LocalExperiment.package", fake_package):
@@ -313,6 +330,7 @@ def test_xmanager_launch_with_fakes(tmp_path, monkeypatch):
   for call in created:
     pod = render.pod_template(call["body"])["spec"]
     assert pod["containers"][0]["image"] == "reg/tst:7"
+    assert call["body"]["spec"]["failurePolicy"] == {"maxRestarts": 4}   # its restart policy
 
 
 def _check_against_schema(value, schema: dict, where: str) -> list[str]:
@@ -519,6 +537,8 @@ def test_a_topology_hint_is_a_shape_of_the_slices_chips():
     (["--env", "NCCL_DEBUG"], "error: python -m launch.gke.render: --env takes KEY=VALUE"),
     (["--tpu_type", "v5p-128", "--platform", "cpu"], "error: python -m launch.gke.render: "
      "argument --platform: invalid choice: 'cpu'"),
+    (["--max_restarts", "-1"], "error: python -m launch.gke.render: argument --max_restarts: "
+     "'-1' is not a whole number of 0 or more"),
 ])
 def test_a_launchers_own_flag_error_is_one_line(argv, message, capsys):
   base = ["--config", "configs/llama_600m.py", "--platform", "tpu", "--tpu_type", "v5p-128",

@@ -4,7 +4,6 @@ only one is killed, the other stops within a bounded time instead of hanging."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures import subprocess_env
+from tests.fixtures.processes import finish, free_port
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax.rundir import RunDir
@@ -25,15 +25,9 @@ FLAGS = ["--config.train.steps=8", "--config.data.batch_size=8", "--config.mesh.
          "--config.mesh.fsdp=-1", "--verbosity=0"]   # INFO: each process logs its summary
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _launch(workdir, cache, logs, tag, extra=()):
   """Start processes 0 and 1 of one run; each sees 4 CPU devices, the mesh spans all 8."""
-  port = _free_port()
+  port = free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=subprocess_env.fast_compile_flags())
   env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))     # the restart reuses them
@@ -48,19 +42,6 @@ def _launch(workdir, cache, logs, tag, extra=()):
     log = open(logs / f"{tag}_{i}.log", "w")
     procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
   return procs
-
-
-def _finish(procs, logs, tag, timeout=420):
-  deadline = time.time() + timeout
-  for p in procs:
-    try:
-      p.wait(timeout=max(deadline - time.time(), 1))
-    except subprocess.TimeoutExpired:
-      p.kill()
-      p.wait()
-  if any(p.returncode for p in procs):
-    tails = [(logs / f"{tag}_{i}.log").read_text()[-3000:] for i in range(len(procs))]
-    pytest.fail(f"{tag}: exit codes {[p.returncode for p in procs]}\n" + "\n----\n".join(tails))
 
 
 def _steps(workdir):
@@ -80,7 +61,7 @@ def test_two_processes_checkpoint_resume_and_match_one_process(tmp_path):
     p.wait()
   assert 0 < max(_steps(workdir), default=0) < 8, _steps(workdir)
 
-  _finish(_launch(workdir, cache, logs, "resumed"), logs, "resumed")
+  finish(_launch(workdir, cache, logs, "resumed"), logs, "resumed")
   summaries = [json.loads(line.split(f"summary of process {i}: ")[1]) for i in range(2)
                for line in (logs / f"resumed_{i}.log").read_text().splitlines()
                if f"summary of process {i}: " in line]
@@ -110,7 +91,7 @@ def _losses(workdir):
 def two_process_reference(tmp_path_factory):
   """The uninterrupted two-process run's losses."""
   base = tmp_path_factory.mktemp("reference")
-  _finish(_launch(base / "run", base / "xla_cache", base, "reference"), base, "reference")
+  finish(_launch(base / "run", base / "xla_cache", base, "reference"), base, "reference")
   return _losses(base / "run")
 
 
@@ -153,7 +134,7 @@ def test_killing_one_process_stops_the_other_and_both_resume(tmp_path, two_proce
   print(f"victim {victim}: the other process exited ({survivor.returncode}) {waited:.1f} s "
         "after the kill")
 
-  _finish(_launch(workdir, cache, logs, "resumed", heartbeat), logs, "resumed")
+  finish(_launch(workdir, cache, logs, "resumed", heartbeat), logs, "resumed")
   assert _losses(workdir) == two_process_reference
   steps = [r["step"] for r in workdir_lib.read_metrics(RunDir(workdir)) if "loss" in r]
   assert steps == list(range(1, 9))

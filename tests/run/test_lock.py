@@ -94,6 +94,26 @@ def test_a_dead_runs_lock_is_taken_over_with_a_line(root, fields, why):
   assert not fileio.exists(file)
 
 
+def test_a_restarted_containers_lock_of_its_own_pid_and_host_is_taken_over_at_once(tmp_path):
+  """A container's command has the same pid (1) and host name (the pod's) at every restart:
+  the lock its previous process left names this process, with a heartbeat from before this
+  process started. It is taken over at once, not after LOCK_STALE_S."""
+  code = ("import os, socket, sys\n"
+          "from tst_jax import fileio\n"
+          "from tst_jax.rundir import RunDir\n"
+          "from tst_jax.run import lock\n"
+          "rundir = RunDir(sys.argv[1])\n"
+          "fileio.makedirs(rundir.root)\n"
+          "fileio.write_json(rundir.lock, dict(host=socket.gethostname(), pid=os.getpid(),\n"
+          "                  started='?', heartbeat=float(sys.argv[2]), token='before'))\n"
+          "lock.Lock.take(rundir).release()\n")
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(time.time() - 5)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "from a dead run: pid " in out.stdout and out.stdout.rstrip().endswith(
+      "is a process started since that heartbeat"), out.stdout
+
+
 def test_a_lock_abandoned_after_its_store_failed_is_taken_over_in_the_same_process(root):
   """A run whose bucket failed leaves its lock without a word to the store; another run of
   this live process takes it over, as one of another process would once that one ended."""
@@ -333,3 +353,15 @@ def test_a_run_whose_lock_is_taken_over_stops_at_its_next_step_before_writing(tm
   assert [r["step"] for r in workdir_lib.read_metrics(RunDir(workdir))
           if "loss" in r] == [1, 2, 3, 4]
   assert workdir_lib.checkpoint_steps(RunDir(workdir)) == [2, 4]
+
+
+def test_a_process_start_is_when_it_was_launched():
+  """A child's own start, read before it imports anything of its own, lies between its launch
+  and its first line, to /proc's 10 ms ticks."""
+  launched = time.time()
+  child = subprocess.run(
+      [sys.executable, "-c", "import time; now = time.time(); from tst_jax.run import lock; "
+       "print(now, lock.process_start())"], capture_output=True, text=True, check=True,
+      cwd=ROOT)
+  first_line, started = map(float, child.stdout.split())
+  assert launched - 0.02 <= started <= first_line

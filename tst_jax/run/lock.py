@@ -171,7 +171,33 @@ def _dead(held: dict) -> str:
   age = time.time() - held.get("heartbeat", 0)
   if age > LOCK_STALE_S:
     return f"its heartbeat is {age:.0f} s old, over {LOCK_STALE_S:.0f} s"
+  if held.get("host") == socket.gethostname() and _started_after(held.get("pid"),
+                                                                 held.get("heartbeat", 0)):
+    # A restarted container's command has the pid and host name of the one that died.
+    return f"pid {held.get('pid')} is a process started since that heartbeat"
   return ""
+
+
+def process_start(pid: int | str = "self") -> float | None:
+  """Returns when process `pid` of this host started, in seconds since the epoch, from its
+  start since boot in Linux's /proc and the time since boot now; None where it cannot say."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      ticks = int(f.read().rpartition(")")[2].split()[19])   # field 22, starttime
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError, AttributeError):   # not Linux, or no such process
+    return None
+  return time.time() - age
+
+
+def _started_after(pid, when: float) -> bool:
+  """Whether process `pid` of this host started after `when` (seconds since the epoch), by
+  /proc; False where /proc does not say."""
+  try:
+    start = process_start(int(pid))
+  except (TypeError, ValueError):
+    return False
+  return start is not None and start > when + 1.0   # a second's margin for the clocks
 
 
 def _pid_alive(pid) -> bool:
