@@ -7,6 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tst_jax import cli, configlib, errors
+from tst_jax.run import lock
 from tst_jax.config import spec as spec_lib
 from tst_jax.train import fit
 
@@ -63,7 +64,7 @@ def main(argv):
   logging.set_verbosity(verbosity)
   errors.plain_warnings()
   errors.main(cli.run, _CONFIG.value, _WORKDIR.value, _MODE.value, debug=debug,
-              accelerator=_ACCELERATOR.value or "")
+              accelerator=_ACCELERATOR.value or "", started=lock.process_start())
 
 
 if __name__ == "__main__":

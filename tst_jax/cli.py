@@ -19,17 +19,31 @@ from tst_jax.parallel import distributed, xla_flags
 from tst_jax.rundir import RunDir
 from tst_jax.config import spec as spec_lib
 from tst_jax.train import fit, loop
-from tst_jax.run import lock as lock_lib
+from tst_jax.run import goodput, lock as lock_lib
 from tst_jax.config.outlook import format_plan
 from tst_jax.train.setup import Setup
 
 MODES = ("train", "plan", "eval")
 
 
-def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -> dict:
+def run(config, workdir: str = "", mode: str = "train", accelerator: str = "",
+        started: float | None = None) -> dict:
   """Trains, plans or evaluates the run of `config` in `workdir`. A plan with
   an `accelerator` also compiles both phases' steps on the mesh's devices and says if they
-  fit. Returns the run's summary (train), the plan (plan) or the eval record (eval)."""
+  fit. `started`: when the session began, the process's start where main.py runs it, else
+  now; goodput.jsonl counts its wall time from there. Returns the run's summary (train), the
+  plan (plan) or the eval record (eval)."""
+  ledger = goodput.Ledger(started) if mode == "train" else None
+  try:
+    return _run(config, workdir, mode, accelerator, ledger)
+  finally:
+    if ledger is not None:
+      ledger.close()
+
+
+def _run(config, workdir: str, mode: str, accelerator: str,
+         ledger: goodput.Ledger | None) -> dict:
+  """Runs one mode of `run`, a training run timed by `ledger`."""
   checked = spec_lib.check(config)             # every field, once, before anything starts
   if mode not in MODES:
     raise ConfigError("--mode", f"must be one of {MODES}, got {mode!r}")
@@ -57,7 +71,7 @@ def run(config, workdir: str = "", mode: str = "train", accelerator: str = "") -
   lock = hold_workdir(rundir) if mode == "train" else None   # an eval only reads
   try:
     setup = Setup.create(spec, rundir, record=mode == "train")
-    result = evaluate_latest(setup) if mode == "eval" else loop.train(setup, lock)
+    result = evaluate_latest(setup) if mode == "eval" else loop.train(setup, lock, ledger)
   except jax.errors.JaxRuntimeError as e:
     distributed.stop_if_peer_lost(e)   # exits 2 when another process died
     raise

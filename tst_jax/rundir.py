@@ -55,6 +55,7 @@ class RunDir:
   summary = _path("summary.json", "the finished run's final losses and token counts")
   lock = _path("lock.json", "the live run that holds the directory: host, pid, start, heartbeat")
   tracker = _path("tracker.json", "which run of train.tracker this run logs to")
+  goodput = _path("goodput.jsonl", "each session's wall time by category, kept across restarts")
 
   # What the run writes beside its records.
   checkpoints = _path("checkpoints", "Orbax's steps")

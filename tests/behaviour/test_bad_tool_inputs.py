@@ -52,6 +52,7 @@ COMMANDS = {
     "tst_jax.tools.sample": Command(lambda i, o: ["--workdir", i, "--max_new_tokens", "1"],
                                     "run", "none"),
     "tst_jax.tools.probe": Command(lambda i, o: ["--workdir", i, "--json", o], "run", "file"),
+    "tst_jax.tools.goodput": Command(lambda i, o: [i], "run", "none"),
     "tst_jax.tools.compare": Command(lambda i, o: ["--runs", i, "--out", o], "run", "folder"),
     "tst_jax.tools.sweep": Command(lambda i, o: ["--config", i, "--workdir", o, "--grid",
                                                  "tst.ratio=0.5", "--dry_run"], "config",
@@ -94,7 +95,7 @@ def _inputs(tmp: pathlib.Path) -> dict:
   one; a run whose results folder is a file; a file to put an output under."""
   corrupt_run = tmp / "corrupt_run"
   corrupt_run.mkdir(parents=True)
-  for name in ("config.json", "plan.json", "metrics.jsonl"):
+  for name in ("config.json", "plan.json", "metrics.jsonl", "goodput.jsonl"):
     (corrupt_run / name).write_text("{not json\n")
   (tmp / "corrupt.py").write_text("def get_config(:\n")
   (tmp / "a_file").write_text("x")

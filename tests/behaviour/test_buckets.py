@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.fixtures import buckets, events, subprocess_env
+from tests.fixtures import buckets, events, sigkill, subprocess_env
 from tests.fixtures.paths import ROOT, TINY_CONFIG
 from tests.fixtures.tiny import tiny_config
 from tst_jax import errors, fileio
@@ -39,18 +39,7 @@ LIBRARY_LINE = re.compile(r"^[IWEF]\d{4} ", re.M)   # absl's and glog's, C++ or 
 KILL_AT = 9   # after checkpoint 8 is complete, before checkpoint 10: in phase 2 of 6 + 6 steps
 
 # main.py with a SIGKILL at step KILL_AT, once the checkpoint before it is complete.
-KILLED = (
-    "import os, runpy, signal, sys\n"
-    "from tst_jax.train import checkpoint\n"
-    "real = checkpoint.RunCheckpoints.save_step\n"
-    "def save_step(self, state, step, **kw):\n"
-    f"  if step == {KILL_AT}:\n"
-    "    self.wait()\n"
-    "    os.kill(os.getpid(), signal.SIGKILL)\n"
-    "  return real(self, state, step, **kw)\n"
-    "checkpoint.RunCheckpoints.save_step = save_step\n"
-    "sys.argv = sys.argv[1:]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+KILLED = sigkill.script(KILL_AT)
 
 
 def _env() -> dict:

@@ -24,7 +24,7 @@ from tst_jax.config import spec as spec_lib
 from tst_jax import optim
 from tst_jax.train import step as step_lib
 from tst_jax.train.setup import Setup
-from tst_jax.run import workdir as workdir_lib
+from tst_jax.run import goodput, workdir as workdir_lib
 
 
 def test_non_finite_step_leaves_state_untouched(monkeypatch):
@@ -125,6 +125,12 @@ def test_interrupted_run_resumes_bit_identically(tmp_path, uninterrupted, interr
   assert _losses(tmp_path) == uninterrupted
   steps = [r["step"] for r in workdir_lib.read_metrics(RunDir(tmp_path)) if "loss" in r]
   assert steps == list(range(1, 13)) and not os.path.exists(RunDir(tmp_path).lock)
+  # goodput.jsonl: a session per start, a preempted one ended with no step to train again.
+  run = goodput.read_account(RunDir(tmp_path))
+  assert [s.ended for s in run.sessions] == [
+      None if sig == signal.SIGKILL else "preempted" for sig, _ in interruptions] + ["finished"]
+  assert all(s.seconds["lost"] == 0 for s in run.sessions if s.ended == "preempted")
+  assert sum(run.seconds.values()) == pytest.approx(run.wall, rel=0.02)
 
 
 def test_second_signal_exits_at_once():

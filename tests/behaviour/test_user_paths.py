@@ -20,6 +20,8 @@ BANNED = {("open",), ("Path",), ("pathlib", "Path"), ("os", "makedirs"), ("os", 
 # (module, function): why its path is local, whatever the user gave.
 LOCAL = {
     ("tst_jax/data/prepare.py", "prepare"): "the work folder: prepare.work_folder is local",
+    ("tst_jax/data/prepare.py", "_fresh_work_folder"): "prepare.work_folder, local",
+    ("tst_jax/run/lock.py", "process_start"): "Linux's /proc of this host",
     ("tst_jax/data/prepare.py", "_tokenize_documents"): "files in prepare's local work folder",
     ("tst_jax/data/output_shards.py", "write"): "a shard staged in the local work folder",
     ("tst_jax/kernels/tokamax_tuning.py", "_load"): "the autotuning cache, a local folder",

@@ -19,7 +19,7 @@ from tst_jax import cli
 from tst_jax.config import spec as spec_lib
 from tst_jax.train import trained_run
 from tst_jax.train import loop, step as step_lib
-from tst_jax.run import workdir as workdir_lib
+from tst_jax.run import goodput, workdir as workdir_lib
 
 
 def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
@@ -52,6 +52,24 @@ def test_two_phase_run_writes_both_phases_and_checkpoints(tmp_path):
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["attention_impl"] == "xla"
   _check_the_held_out_bag_loss(str(tmp_path), records, summary)
+  _check_goodput(RunDir(tmp_path), records)
+
+
+def _check_goodput(rundir: RunDir, records: list[dict]):
+  """One session in goodput.jsonl, from step 0 to 12, its categories adding up to its wall
+  time, each one the run spends time on above 0; each train line holds its interval's split,
+  and the intervals add up to no more than the session."""
+  run = goodput.read_account(rundir)
+  (session,) = run.sessions
+  assert (session.first_step, session.last_step, session.ended) == (0, 12, "finished")
+  assert sum(run.seconds.values()) == pytest.approx(run.wall, rel=1e-9)
+  spent = {k for k, v in session.seconds.items() if v > 0}
+  assert spent == {"step", "compile", "data", "checkpoint_save", "checkpoint_restore", "eval",
+                   "startup"}, session.seconds         # the handoff's restore included
+  train = [r for r in records if "loss" in r]
+  for k in goodput.CATEGORIES:
+    assert sum(r[f"goodput/{k}_s"] for r in train) <= session.seconds[k] + 1e-6
+  assert all(0 < r["goodput"] <= 1 for r in train)
 
 
 def _check_the_held_out_bag_loss(workdir, records, summary):

@@ -1,5 +1,5 @@
-"""Metrics sinks: metrics.jsonl, TensorBoard events, train.tracker's run, and the end-of-run
-loss plot."""
+"""The run's metrics writer: each record to metrics.jsonl, TensorBoard's event file and
+train.tracker's sink (run/sinks.py), and at the end the summary and the loss plot."""
 
 from __future__ import annotations
 

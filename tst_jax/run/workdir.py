@@ -62,6 +62,38 @@ def read_metrics(rundir: RunDir) -> list[dict]:
   return records
 
 
+def open_goodput(rundir: RunDir) -> appending.Appender:
+  """Opens goodput.jsonl to append a session's lines after every earlier session's."""
+  return appending.Appender(rundir.goodput, parts=rundir.parts)
+
+
+def read_goodput(rundir: RunDir) -> list[dict]:
+  """Returns every line of goodput.jsonl. A line that cannot be read is left out where it
+  ends a session's lines, as a killed session's last write can; anywhere else it is a
+  DataError. A workdir without the file is a WorkdirError."""
+  fileio.check_readable(rundir.root, "the run")
+  if not fileio.exists(rundir.goodput):
+    raise WorkdirError(f"{rundir.goodput}: no such file: {rundir} holds no run, or one that "
+                       "has not reached its first step")
+  records, cut = [], []     # cut: (the index of the record after it, line number, error)
+  for number, line in enumerate(fileio.read_text(rundir.goodput).split("\n"), 1):
+    try:
+      records += [json.loads(line)] if line.strip() else []
+    except ValueError as e:
+      cut.append((len(records), number, e))
+  for after, number, e in cut:    # a kill cuts a line short: a session's start comes next
+    follows = records[after] if after < len(records) else {"kind": "start"}
+    if not records or not isinstance(follows, dict) or follows.get("kind") != "start":
+      raise DataError(f"{rundir.goodput}:{number}: cannot be read as JSON ({e}); it is the "
+                      "run's record of its wall time: restore it from a copy")
+  bad = next((r for r in records if not isinstance(r, dict)
+              or not {"session", "time", "step", "seconds"} <= r.keys()), None)
+  if bad is not None or not records:
+    raise DataError(f"{rundir.goodput}: " + (f"a line is not a record of goodput: {bad}"
+                    if records else "holds no record") + "; it is written from a run's start")
+  return records
+
+
 def final_eval(rundir: RunDir, steps: int) -> float | None:
   """Returns the held-out loss logged at step `steps`, None where there is none."""
   last = [r["eval_loss"] for r in read_metrics(rundir)
