@@ -13,7 +13,7 @@ import os
 import sys
 
 ORDER = ["base", "pos2k", "pos8k", "len256", "len512", "vocab4k", "vocab8k", "d96", "d128",
-         "t12k", "t20k", "moe", "moe_pos512"]
+         "t12k", "t12k_seeds345", "t20k", "moe", "moe_pos512"]   # t12k again, on new seeds
 
 
 def _delta(folder: str, point: str) -> tuple[dict, dict] | None:
@@ -30,7 +30,8 @@ def row(folder: str, point: str) -> str | None:
   if found is None:
     return None
   arms, delta = found
-  run = os.path.join(folder, point, "runs", "tst_seed0")
+  runs = os.path.join(folder, point, "runs")
+  run = os.path.join(runs, min(r for r in os.listdir(runs) if r.startswith("tst_seed")))
   with open(os.path.join(run, "plan.json")) as f:
     plan = json.load(f)
   with open(os.path.join(run, "config.json")) as f:
