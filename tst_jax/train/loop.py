@@ -9,6 +9,7 @@ global step alone decides the phase, so a resumed run continues exactly where it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -24,6 +25,7 @@ from tst_jax.parallel import distributed
 from tst_jax.rundir import RunDir
 from tst_jax.run import goodput as goodput_lib, metrics as metrics_lib, step_profile
 from tst_jax.run.console import Console
+from tst_jax.train.checkpoint import RunCheckpoints
 from tst_jax.train.handoff import handoff
 from tst_jax.config import record as record_lib
 from tst_jax.config.outlook import format_plan
@@ -41,22 +43,14 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None,
   step after `lock`, the workdir's, is lost. `ledger` times the session from its start, which
   goodput.jsonl records. Returns the summary, or {preempted_at_step} after a preemption
   checkpoint."""
-  settings, plan = setup.spec.train, setup.spec.plan
+  plan = setup.spec.plan
   ledger = ledger or goodput_lib.Ledger()
   ledger.switch("checkpoint_restore")
   state, start = setup.restore_or_init()
   # A resumed run's restore, or a new run's init, which is part of its startup.
   ledger.switch("startup", charge="checkpoint_restore" if start else "startup")
-  primary = distributed.is_primary()
-  console = Console(plan.total_steps, start, enabled=primary,
-                    bar=settings.progress_bar and sys.stdout.isatty())
-  writer = _announce(setup, start, console, primary)
-  session = goodput_lib.SessionLog(ledger, setup.rundir if primary else None, start,
-                                   plan.total_steps)
-  step_log = StepLog(plan, settings, writer, console, setup.rundir, start, session)
-  # A checkpoint's lines are in metrics.jsonl before it is saved.
-  checkpoints = setup.open_checkpoints(before_save=step_log.sync)
-  guard, window = PreemptionGuard(), _profile_window(setup, console, primary)
+  s = _open_session(setup, start, ledger)
+  console, step_log, checkpoints = s.console, s.step_log, s.checkpoints
   tasks = setup.load_tasks()          # train.eval_tasks: loaded, or refused, before step 1
   t0 = time.time()
   ledger.switch("step")
@@ -70,13 +64,13 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None,
       train_step = setup.trainer.train_step(phase, setup.data.tokenizer.eos_id)
       batches = ledger.iterate("data", setup.batches(phase, max(start, phase.first_step)))
       for step in range(max(start, phase.first_step), phase.last_step):
-        state, metrics = window.call(train_step, state, next(batches), step + 1)
+        state, metrics = s.window.call(train_step, state, next(batches), step + 1)
         if lock is not None:
           lock.check()                                # a run that lost its workdir stops here
         step_log.step(step + 1, phase, metrics)       # fetched one step late (async dispatch)
         done = step + 1
         _evaluate_due(setup, state, phase, done, step_log, tasks)
-        stop = guard.should_stop(done)                # agreed by every process
+        stop = s.guard.should_stop(done)              # agreed by every process
         with ledger.timed("checkpoint_save"):
           checkpoints.save_step(state, done, force=done == phase.last_step, preempted=stop)
         if stop:
@@ -87,16 +81,11 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None,
     with ledger.timed("checkpoint_save"):
       checkpoints.wait()
     with ledger.timed("eval"):
-      summary = _finish(setup, state, console, primary, t0)
-    _session_end(session, step_log.fetched, "finished", console)
+      summary = _finish(setup, state, console, s.primary, t0)
+    _session_end(s.goodput, step_log.fetched, "finished", console)
     return summary
   except Preempted as stop:
-    with ledger.timed("checkpoint_save"):
-      checkpoints.wait()
-    console.print(f"preempted: checkpoint of step {stop.step} written to "
-                  f"{checkpoints.directory}; run the same command again to resume")
-    _session_end(session, stop.step, "preempted", console)
-    return dict(preempted_at_step=stop.step)
+    return _preempted(s, stop.step)
   except StoreError:
     raise
   except Exception as e:  # pylint: disable=broad-except  a store's failure, of any client
@@ -104,16 +93,64 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None,
     if stopped is None:
       raise
     raise stopped from e
-  finally:   # also after an error, which stays the one reported
-    error = sys.exc_info()[1]
-    failed = isinstance(error, StoreError)   # a failed store is asked nothing more
-    ended = ([functools.partial(session.end, step_log.fetched,
-                                f"stopped by {type(error).__name__}")]
-             if error is not None and not failed else [])
-    _close(*ended, window.close, guard.close, console.close,
-           functools.partial(writer.close, upload=not failed),
-           functools.partial(session.close, upload=not failed), ledger.close,
-           *([] if failed else [checkpoints.close]), raising=sys.exc_info()[0] is None)
+  finally:
+    _close_session(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Session:
+  """What one session of `train` opens beside its state, closed by `_close_session`."""
+  primary: bool
+  console: Console
+  writer: metrics_lib.MetricsWriter | _NoWriter
+  goodput: goodput_lib.SessionLog
+  step_log: StepLog
+  checkpoints: RunCheckpoints
+  guard: PreemptionGuard
+  window: step_profile.Window
+  ledger: goodput_lib.Ledger
+
+
+def _preempted(s: _Session, step: int) -> dict:
+  """Waits for the preemption checkpoint of `step`, says how to resume, and returns the
+  summary of a preempted session."""
+  with s.ledger.timed("checkpoint_save"):
+    s.checkpoints.wait()
+  s.console.print(f"preempted: checkpoint of step {step} written to "
+                  f"{s.checkpoints.directory}; run the same command again to resume")
+  _session_end(s.goodput, step, "preempted", s.console)
+  return dict(preempted_at_step=step)
+
+
+def _open_session(setup: Setup, start: int, ledger: goodput_lib.Ledger) -> _Session:
+  """Opens the console, the metrics writer (after the plan's lines), the goodput log, the
+  step log, the checkpoints, the preemption guard and the profile window of a session."""
+  settings, plan = setup.spec.train, setup.spec.plan
+  primary = distributed.is_primary()
+  console = Console(plan.total_steps, start, enabled=primary,
+                    bar=settings.progress_bar and sys.stdout.isatty())
+  writer = _announce(setup, start, console, primary)
+  goodput = goodput_lib.SessionLog(ledger, setup.rundir if primary else None, start,
+                                   plan.total_steps)
+  step_log = StepLog(plan, settings, writer, console, setup.rundir, start, goodput)
+  # A checkpoint's lines are in metrics.jsonl before it is saved.
+  checkpoints = setup.open_checkpoints(before_save=step_log.sync)
+  return _Session(primary, console, writer, goodput, step_log, checkpoints, PreemptionGuard(),
+                  _profile_window(setup, console, primary), ledger)
+
+
+def _close_session(s: _Session):
+  """Closes what `_open_session` opened, also after an error, which stays the one reported (a
+  helper called from `finally` sees it in sys.exc_info); a failed store is asked nothing more."""
+  error = sys.exc_info()[1]
+  failed = isinstance(error, StoreError)
+  ended = ([functools.partial(s.goodput.end, s.step_log.fetched,
+                              f"stopped by {type(error).__name__}")]
+           if error is not None and not failed else [])
+  _close(*ended, s.window.close, s.guard.close, s.console.close,
+         functools.partial(s.writer.close, upload=not failed),
+         functools.partial(s.goodput.close, upload=not failed), s.ledger.close,
+         *([] if failed else [s.checkpoints.close]), raising=error is None)
 
 
 def _session_end(session: goodput_lib.SessionLog, step: int, how: str, console: Console):
