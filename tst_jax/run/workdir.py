@@ -11,6 +11,7 @@ by older versions of tst-jax sit at the end of this module.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from tst_jax import fileio
 from tst_jax.data import tokenizer as tokenizer_lib
@@ -48,17 +49,27 @@ def open_metrics(rundir: RunDir, start: int) -> appending.Appender:
   return appending.Appender(rundir.metrics, parts=rundir.parts)
 
 
+def _json_lines(file: str) -> Iterator[tuple[int, object]]:
+  """Yields the number of each non-blank line of JSON-lines `file` and its value, or the
+  ValueError reading it raised."""
+  for number, line in enumerate(fileio.read_text(file).split("\n"), 1):
+    if line.strip():
+      try:
+        yield number, json.loads(line)
+      except ValueError as e:
+        yield number, e
+
+
 def read_metrics(rundir: RunDir) -> list[dict]:
   """Returns every line of metrics.jsonl, empty where the run has written none."""
   if not fileio.exists(rundir.metrics):
     return []
   records = []
-  for number, line in enumerate(fileio.read_text(rundir.metrics).split("\n"), 1):
-    try:
-      records += [json.loads(line)] if line.strip() else []
-    except ValueError as e:
-      raise DataError(f"{rundir.metrics}:{number}: cannot be read as JSON ({e}); it is the "
-                      "run's log of losses: restore it from a copy") from None
+  for number, record in _json_lines(rundir.metrics):
+    if isinstance(record, ValueError):
+      raise DataError(f"{rundir.metrics}:{number}: cannot be read as JSON ({record}); it is "
+                      "the run's log of losses: restore it from a copy")
+    records.append(record)
   return records
 
 
@@ -76,11 +87,11 @@ def read_goodput(rundir: RunDir) -> list[dict]:
     raise WorkdirError(f"{rundir.goodput}: no such file: {rundir} holds no run, or one that "
                        "has not reached its first step")
   records, cut = [], []     # cut: (the index of the record after it, line number, error)
-  for number, line in enumerate(fileio.read_text(rundir.goodput).split("\n"), 1):
-    try:
-      records += [json.loads(line)] if line.strip() else []
-    except ValueError as e:
-      cut.append((len(records), number, e))
+  for number, record in _json_lines(rundir.goodput):
+    if isinstance(record, ValueError):
+      cut.append((len(records), number, record))
+    else:
+      records.append(record)
   for after, number, e in cut:    # a kill cuts a line short: a session's start comes next
     follows = records[after] if after < len(records) else {"kind": "start"}
     if not records or not isinstance(follows, dict) or follows.get("kind") != "start":
