@@ -29,6 +29,10 @@ from tst_jax.train import fit
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTAINER_REPO = "/app"          # where the Dockerfiles put the checkout (WORKDIR)
 GCS_MOUNT_ROOT = "/gcs"          # gs://BUCKET/path is mounted at /gcs/BUCKET/path (gcsfuse)
+# Emergency checkpoints (train.local_checkpoint_every) go to a folder of the node, which
+# outlives the pods that JobSet deletes and recreates on a restart.
+LOCAL_CHECKPOINTS = "/tst-jax-local"                             # in the container
+LOCAL_CHECKPOINTS_ON_NODE = "/mnt/stateful_partition/tst-jax-local"   # a GKE node's disk
 COORDINATOR_PORT = 1234          # jax.distributed coordinator on process 0
 REPLICATED_JOB = "workers"       # the JobSet's one replicated job: one pod per host
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -271,6 +275,8 @@ def job_spec(target: Target, *, config: str, workdir: str, image: str, overrides
     value, more = to_mounted(override)
     mounted.append(value)
     buckets += more
+  if not any(o.startswith("train.local_checkpoint_dir=") for o in mounted):
+    mounted.append(f"train.local_checkpoint_dir={LOCAL_CHECKPOINTS}")
   return dict(
       name=name, work_unit=work_unit, platform=target.platform, hosts=target.hosts,
       accelerator=target.to_json(), image=image, workdir=workdir,

@@ -80,6 +80,9 @@ def jobset(spec: dict, *, service_account: str = "", max_restarts: int = MAX_RES
       attributes[HOST_NETWORK_KSA] = "true"
     volumes.append(dict(name=f"gcs-{i}", csi=dict(driver=GCSFUSE_DRIVER,
                                                   volumeAttributes=attributes)))
+  mounts.append(dict(name="local-checkpoints", mountPath=jobspec.LOCAL_CHECKPOINTS))
+  volumes.append(dict(name="local-checkpoints", hostPath=dict(
+      path=jobspec.LOCAL_CHECKPOINTS_ON_NODE, type="DirectoryOrCreate")))
   if not tpu:              # NCCL needs more shared memory than the container default
     mounts.append(dict(name="dshm", mountPath="/dev/shm"))
     volumes.append(dict(name="dshm", emptyDir=dict(medium="Memory")))

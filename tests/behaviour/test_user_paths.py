@@ -31,6 +31,8 @@ LOCAL = {
     ("tst_jax/tools/sweep/run.py", "link_prepared_data"):
         "hard links, made only in a local sweep folder (shared_store)",
     ("tst_jax/tools/sweep/run.py", "_link_or_copy"): "link_prepared_data's, local",
+    ("tst_jax/train/local_checkpoint.py", "_write"): "train.local_checkpoint_dir: a host's disk",
+    ("tst_jax/train/local_checkpoint.py", "_read"): "train.local_checkpoint_dir: a host's disk",
 }
 
 

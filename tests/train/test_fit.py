@@ -92,6 +92,24 @@ def test_flash_attention_keeps_no_scores():
   assert gpu.phases[0].xla_temp == tpu.phases[0].xla_temp   # the same CPU compile
 
 
+def test_the_emergency_copy_is_each_devices_parameters_and_optimizer_state(tmp_path):
+  """train.local_checkpoint_every: one copy holds a device's parameters and Adam state, the
+  bytes its host keeps in memory while writing them; the plan says so, and nothing without."""
+  config = tiny_config(ratio=0.0, mesh=dict(data=1, fsdp=4), loss=dict(impl="xla"),
+                       train=dict(local_checkpoint_every=50))
+  checked = spec_lib.check(config)
+  result = fit.check(checked.on_platform(), "h100", checked.on_platform("gpu"),
+                     compile_steps=False)
+  [phase] = result.phases
+  assert result.local_copy == phase.params + phase.opt_state > 0
+  assert result.to_json()["local_checkpoint_bytes"] == result.local_copy
+  assert "emergency checkpoints every 50 steps" in result.table()
+  config.train.local_checkpoint_every = 0
+  checked = spec_lib.check(config)
+  off = fit.check(checked.on_platform(), "h100", checked.on_platform("gpu"), compile_steps=False)
+  assert off.local_copy == 0 and "emergency" not in off.table()
+
+
 @pytest.mark.slow
 def test_fit_says_which_knob_when_it_does_not_fit(monkeypatch):
   config = tiny_config(mesh=dict(data=1, fsdp=2), loss=dict(impl="xla"),

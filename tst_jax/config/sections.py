@@ -11,7 +11,7 @@ import dataclasses
 import json
 import shlex
 
-from tst_jax import losses, models, platform, schema
+from tst_jax import fileio, losses, models, platform, schema
 from tst_jax.parallel.logical import LOGICAL_AXIS_RULES
 from tst_jax.parallel.mesh import MESH_AXES
 from tst_jax.superposition import MODES
@@ -49,6 +49,9 @@ def _task_names_ok(text) -> bool:
       n and n.replace("_", "a").replace(".", "a").replace("-", "a").isalnum() for n in names)
 
 
+# A folder of the host each process runs on; an object store is the workdir's place.
+_HOST_FOLDER = schema.Rule(lambda v: isinstance(v, str) and not fileio.is_url(v),
+                           "a folder on each host's own disk, not a URL", str)
 _WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1", str)
 _TASKS = schema.Rule(_task_names_ok, "'' or a comma list of lm-eval task names or 'paper' "
                      "(letters, digits, _ . -)", str)
@@ -150,6 +153,15 @@ class Train:
                                           "preemptible machines (0: off)", added=0.0)
   keep_checkpoints: int = schema.field(2, schema.integer(1), "the latest N kept, plus the "
                                        "phase-switch checkpoints")
+  local_checkpoint_every: int = schema.field(0, schema.integer(0), "emergency checkpoints: "
+                                             "each process's shards to a disk of its host "
+                                             "every this many steps, resumed from when newer "
+                                             "than the workdir's (0: off; "
+                                             "docs/reliability.md)", added=0)
+  local_checkpoint_dir: str = schema.field("", _HOST_FOLDER, "the emergency checkpoints' "
+                                           "folder on each host, on a disk that outlives the "
+                                           "process ('': ~/.cache/tst_jax/local_checkpoints)",
+                                           added="")
   progress_bar: bool = schema.field(True, schema.BOOL, "a tqdm bar with the phase and ETA (on "
                                     "a terminal)")
   force_resume: bool = schema.field(False, schema.BOOL, "resume a workdir whose config or "

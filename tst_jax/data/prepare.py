@@ -179,9 +179,8 @@ def work_folder(out: str, request: dict) -> str:
   local = fileio.local_path(out)
   if local is not None:
     return os.path.join(local, "work")
-  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   key = hashlib.sha256(json.dumps([out, request], sort_keys=True).encode()).hexdigest()[:16]
-  work = os.path.join(cache, "tst_jax", "prepare", key)
+  work = fileio.user_cache("prepare", key)
   log.info("prepare: work files of %s in %s, deleted once the store is written", out, work)
   return work
 

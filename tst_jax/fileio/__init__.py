@@ -57,6 +57,13 @@ def absolute(path: str) -> str:
   return path if is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
+def user_cache(*parts: str, environ=os.environ) -> str:
+  """Returns the folder `parts` under tst_jax's part of this user's cache directory,
+  $XDG_CACHE_HOME or ~/.cache: files a later run on this machine finds again."""
+  cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "tst_jax", *parts)
+
+
 def expanduser(path: str) -> str:
   """Returns a local path with ~ expanded, and a URL as it is."""
   return path if is_url(path) else os.path.expanduser(path)

@@ -37,8 +37,7 @@ def directory(environ=os.environ) -> str | None:
     return None
   if chosen:
     return chosen
-  cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(cache, "tst_jax", "tokamax")
+  return fileio.user_cache("tokamax", environ=environ)
 
 
 def describe(environ=os.environ) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -24,7 +26,7 @@ from tst_jax.errors import ConfigError, StoreError, in_chain
 from tst_jax.parallel import distributed
 from tst_jax.run import workdir as workdir_lib
 from tst_jax.config.spec import RunSpec
-from tst_jax.train import checkpoint_mirror
+from tst_jax.train import checkpoint_mirror, local_checkpoint
 
 log = logging.getLogger("tst_jax")
 # A save that waits this long for the previous one to finish writing is said once, in our
@@ -151,6 +153,7 @@ class Checkpoints:
       self.mirror.pull()
     quiet_storage(self.directory)
     self.said_slow = False
+    self.local: local_checkpoint.LocalCheckpoints | None = None   # a run's emergency copies
     self.before_save = before_save or (lambda: None)
     self.clock = clock or SaveClock(0.0)
     # The step cadence and the preemption save: Orbax's policies, which `_policy_saves` asks.
@@ -237,6 +240,8 @@ class Checkpoints:
   def wait(self):
     with self._write_faults():
       self.manager.wait_until_finished()
+      if self.local is not None:
+        self.local.wait()
       if self.mirror is not None:
         self.mirror.wait()
     if self._writing is not None:
@@ -289,6 +294,13 @@ class RunCheckpoints(Checkpoints):
     self.plan, self.force_resume = spec.plan, spec.train.force_resume
     self.fingerprint, self.store_directory = fingerprint, store_directory
     self.abstract_state = abstract_state
+    # Emergency checkpoints, on this host: a step's config and token store name their run.
+    run_key = hashlib.sha256(json.dumps([spec.same_run(), fingerprint], sort_keys=True,
+                                        default=str).encode()).hexdigest()[:16]
+    every = spec.train.local_checkpoint_every
+    self.local = (local_checkpoint.LocalCheckpoints(spec.train.local_checkpoint_dir,
+                                                    self.directory, run_key, every)
+                  if every else None)
 
   def save_step(self, state, step: int, *, force: bool = False, preempted: bool = False) -> bool:
     """Saves `state` after `step` steps with the phase and data position it reached."""
@@ -296,11 +308,20 @@ class RunCheckpoints(Checkpoints):
     meta = dict(step=step, phase=phase.name, phase_step=step - phase.first_step,
                 data_start_pos=self.plan.data_start(phase), window=phase.window,
                 data_fingerprint=self.fingerprint)
-    return self.save(step, state, meta, force=force, preempted=preempted)
+    saved = self.save(step, state, meta, force=force, preempted=preempted)
+    if not saved and self.local is not None and self.local.due(step):
+      self.before_save()
+      with self._write_faults():
+        self.local.save(step, state)
+    return saved
 
   def restore_latest(self) -> tuple[Any, int] | None:
     """Returns (state, step) of the latest checkpoint that restores, None where there is none.
-    A truncated or corrupted step falls back to the one before."""
+    An emergency checkpoint newer than the latest persistent one comes first. A truncated or
+    corrupted step falls back to the one before."""
+    local = self._restore_local()
+    if local is not None:
+      return local
     if self.latest_step() is None:
       return None
     for step in sorted(self.all_steps(), reverse=True):
@@ -314,6 +335,29 @@ class RunCheckpoints(Checkpoints):
       self._check_store(step, meta)
       return state, step
     raise ConfigError("--workdir", f"no checkpoint in {self.directory} can be restored")
+
+  def wait_last(self):
+    """Waits for the run's last checkpoint, then deletes the emergency copies it outdates."""
+    self.wait()
+    if self.local is not None:
+      self.local.clear()
+
+  def _restore_local(self) -> tuple[Any, int] | None:
+    """Returns (state, step) of the newest emergency checkpoint every process holds, where it
+    is newer than the latest persistent one and restores; else None, on every process."""
+    if self.local is None:
+      return None
+    step, persistent = self.local.newest_on_every_process(), self.latest_step()
+    if step is None or (persistent is not None and step <= persistent):
+      return None
+    state = self.local.restore(step, self.abstract_state)
+    if state is None:
+      return None
+    if distributed.is_primary():
+      print(f"restored the emergency checkpoint of step {step} from {self.local.directory} "
+            f"on each host (the latest in {self.directory}: "
+            f"{'none' if persistent is None else f'step {persistent}'})")
+    return state, step
 
   def _check_store(self, step: int, meta: dict):
     """Refuses a checkpoint trained on another token store: its fingerprint is in its meta."""

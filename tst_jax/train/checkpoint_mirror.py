@@ -50,9 +50,8 @@ class Mirror:
                          "goes through one machine's disk; use a gs:// --workdir, or a folder "
                          "every host mounts")
     self.remote = remote
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     key = hashlib.sha256(remote.encode()).hexdigest()[:16]
-    self.local = os.path.join(cache, "tst_jax", "checkpoints", key)
+    self.local = fileio.user_cache("checkpoints", key)
     self._upload, self._failure = None, None
 
   def pull(self):

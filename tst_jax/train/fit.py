@@ -30,7 +30,7 @@ from tst_jax import models
 from tst_jax.models import experts
 from tst_jax.errors import ConfigError
 from tst_jax.parallel import mesh as mesh_lib, xla_flags
-from tst_jax.train import step as step_lib
+from tst_jax.train import local_checkpoint, step as step_lib
 
 GB = 1e9
 # HBM per device, datasheet decimal GB. B200 is DGX B200's 1,440 GB over 8 GPUs.
@@ -150,6 +150,13 @@ class Fit:
   phases: tuple[PhaseFit, ...]
   advice: tuple[str, ...]
   gpu_xla_flags: str     # what a GPU run over this mesh puts in XLA_FLAGS
+  local_every: int = 0   # train.local_checkpoint_every: the emergency copy's cadence
+
+  @property
+  def local_copy(self) -> int:
+    """Returns the bytes per device of one emergency checkpoint, 0 without them: the
+    parameters and optimizer state, which its host holds in memory while writing them."""
+    return max(p.params + p.opt_state for p in self.phases) if self.local_every else 0
 
   @property
   def fits(self) -> bool:
@@ -160,7 +167,8 @@ class Fit:
                 remat=self.remat, flash_attention=self.flash, budget_bytes=self.budget,
                 fits=self.fits,
                 phases=[dataclasses.asdict(p) | dict(estimate=p.estimate) for p in self.phases],
-                advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags)
+                advice=list(self.advice), gpu_xla_flags=self.gpu_xla_flags,
+                local_checkpoint_bytes=self.local_copy)
 
   def table(self) -> str:
     g = lambda b: "--" if b is None else f"{b / GB:.2f}"
@@ -180,6 +188,12 @@ class Fit:
                  "XLA:CPU columns come from compiling for CPU (plain-XLA attention with its "
                  "[B, H, L, L] scores, no fused kernels, CPU memory scheduling): an upper bound, "
                  "not what XLA:GPU/TPU allocate")
+    if self.local_every:
+      lines.append(
+          f"emergency checkpoints every {self.local_every} steps: {g(self.local_copy)} GB per "
+          "device (parameters and optimizer state) in its host's memory while written, and "
+          f"{local_checkpoint.KEEP} such copies on the host's disk "
+          "(train.local_checkpoint_dir), beside the HBM above")
     lines += [f"advice: {a}" for a in self.advice]
     if self.gpu_xla_flags and not self.accelerator.startswith("v"):
       lines.append(f"a GPU run over this mesh sets XLA_FLAGS={self.gpu_xla_flags}")
@@ -287,4 +301,5 @@ def check(spec, accelerator: str, target, devices=None, compile_steps: bool = Tr
              advise(results, budget, model_cfg.remat, accum,
                     max(p.batch_size for p in plan.phases), shards, sizes["fsdp"],
                     full_activations),
-             " ".join(f"--{k}={v}" for k, v in gpu_flags.items()))
+             " ".join(f"--{k}={v}" for k, v in gpu_flags.items()),
+             spec.train.local_checkpoint_every)

@@ -79,7 +79,7 @@ def train(setup: Setup, lock: lock_lib.Lock | None = None,
       step_log.flush()
       start = phase.last_step
     with ledger.timed("checkpoint_save"):
-      checkpoints.wait()
+      checkpoints.wait_last()
     with ledger.timed("eval"):
       summary = _finish(setup, state, console, s.primary, t0)
     _session_end(s.goodput, step_log.fetched, "finished", console)
