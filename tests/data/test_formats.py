@@ -110,3 +110,17 @@ def test_the_store_of_a_registered_format_changes_with_a_file_and_its_record(
   edited = fingerprint("s3")
   monkeypatch.setenv("TEST_CSV_DIALECT", "excel-tab")
   assert len({first, edited, fingerprint("s4")}) == 3
+
+
+def test_a_feature_of_token_ids_is_decoded_by_its_vocabulary_or_refused_in_one_line():
+  """tfds and seqio examples: text as it is; token ids through the feature's vocabulary;
+  ids with none (a tfds feature) one DataError naming the feature; a missing feature too."""
+  shard = formats.InputShard("tfds", ("lm1b", "train"), 0, text_field="ids")
+  assert formats._feature(dict(ids=b"hello"), shard) == b"hello"
+  ids = np.array([3, 1, 2])
+  assert formats._feature(dict(ids=ids), shard, lambda x: "-".join(map(str, x))) == "3-1-2"
+  with pytest.raises(errors.DataError, match="feature 'ids' is not text .ndarray. and names "
+                     "no vocabulary"):
+    formats._feature(dict(ids=ids), shard)
+  with pytest.raises(errors.DataError, match="have no feature 'ids'.*they have text"):
+    formats._feature(dict(text=b"x"), shard)

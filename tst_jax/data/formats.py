@@ -241,12 +241,13 @@ def _tfds_check(name: str, argument: str) -> None:
 def _tfds_texts(shard: InputShard) -> Iterator[bytes]:
   source = _tfds_source(*shard.paths)
   for i in range(len(source)):
-    yield _feature(source[i], shard, lambda ids: None)
+    yield _feature(source[i], shard)
 
 
-def _feature(example: dict, shard: InputShard, decode: Callable) -> bytes | str:
+def _feature(example: dict, shard: InputShard, decode: Callable | None = None) -> bytes | str:
   """Returns feature `shard.text_field` of `example` as text: bytes or str as they are, token
-  ids decoded by `decode` (None where it cannot). A missing feature is one DataError."""
+  ids decoded by `decode`, the feature's vocabulary where it names one. A missing feature, or
+  ids with no vocabulary, is one DataError."""
   if shard.text_field not in example:
     raise DataError(f"data.source '{shard.kind}:{shard.paths[0]}': its examples have no feature "
                     f"{shard.text_field!r} (data.text_field); they have "
@@ -254,12 +255,11 @@ def _feature(example: dict, shard: InputShard, decode: Callable) -> bytes | str:
   value = example[shard.text_field]
   if isinstance(value, (bytes, str)):
     return value
-  text = decode(value)
-  if text is None:
+  if decode is None:
     raise DataError(f"data.source '{shard.kind}:{shard.paths[0]}': feature "
                     f"{shard.text_field!r} is not text ({type(value).__name__}) and names no "
                     "vocabulary that decodes it")
-  return text
+  return decode(value)
 
 
 def _seqio_provider(name: str):
@@ -302,8 +302,7 @@ def _seqio_texts(shard: InputShard) -> Iterator[bytes | str]:
   data.tokenizer keeps its tokens."""
   provider = _seqio_split(*shard.paths)
   feature = provider.output_features.get(shard.text_field)
-  decode = (lambda ids: feature.vocabulary.decode([int(i) for i in ids])) if feature else (
-      lambda ids: None)
+  decode = (lambda ids: feature.vocabulary.decode([int(i) for i in ids])) if feature else None
   ds = provider.get_dataset(sequence_length=None, split=shard.paths[1], shuffle=False,
                             num_epochs=1)
   for example in ds.as_numpy_iterator():

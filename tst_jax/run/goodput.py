@@ -118,11 +118,15 @@ class Ledger:
       jax.monitoring.unregister_event_time_span_listener(self._compiled)
 
 
+def share(part: float, whole: float) -> float | None:
+  """Returns part / whole, the share of a time; None for a whole of no time."""
+  return part / whole if whole > 0 else None
+
+
 def split_fields(seconds: dict) -> dict:
   """Returns metrics.jsonl's fields of an interval's `seconds` by category: goodput, its
   productive share, and goodput/<category>_s."""
-  total = sum(seconds.values())
-  return dict(goodput=seconds["step"] / total if total > 0 else None,
+  return dict(goodput=share(seconds["step"], sum(seconds.values())),
               **{f"goodput/{k}_s": seconds[k] for k in CATEGORIES})
 
 
@@ -182,8 +186,8 @@ def session_line(seconds: dict) -> str:
   total = sum(seconds.values())
   parts = ", ".join(f"{LABELS[k]} {duration(v)}" for k, v in seconds.items()
                     if k != "step" and v >= 0.5)
-  share = seconds["step"] / total if total > 0 else 0.0
-  return (f"goodput: {share:.1%} of this session's {duration(total)} was training steps"
+  productive = share(seconds["step"], total) or 0.0
+  return (f"goodput: {productive:.1%} of this session's {duration(total)} was training steps"
           + (f"; {parts}" if parts else ""))
 
 
@@ -203,6 +207,10 @@ class Session:
   def wall(self) -> float:
     return self.end - self.start
 
+  @property
+  def goodput(self) -> float:
+    return share(self.seconds["step"], self.wall) or 0.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Account:
@@ -218,7 +226,7 @@ class Account:
 
   @property
   def goodput(self) -> float:
-    return self.seconds["step"] / self.wall if self.wall > 0 else 0.0
+    return share(self.seconds["step"], self.wall) or 0.0
 
   @property
   def retrained(self) -> int:
@@ -270,8 +278,7 @@ def report(run: Account, where: str) -> str:
            f"training steps, over {len(run.sessions)} "
            f"session{'s' if len(run.sessions) > 1 else ''}"]
   for name, value in rows:
-    share = value / run.wall if run.wall > 0 else 0.0
-    lines.append(f"{name:<{width}}  {fmt(value):>10}  {share:6.1%}")
+    lines.append(f"{name:<{width}}  {fmt(value):>10}  {share(value, run.wall) or 0.0:6.1%}")
     if name.strip() == LABELS[LOST] and run.retrained:
       lines[-1] += f"  ({run.retrained} steps trained again)"
   lines.append(f"{'  sum of the parts':<{width}}  {fmt(sum(run.seconds.values())):>10}")
@@ -282,7 +289,7 @@ def report(run: Account, where: str) -> str:
     steps = f"{s.first_step} -> {s.last_step}"
     ended = s.ended or "no end record: killed, or still running"
     lines.append(f"{number:>7}  {started}  {steps:<13}  {fmt(s.wall):>10}  "
-                 f"{s.seconds['step'] / s.wall if s.wall > 0 else 0.0:7.1%}  {ended}")
+                 f"{s.goodput:7.1%}  {ended}")
   if run.total_steps is not None:
     lines.append(f"steps done: {run.sessions[-1].last_step} of {run.total_steps}")
   return "\n".join(lines)
