@@ -13,7 +13,8 @@ import os
 import sys
 
 ORDER = ["base", "pos2k", "pos8k", "len256", "len512", "vocab4k", "vocab8k", "d96", "d128",
-         "t12k", "t12k_seeds345", "t20k", "moe", "moe_pos512"]   # t12k again, on new seeds
+         "t12k", "t12k_seeds345", "t20k", "t20k_seeds345", "moe",
+         "moe_pos512"]   # t12k and t20k again, on new seeds
 
 
 def _delta(folder: str, point: str) -> tuple[dict, dict] | None:
