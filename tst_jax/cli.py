@@ -113,9 +113,9 @@ def plan(spec, flags, workdir: str, target) -> dict:
 
 
 def evaluate_latest(setup: Setup) -> dict:
-  """Prints and returns the held-out loss of the run's latest checkpoint and its bits per
-  byte (None where the store does not record its bytes), as a JSON line."""
-  state, step = setup.restore_or_init()
+  """Prints and returns the held-out loss of the run's latest checkpoint in its workdir and
+  its bits per byte (None where the store does not record its bytes), as a JSON line."""
+  state, step = setup.restore_or_init(emergency=False)
   loss = setup.evaluate(state.params)
   result = dict(step=step, eval_loss=loss, eval_bpb=setup.evaluate.bits_per_byte(loss))
   print(json.dumps(result))

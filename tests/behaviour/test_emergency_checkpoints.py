@@ -1,9 +1,10 @@
 """Emergency checkpoints on 2 CPU processes, each a host with its own cache folder: one process
 SIGKILLed without a signal it could catch, both started again. With every host's copy there the
-run resumes from the newest emergency checkpoint, past the last persistent one; with one host's
-copy gone (a new machine) it falls back to the persistent checkpoint in the bucket. Either way
-metrics.jsonl ends with the records of an uninterrupted run: each step once, equal but for
-its times. S3 checkpoints go through one machine's disk, so the S3 run has one process."""
+run resumes from the newest emergency checkpoint, past the last persistent one, also where
+each process restarts on the other's host (pods placed anew); with one host's copy gone (a new
+machine) it falls back to the persistent checkpoint in the bucket. Either way metrics.jsonl
+ends with the records of an uninterrupted run: each step once, equal but for its times. S3
+checkpoints go through one machine's disk, so the S3 run has one process."""
 
 import os
 import shutil
@@ -31,13 +32,14 @@ MEASURED = ("step_s", "data_tokens_per_s", "equivalent_tokens_per_s", "mfu",
             "memory_bytes_in_use", "memory_peak_bytes", "goodput")
 
 
-def _launch(workdir: str, hosts, logs, tag: str, processes: int) -> list[subprocess.Popen]:
-  """Starts the run's processes, each with host i's cache folder ($XDG_CACHE_HOME), where the
-  emergency checkpoints go by default; 4 CPU devices in all."""
+def _launch(workdir: str, hosts, logs, tag: str, processes: int,
+            placed: tuple = (0, 1)) -> list[subprocess.Popen]:
+  """Starts the run's processes, process i on host placed[i] with its cache folder
+  ($XDG_CACHE_HOME), where the emergency checkpoints go by default; 4 CPU devices in all."""
   port, procs = free_port(), []
   for i in range(processes):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=subprocess_env.fast_compile_flags(),
-               XDG_CACHE_HOME=str(hosts / f"host{i}"))
+               XDG_CACHE_HOME=str(hosts / f"host{placed[i]}"))
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), "--config", TINY_CONFIG,
            "--workdir", workdir, *FLAGS, f"--config.distributed.cpu_devices={4 // processes}"]
     if processes > 1:
@@ -71,10 +73,12 @@ def uninterrupted(tmp_path_factory) -> dict[int, list[dict]]:
   return out
 
 
-def _kill_and_restart(workdir: str, tmp_path, processes: int, lose_host: bool) -> str:
+def _kill_and_restart(workdir: str, tmp_path, processes: int, lose_host: bool,
+                      placed: tuple = (0, 1)) -> str:
   """Runs until every host holds the emergency copy of KILLED_AFTER, SIGKILLs the last process,
   then the others as a cluster's restart does; with `lose_host` empties its cache folder (a
-  new machine). Starts them all again to the end; returns process 0's log of that start."""
+  new machine). Starts them all again to the end, process i on host placed[i]; returns
+  process 0's log of that start."""
   hosts = [tmp_path / f"host{i}" for i in range(processes)]
   procs = _launch(workdir, tmp_path, tmp_path, "first", processes)
   deadline = time.time() + 420
@@ -89,14 +93,17 @@ def _kill_and_restart(workdir: str, tmp_path, processes: int, lose_host: bool) -
     p.wait()
   if lose_host:
     shutil.rmtree(hosts[-1])
-  finish(_launch(workdir, tmp_path, tmp_path, "restarted", processes), tmp_path, "restarted")
+  finish(_launch(workdir, tmp_path, tmp_path, "restarted", processes, placed), tmp_path,
+         "restarted")
   return (tmp_path / "restarted_0.log").read_text()
 
 
 @pytest.mark.slow
-def test_a_killed_process_resumes_from_the_emergency_checkpoints(tmp_path, uninterrupted):
+@pytest.mark.parametrize("placed", [(0, 1), (1, 0)], ids=["same_hosts", "hosts_swapped"])
+def test_a_killed_process_resumes_from_the_emergency_checkpoints(placed, tmp_path,
+                                                                 uninterrupted):
   workdir = str(tmp_path / "run")
-  out = _kill_and_restart(workdir, tmp_path, 2, lose_host=False)
+  out = _kill_and_restart(workdir, tmp_path, 2, lose_host=False, placed=placed)
   restored = int(out.split("restored the emergency checkpoint of step ")[1].split()[0])
   assert restored >= KILLED_AFTER and "(the latest in" in out and "step 4)" in out
   assert f"resuming {workdir} at step {restored}" in out

@@ -153,7 +153,6 @@ class Checkpoints:
       self.mirror.pull()
     quiet_storage(self.directory)
     self.said_slow = False
-    self.local: local_checkpoint.LocalCheckpoints | None = None   # a run's emergency copies
     self.before_save = before_save or (lambda: None)
     self.clock = clock or SaveClock(0.0)
     # The step cadence and the preemption save: Orbax's policies, which `_policy_saves` asks.
@@ -240,8 +239,6 @@ class Checkpoints:
   def wait(self):
     with self._write_faults():
       self.manager.wait_until_finished()
-      if self.local is not None:
-        self.local.wait()
       if self.mirror is not None:
         self.mirror.wait()
     if self._writing is not None:
@@ -309,17 +306,18 @@ class RunCheckpoints(Checkpoints):
                 data_start_pos=self.plan.data_start(phase), window=phase.window,
                 data_fingerprint=self.fingerprint)
     saved = self.save(step, state, meta, force=force, preempted=preempted)
-    if not saved and self.local is not None and self.local.due(step):
+    if (not saved and self.local is not None and self.local.due(step)
+        and step not in self.manager.all_steps()):     # a handoff's step is persistent
       self.before_save()
-      with self._write_faults():
-        self.local.save(step, state)
+      self.local.save(step, state)
     return saved
 
-  def restore_latest(self) -> tuple[Any, int] | None:
+  def restore_latest(self, reached: int = 0) -> tuple[Any, int] | None:
     """Returns (state, step) of the latest checkpoint that restores, None where there is none.
-    An emergency checkpoint newer than the latest persistent one comes first. A truncated or
-    corrupted step falls back to the one before."""
-    local = self._restore_local()
+    An emergency checkpoint newer than the latest persistent one comes first, where the
+    workdir records that the run `reached` its step: a copy past it is of a workdir made
+    again. A truncated or corrupted step falls back to the one before."""
+    local = self._restore_local(reached)
     if local is not None:
       return local
     if self.latest_step() is None:
@@ -342,20 +340,25 @@ class RunCheckpoints(Checkpoints):
     if self.local is not None:
       self.local.clear()
 
-  def _restore_local(self) -> tuple[Any, int] | None:
-    """Returns (state, step) of the newest emergency checkpoint every process holds, where it
-    is newer than the latest persistent one and restores; else None, on every process."""
-    if self.local is None:
+  def close(self):
+    if self.local is not None:
+      self.local.wait()
+    super().close()
+
+  def _restore_local(self, reached: int) -> tuple[Any, int] | None:
+    """Returns (state, step) of the newest emergency checkpoint every process finds on its
+    host, newer than the latest persistent one and no later than `reached`, that restores;
+    else None, on every process."""
+    if self.local is None or not reached:
       return None
-    step, persistent = self.local.newest_on_every_process(), self.latest_step()
-    if step is None or (persistent is not None and step <= persistent):
+    persistent = self.latest_step()
+    restored = self.local.restore_newest(persistent, reached, self.abstract_state)
+    if restored is None:
       return None
-    state = self.local.restore(step, self.abstract_state)
-    if state is None:
-      return None
+    state, step = restored
     if distributed.is_primary():
-      print(f"restored the emergency checkpoint of step {step} from {self.local.directory} "
-            f"on each host (the latest in {self.directory}: "
+      print(f"restored the emergency checkpoint of step {step} from {self.local.root} on "
+            f"each host (the latest in {self.directory}: "
             f"{'none' if persistent is None else f'step {persistent}'})")
     return state, step
 

@@ -150,7 +150,7 @@ class Fit:
   phases: tuple[PhaseFit, ...]
   advice: tuple[str, ...]
   gpu_xla_flags: str     # what a GPU run over this mesh puts in XLA_FLAGS
-  local_every: int = 0   # train.local_checkpoint_every: the emergency copy's cadence
+  local_every: int = 0   # train.local_checkpoint_every: 0 copies nothing, so costs nothing
 
   @property
   def local_copy(self) -> int:
@@ -192,8 +192,9 @@ class Fit:
       lines.append(
           f"emergency checkpoints every {self.local_every} steps: {g(self.local_copy)} GB per "
           "device (parameters and optimizer state) in its host's memory while written, and "
-          f"{local_checkpoint.KEEP} such copies on the host's disk "
-          "(train.local_checkpoint_dir), beside the HBM above")
+          f"up to {local_checkpoint.KEEP + 1} such copies on the host's disk "
+          f"({local_checkpoint.KEEP} kept, one being written; train.local_checkpoint_dir), "
+          "beside the HBM above")
     lines += [f"advice: {a}" for a in self.advice]
     if self.gpu_xla_flags and not self.accelerator.startswith("v"):
       lines.append(f"a GPU run over this mesh sets XLA_FLAGS={self.gpu_xla_flags}")

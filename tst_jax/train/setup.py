@@ -112,14 +112,15 @@ class Setup:
         ckpt_lib.abstract_with_shardings(self.trainer.abstract, self.trainer.shardings),
         before_save=before_save)
 
-  def restore_or_init(self) -> tuple[step_lib.TrainState, int]:
-    """Returns (state, step): the latest checkpoint that restores, else a fresh sharded init
-    at step 0, holding the weights of config.init_from_hf when set. The checkpoints are
-    opened for this alone: the loop opens them again, with the step log to sync before each
-    save, which needs the step restored."""
+  def restore_or_init(self, emergency: bool = True) -> tuple[step_lib.TrainState, int]:
+    """Returns (state, step): the latest checkpoint that restores, an emergency one of this
+    workdir's run first where `emergency`, else a fresh sharded init at step 0, holding the
+    weights of config.init_from_hf when set. The checkpoints are opened for this alone: the
+    loop opens them again, with the step log to sync before each save, which needs the step
+    restored."""
     checkpoints = self.open_checkpoints()
     try:
-      restored = checkpoints.restore_latest()
+      restored = checkpoints.restore_latest(self._reached() if emergency else 0)
     finally:
       checkpoints.close()
     if restored is not None:
@@ -127,6 +128,13 @@ class Setup:
     if self.spec.run.init_from_hf:
       return self.init_from_hf(), 0
     return self.trainer.init_state(self.spec.run.seed), 0
+
+  def _reached(self) -> int:
+    """Returns the last step goodput.jsonl records, which it does before each checkpoint:
+    how far the run of this workdir got (0 for a new one)."""
+    if not fileio.exists(self.rundir.goodput):
+      return 0
+    return max((r["step"] for r in workdir_lib.read_goodput(self.rundir)), default=0)
 
   def init_from_hf(self) -> step_lib.TrainState:
     """Returns a step-0 TrainState holding the weights of the Hugging Face folder init_from_hf,
