@@ -50,7 +50,7 @@ def _task_names_ok(text) -> bool:
 
 
 # A folder of the host each process runs on; an object store is the workdir's place.
-_HOST_FOLDER = schema.Rule(lambda v: isinstance(v, str) and not fileio.is_url(v),
+_HOST_FOLDER = schema.Rule(lambda v: isinstance(v, str) and fileio.local_path(v) is not None,
                            "a folder on each host's own disk, not a URL", str)
 _WINDOW = schema.Rule(_window_ok, "'' or '<first>,<count>', both >= 1", str)
 _TASKS = schema.Rule(_task_names_ok, "'' or a comma list of lm-eval task names or 'paper' "
