@@ -2,6 +2,7 @@
 environment, one process when nothing is asked, and a clear error when asked too late (two real
 processes: tests/behaviour/test_multiprocess.py)."""
 
+import jax
 import pytest
 
 from tests.fixtures.tiny import tiny_config
@@ -22,3 +23,21 @@ def test_distributed_initialize_from_config_and_env(monkeypatch):
     distributed.initialize(cfg)                       # asked for, but JAX already runs here
   with pytest.raises(ValueError, match="config.distributed.mode: must be one of"):
     spec_lib.check(tiny_config(distributed=dict(mode="sometimes")))  # checked before it starts
+
+
+@pytest.mark.parametrize("version, processes, off", [
+    ("0.12.1", 2, True), ("0.10.2", 2, False), ("0.12.1", 1, False)])
+def test_the_compilation_cache_is_off_for_cpu_processes_of_jax_0_12(version, processes, off,
+                                                                   monkeypatch, caplog):
+  """jax 0.12.1's CPU processes hang on steps from the persistent cache (docs/distributed.md):
+  a multi-process CPU run of jax 0.12 or later turns it off and says so; others keep it."""
+  monkeypatch.setattr(jax, "__version__", version)
+  monkeypatch.setattr(jax, "process_count", lambda: processes)
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", True)
+  try:
+    distributed._no_cached_cpu_collectives()
+    assert jax.config.jax_enable_compilation_cache is not off
+    assert ("persistent compilation cache is off" in caplog.text) is off
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)

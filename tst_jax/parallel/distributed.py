@@ -94,8 +94,22 @@ def initialize(dist: Distributed) -> bool:
   log.info("jax.distributed: process %d of %d, %d local / %d global devices",
            jax.process_index(), jax.process_count(), jax.local_device_count(),
            jax.device_count())
+  _no_cached_cpu_collectives()
   Watchdog(dist.heartbeat_timeout_s).start()
   return True
+
+
+def _no_cached_cpu_collectives():
+  """Turns JAX's persistent compilation cache off for a multi-process run on CPU with jax 0.12
+  or later: there its processes hang in their first collective when their steps come from the
+  cache (jax 0.12.1; jax 0.10.2 runs them; docs/distributed.md)."""
+  version = tuple(int(p) for p in jax.__version__.split(".")[:2] if p.isdigit())
+  if (jax.process_count() > 1 and version >= (0, 12) and jax.default_backend() == "cpu"
+      and jax.config.jax_enable_compilation_cache):
+    jax.config.update("jax_enable_compilation_cache", False)
+    log.warning("jax %s on CPU with %d processes: the persistent compilation cache is off, "
+                "since processes whose steps come from it hang in their first collective",
+                jax.__version__, jax.process_count())
 
 
 class Watchdog(threading.Thread):
