@@ -137,7 +137,9 @@ def test_second_signal_exits_at_once():
   code = ("import os, signal, time\n"
           "from tst_jax.train.preemption import PreemptionGuard\n"
           "g = PreemptionGuard()\n"
-          "os.kill(os.getpid(), signal.SIGTERM); assert g.requested and g.should_stop()\n"
+          # the sleep runs the handler: CPython runs it at a later instruction, not at once
+          "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.01)\n"
+          "assert g.requested and g.should_stop()\n"
           "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('not reached')\n")
   result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True)
   assert result.returncode == 128 + signal.SIGTERM
