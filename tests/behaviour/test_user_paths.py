@@ -33,6 +33,7 @@ LOCAL = {
     ("tst_jax/tools/sweep/run.py", "_link_or_copy"): "link_prepared_data's, local",
     ("tst_jax/train/local_checkpoint.py", "__init__"): "train.local_checkpoint_dir: a host's disk",
     ("tst_jax/train/local_checkpoint.py", "_write"): "train.local_checkpoint_dir: a host's disk",
+    ("tst_jax/train/local_checkpoint.py", "_write_folder"): "train.local_checkpoint_dir, local",
     ("tst_jax/train/local_checkpoint.py", "_read_index"): "train.local_checkpoint_dir, local",
     ("tst_jax/train/local_checkpoint.py", "_remove"): "train.local_checkpoint_dir, local",
 }

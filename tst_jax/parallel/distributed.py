@@ -189,12 +189,20 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def any_process(flag: bool) -> bool:
-  """True on every process when `flag` is True on any: one all-gather (none with one process).
+def gather(values: np.ndarray) -> np.ndarray:
+  """Returns every process's `values`, one row each: one all-gather (none with one process).
   Every process must call it at the same points."""
+  values = np.asarray(values)
   if jax.process_count() == 1:
-    return bool(flag)
-  return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
+    return values[None]
+  return np.asarray(multihost_utils.process_allgather(values)).reshape(
+      jax.process_count(), *values.shape)
+
+
+def any_process(flag: bool) -> bool:
+  """True on every process when `flag` is True on any. Every process must call it at the same
+  points."""
+  return bool(np.max(gather(np.int32(flag))))
 
 
 def barrier(name: str):

@@ -291,13 +291,14 @@ class RunCheckpoints(Checkpoints):
     self.plan, self.force_resume = spec.plan, spec.train.force_resume
     self.fingerprint, self.store_directory = fingerprint, store_directory
     self.abstract_state = abstract_state
-    # Emergency checkpoints, on this host: a step's config and token store name their run.
-    run_key = hashlib.sha256(json.dumps([spec.same_run(), fingerprint], sort_keys=True,
-                                        default=str).encode()).hexdigest()[:16]
-    every = spec.train.local_checkpoint_every
-    self.local = (local_checkpoint.LocalCheckpoints(spec.train.local_checkpoint_dir,
-                                                    self.directory, run_key, every)
-                  if every else None)
+    self.local = None           # emergency checkpoints, on this host
+    if spec.train.local_checkpoint_every:
+      # a step's config and token store name its run
+      run_key = hashlib.sha256(json.dumps([spec.same_run(), fingerprint], sort_keys=True,
+                                          default=str).encode()).hexdigest()[:16]
+      self.local = local_checkpoint.LocalCheckpoints(
+          spec.train.local_checkpoint_dir, self.directory, run_key,
+          spec.train.local_checkpoint_every)
 
   def save_step(self, state, step: int, *, force: bool = False, preempted: bool = False) -> bool:
     """Saves `state` after `step` steps with the phase and data position it reached."""

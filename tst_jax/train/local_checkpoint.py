@@ -26,7 +26,6 @@ import threading
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from tst_jax import fileio
@@ -114,32 +113,16 @@ class LocalCheckpoints:
     """Writes `host`'s shards as step `step`, renamed into place once complete, then deletes
     every step but it and the KEEP - 1 newest before it, and what killed writes left."""
     try:
-      os.makedirs(self.directory, exist_ok=True)
+      os.makedirs(self.directory, exist_ok=True)   # also where it was deleted under the run
       final = os.path.join(self.directory, str(step))
       partial = f"{final}.partial"
-      shutil.rmtree(partial, ignore_errors=True)     # what a killed write left
-      os.makedirs(partial)
-      index, offset = [], 0
-      with open(os.path.join(partial, SHARDS), "wb") as f:
-        for path, pieces in host:
-          for where, data in pieces:
-            f.write(data.reshape(-1).view(np.uint8))
-            index.append(dict(leaf=path, index=where, shape=list(data.shape),
-                              dtype=str(data.dtype), offset=offset))
-            offset += data.nbytes
-        f.flush()
-        os.fsync(f.fileno())
-      with open(os.path.join(partial, INDEX), "w") as f:
-        json.dump(dict(step=step, run=self.run_key, shards=index), f)
-        f.flush()
-        os.fsync(f.fileno())
-      _fsync_folder(partial)
+      _write_folder(partial, host, dict(step=step, run=self.run_key))
       if os.path.exists(final):
         _remove(final)
       os.rename(partial, final)
       _fsync_folder(self.directory)
-      below = [s for s in self.steps() if s < step][:KEEP - 1]
-      for old in set(self.steps()) - {step, *below}:
+      steps = self.steps()
+      for old in set(steps) - {step, *[s for s in steps if s < step][:KEEP - 1]}:
         _remove(os.path.join(self.directory, str(old)))
       for name in os.listdir(self.directory):        # what killed writes and deletes left
         if name.endswith((".partial", ".deleting")):
@@ -194,7 +177,7 @@ class LocalCheckpoints:
       origin, why = int(os.path.basename(folder).split("_")[1]), None   # who wrote it
     except (OSError, ValueError, KeyError) as e:
       index, origin, why = None, -1, f"{type(e).__name__}: {e}"
-    origins = [int(o) for o in _gather(np.array([origin])).reshape(-1)]
+    origins = [int(o) for o in distributed.gather(np.array([origin])).reshape(-1)]
     arrays, moved = None, None
     if index is not None:
       try:
@@ -212,6 +195,28 @@ class LocalCheckpoints:
       for i, (_, leaf) in enumerate(_leaves(abstract_state)):
         arrays[i] = jax.device_put(arrays[i], leaf.sharding)   # one leaf twice at a time
     return jax.tree.unflatten(jax.tree.structure(abstract_state), arrays)
+
+
+def _write_folder(folder: str, host: list, header: dict):
+  """Writes the new folder `folder`: `host`'s shards, one after another in SHARDS, and INDEX,
+  `header` with where each shard lies; both files and the folder synced to the disk."""
+  shutil.rmtree(folder, ignore_errors=True)     # what a killed write left
+  os.makedirs(folder)
+  index, offset = [], 0
+  with open(os.path.join(folder, SHARDS), "wb") as f:
+    for path, pieces in host:
+      for where, data in pieces:
+        f.write(data.reshape(-1).view(np.uint8))
+        index.append(dict(leaf=path, index=where, shape=list(data.shape), dtype=str(data.dtype),
+                          offset=offset))
+        offset += data.nbytes
+    f.flush()
+    os.fsync(f.fileno())
+  with open(os.path.join(folder, INDEX), "w") as f:
+    json.dump(dict(header, shards=index), f)
+    f.flush()
+    os.fsync(f.fileno())
+  _fsync_folder(folder)
 
 
 def _read_index(step_folder: str, run_key: str) -> dict:
@@ -266,20 +271,12 @@ def _on_devices(sharding, moved: dict) -> NamedSharding:
   return NamedSharding(Mesh(devices, sharding.mesh.axis_names), sharding.spec)
 
 
-def _gather(values: np.ndarray) -> np.ndarray:
-  """Returns every process's `values`, one row each (this process's alone with one)."""
-  if jax.process_count() == 1:
-    return values[None]
-  return np.asarray(multihost_utils.process_allgather(values)).reshape(
-      jax.process_count(), *values.shape)
-
-
 def _common(steps: list[int]) -> list[int]:
   """Returns the steps of `steps` (at most _GATHERED) that every process offers, newest first.
   Every process must call it."""
   padded = np.full(_GATHERED, -1, np.int64)
   padded[:len(steps)] = steps
-  rows = _gather(padded)
+  rows = distributed.gather(padded)
   common = set.intersection(*(set(int(s) for s in row if s >= 0) for row in rows))
   return sorted(common, reverse=True)
 

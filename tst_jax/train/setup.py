@@ -131,8 +131,9 @@ class Setup:
 
   def _reached(self) -> int:
     """Returns the last step goodput.jsonl records, which it does before each checkpoint:
-    how far the run of this workdir got (0 for a new one)."""
-    if not fileio.exists(self.rundir.goodput):
+    how far the run of this workdir got (0 for a new one), read only where the run keeps
+    emergency checkpoints, whose steps it bounds."""
+    if not self.spec.train.local_checkpoint_every or not fileio.exists(self.rundir.goodput):
       return 0
     return max((r["step"] for r in workdir_lib.read_goodput(self.rundir)), default=0)
 
